@@ -1,0 +1,67 @@
+//! Command line and environment settings of a gateway replica.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+use crate::Error;
+use crate::store;
+
+#[derive(Debug, Clone, Parser)]
+#[command(name = "gateway", version, about = "Shared-supervision gateway replica")]
+pub struct Settings {
+    /// Database URL: postgres://… for production, sqlite:… for the embedded
+    /// store. Unset: an SQLite file in --data-dir.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    /// Directory of the embedded SQLite store (used when no URL is given).
+    #[arg(long, env = "OPENSHELL_GATEWAY_DATA_DIR", default_value = ".local/gateway")]
+    pub data_dir: PathBuf,
+
+    /// This replica's name (its Pod name in Kubernetes). The lease holder is
+    /// this name plus a random per-process suffix.
+    #[arg(long, env = "OPENSHELL_GATEWAY_REPLICA", default_value = "gateway")]
+    pub replica: String,
+
+    /// Coordinator lease length in milliseconds.
+    #[arg(long, env = "OPENSHELL_GATEWAY_LEASE_LENGTH_MS", default_value_t = 5000,
+          value_parser = clap::value_parser!(u64).range(500..=60_000))]
+    pub lease_length_ms: u64,
+
+    /// Print the pool status this often (milliseconds); 0 turns it off.
+    #[arg(long, env = "OPENSHELL_GATEWAY_STATUS_INTERVAL_MS", default_value_t = 2000)]
+    pub status_interval_ms: u64,
+
+    /// Bound on connecting to the database, in milliseconds.
+    #[arg(long, env = "OPENSHELL_GATEWAY_DATABASE_TIMEOUT_MS", default_value_t = 5000)]
+    pub database_timeout_ms: u64,
+
+    /// Log format: text or json.
+    #[arg(long, env = "OPENSHELL_LOG_FORMAT", default_value = "text")]
+    pub log_format: String,
+}
+
+impl Settings {
+    /// The database URL, creating the embedded store's directory if needed.
+    pub fn database_url(&self) -> Result<String, Error> {
+        if let Some(url) = &self.database_url {
+            return Ok(url.clone());
+        }
+        std::fs::create_dir_all(&self.data_dir).map_err(|source| Error::DataDir {
+            path: self.data_dir.display().to_string(),
+            source,
+        })?;
+        Ok(format!(
+            "sqlite://{}?mode=rwc",
+            self.data_dir.join("gateway.db").display()
+        ))
+    }
+
+    pub fn store_options(&self) -> store::Options {
+        store::Options {
+            connect_timeout: std::time::Duration::from_millis(self.database_timeout_ms),
+            ..store::Options::default()
+        }
+    }
+}

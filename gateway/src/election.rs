@@ -1,0 +1,141 @@
+//! Coordinator election: every replica campaigns for the lease; the holder
+//! renews it and publishes it, and steps down the moment it cannot prove it
+//! still holds it. Safety does not rest on this loop — every coordinator
+//! write is fenced by the store — but a replica that publishes `None` stops
+//! coordinating at once.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep_until, timeout};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::store::{self, Acquire, Lease, Store};
+
+/// The lease timing of one replica.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// How long an acquired or renewed lease lasts (database clock).
+    pub lease_length: Duration,
+    /// How often the holder renews: a third of the length, so two renewals
+    /// can fail before the lease runs out.
+    pub renew_every: Duration,
+    /// How often a standby tries to take the lease.
+    pub retry_every: Duration,
+}
+
+impl Timing {
+    /// The default lease length.
+    pub const DEFAULT_LEASE_LENGTH: Duration = Duration::from_secs(5);
+
+    pub fn from_lease_length(lease_length: Duration) -> Self {
+        Self {
+            lease_length,
+            renew_every: lease_length / 3,
+            retry_every: (lease_length / 5).min(Duration::from_secs(1)),
+        }
+    }
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Self::from_lease_length(Self::DEFAULT_LEASE_LENGTH)
+    }
+}
+
+/// A holder identity unique per process: the replica name and a random suffix.
+pub fn holder_id(replica: &str) -> String {
+    format!("{replica}/{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Campaign until `shutdown`, publishing the lease this process holds (or
+/// `None`) on `publish`. On shutdown a held lease is released gracefully so a
+/// standby takes over without waiting for expiry.
+pub async fn run(
+    store: Store,
+    holder: String,
+    timing: Timing,
+    publish: watch::Sender<Option<Lease>>,
+    shutdown: CancellationToken,
+) {
+    // The lease as held, and the local instant by which it has surely expired
+    // in the database too: the request was sent before the database sampled
+    // its clock, so `sent + length` is never later than the recorded expiry.
+    let mut held: Option<(Lease, Instant)> = None;
+    let mut next_attempt = Instant::now();
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = sleep_until(next_attempt) => {}
+        }
+        let sent = Instant::now();
+        held = match held.take() {
+            None => {
+                next_attempt = sent + timing.retry_every;
+                match timeout(timing.lease_length, store.acquire_lease(&holder, timing.lease_length)).await {
+                    Ok(Ok(Acquire::Acquired(lease))) => {
+                        info!(term = lease.term, holder = %holder, "became coordinator");
+                        publish.send_replace(Some(lease.clone()));
+                        next_attempt = sent + timing.renew_every;
+                        Some((lease, sent + timing.lease_length))
+                    }
+                    Ok(Ok(Acquire::HeldBy(row))) => {
+                        debug!(term = row.term, holder = %row.holder, "lease held elsewhere");
+                        None
+                    }
+                    Ok(Err(err)) => {
+                        warn!(error = %err, "cannot campaign for the coordinator lease");
+                        None
+                    }
+                    Err(_) => {
+                        warn!("campaign for the coordinator lease timed out");
+                        None
+                    }
+                }
+            }
+            Some((lease, deadline)) => {
+                let budget = deadline.saturating_duration_since(sent);
+                let outcome = timeout(budget, store.renew_lease(&lease, timing.lease_length)).await;
+                match outcome {
+                    Ok(Ok(renewed)) => {
+                        publish.send_replace(Some(renewed.clone()));
+                        next_attempt = sent + timing.renew_every;
+                        Some((renewed, sent + timing.lease_length))
+                    }
+                    Ok(Err(store::Error::Fenced(why))) => {
+                        warn!(term = lease.term, reason = %why, "lost the coordinator lease");
+                        publish.send_replace(None);
+                        next_attempt = sent + timing.retry_every;
+                        None
+                    }
+                    failed if Instant::now() < deadline => {
+                        if let Ok(Err(err)) = failed {
+                            warn!(term = lease.term, error = %err, "lease renewal failed; retrying");
+                        }
+                        next_attempt = Instant::now() + timing.retry_every.min(budget / 4);
+                        Some((lease, deadline))
+                    }
+                    _ => {
+                        warn!(
+                            term = lease.term,
+                            "could not renew the coordinator lease before it ran out; stepping down"
+                        );
+                        publish.send_replace(None);
+                        next_attempt = Instant::now() + timing.retry_every;
+                        None
+                    }
+                }
+            }
+        };
+    }
+    if let Some((lease, _)) = held {
+        publish.send_replace(None);
+        match timeout(timing.lease_length, store.release_lease(&lease)).await {
+            Ok(Ok(true)) => info!(term = lease.term, "released the coordinator lease"),
+            Ok(Ok(false)) => debug!(term = lease.term, "lease was already lost at release"),
+            Ok(Err(err)) => warn!(term = lease.term, error = %err, "could not release the lease; it will expire"),
+            Err(_) => warn!(term = lease.term, "lease release timed out; it will expire"),
+        }
+    }
+}

@@ -1,0 +1,724 @@
+//! The gateway's durable state behind one interface, on PostgreSQL or on the
+//! embedded SQLite, with the same semantics and one test suite.
+//!
+//! What lives here: the coordinator lease and its term log, members (with a
+//! TTL), the desired instances, assignments (owner, process, term, phase),
+//! durable operations and signing keys. Coordinator writes — assignments,
+//! operations, key rotation — go only through [`Store::write_fenced`], which
+//! checks the caller's lease in the same transaction as the write.
+//!
+//! Every time the store computes (lease expiry, member TTL, record stamps)
+//! comes from the database clock, and inside a lease transaction that clock is
+//! sampled only after the lease row is locked: a clock read taken before a
+//! lock wait would judge a lease that expired during the wait as still live.
+
+mod decide;
+mod dialect;
+mod types;
+
+use std::time::Duration;
+
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{Any, AnyPool, Connection, Row, Transaction};
+
+pub use dialect::Backend;
+use dialect::LockMode;
+pub use types::*;
+
+/// Errors of the store. `Fenced` and `Conflict` are the expected, typed
+/// refusals of a stale writer; the others are operational failures.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The caller's coordinator lease is no longer valid. Nothing was written.
+    #[error("coordinator lease fenced: {0}")]
+    Fenced(#[from] Fence),
+    /// A compare-and-set precondition did not hold. Nothing was written.
+    #[error("compare-and-set conflict on {subject}: {detail}")]
+    Conflict { subject: String, detail: String },
+    /// The write itself is malformed (for example a term that does not grow).
+    #[error("invalid write: {0}")]
+    Invalid(String),
+    /// The database URL cannot be used. The message never contains secrets.
+    #[error("invalid database URL {url}: {reason}")]
+    Url { url: String, reason: String },
+    /// The database could not be reached.
+    #[error("cannot connect to database {url}: {source}")]
+    Connect {
+        url: String,
+        #[source]
+        source: sqlx::Error,
+    },
+    /// The migrations in the repository could not be applied.
+    #[error("cannot apply database migrations on {url}: {source}")]
+    Migrate {
+        url: String,
+        #[source]
+        source: sqlx::migrate::MigrateError,
+    },
+    /// The database answered a statement with an error (or timed out).
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// A value read back from the database does not parse.
+    #[error("corrupt record in {table}: {detail}")]
+    Corrupt { table: &'static str, detail: String },
+}
+
+/// Why a fenced call was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Fence {
+    #[error("no coordinator has ever held the lease")]
+    NoLease,
+    /// Another holder or a later term owns the lease.
+    #[error("the lease is at term {current_term}, not term {term}")]
+    Superseded { term: i64, current_term: i64 },
+    /// Same holder and term, but the lease expired by the database clock.
+    #[error("lease term {term} expired at {expires_at_ms} (database time {now_ms})")]
+    Expired { term: i64, expires_at_ms: i64, now_ms: i64 },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Connection settings shared by both backends.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Bound on waiting for a pooled connection (and so on connecting).
+    pub connect_timeout: Duration,
+    /// Bound on any one statement, lock waits included.
+    pub statement_timeout: Duration,
+    pub max_connections: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(5),
+            statement_timeout: Duration::from_secs(10),
+            max_connections: 8,
+        }
+    }
+}
+
+/// The store. Cheap to clone: clones share one connection pool.
+#[derive(Clone)]
+pub struct Store {
+    pool: AnyPool,
+    backend: Backend,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("backend", &self.backend).finish()
+    }
+}
+
+impl Store {
+    /// Open the store named by `url` (`postgres://…`, `postgresql://…` or
+    /// `sqlite:…`) and apply the repository's migrations for that backend.
+    pub async fn open(url: &str, options: &Options) -> Result<Self> {
+        let shown = redact_url(url);
+        let backend = Backend::from_url(url).ok_or_else(|| Error::Url {
+            url: shown.clone(),
+            reason: "expected a postgres://, postgresql:// or sqlite: URL".into(),
+        })?;
+        sqlx::any::install_default_drivers();
+        // One direct attempt first: a pool only reports that it timed out,
+        // while this names the cause (refused, unknown host, bad password).
+        let probe = tokio::time::timeout(options.connect_timeout, sqlx::AnyConnection::connect(url)).await;
+        match probe {
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+            }
+            Ok(Err(source)) => return Err(connect_error(&shown, source)),
+            Err(_) => {
+                return Err(Error::Connect {
+                    url: shown,
+                    source: sqlx::Error::PoolTimedOut,
+                });
+            }
+        }
+        let setup = backend.session_setup(options);
+        let pool = AnyPoolOptions::new()
+            .max_connections(options.max_connections)
+            .acquire_timeout(options.connect_timeout)
+            .after_connect(move |conn, _| {
+                let setup = setup.clone();
+                Box::pin(async move {
+                    for statement in setup.split(';') {
+                        sqlx::Executor::execute(&mut *conn, statement).await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect(url)
+            .await
+            .map_err(|source| connect_error(&shown, source))?;
+        let store = Self { pool, backend };
+        store.migrate(&shown).await?;
+        Ok(store)
+    }
+
+    async fn migrate(&self, shown: &str) -> Result<()> {
+        let migrator = match self.backend {
+            Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
+            Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
+        };
+        // PostgreSQL serialises concurrent migrators with an advisory lock;
+        // SQLite has none, so a replica that loses the race to another
+        // process sees its tables appear and tries again.
+        let mut attempt = 0;
+        loop {
+            match migrator.run(&self.pool).await {
+                Ok(()) => return Ok(()),
+                Err(_) if self.backend == Backend::Sqlite && attempt < 3 => attempt += 1,
+                Err(source) => {
+                    return Err(Error::Migrate {
+                        url: shown.to_owned(),
+                        source,
+                    });
+                }
+            }
+        }
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// The database clock, in Unix milliseconds.
+    pub async fn now_ms(&self) -> Result<i64> {
+        Ok(sqlx::query_scalar(&format!("SELECT {}", self.backend.clock_expr()))
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    // ---- coordinator lease -----------------------------------------------
+
+    /// Begin a transaction, lock the lease row, and only then sample the
+    /// database clock.
+    async fn lock_lease(&self, mode: LockMode) -> Result<(Transaction<'static, Any>, LeaseView)> {
+        let mut tx = self.pool.begin_with(self.backend.begin_sql()).await?;
+        let row = sqlx::query(&self.backend.lock_lease_sql(mode))
+            .fetch_optional(&mut *tx)
+            .await?
+            .ok_or(Error::Corrupt {
+                table: "coordinator_lease",
+                detail: "the lease row is missing".into(),
+            })?;
+        let now_ms: i64 = sqlx::query_scalar(&format!("SELECT {}", self.backend.clock_expr()))
+            .fetch_one(&mut *tx)
+            .await?;
+        let view = LeaseView {
+            holder: row.try_get("holder")?,
+            term: row.try_get("term")?,
+            expires_at_ms: row.try_get("expires_at_ms")?,
+            now_ms,
+        };
+        Ok((tx, view))
+    }
+
+    /// Try to become (or stay) the coordinator; see [`decide::acquire`].
+    pub async fn acquire_lease(&self, holder: &str, length: Duration) -> Result<Acquire> {
+        let (mut tx, row) = self.lock_lease(LockMode::Exclusive).await?;
+        let outcome = decide::acquire(&row, holder, millis(length));
+        if let Acquire::Acquired(lease) = &outcome {
+            set_lease(&mut tx, lease).await?;
+            if lease.term != row.term {
+                sqlx::query("INSERT INTO coordinator_terms (term, holder, acquired_at_ms) VALUES ($1, $2, $3)")
+                    .bind(lease.term)
+                    .bind(&lease.holder)
+                    .bind(row.now_ms)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+        }
+        Ok(outcome)
+    }
+
+    /// Extend the caller's lease: only the same holder and term, before expiry.
+    pub async fn renew_lease(&self, lease: &Lease, length: Duration) -> Result<Lease> {
+        let (mut tx, row) = self.lock_lease(LockMode::Exclusive).await?;
+        decide::fence(&row, lease)?;
+        let renewed = Lease {
+            expires_at_ms: row.now_ms.saturating_add(millis(length)),
+            ..lease.clone()
+        };
+        set_lease(&mut tx, &renewed).await?;
+        tx.commit().await?;
+        Ok(renewed)
+    }
+
+    /// Graceful release: expires the lease at once and keeps its term, so the
+    /// next acquire (by anyone) takes the next term without waiting. Returns
+    /// `false` when the lease was already lost (nothing changes then).
+    pub async fn release_lease(&self, lease: &Lease) -> Result<bool> {
+        let (mut tx, row) = self.lock_lease(LockMode::Exclusive).await?;
+        if decide::fence(&row, lease).is_err() {
+            return Ok(false);
+        }
+        let released = Lease {
+            expires_at_ms: row.now_ms,
+            ..lease.clone()
+        };
+        set_lease(&mut tx, &released).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// The lease row as it stands (`None` if never held), with the database
+    /// time of the read.
+    pub async fn read_lease(&self) -> Result<Option<LeaseView>> {
+        let sql = format!(
+            "SELECT holder, term, expires_at_ms, ({}) AS now_ms FROM coordinator_lease WHERE id = 1",
+            self.backend.clock_expr()
+        );
+        let row = sqlx::query(&sql).fetch_optional(&self.pool).await?;
+        let Some(row) = row else { return Ok(None) };
+        let view = LeaseView {
+            holder: row.try_get("holder")?,
+            term: row.try_get("term")?,
+            expires_at_ms: row.try_get("expires_at_ms")?,
+            now_ms: row.try_get("now_ms")?,
+        };
+        Ok((view.term > 0).then_some(view))
+    }
+
+    /// Every term ever granted, oldest first.
+    pub async fn lease_history(&self) -> Result<Vec<TermRecord>> {
+        let rows = sqlx::query("SELECT term, holder, acquired_at_ms FROM coordinator_terms ORDER BY term")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(TermRecord {
+                    term: r.try_get("term")?,
+                    holder: r.try_get("holder")?,
+                    acquired_at_ms: r.try_get("acquired_at_ms")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Apply `writes` in one transaction that first locks the lease row in a
+    /// mode that conflicts with a takeover (PostgreSQL `FOR SHARE`; SQLite's
+    /// write lock), then checks holder, term and expiry against the database
+    /// clock sampled after the lock. All or nothing: a stale holder's batch,
+    /// or a batch with one failed compare-and-set, changes nothing.
+    pub async fn write_fenced(&self, lease: &Lease, writes: &[FencedWrite]) -> Result<()> {
+        decide::validate(writes)?;
+        let (mut tx, row) = self.lock_lease(LockMode::Shared).await?;
+        decide::fence(&row, lease)?;
+        for write in writes {
+            apply(&mut tx, write, lease.term, row.now_ms).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    // ---- membership (any replica) -----------------------------------------
+
+    /// Insert or refresh a member record; it expires at database now + `ttl`.
+    pub async fn refresh_member(&self, m: &MemberUpdate, ttl: Duration) -> Result<MemberRecord> {
+        let sql = format!(
+            "INSERT INTO members (member, process_id, epoch, runtime_address, capacity, served_by, leaving, expires_at_ms, updated_at_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, ({clock}) + $8, ({clock})) \
+             ON CONFLICT (member) DO UPDATE SET process_id = excluded.process_id, epoch = excluded.epoch, \
+               runtime_address = excluded.runtime_address, capacity = excluded.capacity, served_by = excluded.served_by, \
+               leaving = excluded.leaving, expires_at_ms = excluded.expires_at_ms, updated_at_ms = excluded.updated_at_ms \
+             RETURNING {MEMBER_COLUMNS}",
+            clock = self.backend.clock_expr()
+        );
+        let row = sqlx::query(&sql)
+            .bind(&m.member)
+            .bind(&m.process_id)
+            .bind(m.epoch)
+            .bind(&m.runtime_address)
+            .bind(m.capacity)
+            .bind(&m.served_by)
+            .bind(m.leaving)
+            .bind(millis(ttl))
+            .fetch_one(&self.pool)
+            .await?;
+        member_from_row(&row)
+    }
+
+    /// Remove a member record, only if it still names `process_id`.
+    pub async fn remove_member(&self, member: &str, process_id: &str) -> Result<bool> {
+        let done = sqlx::query("DELETE FROM members WHERE member = $1 AND process_id = $2")
+            .bind(member)
+            .bind(process_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// All member records, live or expired, and the database time of the read.
+    pub async fn list_members(&self) -> Result<(i64, Vec<MemberRecord>)> {
+        let now_ms = self.now_ms().await?;
+        let rows = sqlx::query(&format!("SELECT {MEMBER_COLUMNS} FROM members ORDER BY member"))
+            .fetch_all(&self.pool)
+            .await?;
+        let members = rows.iter().map(member_from_row).collect::<Result<_>>()?;
+        Ok((now_ms, members))
+    }
+
+    // ---- desired instances (any replica) ----------------------------------
+
+    /// Record a desired instance, or move it to a newer generation. An older
+    /// generation never replaces a newer one.
+    pub async fn register_instance(&self, i: &InstanceRecord) -> Result<()> {
+        let sql = format!(
+            "INSERT INTO instances (route, namespace, name, uid, generation, material, registered_at_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6, ({})) \
+             ON CONFLICT (route) DO UPDATE SET namespace = excluded.namespace, name = excluded.name, uid = excluded.uid, \
+               generation = excluded.generation, material = excluded.material, registered_at_ms = excluded.registered_at_ms \
+             WHERE instances.generation <= excluded.generation",
+            self.backend.clock_expr()
+        );
+        sqlx::query(&sql)
+            .bind(&i.route)
+            .bind(&i.namespace)
+            .bind(&i.name)
+            .bind(&i.uid)
+            .bind(i.generation)
+            .bind(&i.material.0)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Remove a desired instance. Returns whether it existed.
+    pub async fn deregister_instance(&self, route: &str) -> Result<bool> {
+        let done = sqlx::query("DELETE FROM instances WHERE route = $1")
+            .bind(route)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    pub async fn list_instances(&self) -> Result<Vec<InstanceRecord>> {
+        let rows = sqlx::query(
+            "SELECT route, namespace, name, uid, generation, material, registered_at_ms FROM instances ORDER BY route",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(InstanceRecord {
+                    route: r.try_get("route")?,
+                    namespace: r.try_get("namespace")?,
+                    name: r.try_get("name")?,
+                    uid: r.try_get("uid")?,
+                    generation: r.try_get("generation")?,
+                    material: SecretBytes(r.try_get("material")?),
+                    registered_at_ms: r.try_get("registered_at_ms")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Activate a reserved ownership term: the compare-and-set a gateway
+    /// replica makes when the candidate presents a valid receipt. Succeeds
+    /// only while `term` is the route's current term and names `process_id`;
+    /// repeating a successful activation is harmless.
+    pub async fn activate_assignment(&self, route: &str, term: i64, process_id: &str) -> Result<()> {
+        let sql = format!(
+            "UPDATE assignments SET phase = 'active', updated_at_ms = ({}) \
+             WHERE route = $1 AND term = $2 AND process_id = $3 AND phase = 'reserved'",
+            self.backend.clock_expr()
+        );
+        let done = sqlx::query(&sql)
+            .bind(route)
+            .bind(term)
+            .bind(process_id)
+            .execute(&self.pool)
+            .await?;
+        if done.rows_affected() > 0 {
+            return Ok(());
+        }
+        let current = sqlx::query("SELECT term, process_id, phase FROM assignments WHERE route = $1")
+            .bind(route)
+            .fetch_optional(&self.pool)
+            .await?;
+        let found = match current {
+            Some(r) => {
+                let (t, p, phase): (i64, String, String) =
+                    (r.try_get("term")?, r.try_get("process_id")?, r.try_get("phase")?);
+                if t == term && p == process_id && phase == AssignmentPhase::Active.as_str() {
+                    return Ok(());
+                }
+                format!("term {t} ({phase})")
+            }
+            None => "no assignment".into(),
+        };
+        Err(Error::Conflict {
+            subject: format!("activation of {route}"),
+            detail: format!("expected reserved term {term}, found {found}"),
+        })
+    }
+
+    // ---- coordinator records (written only through `write_fenced`) --------
+
+    pub async fn list_assignments(&self) -> Result<Vec<Assignment>> {
+        let rows = sqlx::query(
+            "SELECT route, member, process_id, term, phase, coordinator_term, updated_at_ms FROM assignments ORDER BY route",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Assignment {
+                    route: r.try_get("route")?,
+                    member: r.try_get("member")?,
+                    process_id: r.try_get("process_id")?,
+                    term: r.try_get("term")?,
+                    phase: parse(r, "phase", "assignments")?,
+                    coordinator_term: r.try_get("coordinator_term")?,
+                    updated_at_ms: r.try_get("updated_at_ms")?,
+                })
+            })
+            .collect()
+    }
+
+    pub async fn list_operations(&self) -> Result<Vec<Operation>> {
+        let rows = sqlx::query(
+            "SELECT id, kind, target, phase, message, attempts, moves, deadline_at_ms, max_parallel, requested_by, \
+               created_at_ms, updated_at_ms FROM operations ORDER BY created_at_ms, id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Operation {
+                    id: r.try_get("id")?,
+                    kind: parse(r, "kind", "operations")?,
+                    target: r.try_get("target")?,
+                    phase: parse(r, "phase", "operations")?,
+                    message: r.try_get("message")?,
+                    attempts: r.try_get("attempts")?,
+                    moves: r.try_get("moves")?,
+                    deadline_at_ms: r.try_get("deadline_at_ms")?,
+                    max_parallel: r.try_get("max_parallel")?,
+                    requested_by: r.try_get("requested_by")?,
+                    created_at_ms: r.try_get("created_at_ms")?,
+                    updated_at_ms: r.try_get("updated_at_ms")?,
+                })
+            })
+            .collect()
+    }
+
+    pub async fn list_signing_keys(&self) -> Result<Vec<SigningKey>> {
+        let rows = sqlx::query(
+            "SELECT kid, algorithm, public_pem, private_pem, created_at_ms, retired_at_ms FROM signing_keys \
+             ORDER BY created_at_ms, kid",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(SigningKey {
+                    kid: r.try_get("kid")?,
+                    algorithm: r.try_get("algorithm")?,
+                    public_pem: r.try_get("public_pem")?,
+                    private_pem: SecretBytes(r.try_get("private_pem")?),
+                    created_at_ms: r.try_get("created_at_ms")?,
+                    retired_at_ms: r.try_get("retired_at_ms")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Close the pool (waits for checked-out connections to return).
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+const MEMBER_COLUMNS: &str = "member, process_id, epoch, runtime_address, capacity, served_by, \
+    CASE WHEN leaving THEN 1 ELSE 0 END AS leaving, expires_at_ms, updated_at_ms";
+
+fn member_from_row(r: &AnyRow) -> Result<MemberRecord> {
+    Ok(MemberRecord {
+        member: r.try_get("member")?,
+        process_id: r.try_get("process_id")?,
+        epoch: r.try_get("epoch")?,
+        runtime_address: r.try_get("runtime_address")?,
+        capacity: r.try_get("capacity")?,
+        served_by: r.try_get("served_by")?,
+        leaving: r.try_get::<i64, _>("leaving")? != 0,
+        expires_at_ms: r.try_get("expires_at_ms")?,
+        updated_at_ms: r.try_get("updated_at_ms")?,
+    })
+}
+
+/// Read a text column into one of the store's enums.
+fn parse<T: std::str::FromStr<Err = String>>(r: &AnyRow, column: &str, table: &'static str) -> Result<T> {
+    let text: String = r.try_get(column)?;
+    text.parse().map_err(|detail| Error::Corrupt { table, detail })
+}
+
+async fn set_lease(tx: &mut Transaction<'static, Any>, lease: &Lease) -> Result<()> {
+    sqlx::query("UPDATE coordinator_lease SET holder = $1, term = $2, expires_at_ms = $3 WHERE id = 1")
+        .bind(&lease.holder)
+        .bind(lease.term)
+        .bind(lease.expires_at_ms)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// Apply one fenced write inside the fenced transaction.
+async fn apply(
+    tx: &mut Transaction<'static, Any>,
+    write: &FencedWrite,
+    coordinator_term: i64,
+    now_ms: i64,
+) -> Result<()> {
+    match write {
+        FencedWrite::Assign { expected_term, next: a } => {
+            let sql = match expected_term {
+                None => {
+                    "INSERT INTO assignments (route, member, process_id, term, phase, coordinator_term, updated_at_ms) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (route) DO NOTHING"
+                }
+                Some(_) => {
+                    "UPDATE assignments SET member = $2, process_id = $3, term = $4, phase = $5, coordinator_term = $6, \
+                     updated_at_ms = $7 WHERE route = $1 AND term = $8"
+                }
+            };
+            let mut query = sqlx::query(sql)
+                .bind(&a.route)
+                .bind(&a.member)
+                .bind(&a.process_id)
+                .bind(a.term)
+                .bind(a.phase.as_str())
+                .bind(coordinator_term)
+                .bind(now_ms);
+            if let Some(expected) = expected_term {
+                query = query.bind(*expected);
+            }
+            let done = query.execute(&mut **tx).await?;
+            if done.rows_affected() == 0 {
+                return Err(conflict(tx, &a.route, *expected_term).await);
+            }
+        }
+        FencedWrite::Unassign { route, expected_term } => {
+            let done = sqlx::query("DELETE FROM assignments WHERE route = $1 AND term = $2")
+                .bind(route)
+                .bind(expected_term)
+                .execute(&mut **tx)
+                .await?;
+            if done.rows_affected() == 0 {
+                return Err(conflict(tx, route, Some(*expected_term)).await);
+            }
+        }
+        FencedWrite::PutOperation(op) => {
+            sqlx::query(
+                "INSERT INTO operations (id, kind, target, phase, message, attempts, moves, deadline_at_ms, max_parallel, \
+                   requested_by, coordinator_term, created_at_ms, updated_at_ms) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12) \
+                 ON CONFLICT (id) DO UPDATE SET kind = excluded.kind, target = excluded.target, phase = excluded.phase, \
+                   message = excluded.message, attempts = excluded.attempts, moves = excluded.moves, \
+                   deadline_at_ms = excluded.deadline_at_ms, max_parallel = excluded.max_parallel, \
+                   requested_by = excluded.requested_by, coordinator_term = excluded.coordinator_term, \
+                   updated_at_ms = excluded.updated_at_ms",
+            )
+            .bind(&op.id)
+            .bind(op.kind.as_str())
+            .bind(&op.target)
+            .bind(op.phase.as_str())
+            .bind(&op.message)
+            .bind(op.attempts)
+            .bind(op.moves)
+            .bind(op.deadline_at_ms)
+            .bind(op.max_parallel)
+            .bind(&op.requested_by)
+            .bind(coordinator_term)
+            .bind(now_ms)
+            .execute(&mut **tx)
+            .await?;
+        }
+        FencedWrite::PutSigningKey(key) => {
+            sqlx::query(
+                "INSERT INTO signing_keys (kid, algorithm, public_pem, private_pem, coordinator_term, created_at_ms, retired_at_ms) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                 ON CONFLICT (kid) DO UPDATE SET retired_at_ms = excluded.retired_at_ms, coordinator_term = excluded.coordinator_term",
+            )
+            .bind(&key.kid)
+            .bind(&key.algorithm)
+            .bind(&key.public_pem)
+            .bind(&key.private_pem.0)
+            .bind(coordinator_term)
+            .bind(now_ms)
+            .bind(key.retired_at_ms)
+            .execute(&mut **tx)
+            .await?;
+        }
+        FencedWrite::DeleteSigningKey { kid } => {
+            sqlx::query("DELETE FROM signing_keys WHERE kid = $1")
+                .bind(kid)
+                .execute(&mut **tx)
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Describe a failed compare-and-set on an assignment.
+async fn conflict(tx: &mut Transaction<'static, Any>, route: &str, expected: Option<i64>) -> Error {
+    let found: Option<i64> = sqlx::query_scalar("SELECT term FROM assignments WHERE route = $1")
+        .bind(route)
+        .fetch_optional(&mut **tx)
+        .await
+        .unwrap_or_default();
+    let show = |t: Option<i64>| t.map_or_else(|| "no assignment".to_owned(), |t| format!("term {t}"));
+    Error::Conflict {
+        subject: format!("assignment {route}"),
+        detail: format!("expected {}, found {}", show(expected), show(found)),
+    }
+}
+
+fn connect_error(shown: &str, source: sqlx::Error) -> Error {
+    match source {
+        sqlx::Error::Configuration(reason) => Error::Url {
+            url: shown.to_owned(),
+            reason: reason.to_string(),
+        },
+        source => Error::Connect {
+            url: shown.to_owned(),
+            source,
+        },
+    }
+}
+
+/// The URL with any password and query replaced, for messages and logs.
+pub fn redact_url(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) => {
+            if parsed.password().is_some() {
+                let _ = parsed.set_password(Some("***"));
+            }
+            // Query parameters may carry passwords or key paths.
+            parsed.set_query(None);
+            parsed.to_string()
+        }
+        Err(_) => "<unparseable URL>".into(),
+    }
+}
+
+/// Milliseconds of a duration as the i64 the tables use, saturating.
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redaction_hides_password_and_query() {
+        let shown = redact_url("postgres://user:hunter2@db:5432/app?sslpassword=x");
+        assert!(!shown.contains("hunter2") && !shown.contains("sslpassword"), "{shown}");
+        assert!(shown.contains("user") && shown.contains("db:5432"), "{shown}");
+    }
+}

@@ -1,0 +1,273 @@
+//! Plain records the store reads and writes. Times are Unix milliseconds of
+//! the database clock.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// A coordinator lease as its holder knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// Unique per gateway process.
+    pub holder: String,
+    /// The coordinator term: strictly increasing across holders.
+    pub term: i64,
+    pub expires_at_ms: i64,
+}
+
+/// The lease row as read, with the database time of the read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseView {
+    pub holder: String,
+    pub term: i64,
+    pub expires_at_ms: i64,
+    pub now_ms: i64,
+}
+
+impl LeaseView {
+    pub fn is_live(&self) -> bool {
+        self.expires_at_ms > self.now_ms
+    }
+}
+
+/// Outcome of an acquire attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acquire {
+    Acquired(Lease),
+    /// Someone else holds a live lease.
+    HeldBy(LeaseView),
+}
+
+/// One granted coordinator term, from the lease log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TermRecord {
+    pub term: i64,
+    pub holder: String,
+    pub acquired_at_ms: i64,
+}
+
+/// The writes only a coordinator makes, each applied by [`super::Store::write_fenced`].
+#[derive(Debug, Clone)]
+pub enum FencedWrite {
+    /// Compare-and-set an assignment: `expected_term: None` means the route
+    /// must have no assignment yet; otherwise its term must equal it. The new
+    /// term must be higher than the expected one.
+    Assign {
+        expected_term: Option<i64>,
+        next: Assignment,
+    },
+    /// Remove an assignment whose term is still `expected_term`.
+    Unassign {
+        route: String,
+        expected_term: i64,
+    },
+    /// Insert or replace a durable operation.
+    PutOperation(Operation),
+    /// Insert or replace a signing key (rotation, retirement).
+    PutSigningKey(SigningKey),
+    DeleteSigningKey {
+        kid: String,
+    },
+}
+
+/// What a gateway replica knows of a member stream it serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberUpdate {
+    pub member: String,
+    pub process_id: String,
+    pub epoch: i64,
+    pub runtime_address: String,
+    pub capacity: i64,
+    /// The gateway replica serving the stream.
+    pub served_by: String,
+    pub leaving: bool,
+}
+
+/// A member record with its TTL expiry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberRecord {
+    pub member: String,
+    pub process_id: String,
+    pub epoch: i64,
+    pub runtime_address: String,
+    pub capacity: i64,
+    pub served_by: String,
+    pub leaving: bool,
+    pub expires_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+impl MemberRecord {
+    pub fn is_live(&self, now_ms: i64) -> bool {
+        self.expires_at_ms > now_ms
+    }
+}
+
+/// Bytes that carry credentials: never printed.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct SecretBytes(pub Vec<u8>);
+
+impl fmt::Debug for SecretBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "<redacted {} bytes>", self.0.len())
+    }
+}
+
+/// A desired instance: one running generation of a workload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceRecord {
+    /// The stable key sidecars and supervisors find each other by.
+    pub route: String,
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub generation: i64,
+    /// Registration material (carries credentials).
+    pub material: SecretBytes,
+    pub registered_at_ms: i64,
+}
+
+/// Where an assignment is in its handover.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AssignmentPhase {
+    /// The term is reserved for a candidate that has not activated it yet.
+    Reserved,
+    /// The owner presented a receipt and the gateway activated the term.
+    Active,
+}
+
+/// The owner of one instance at one ownership term.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    pub route: String,
+    pub member: String,
+    pub process_id: String,
+    /// Ownership term: strictly increasing per route, the runtime fencing token.
+    pub term: i64,
+    pub phase: AssignmentPhase,
+    /// Coordinator term that wrote it (set by the store).
+    pub coordinator_term: i64,
+    /// Set by the store from the database clock.
+    pub updated_at_ms: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OperationKind {
+    Assign,
+    Recover,
+    Drain,
+    Rebalance,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OperationPhase {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl OperationPhase {
+    pub fn is_finished(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled)
+    }
+}
+
+/// A durable coordinator operation; a new coordinator adopts pending ones.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Operation {
+    pub id: String,
+    pub kind: OperationKind,
+    /// A member for drain, a route for assign/recover, empty for rebalance.
+    pub target: String,
+    pub phase: OperationPhase,
+    pub message: String,
+    pub attempts: i64,
+    pub moves: i64,
+    /// Absolute deadline; adopting coordinators never extend it.
+    pub deadline_at_ms: Option<i64>,
+    pub max_parallel: i64,
+    pub requested_by: String,
+    /// Set by the store on first insert from the database clock.
+    pub created_at_ms: i64,
+    /// Set by the store on every write from the database clock.
+    pub updated_at_ms: i64,
+}
+
+/// A gateway signing key. The private half never leaves the store and the
+/// gateway's memory, and is never printed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SigningKey {
+    pub kid: String,
+    pub algorithm: String,
+    /// Public key, PEM.
+    pub public_pem: String,
+    /// Private key, PEM.
+    pub private_pem: SecretBytes,
+    pub created_at_ms: i64,
+    /// Tokens are signed with the newest key not retired.
+    pub retired_at_ms: Option<i64>,
+}
+
+/// Text forms stored in the tables, shared by both backends.
+macro_rules! text_enum {
+    ($ty:ident { $($variant:ident => $text:literal),+ $(,)? }) => {
+        impl $ty {
+            pub fn as_str(self) -> &'static str {
+                match self { $(Self::$variant => $text),+ }
+            }
+        }
+        impl FromStr for $ty {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($text => Ok(Self::$variant),)+
+                    other => Err(format!("unknown {} {other:?}", stringify!($ty))),
+                }
+            }
+        }
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+text_enum!(AssignmentPhase { Reserved => "reserved", Active => "active" });
+text_enum!(OperationKind { Assign => "assign", Recover => "recover", Drain => "drain", Rebalance => "rebalance" });
+text_enum!(OperationPhase {
+    Pending => "pending",
+    Running => "running",
+    Succeeded => "succeeded",
+    Failed => "failed",
+    Cancelled => "cancelled",
+});
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_are_not_printed() {
+        let key = SigningKey {
+            kid: "k1".into(),
+            algorithm: "EdDSA".into(),
+            public_pem: "pub".into(),
+            private_pem: SecretBytes(b"-----BEGIN PRIVATE KEY----- topsecret".to_vec()),
+            created_at_ms: 0,
+            retired_at_ms: None,
+        };
+        let shown = format!("{key:?}");
+        assert!(!shown.contains("topsecret"), "{shown}");
+        assert!(shown.contains("redacted"), "{shown}");
+    }
+
+    #[test]
+    fn enum_text_round_trips() {
+        for phase in [OperationPhase::Pending, OperationPhase::Cancelled] {
+            assert_eq!(phase.as_str().parse::<OperationPhase>(), Ok(phase));
+        }
+        assert!("bogus".parse::<OperationKind>().is_err());
+    }
+}

@@ -1,0 +1,53 @@
+//! The store suite: every test runs on PostgreSQL and on SQLite.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod postgres_locks;
+mod suite;
+mod support;
+
+/// Instantiate each suite test once per backend.
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let Some(db) = crate::support::TestDb::postgres().await else { return };
+                    crate::suite::$name(&db).await;
+                    db.finish().await;
+                }
+            )*
+        }
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let db = crate::support::TestDb::sqlite().await;
+                    crate::suite::$name(&db).await;
+                    db.finish().await;
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    first_acquire_is_term_one_and_logged,
+    concurrent_contenders_never_share_a_term,
+    live_lease_is_refused_to_others,
+    renew_extends_the_same_term,
+    renew_by_another_holder_is_refused,
+    release_expires_at_once_and_keeps_the_term,
+    expiry_without_takeover_fences_the_old_holder,
+    stale_term_write_is_rejected_and_changes_nothing,
+    rollback_leaves_nothing_behind,
+    invalid_writes_are_refused_before_io,
+    assignment_compare_and_set,
+    operations_are_adopted_unchanged,
+    signing_key_rotation_is_fenced,
+    members_expire_by_ttl,
+    member_removal_needs_the_same_process,
+    instances_keep_the_newest_generation,
+    migrations_are_idempotent_across_replicas,
+);

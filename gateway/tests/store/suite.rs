@@ -1,0 +1,609 @@
+//! Backend-independent store tests. Each takes a fresh database.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use gateway::store::{
+    Acquire, Assignment, AssignmentPhase, Error, Fence, FencedWrite, InstanceRecord, Lease, MemberUpdate, Operation,
+    OperationKind, OperationPhase, SecretBytes, SigningKey, Store,
+};
+use tokio::sync::Mutex;
+
+use crate::support::{TestDb, wait_until_db_time};
+
+const LONG: Duration = Duration::from_secs(30);
+const SHORT: Duration = Duration::from_millis(300);
+
+async fn acquire(store: &Store, holder: &str, length: Duration) -> Lease {
+    match store.acquire_lease(holder, length).await.expect("acquire") {
+        Acquire::Acquired(lease) => lease,
+        Acquire::HeldBy(row) => panic!("{holder} expected the lease; held by {row:?}"),
+    }
+}
+
+fn operation(id: &str) -> Operation {
+    Operation {
+        id: id.into(),
+        kind: OperationKind::Drain,
+        target: "member-a".into(),
+        phase: OperationPhase::Pending,
+        message: "queued".into(),
+        attempts: 0,
+        moves: 0,
+        deadline_at_ms: Some(1_000_000),
+        max_parallel: 1,
+        requested_by: "admin@example".into(),
+        created_at_ms: 0,
+        updated_at_ms: 0,
+    }
+}
+
+fn assignment(route: &str, member: &str, term: i64) -> Assignment {
+    Assignment {
+        route: route.into(),
+        member: member.into(),
+        process_id: format!("{member}-p1"),
+        term,
+        phase: AssignmentPhase::Reserved,
+        coordinator_term: 0,
+        updated_at_ms: 0,
+    }
+}
+
+fn key(kid: &str) -> SigningKey {
+    SigningKey {
+        kid: kid.into(),
+        algorithm: "EdDSA".into(),
+        public_pem: format!("public {kid}"),
+        private_pem: SecretBytes(format!("private {kid}").into_bytes()),
+        created_at_ms: 0,
+        retired_at_ms: None,
+    }
+}
+
+fn assert_fenced(result: Result<(), Error>, want: fn(&Fence) -> bool) {
+    match result {
+        Err(Error::Fenced(fence)) if want(&fence) => {}
+        other => panic!("expected a fenced refusal, got {other:?}"),
+    }
+}
+
+pub async fn first_acquire_is_term_one_and_logged(db: &TestDb) {
+    assert_eq!(db.store.read_lease().await.unwrap(), None);
+    let lease = acquire(&db.store, "gw-a/1", LONG).await;
+    assert_eq!(lease.term, 1);
+    let now = db.store.now_ms().await.unwrap();
+    assert!(
+        lease.expires_at_ms > now && lease.expires_at_ms <= now + 30_000,
+        "{lease:?} at {now}"
+    );
+    let history = db.store.lease_history().await.unwrap();
+    assert_eq!(history.len(), 1);
+    assert_eq!((history[0].term, history[0].holder.as_str()), (1, "gw-a/1"));
+    // Acquiring again while holding keeps the term and logs nothing new.
+    assert_eq!(acquire(&db.store, "gw-a/1", LONG).await.term, 1);
+    assert_eq!(db.store.lease_history().await.unwrap().len(), 1);
+}
+
+pub async fn concurrent_contenders_never_share_a_term(db: &TestDb) {
+    const CONTENDERS: usize = 12;
+    const TERMS: usize = 40;
+    let granted = Arc::new(AtomicUsize::new(0));
+    // term -> holders that believed they held it
+    let seen: Arc<Mutex<BTreeMap<i64, Vec<String>>>> = Arc::default();
+    let mut tasks = Vec::new();
+    for i in 0..CONTENDERS {
+        let store = if i % 2 == 0 {
+            db.store.clone()
+        } else {
+            db.replica().await
+        };
+        let (granted, seen) = (granted.clone(), seen.clone());
+        tasks.push(tokio::spawn(async move {
+            let holder = format!("gw-{i}/{}", uuid::Uuid::new_v4().simple());
+            while granted.load(Ordering::SeqCst) < TERMS {
+                let Acquire::Acquired(lease) = store.acquire_lease(&holder, LONG).await.unwrap() else {
+                    tokio::task::yield_now().await;
+                    continue;
+                };
+                granted.fetch_add(1, Ordering::SeqCst);
+                seen.lock().await.entry(lease.term).or_default().push(holder.clone());
+                // Prove the lease with a fenced write, then hand it on.
+                let op = operation(&format!("op-{}", lease.term));
+                store
+                    .write_fenced(&lease, &[FencedWrite::PutOperation(op)])
+                    .await
+                    .unwrap();
+                assert!(store.release_lease(&lease).await.unwrap());
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("contender panicked");
+    }
+    let seen = seen.lock().await;
+    for (term, holders) in seen.iter() {
+        assert_eq!(holders.len(), 1, "term {term} had holders {holders:?}");
+    }
+    let history = db.store.lease_history().await.unwrap();
+    let terms: Vec<i64> = history.iter().map(|t| t.term).collect();
+    let expected: Vec<i64> = (1..=terms.len() as i64).collect();
+    assert_eq!(terms, expected, "terms are consecutive and each granted once");
+    assert!(terms.len() >= TERMS);
+    for t in &history {
+        assert_eq!(
+            seen.get(&t.term),
+            Some(&vec![t.holder.clone()]),
+            "log and holders agree on term {}",
+            t.term
+        );
+    }
+    assert_eq!(db.store.list_operations().await.unwrap().len(), terms.len());
+}
+
+pub async fn live_lease_is_refused_to_others(db: &TestDb) {
+    let lease = acquire(&db.store, "gw-a/1", LONG).await;
+    match db.replica().await.acquire_lease("gw-b/1", LONG).await.unwrap() {
+        Acquire::HeldBy(row) => {
+            assert_eq!((row.holder.as_str(), row.term), ("gw-a/1", lease.term));
+            assert!(row.is_live());
+        }
+        Acquire::Acquired(other) => panic!("a live lease was granted twice: {other:?}"),
+    }
+}
+
+pub async fn renew_extends_the_same_term(db: &TestDb) {
+    let lease = acquire(&db.store, "gw-a/1", SHORT).await;
+    let renewed = db.store.renew_lease(&lease, LONG).await.unwrap();
+    assert_eq!((renewed.term, renewed.holder.as_str()), (lease.term, "gw-a/1"));
+    assert!(renewed.expires_at_ms > lease.expires_at_ms);
+    // The renewed lease outlives the original length.
+    wait_until_db_time(&db.store, lease.expires_at_ms).await;
+    db.store
+        .write_fenced(&renewed, &[FencedWrite::PutOperation(operation("op-1"))])
+        .await
+        .expect("renewed lease is live past the first expiry");
+    assert_eq!(
+        db.store.read_lease().await.unwrap().unwrap().expires_at_ms,
+        renewed.expires_at_ms
+    );
+}
+
+pub async fn renew_by_another_holder_is_refused(db: &TestDb) {
+    let lease = acquire(&db.store, "gw-a/1", LONG).await;
+    let forged = Lease {
+        holder: "gw-b/1".into(),
+        ..lease.clone()
+    };
+    match db.store.renew_lease(&forged, LONG).await {
+        Err(Error::Fenced(Fence::Superseded { .. })) => {}
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let future_term = Lease {
+        term: lease.term + 1,
+        ..lease.clone()
+    };
+    assert!(matches!(
+        db.store.renew_lease(&future_term, LONG).await,
+        Err(Error::Fenced(_))
+    ));
+    assert_eq!(
+        db.store.read_lease().await.unwrap().unwrap().expires_at_ms,
+        lease.expires_at_ms,
+        "unchanged"
+    );
+}
+
+pub async fn release_expires_at_once_and_keeps_the_term(db: &TestDb) {
+    let lease = acquire(&db.store, "gw-a/1", LONG).await;
+    assert!(db.store.release_lease(&lease).await.unwrap());
+    let row = db.store.read_lease().await.unwrap().unwrap();
+    assert_eq!(row.term, lease.term, "release keeps the term");
+    assert!(!row.is_live(), "released lease is expired at once");
+    // A standby takes over without waiting, with the next term.
+    let next = acquire(&db.replica().await, "gw-b/1", LONG).await;
+    assert_eq!(next.term, lease.term + 1);
+    // The old holder can neither write, renew nor release any more.
+    assert_fenced(
+        db.store
+            .write_fenced(&lease, &[FencedWrite::PutOperation(operation("late"))])
+            .await,
+        |f| matches!(f, Fence::Superseded { current_term, .. } if *current_term == 2),
+    );
+    assert!(db.store.renew_lease(&lease, LONG).await.is_err());
+    assert!(
+        !db.store.release_lease(&lease).await.unwrap(),
+        "releasing a lost lease is a no-op"
+    );
+    assert!(
+        db.store.read_lease().await.unwrap().unwrap().is_live(),
+        "the new lease was not touched"
+    );
+    assert!(db.store.list_operations().await.unwrap().is_empty());
+}
+
+pub async fn expiry_without_takeover_fences_the_old_holder(db: &TestDb) {
+    let lease = acquire(&db.store, "gw-a/1", SHORT).await;
+    db.store
+        .write_fenced(&lease, &[FencedWrite::PutOperation(operation("before"))])
+        .await
+        .expect("live lease writes");
+    wait_until_db_time(&db.store, lease.expires_at_ms).await;
+    assert_fenced(
+        db.store
+            .write_fenced(&lease, &[FencedWrite::PutOperation(operation("after"))])
+            .await,
+        |f| matches!(f, Fence::Expired { .. }),
+    );
+    match db.store.renew_lease(&lease, LONG).await {
+        Err(Error::Fenced(Fence::Expired { .. })) => {}
+        other => panic!("renewing an expired lease must fail, got {other:?}"),
+    }
+    // Nobody took over: the row still names the old term, expired.
+    let row = db.store.read_lease().await.unwrap().unwrap();
+    assert_eq!((row.term, row.is_live()), (lease.term, false));
+    let ids: Vec<String> = db
+        .store
+        .list_operations()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.id)
+        .collect();
+    assert_eq!(ids, vec!["before".to_owned()]);
+    // Coming back is a new term, even for the same holder.
+    assert_eq!(acquire(&db.store, "gw-a/1", LONG).await.term, lease.term + 1);
+}
+
+pub async fn stale_term_write_is_rejected_and_changes_nothing(db: &TestDb) {
+    let old = acquire(&db.store, "gw-a/1", SHORT).await;
+    db.store
+        .write_fenced(
+            &old,
+            &[FencedWrite::Assign {
+                expected_term: None,
+                next: assignment("r1", "m1", 1),
+            }],
+        )
+        .await
+        .unwrap();
+    wait_until_db_time(&db.store, old.expires_at_ms).await;
+    let other = db.replica().await;
+    let new = acquire(&other, "gw-b/1", LONG).await;
+    assert_eq!(new.term, old.term + 1);
+    let stale = [
+        FencedWrite::Assign {
+            expected_term: Some(1),
+            next: assignment("r1", "m-stale", 2),
+        },
+        FencedWrite::PutOperation(operation("stale-op")),
+    ];
+    assert_fenced(db.store.write_fenced(&old, &stale).await, |f| {
+        matches!(f, Fence::Superseded { .. })
+    });
+    let assignments = db.store.list_assignments().await.unwrap();
+    assert_eq!((assignments[0].member.as_str(), assignments[0].term), ("m1", 1));
+    assert!(db.store.list_operations().await.unwrap().is_empty());
+    // The current holder's identical write goes through and is stamped with its term.
+    other.write_fenced(&new, &stale).await.unwrap();
+    let assignments = other.list_assignments().await.unwrap();
+    assert_eq!((assignments[0].term, assignments[0].coordinator_term), (2, new.term));
+}
+
+pub async fn rollback_leaves_nothing_behind(db: &TestDb) {
+    let lease = acquire(&db.store, "gw-a/1", LONG).await;
+    let batch = [
+        FencedWrite::PutOperation(operation("op-1")),
+        FencedWrite::PutSigningKey(key("k1")),
+        FencedWrite::Assign {
+            expected_term: None,
+            next: assignment("r1", "m1", 1),
+        },
+        // Fails: r2 has no assignment at term 7.
+        FencedWrite::Assign {
+            expected_term: Some(7),
+            next: assignment("r2", "m1", 8),
+        },
+    ];
+    match db.store.write_fenced(&lease, &batch).await {
+        Err(Error::Conflict { subject, detail }) => {
+            assert!(subject.contains("r2"), "{subject}");
+            assert!(
+                detail.contains("expected term 7") && detail.contains("no assignment"),
+                "{detail}"
+            );
+        }
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    assert!(db.store.list_operations().await.unwrap().is_empty());
+    assert!(db.store.list_signing_keys().await.unwrap().is_empty());
+    assert!(db.store.list_assignments().await.unwrap().is_empty());
+    // The same batch without the bad write commits whole.
+    db.store.write_fenced(&lease, &batch[..3]).await.unwrap();
+    assert_eq!(db.store.list_operations().await.unwrap().len(), 1);
+    assert_eq!(db.store.list_signing_keys().await.unwrap().len(), 1);
+    assert_eq!(db.store.list_assignments().await.unwrap().len(), 1);
+}
+
+pub async fn invalid_writes_are_refused_before_io(db: &TestDb) {
+    let lease = acquire(&db.store, "gw-a/1", LONG).await;
+    let not_higher = FencedWrite::Assign {
+        expected_term: Some(3),
+        next: assignment("r1", "m1", 3),
+    };
+    assert!(matches!(
+        db.store.write_fenced(&lease, &[not_higher]).await,
+        Err(Error::Invalid(_))
+    ));
+    for max_parallel in [0, 9] {
+        let op = Operation {
+            max_parallel,
+            ..operation("op")
+        };
+        assert!(matches!(
+            db.store.write_fenced(&lease, &[FencedWrite::PutOperation(op)]).await,
+            Err(Error::Invalid(_))
+        ));
+    }
+    assert!(db.store.list_operations().await.unwrap().is_empty());
+}
+
+pub async fn assignment_compare_and_set(db: &TestDb) {
+    let lease = acquire(&db.store, "gw-a/1", LONG).await;
+    let put = |expected_term, next| FencedWrite::Assign { expected_term, next };
+    db.store
+        .write_fenced(&lease, &[put(None, assignment("r1", "m1", 1))])
+        .await
+        .unwrap();
+    // A second "new" assignment of the same route conflicts.
+    assert!(matches!(
+        db.store
+            .write_fenced(&lease, &[put(None, assignment("r1", "m2", 1))])
+            .await,
+        Err(Error::Conflict { .. })
+    ));
+    // Move to m2 at term 2 from term 1; repeating the move from term 1 conflicts.
+    db.store
+        .write_fenced(&lease, &[put(Some(1), assignment("r1", "m2", 2))])
+        .await
+        .unwrap();
+    assert!(matches!(
+        db.store
+            .write_fenced(&lease, &[put(Some(1), assignment("r1", "m3", 3))])
+            .await,
+        Err(Error::Conflict { .. })
+    ));
+    let a = &db.store.list_assignments().await.unwrap()[0];
+    assert_eq!((a.member.as_str(), a.process_id.as_str(), a.term), ("m2", "m2-p1", 2));
+    assert_eq!((a.phase, a.coordinator_term), (AssignmentPhase::Reserved, lease.term));
+    // Activation: only the reserved term's candidate process, at that term.
+    assert!(matches!(
+        db.store.activate_assignment("r1", 1, "m2-p1").await,
+        Err(Error::Conflict { .. })
+    ));
+    assert!(matches!(
+        db.store.activate_assignment("r1", 2, "m1-p1").await,
+        Err(Error::Conflict { .. })
+    ));
+    db.store.activate_assignment("r1", 2, "m2-p1").await.unwrap();
+    db.store
+        .activate_assignment("r1", 2, "m2-p1")
+        .await
+        .expect("repeating an activation is harmless");
+    assert_eq!(
+        db.store.list_assignments().await.unwrap()[0].phase,
+        AssignmentPhase::Active
+    );
+    // A later reservation resets the phase; activation of the old term now fails.
+    db.store
+        .write_fenced(&lease, &[put(Some(2), assignment("r1", "m3", 3))])
+        .await
+        .unwrap();
+    assert!(matches!(
+        db.store.activate_assignment("r1", 2, "m2-p1").await,
+        Err(Error::Conflict { .. })
+    ));
+    // Unassign needs the current term.
+    let unassign = |expected_term| FencedWrite::Unassign {
+        route: "r1".into(),
+        expected_term,
+    };
+    assert!(matches!(
+        db.store.write_fenced(&lease, &[unassign(2)]).await,
+        Err(Error::Conflict { .. })
+    ));
+    db.store.write_fenced(&lease, &[unassign(3)]).await.unwrap();
+    assert!(db.store.list_assignments().await.unwrap().is_empty());
+}
+
+pub async fn operations_are_adopted_unchanged(db: &TestDb) {
+    let first = acquire(&db.store, "gw-a/1", SHORT).await;
+    let op = Operation {
+        kind: OperationKind::Recover,
+        target: "r1".into(),
+        deadline_at_ms: Some(123_456_789),
+        ..operation("recover-r1")
+    };
+    db.store
+        .write_fenced(&first, &[FencedWrite::PutOperation(op.clone())])
+        .await
+        .unwrap();
+    let created = db.store.list_operations().await.unwrap()[0].clone();
+    assert!(created.created_at_ms > 0 && created.updated_at_ms == created.created_at_ms);
+    // The coordinator dies; a successor adopts the pending operation as recorded.
+    wait_until_db_time(&db.store, first.expires_at_ms).await;
+    let successor = db.replica().await;
+    let second = acquire(&successor, "gw-b/1", LONG).await;
+    let adopted = successor.list_operations().await.unwrap();
+    assert_eq!(adopted, vec![created.clone()], "adoption reads the operation unchanged");
+    assert_eq!(adopted[0].deadline_at_ms, Some(123_456_789));
+    let progressed = Operation {
+        phase: OperationPhase::Running,
+        attempts: 1,
+        moves: 1,
+        ..adopted[0].clone()
+    };
+    successor
+        .write_fenced(&second, &[FencedWrite::PutOperation(progressed)])
+        .await
+        .unwrap();
+    let after = &successor.list_operations().await.unwrap()[0];
+    assert_eq!(
+        (after.phase, after.attempts, after.moves),
+        (OperationPhase::Running, 1, 1)
+    );
+    assert_eq!(
+        after.created_at_ms, created.created_at_ms,
+        "created_at survives updates"
+    );
+    assert!(after.updated_at_ms >= created.updated_at_ms);
+    assert_eq!(
+        after.deadline_at_ms,
+        Some(123_456_789),
+        "the deadline is never extended by adoption"
+    );
+}
+
+pub async fn signing_key_rotation_is_fenced(db: &TestDb) {
+    let lease = acquire(&db.store, "gw-a/1", LONG).await;
+    db.store
+        .write_fenced(&lease, &[FencedWrite::PutSigningKey(key("k1"))])
+        .await
+        .unwrap();
+    let retired = SigningKey {
+        retired_at_ms: Some(42),
+        ..key("k1")
+    };
+    db.store
+        .write_fenced(
+            &lease,
+            &[
+                FencedWrite::PutSigningKey(key("k2")),
+                FencedWrite::PutSigningKey(retired),
+            ],
+        )
+        .await
+        .unwrap();
+    let keys = db.store.list_signing_keys().await.unwrap();
+    assert_eq!(keys.len(), 2);
+    let k1 = keys.iter().find(|k| k.kid == "k1").unwrap();
+    assert_eq!(
+        (k1.retired_at_ms, k1.private_pem.0.as_slice()),
+        (Some(42), b"private k1".as_slice())
+    );
+    db.store
+        .write_fenced(&lease, &[FencedWrite::DeleteSigningKey { kid: "k1".into() }])
+        .await
+        .unwrap();
+    let stale = Lease {
+        term: lease.term - 1,
+        ..lease.clone()
+    };
+    assert_fenced(
+        db.store
+            .write_fenced(&stale, &[FencedWrite::PutSigningKey(key("k3"))])
+            .await,
+        |f| matches!(f, Fence::Superseded { .. }),
+    );
+    let kids: Vec<String> = db
+        .store
+        .list_signing_keys()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|k| k.kid)
+        .collect();
+    assert_eq!(kids, vec!["k2".to_owned()]);
+}
+
+fn member(name: &str, process: &str) -> MemberUpdate {
+    MemberUpdate {
+        member: name.into(),
+        process_id: process.into(),
+        epoch: 1,
+        runtime_address: "127.0.0.1:7443".into(),
+        capacity: 256,
+        served_by: "gw-a".into(),
+        leaving: false,
+    }
+}
+
+pub async fn members_expire_by_ttl(db: &TestDb) {
+    let live = db
+        .store
+        .refresh_member(&member("m1", "p1"), Duration::from_secs(15))
+        .await
+        .unwrap();
+    let now = db.store.now_ms().await.unwrap();
+    assert!(live.is_live(now) && live.expires_at_ms <= now + 15_000);
+    let short = db
+        .store
+        .refresh_member(&member("m2", "p2"), Duration::from_millis(200))
+        .await
+        .unwrap();
+    wait_until_db_time(&db.store, short.expires_at_ms).await;
+    let (now, members) = db.store.list_members().await.unwrap();
+    let state: Vec<(String, bool)> = members.iter().map(|m| (m.member.clone(), m.is_live(now))).collect();
+    assert_eq!(state, vec![("m1".into(), true), ("m2".into(), false)]);
+    // A refresh brings it back, with the new epoch and the leaving flag.
+    let back = MemberUpdate {
+        epoch: 2,
+        leaving: true,
+        ..member("m2", "p2")
+    };
+    let back = db.store.refresh_member(&back, Duration::from_secs(15)).await.unwrap();
+    assert!(back.is_live(db.store.now_ms().await.unwrap()));
+    assert_eq!((back.epoch, back.leaving), (2, true));
+}
+
+pub async fn member_removal_needs_the_same_process(db: &TestDb) {
+    db.store.refresh_member(&member("m1", "p1"), LONG).await.unwrap();
+    // A new process of m1 replaced the record: the old process's removal is a no-op.
+    db.store.refresh_member(&member("m1", "p2"), LONG).await.unwrap();
+    assert!(!db.store.remove_member("m1", "p1").await.unwrap());
+    assert_eq!(db.store.list_members().await.unwrap().1[0].process_id, "p2");
+    assert!(db.store.remove_member("m1", "p2").await.unwrap());
+    assert!(db.store.list_members().await.unwrap().1.is_empty());
+}
+
+pub async fn instances_keep_the_newest_generation(db: &TestDb) {
+    let instance = |generation: i64| InstanceRecord {
+        route: "team-a/agent-0".into(),
+        namespace: "team-a".into(),
+        name: "agent-0".into(),
+        uid: format!("uid-{generation}"),
+        generation,
+        material: SecretBytes(vec![generation as u8; 4]),
+        registered_at_ms: 0,
+    };
+    db.store.register_instance(&instance(2)).await.unwrap();
+    db.store.register_instance(&instance(1)).await.unwrap();
+    let listed = db.store.list_instances().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        (listed[0].generation, listed[0].uid.as_str()),
+        (2, "uid-2"),
+        "an older generation never wins"
+    );
+    assert_eq!(listed[0].material.0, vec![2u8; 4]);
+    assert!(listed[0].registered_at_ms > 0);
+    db.store.register_instance(&instance(3)).await.unwrap();
+    assert_eq!(db.store.list_instances().await.unwrap()[0].generation, 3);
+    assert!(db.store.deregister_instance("team-a/agent-0").await.unwrap());
+    assert!(!db.store.deregister_instance("team-a/agent-0").await.unwrap());
+    assert!(db.store.list_instances().await.unwrap().is_empty());
+}
+
+pub async fn migrations_are_idempotent_across_replicas(db: &TestDb) {
+    // Several replicas opening the same database at once all succeed, and
+    // the lease row exists exactly once.
+    let opens = (0..4).map(|_| db.replica());
+    let stores = futures::future::join_all(opens).await;
+    let lease = acquire(&stores[3], "gw-d/1", LONG).await;
+    assert_eq!(lease.term, 1);
+    for store in stores {
+        store.close().await;
+    }
+}

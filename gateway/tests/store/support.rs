@@ -1,0 +1,113 @@
+//! Test databases: a fresh PostgreSQL database per test (on the server named
+//! by `DATABASE_URL`) or a fresh SQLite file.
+
+use gateway::store::{Options, Store};
+use sqlx::{AnyConnection, Connection, Executor};
+
+pub struct TestDb {
+    pub url: String,
+    pub store: Store,
+    /// Keeps the SQLite file's directory alive for the test.
+    _dir: Option<tempfile::TempDir>,
+    /// PostgreSQL: the admin URL and the database to drop afterwards.
+    cleanup: Option<(String, String)>,
+}
+
+impl TestDb {
+    /// A new database on the PostgreSQL server of `DATABASE_URL`. Without it
+    /// the test is skipped — unless `REQUIRE_POSTGRES=1` (the test command
+    /// sets it), where a missing server is a failure.
+    pub async fn postgres() -> Option<Self> {
+        let Ok(admin_url) = std::env::var("DATABASE_URL") else {
+            assert!(
+                std::env::var("REQUIRE_POSTGRES").as_deref() != Ok("1"),
+                "REQUIRE_POSTGRES=1 but DATABASE_URL is unset"
+            );
+            eprintln!("skipped: DATABASE_URL is unset (run ./scripts/test to get a PostgreSQL)");
+            return None;
+        };
+        sqlx::any::install_default_drivers();
+        let name = format!("store_test_{}", uuid::Uuid::new_v4().simple());
+        let mut admin = AnyConnection::connect(&admin_url)
+            .await
+            .expect("connect to DATABASE_URL");
+        admin
+            .execute(format!("CREATE DATABASE {name}").as_str())
+            .await
+            .expect("create test database");
+        admin.close().await.expect("close admin connection");
+        let mut url = url::Url::parse(&admin_url).expect("DATABASE_URL parses");
+        url.set_path(&format!("/{name}"));
+        let url = url.to_string();
+        let store = Store::open(&url, &Options::default())
+            .await
+            .expect("open postgres store");
+        Some(Self {
+            url,
+            store,
+            _dir: None,
+            cleanup: Some((admin_url, name)),
+        })
+    }
+
+    /// A new SQLite file in a temporary directory.
+    pub async fn sqlite() -> Self {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("store.db").display());
+        let store = Store::open(&url, &Options::default()).await.expect("open sqlite store");
+        Self {
+            url,
+            store,
+            _dir: Some(dir),
+            cleanup: None,
+        }
+    }
+
+    /// A second, independent store on the same database (another replica).
+    pub async fn replica(&self) -> Store {
+        Store::open(&self.url, &Options::default())
+            .await
+            .expect("open second store")
+    }
+
+    /// A raw connection to the same database, outside the store.
+    pub async fn raw(&self) -> AnyConnection {
+        AnyConnection::connect(&self.url).await.expect("raw connection")
+    }
+
+    pub async fn finish(self) {
+        self.store.close().await;
+        if let Some((admin_url, name)) = self.cleanup
+            && let Ok(mut admin) = AnyConnection::connect(&admin_url).await
+        {
+            let _ = admin
+                .execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str())
+                .await;
+            let _ = admin.close().await;
+        }
+    }
+}
+
+/// Poll `check` until it returns `Some`, failing after `limit` polls of 10 ms.
+/// A bound on a wait for a condition, not a timing assertion.
+pub async fn wait_for<T, F, Fut>(what: &str, limit: u32, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    for _ in 0..limit {
+        if let Some(value) = check().await {
+            return value;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("gave up waiting for {what}");
+}
+
+/// Wait until the database clock has passed `at_ms`.
+pub async fn wait_until_db_time(store: &Store, at_ms: i64) {
+    wait_for("the database clock", 3000, || async {
+        (store.now_ms().await.expect("database clock") > at_ms).then_some(())
+    })
+    .await;
+}

@@ -1,0 +1,3 @@
+//! Placeholder: see the crate README.
+
+fn main() {}
