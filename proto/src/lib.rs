@@ -19,9 +19,11 @@
 //!
 //! Besides the generated code this crate holds the few constants and helpers every side needs
 //! so that nobody re-derives them: message size bounds ([`MAX_MESSAGE_BYTES`] and friends),
-//! the timing contract ([`HOST_HEARTBEAT_INTERVAL_MS`], ...), bearer-token metadata helpers
+//! the timing contract ([`timing`]), bearer-token metadata helpers
 //! ([`bearer_token`]), the receipt MAC input ([`recovery::v1::Receipt::mac_input`]) and the
 //! file descriptor set for gRPC reflection ([`FILE_DESCRIPTOR_SET`]).
+
+pub mod timing;
 
 use std::fmt;
 
@@ -99,10 +101,7 @@ generated!(
 /// Encoded `FileDescriptorSet` of every package in this crate (including `common.v1`), for
 /// gRPC server reflection (e.g. `tonic-reflection`'s `register_encoded_file_descriptor_set`)
 /// and for tests that inspect the contracts.
-pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(
-    env!("OUT_DIR"),
-    "/openshell_supervisor_descriptor.bin"
-));
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/openshell_supervisor_descriptor.bin"));
 
 /// Fully qualified names of the five services, e.g. for health or reflection registration.
 pub const SERVICE_NAMES: [&str; 5] = [
@@ -145,44 +144,6 @@ pub const MAX_ROUTE_BYTES: usize = 256;
 pub const MAX_STATUS_MESSAGE_BYTES: usize = 512;
 
 // ---------------------------------------------------------------------------------------------
-// Timing contract (documented in the .proto service comments)
-// ---------------------------------------------------------------------------------------------
-
-/// Recovery deadline when a message carries 0: 60 s.
-pub const DEFAULT_RECOVERY_DEADLINE_MS: u64 = 60_000;
-
-/// A member sends a `host.v1.Heartbeat` this often (1 s).
-pub const HOST_HEARTBEAT_INTERVAL_MS: u64 = 1_000;
-
-/// Either end of a host stream gives it up after this long without a message (5 s).
-pub const HOST_SILENCE_TIMEOUT_MS: u64 = 5_000;
-
-/// Both ends of a runtime stream send a `runtime.v1.Heartbeat` this often (1 s).
-pub const RUNTIME_HEARTBEAT_INTERVAL_MS: u64 = 1_000;
-
-/// Either end of a runtime stream treats it as dead after this long without a message (3 s).
-pub const RUNTIME_SILENCE_TIMEOUT_MS: u64 = 3_000;
-
-/// Minimum spacing of `runtime.v1.RecoveryHello` messages from one sidecar (1 s).
-pub const RECOVERY_HELLO_INTERVAL_MS: u64 = 1_000;
-
-/// Longest lifetime of a recovery grant (`exp - iat`), 30 s.
-pub const MAX_GRANT_LIFETIME_MS: u64 = 30_000;
-
-/// Clock skew verifiers tolerate on `iat`/`exp` of grants and proofs (5 s).
-pub const MAX_CLOCK_SKEW_MS: u64 = 5_000;
-
-/// Returns the recovery deadline a `*_recovery_deadline_ms` field means: 0 is the default.
-#[must_use]
-pub const fn effective_recovery_deadline_ms(field: u64) -> u64 {
-    if field == 0 {
-        DEFAULT_RECOVERY_DEADLINE_MS
-    } else {
-        field
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
 // Authentication metadata
 // ---------------------------------------------------------------------------------------------
 
@@ -220,11 +181,7 @@ pub fn bearer_token_from_metadata(metadata: &tonic::metadata::MetadataMap) -> Op
 impl fmt::Display for common::v1::InstanceRef {
     /// `namespace/name#generation (uid)`: for logs and events. Contains no secrets.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}/{}#{} ({})",
-            self.namespace, self.name, self.generation, self.uid
-        )
+        write!(f, "{}/{}#{} ({})", self.namespace, self.name, self.generation, self.uid)
     }
 }
 

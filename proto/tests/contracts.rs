@@ -105,19 +105,14 @@ fn runtime_receipt_round_trips_inside_sidecar_message() -> TestResult {
     };
     round_trip(&msg)?;
 
-    use runtime::v1::{
-        ProgressAccepted, SupervisorMessage, WorkloadResponse, supervisor_message,
-        workload_response,
-    };
+    use runtime::v1::{ProgressAccepted, SupervisorMessage, WorkloadResponse, supervisor_message, workload_response};
     round_trip(&SupervisorMessage {
-        kind: Some(supervisor_message::Kind::WorkloadResponse(
-            WorkloadResponse {
-                request_id: 17,
-                kind: Some(workload_response::Kind::ProgressAccepted(
-                    ProgressAccepted { value: 99 },
-                )),
-            },
-        )),
+        kind: Some(supervisor_message::Kind::WorkloadResponse(WorkloadResponse {
+            request_id: 17,
+            kind: Some(workload_response::Kind::ProgressAccepted(ProgressAccepted {
+                value: 99,
+            })),
+        })),
     })
 }
 
@@ -148,8 +143,8 @@ fn registry_register_round_trips() -> TestResult {
 #[test]
 fn pool_status_round_trips() -> TestResult {
     use pool::v1::{
-        Coordinator, GetSupervisorPoolStatusResponse, InstanceSummary, Member, MemberState,
-        Operation, OperationKind, OperationPhase,
+        Coordinator, GetSupervisorPoolStatusResponse, InstanceSummary, Member, MemberState, Operation, OperationKind,
+        OperationPhase,
     };
     round_trip(&GetSupervisorPoolStatusResponse {
         coordinator: Some(Coordinator {
@@ -227,25 +222,15 @@ fn descriptor_set_contains_all_five_services_with_their_rpcs() -> TestResult {
     let services: Vec<String> = set
         .file
         .iter()
-        .flat_map(|f| {
-            f.service
-                .iter()
-                .map(move |s| format!("{}.{}", f.package(), s.name()))
-        })
+        .flat_map(|f| f.service.iter().map(move |s| format!("{}.{}", f.package(), s.name())))
         .collect();
     for name in proto::SERVICE_NAMES {
-        assert!(
-            services.iter().any(|s| s == name),
-            "{name} missing from {services:?}"
-        );
+        assert!(services.iter().any(|s| s == name), "{name} missing from {services:?}");
     }
     assert_eq!(services.len(), 5, "unexpected services: {services:?}");
 
     let expected: BTreeMap<String, (bool, bool)> = [
-        (
-            "openshell.supervisor.host.v1.SupervisorHost/Attach",
-            (true, true),
-        ),
+        ("openshell.supervisor.host.v1.SupervisorHost/Attach", (true, true)),
         (
             "openshell.supervisor.runtime.v1.SupervisorRuntime/Connect",
             (true, true),
@@ -439,11 +424,7 @@ fn receipt_mac_input_covers_every_field_but_the_mac() {
     for (field, mutate) in mutations {
         let mut changed = base.clone();
         mutate(&mut changed);
-        assert_ne!(
-            changed.mac_input(),
-            input,
-            "{field} is not covered by the MAC"
-        );
+        assert_ne!(changed.mac_input(), input, "{field} is not covered by the MAC");
     }
 
     // Length prefixes keep field boundaries unambiguous.
@@ -485,8 +466,8 @@ fn defaults_and_bounds() {
     assert_eq!(start(8).effective_max_parallel(), Some(8));
     assert_eq!(start(9).effective_max_parallel(), None);
 
-    assert_eq!(proto::effective_recovery_deadline_ms(0), 60_000);
-    assert_eq!(proto::effective_recovery_deadline_ms(5_000), 5_000);
+    assert_eq!(proto::timing::recovery_deadline(0).as_millis(), 60_000);
+    assert_eq!(proto::timing::recovery_deadline(5_000).as_millis(), 5_000);
 
     assert_eq!(InstancePhase::from_wire(2), InstancePhase::Active);
     assert_eq!(InstancePhase::from_wire(0), InstancePhase::Failed);

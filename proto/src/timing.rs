@@ -1,0 +1,120 @@
+//! The timing contract between pool members, sidecars and gateway replicas,
+//! in one place. Every side reads its intervals and timeouts from here.
+//!
+//! The invariants tested below: a member that loses its gateway replica (even
+//! an unresponsive one) reconnects elsewhere well inside the membership TTL,
+//! so a healthy member is never declared gone because of a gateway failure;
+//! and the silence timeout spans several heartbeats.
+
+use std::time::Duration;
+
+/// A member sends a `host.v1.Heartbeat` this often; the gateway answers each.
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Either end of a host stream gives it up after this long without a message
+/// from the other (three missed heartbeats). The gateway then ends the
+/// member's session and membership at once; the member reconnects.
+pub const SILENCE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// A membership record lives this long unless refreshed.
+pub const MEMBERSHIP_TTL: Duration = Duration::from_secs(15);
+
+/// The replica serving a member stream refreshes its record this often.
+pub const MEMBERSHIP_REFRESH: Duration = Duration::from_secs(2);
+
+/// Bound on one connection attempt (TCP, TLS and the first gateway reply).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Backoff between reconnect attempts: starts here, doubles, capped below.
+pub const RECONNECT_BACKOFF_INITIAL: Duration = Duration::from_millis(100);
+pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_millis(500);
+
+/// Attempts a member makes, over its gateway endpoints in turn, before it
+/// logs a failure and starts the cycle again (it never stops trying).
+pub const RECONNECT_ATTEMPTS: u32 = 3;
+
+/// Recovery deadline a snapshot carries unless configured (60 s).
+pub const RECOVERY_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Both ends of a runtime (sidecar ⇄ supervisor) stream heartbeat this often,
+/// and treat the stream as dead after the silence timeout.
+pub const RUNTIME_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
+pub const RUNTIME_SILENCE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Minimum spacing of `RecoveryHello` messages from one sidecar.
+pub const RECOVERY_HELLO_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Longest lifetime of a recovery grant.
+pub const MAX_GRANT_LIFETIME: Duration = Duration::from_secs(30);
+
+/// Clock skew verifiers tolerate on `iat`/`exp` of tokens, grants and proofs.
+pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(5);
+
+/// Supervisor tokens live this long and are renewed at half their lifetime.
+pub const SUPERVISOR_TOKEN_LIFETIME: Duration = Duration::from_secs(3600);
+
+/// The worst case for a member to reconnect past an unresponsive replica and
+/// be refreshed by another: notice the silence, spend every attempt (each
+/// bounded by the connect timeout, with the largest backoff between them),
+/// then wait for the new replica's first refresh.
+pub const fn reconnect_budget() -> Duration {
+    let per_attempt = CONNECT_TIMEOUT.as_millis() as u64 + RECONNECT_BACKOFF_MAX.as_millis() as u64;
+    Duration::from_millis(
+        SILENCE_TIMEOUT.as_millis() as u64
+            + RECONNECT_ATTEMPTS as u64 * per_attempt
+            + MEMBERSHIP_REFRESH.as_millis() as u64,
+    )
+}
+
+/// The recovery deadline a `*_recovery_deadline_ms` field means: 0 is the default.
+pub const fn recovery_deadline(field_ms: u64) -> Duration {
+    if field_ms == 0 {
+        RECOVERY_DEADLINE
+    } else {
+        Duration::from_millis(field_ms)
+    }
+}
+
+/// The backoff before reconnect attempt `attempt` (0-based).
+pub fn reconnect_backoff(attempt: u32) -> Duration {
+    RECONNECT_BACKOFF_INITIAL
+        .saturating_mul(1u32 << attempt.min(16))
+        .min(RECONNECT_BACKOFF_MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reconnect_budget_is_well_inside_the_membership_ttl() {
+        // "Well inside": a member survives a replica failure with a third of
+        // the TTL to spare.
+        assert!(
+            reconnect_budget() * 3 <= MEMBERSHIP_TTL * 2,
+            "reconnect budget {:?} vs TTL {:?}",
+            reconnect_budget(),
+            MEMBERSHIP_TTL
+        );
+    }
+
+    #[test]
+    fn silence_spans_several_heartbeats_and_refreshes_fit_the_ttl() {
+        assert!(SILENCE_TIMEOUT >= HEARTBEAT_INTERVAL * 3);
+        assert!(RUNTIME_SILENCE_TIMEOUT >= RUNTIME_HEARTBEAT_INTERVAL * 3);
+        assert!(
+            MEMBERSHIP_REFRESH * 5 <= MEMBERSHIP_TTL,
+            "several refreshes may fail before expiry"
+        );
+        assert!(SUPERVISOR_TOKEN_LIFETIME / 2 > MEMBERSHIP_TTL);
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap() {
+        assert_eq!(reconnect_backoff(0), RECONNECT_BACKOFF_INITIAL);
+        assert_eq!(reconnect_backoff(1), RECONNECT_BACKOFF_INITIAL * 2);
+        assert_eq!(reconnect_backoff(30), RECONNECT_BACKOFF_MAX);
+        assert_eq!(recovery_deadline(0), Duration::from_secs(60));
+        assert_eq!(recovery_deadline(1500), Duration::from_millis(1500));
+    }
+}
