@@ -8,8 +8,10 @@
 
 pub mod config;
 pub mod election;
+pub mod placement;
 pub mod status;
 pub mod store;
+pub mod tokens;
 
 use std::time::Duration;
 

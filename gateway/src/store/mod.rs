@@ -364,41 +364,104 @@ impl Store {
 
     // ---- desired instances (any replica) ----------------------------------
 
-    /// Record a desired instance, or move it to a newer generation. An older
-    /// generation never replaces a newer one.
-    pub async fn register_instance(&self, i: &InstanceRecord) -> Result<()> {
+    /// Register an instance and assign its generation in one statement: the
+    /// same workload (uid) keeps its generation; another workload on the same
+    /// route gets the next one. A withdrawn workload stays withdrawn.
+    pub async fn register_instance(&self, r: &Registration) -> Result<Registered> {
         let sql = format!(
-            "INSERT INTO instances (route, namespace, name, uid, generation, material, registered_at_ms) \
-             VALUES ($1, $2, $3, $4, $5, $6, ({})) \
-             ON CONFLICT (route) DO UPDATE SET namespace = excluded.namespace, name = excluded.name, uid = excluded.uid, \
-               generation = excluded.generation, material = excluded.material, registered_at_ms = excluded.registered_at_ms \
-             WHERE instances.generation <= excluded.generation",
-            self.backend.clock_expr()
+            "INSERT INTO instances (route, namespace, name, uid, generation, material, registered_at_ms, withdrawn) \
+             VALUES ($1, $2, $3, $4, 1, $5, ({clock}), FALSE) \
+             ON CONFLICT (route) DO UPDATE SET \
+               generation = CASE WHEN instances.uid = excluded.uid THEN instances.generation \
+                                 ELSE instances.generation + 1 END, \
+               material = CASE WHEN instances.uid = excluded.uid AND instances.withdrawn THEN instances.material \
+                               ELSE excluded.material END, \
+               withdrawn = CASE WHEN instances.uid = excluded.uid THEN instances.withdrawn ELSE FALSE END, \
+               namespace = excluded.namespace, name = excluded.name, uid = excluded.uid, \
+               registered_at_ms = excluded.registered_at_ms \
+             RETURNING generation, CASE WHEN withdrawn THEN 1 ELSE 0 END AS withdrawn",
+            clock = self.backend.clock_expr()
         );
-        sqlx::query(&sql)
-            .bind(&i.route)
-            .bind(&i.namespace)
-            .bind(&i.name)
-            .bind(&i.uid)
-            .bind(i.generation)
-            .bind(&i.material.0)
-            .execute(&self.pool)
+        let row = sqlx::query(&sql)
+            .bind(&r.route)
+            .bind(&r.namespace)
+            .bind(&r.name)
+            .bind(&r.uid)
+            .bind(&r.material.0)
+            .fetch_one(&self.pool)
             .await?;
-        Ok(())
+        let generation: i64 = row.try_get("generation")?;
+        Ok(if row.try_get::<i64, _>("withdrawn")? != 0 {
+            Registered::Withdrawn { generation }
+        } else {
+            Registered::Desired { generation }
+        })
     }
 
-    /// Remove a desired instance. Returns whether it existed.
-    pub async fn deregister_instance(&self, route: &str) -> Result<bool> {
-        let done = sqlx::query("DELETE FROM instances WHERE route = $1")
+    /// Withdraw the instance of `route` if it is still the workload `uid`.
+    /// Returns whether a desired instance was withdrawn.
+    pub async fn withdraw_instance(&self, route: &str, uid: &str) -> Result<bool> {
+        let done = sqlx::query("UPDATE instances SET withdrawn = TRUE WHERE route = $1 AND uid = $2 AND NOT withdrawn")
             .bind(route)
+            .bind(uid)
             .execute(&self.pool)
             .await?;
         Ok(done.rows_affected() > 0)
     }
 
+    /// Record an owner's report unless a report of a higher term is already there.
+    pub async fn record_report(&self, r: &Report) -> Result<()> {
+        let sql = format!(
+            "INSERT INTO instance_reports (route, term, member, process_id, phase, message, workload_pid, reported_by, updated_at_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, ({})) \
+             ON CONFLICT (route) DO UPDATE SET term = excluded.term, member = excluded.member, \
+               process_id = excluded.process_id, phase = excluded.phase, message = excluded.message, \
+               workload_pid = excluded.workload_pid, reported_by = excluded.reported_by, updated_at_ms = excluded.updated_at_ms \
+             WHERE instance_reports.term <= excluded.term",
+            self.backend.clock_expr()
+        );
+        sqlx::query(&sql)
+            .bind(&r.route)
+            .bind(r.term)
+            .bind(&r.member)
+            .bind(&r.process_id)
+            .bind(&r.phase)
+            .bind(&r.message)
+            .bind(r.workload_pid)
+            .bind(&r.reported_by)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn list_reports(&self) -> Result<Vec<Report>> {
+        let rows = sqlx::query(
+            "SELECT route, term, member, process_id, phase, message, workload_pid, reported_by, updated_at_ms \
+             FROM instance_reports ORDER BY route",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Report {
+                    route: r.try_get("route")?,
+                    term: r.try_get("term")?,
+                    member: r.try_get("member")?,
+                    process_id: r.try_get("process_id")?,
+                    phase: r.try_get("phase")?,
+                    message: r.try_get("message")?,
+                    workload_pid: r.try_get("workload_pid")?,
+                    reported_by: r.try_get("reported_by")?,
+                    updated_at_ms: r.try_get("updated_at_ms")?,
+                })
+            })
+            .collect()
+    }
+
     pub async fn list_instances(&self) -> Result<Vec<InstanceRecord>> {
         let rows = sqlx::query(
-            "SELECT route, namespace, name, uid, generation, material, registered_at_ms FROM instances ORDER BY route",
+            "SELECT route, namespace, name, uid, generation, material, registered_at_ms, \
+             CASE WHEN withdrawn THEN 1 ELSE 0 END AS withdrawn FROM instances ORDER BY route",
         )
         .fetch_all(&self.pool)
         .await?;
@@ -412,6 +475,7 @@ impl Store {
                     generation: r.try_get("generation")?,
                     material: SecretBytes(r.try_get("material")?),
                     registered_at_ms: r.try_get("registered_at_ms")?,
+                    withdrawn: r.try_get::<i64, _>("withdrawn")? != 0,
                 })
             })
             .collect()

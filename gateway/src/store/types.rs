@@ -124,6 +124,47 @@ pub struct InstanceRecord {
     /// Registration material (carries credentials).
     pub material: SecretBytes,
     pub registered_at_ms: i64,
+    /// Withdrawn instances are no longer desired; the row keeps the route's
+    /// generation counter.
+    pub withdrawn: bool,
+}
+
+/// What a registration asks for: the store assigns the generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registration {
+    pub route: String,
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub material: SecretBytes,
+}
+
+/// Outcome of a registration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Registered {
+    /// New, re-registered (same uid) or replacing an older workload of the
+    /// route at the next generation.
+    Desired { generation: i64 },
+    /// The same workload (uid) was withdrawn before: it cannot come back.
+    Withdrawn { generation: i64 },
+}
+
+/// The latest status an owner reported for a route, at a term.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    pub route: String,
+    pub term: i64,
+    pub member: String,
+    pub process_id: String,
+    /// The wire phase name (`ACTIVE`, `STARTING`, …) or `ABSENT` when the
+    /// owner reconciled past the term without hosting the route.
+    pub phase: String,
+    pub message: String,
+    pub workload_pid: i64,
+    /// The gateway replica that attributed it.
+    pub reported_by: String,
+    /// Set by the store from the database clock.
+    pub updated_at_ms: i64,
 }
 
 /// Where an assignment is in its handover.

@@ -48,6 +48,7 @@ on_both_backends!(
     signing_key_rotation_is_fenced,
     members_expire_by_ttl,
     member_removal_needs_the_same_process,
-    instances_keep_the_newest_generation,
+    registration_assigns_generations_and_withdrawal_sticks,
+    reports_never_regress_in_term,
     migrations_are_idempotent_across_replicas,
 );

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use gateway::store::{
-    Acquire, Assignment, AssignmentPhase, Error, Fence, FencedWrite, InstanceRecord, Lease, MemberUpdate, Operation,
-    OperationKind, OperationPhase, SecretBytes, SigningKey, Store,
+    Acquire, Assignment, AssignmentPhase, Error, Fence, FencedWrite, Lease, MemberUpdate, Operation, OperationKind,
+    OperationPhase, Registered, Registration, Report, SecretBytes, SigningKey, Store,
 };
 use tokio::sync::Mutex;
 
@@ -568,32 +568,82 @@ pub async fn member_removal_needs_the_same_process(db: &TestDb) {
     assert!(db.store.list_members().await.unwrap().1.is_empty());
 }
 
-pub async fn instances_keep_the_newest_generation(db: &TestDb) {
-    let instance = |generation: i64| InstanceRecord {
+pub async fn registration_assigns_generations_and_withdrawal_sticks(db: &TestDb) {
+    let registration = |uid: &str| Registration {
         route: "team-a/agent-0".into(),
         namespace: "team-a".into(),
         name: "agent-0".into(),
-        uid: format!("uid-{generation}"),
-        generation,
-        material: SecretBytes(vec![generation as u8; 4]),
-        registered_at_ms: 0,
+        uid: uid.into(),
+        material: SecretBytes(uid.as_bytes().to_vec()),
     };
-    db.store.register_instance(&instance(2)).await.unwrap();
-    db.store.register_instance(&instance(1)).await.unwrap();
+    assert_eq!(
+        db.store.register_instance(&registration("u1")).await.unwrap(),
+        Registered::Desired { generation: 1 }
+    );
+    // Re-registering the same workload (a sidecar restart) keeps its generation.
+    assert_eq!(
+        db.store.register_instance(&registration("u1")).await.unwrap(),
+        Registered::Desired { generation: 1 }
+    );
+    // A replacement Pod of the same name is the next generation.
+    assert_eq!(
+        db.store.register_instance(&registration("u2")).await.unwrap(),
+        Registered::Desired { generation: 2 }
+    );
     let listed = db.store.list_instances().await.unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(
-        (listed[0].generation, listed[0].uid.as_str()),
-        (2, "uid-2"),
-        "an older generation never wins"
+        (listed[0].uid.as_str(), listed[0].generation, listed[0].withdrawn),
+        ("u2", 2, false)
     );
-    assert_eq!(listed[0].material.0, vec![2u8; 4]);
+    assert_eq!(listed[0].material.0, b"u2".to_vec());
     assert!(listed[0].registered_at_ms > 0);
-    db.store.register_instance(&instance(3)).await.unwrap();
-    assert_eq!(db.store.list_instances().await.unwrap()[0].generation, 3);
-    assert!(db.store.deregister_instance("team-a/agent-0").await.unwrap());
-    assert!(!db.store.deregister_instance("team-a/agent-0").await.unwrap());
-    assert!(db.store.list_instances().await.unwrap().is_empty());
+    // Withdrawal needs the current workload, and sticks for it.
+    assert!(
+        !db.store.withdraw_instance("team-a/agent-0", "u1").await.unwrap(),
+        "an older workload cannot withdraw"
+    );
+    assert!(db.store.withdraw_instance("team-a/agent-0", "u2").await.unwrap());
+    assert!(
+        !db.store.withdraw_instance("team-a/agent-0", "u2").await.unwrap(),
+        "idempotent"
+    );
+    assert_eq!(
+        db.store.register_instance(&registration("u2")).await.unwrap(),
+        Registered::Withdrawn { generation: 2 }
+    );
+    assert!(db.store.list_instances().await.unwrap()[0].withdrawn);
+    // A new workload on the route comes back desired, at a higher generation.
+    assert_eq!(
+        db.store.register_instance(&registration("u3")).await.unwrap(),
+        Registered::Desired { generation: 3 }
+    );
+    assert!(!db.store.list_instances().await.unwrap()[0].withdrawn);
+}
+
+pub async fn reports_never_regress_in_term(db: &TestDb) {
+    let report = |term: i64, phase: &str| Report {
+        route: "team-a/agent-0".into(),
+        term,
+        member: format!("m{term}"),
+        process_id: "p".into(),
+        phase: phase.into(),
+        message: String::new(),
+        workload_pid: 42,
+        reported_by: "gw-a".into(),
+        updated_at_ms: 0,
+    };
+    db.store.record_report(&report(2, "STARTING")).await.unwrap();
+    db.store.record_report(&report(2, "ACTIVE")).await.unwrap();
+    db.store.record_report(&report(1, "FAILED")).await.unwrap();
+    let reports = db.store.list_reports().await.unwrap();
+    assert_eq!(reports.len(), 1);
+    assert_eq!(
+        (reports[0].term, reports[0].phase.as_str(), reports[0].member.as_str()),
+        (2, "ACTIVE", "m2")
+    );
+    db.store.record_report(&report(3, "STARTING")).await.unwrap();
+    assert_eq!(db.store.list_reports().await.unwrap()[0].term, 3);
 }
 
 pub async fn migrations_are_idempotent_across_replicas(db: &TestDb) {

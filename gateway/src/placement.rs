@@ -1,0 +1,277 @@
+//! Placement and failed-owner recovery decisions: pure functions over plain
+//! data, tested without I/O. The coordinator feeds them the pool as read from
+//! the store and writes what they decide through `write_fenced`.
+//!
+//! Rules: healthy assignments stay where they are (stable); a new instance
+//! goes to the least-loaded eligible member (ties by name), never beyond the
+//! member's capacity or [`MAX_INSTANCES_PER_MEMBER`]; an instance whose owner
+//! process is gone moves to another member at term + 1; an instance nobody
+//! can take is reported with the reason.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Hard cap of instances per member, whatever a member offers.
+pub const MAX_INSTANCES_PER_MEMBER: usize = proto::MAX_INSTANCES_PER_MEMBER as usize;
+
+/// A member process as placement sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    pub member: String,
+    pub process_id: String,
+    pub capacity: usize,
+    /// Announced leaving, or drained by an operator: takes nothing new.
+    pub excluded: bool,
+}
+
+/// Who owns a route now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    pub member: String,
+    pub process_id: String,
+    pub term: i64,
+}
+
+/// What placement decided for one route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// First placement at term 1.
+    Place { route: String, to: Candidate },
+    /// The owner process is gone: move to `to` at `term` (old term + 1).
+    Recover {
+        route: String,
+        from: Owner,
+        to: Candidate,
+        term: i64,
+    },
+    /// The instance is no longer desired and its owner is gone: drop the assignment.
+    Withdraw { route: String, term: i64 },
+    /// No member can take the route.
+    Unplaced { route: String, reason: String },
+}
+
+/// Plan one reconcile round.
+///
+/// - `desired`: routes of the desired instances;
+/// - `owners`: current assignments by route;
+/// - `live`: member processes with a live membership record.
+///
+/// Deterministic: the same input always gives the same plan.
+pub fn plan(desired: &BTreeSet<String>, owners: &BTreeMap<String, Owner>, live: &[Candidate]) -> Vec<Decision> {
+    let alive = |o: &Owner| live.iter().any(|c| c.member == o.member && c.process_id == o.process_id);
+    // Load counts every assignment held by a live process, including the
+    // ones it may be asked to stop: they occupy a session until then.
+    let mut load: BTreeMap<&str, usize> = live.iter().map(|c| (c.member.as_str(), 0)).collect();
+    for owner in owners.values().filter(|o| alive(o)) {
+        if let Some(n) = load.get_mut(owner.member.as_str()) {
+            *n += 1;
+        }
+    }
+    let mut decisions = Vec::new();
+    for (route, owner) in owners {
+        if !desired.contains(route) && !alive(owner) {
+            decisions.push(Decision::Withdraw {
+                route: route.clone(),
+                term: owner.term,
+            });
+        }
+    }
+    for route in desired {
+        let owner = owners.get(route);
+        if owner.is_some_and(|o| alive(o)) {
+            continue;
+        }
+        match least_loaded(live, &load) {
+            Ok(to) => {
+                *load.entry(to.member.as_str()).or_default() += 1;
+                decisions.push(match owner {
+                    None => Decision::Place {
+                        route: route.clone(),
+                        to: to.clone(),
+                    },
+                    Some(from) => Decision::Recover {
+                        route: route.clone(),
+                        from: from.clone(),
+                        to: to.clone(),
+                        term: from.term + 1,
+                    },
+                });
+            }
+            Err(reason) => decisions.push(Decision::Unplaced {
+                route: route.clone(),
+                reason,
+            }),
+        }
+    }
+    decisions
+}
+
+/// The eligible member with the fewest instances (ties by name), or why none is.
+fn least_loaded<'a>(live: &'a [Candidate], load: &BTreeMap<&str, usize>) -> Result<&'a Candidate, String> {
+    if live.is_empty() {
+        return Err("no live pool members".into());
+    }
+    let open: Vec<&Candidate> = live.iter().filter(|c| !c.excluded).collect();
+    if open.is_empty() {
+        return Err(format!("all {} pool members are leaving or drained", live.len()));
+    }
+    open.iter()
+        .filter(|c| load.get(c.member.as_str()).copied().unwrap_or(0) < limit(c))
+        .min_by_key(|c| (load.get(c.member.as_str()).copied().unwrap_or(0), c.member.as_str()))
+        .copied()
+        .ok_or_else(|| {
+            let limits: Vec<String> = open.iter().map(|c| format!("{} holds {}", c.member, limit(c))).collect();
+            format!("all {} eligible pool members are at capacity ({})", open.len(), limits.join(", "))
+        })
+}
+
+fn limit(c: &Candidate) -> usize {
+    c.capacity.min(MAX_INSTANCES_PER_MEMBER)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(name: &str) -> Candidate {
+        Candidate {
+            member: name.into(),
+            process_id: format!("{name}-p1"),
+            capacity: 256,
+            excluded: false,
+        }
+    }
+
+    fn routes(n: usize) -> BTreeSet<String> {
+        (0..n).map(|i| format!("ns/agent-{i:02}")).collect()
+    }
+
+    fn owner(member: &str, term: i64) -> Owner {
+        Owner {
+            member: member.into(),
+            process_id: format!("{member}-p1"),
+            term,
+        }
+    }
+
+    /// Apply a plan's placements to an owner map, as the coordinator would.
+    fn apply(owners: &mut BTreeMap<String, Owner>, plan: &[Decision]) {
+        for d in plan {
+            match d {
+                Decision::Place { route, to } => {
+                    owners.insert(route.clone(), Owner { member: to.member.clone(), process_id: to.process_id.clone(), term: 1 });
+                }
+                Decision::Recover { route, to, term, .. } => {
+                    owners.insert(route.clone(), Owner { member: to.member.clone(), process_id: to.process_id.clone(), term: *term });
+                }
+                Decision::Withdraw { route, .. } => {
+                    owners.remove(route);
+                }
+                Decision::Unplaced { .. } => {}
+            }
+        }
+    }
+
+    fn per_member(owners: &BTreeMap<String, Owner>) -> BTreeMap<String, usize> {
+        let mut counts = BTreeMap::new();
+        for o in owners.values() {
+            *counts.entry(o.member.clone()).or_default() += 1;
+        }
+        counts
+    }
+
+    #[test]
+    fn new_instances_spread_evenly() {
+        let live = [member("a"), member("b"), member("c")];
+        let mut owners = BTreeMap::new();
+        apply(&mut owners, &plan(&routes(9), &owners, &live));
+        assert_eq!(per_member(&owners).values().copied().collect::<Vec<_>>(), vec![3, 3, 3]);
+        assert!(owners.values().all(|o| o.term == 1));
+    }
+
+    #[test]
+    fn healthy_assignments_stay_put() {
+        let live = [member("a"), member("b")];
+        let mut owners: BTreeMap<String, Owner> = routes(4).into_iter().map(|r| (r, owner("a", 3))).collect();
+        // b is idle, but nothing moves: placement is stable.
+        let decisions = plan(&routes(4), &owners, &live);
+        assert!(decisions.is_empty(), "{decisions:?}");
+        // A new instance goes to the least-loaded member.
+        let mut desired = routes(4);
+        desired.insert("ns/new".into());
+        let decisions = plan(&desired, &owners, &live);
+        assert_eq!(decisions, vec![Decision::Place { route: "ns/new".into(), to: member("b") }]);
+        apply(&mut owners, &decisions);
+        assert!(plan(&desired, &owners, &live).is_empty(), "a converged pool plans nothing");
+    }
+
+    #[test]
+    fn a_gone_owner_moves_its_instances_at_term_plus_one() {
+        let mut owners: BTreeMap<String, Owner> = BTreeMap::new();
+        owners.insert("ns/a1".into(), owner("a", 4));
+        owners.insert("ns/a2".into(), owner("a", 1));
+        owners.insert("ns/b1".into(), owner("b", 2));
+        let desired: BTreeSet<String> = owners.keys().cloned().collect();
+        let live = [member("b"), member("c")];
+        let decisions = plan(&desired, &owners, &live);
+        assert_eq!(
+            decisions,
+            vec![
+                Decision::Recover { route: "ns/a1".into(), from: owner("a", 4), to: member("c"), term: 5 },
+                Decision::Recover { route: "ns/a2".into(), from: owner("a", 1), to: member("b"), term: 2 },
+            ],
+            "least loaded first: c had none, then b and c tie at one and b wins by name"
+        );
+    }
+
+    #[test]
+    fn a_restarted_member_process_owns_nothing() {
+        let mut owners = BTreeMap::new();
+        owners.insert("ns/x".into(), owner("a", 7));
+        let restarted = Candidate { process_id: "a-p2".into(), ..member("a") };
+        let decisions = plan(&["ns/x".to_owned()].into(), &owners, &[restarted.clone()]);
+        assert_eq!(
+            decisions,
+            vec![Decision::Recover { route: "ns/x".into(), from: owner("a", 7), to: restarted, term: 8 }]
+        );
+    }
+
+    #[test]
+    fn capacity_is_respected_and_refusals_say_why() {
+        let small = Candidate { capacity: 2, ..member("a") };
+        let decisions = plan(&routes(3), &BTreeMap::new(), &[small]);
+        assert!(matches!(&decisions[2], Decision::Unplaced { reason, .. } if reason.contains("at capacity") && reason.contains("a holds 2")));
+        assert_eq!(decisions.iter().filter(|d| matches!(d, Decision::Place { .. })).count(), 2);
+
+        let huge = Candidate { capacity: 10_000, ..member("a") };
+        let decisions = plan(&routes(MAX_INSTANCES_PER_MEMBER + 1), &BTreeMap::new(), &[huge]);
+        assert!(matches!(decisions.last(), Some(Decision::Unplaced { .. })), "256 per member at most");
+
+        let none = plan(&routes(1), &BTreeMap::new(), &[]);
+        assert!(matches!(&none[0], Decision::Unplaced { reason, .. } if reason == "no live pool members"));
+
+        let leaving = Candidate { excluded: true, ..member("a") };
+        let decisions = plan(&routes(1), &BTreeMap::new(), &[leaving]);
+        assert!(matches!(&decisions[0], Decision::Unplaced { reason, .. } if reason.contains("leaving or drained")));
+    }
+
+    #[test]
+    fn excluded_members_keep_what_they_have_but_take_nothing_new() {
+        let mut owners = BTreeMap::new();
+        owners.insert("ns/kept".into(), owner("a", 1));
+        let mut desired: BTreeSet<String> = owners.keys().cloned().collect();
+        desired.insert("ns/new".into());
+        let live = [Candidate { excluded: true, ..member("a") }, member("b")];
+        assert_eq!(plan(&desired, &owners, &live), vec![Decision::Place { route: "ns/new".into(), to: member("b") }]);
+    }
+
+    #[test]
+    fn withdrawn_instances_of_gone_owners_are_dropped() {
+        let mut owners = BTreeMap::new();
+        owners.insert("ns/deleted-gone".into(), owner("a", 3));
+        owners.insert("ns/deleted-live".into(), owner("b", 2));
+        let decisions = plan(&BTreeSet::new(), &owners, &[member("b")]);
+        // The live owner gets a stop-route instead (see the snapshot), so only
+        // the gone owner's assignment is dropped here.
+        assert_eq!(decisions, vec![Decision::Withdraw { route: "ns/deleted-gone".into(), term: 3 }]);
+    }
+}

@@ -1,0 +1,1 @@
+//! Gateway signing keys and tokens (being written).
