@@ -183,7 +183,8 @@ mod tests {
     fn new_instances_spread_evenly() {
         let live = [member("a"), member("b"), member("c")];
         let mut owners = BTreeMap::new();
-        apply(&mut owners, &plan(&routes(9), &owners, &live));
+        let decisions = plan(&routes(9), &owners, &live);
+        apply(&mut owners, &decisions);
         assert_eq!(per_member(&owners).values().copied().collect::<Vec<_>>(), vec![3, 3, 3]);
         assert!(owners.values().all(|o| o.term == 1));
     }
