@@ -1,1 +1,11 @@
-//! End-to-end scenarios.
+//! End-to-end harness: the project's binaries as real local processes on
+//! loopback with the embedded SQLite store (or a PostgreSQL URL).
+//!
+//! - [`process`]: one child process with its log file and signals;
+//! - [`local`]: a local pool — gateway replicas and supervisor members — and
+//!   its status over the operator API;
+//! - [`status`]: rendering pool status for people.
+
+pub mod local;
+pub mod process;
+pub mod status;

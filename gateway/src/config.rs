@@ -24,6 +24,37 @@ pub struct Settings {
     #[arg(long, env = "OPENSHELL_GATEWAY_REPLICA", default_value = "gateway")]
     pub replica: String,
 
+    /// Address the gRPC server listens on (member streams, registry, operator API).
+    #[arg(long, env = "OPENSHELL_GATEWAY_LISTEN", default_value = "127.0.0.1:8443")]
+    pub listen: String,
+
+    /// Issuer of the tokens this gateway signs and verifies.
+    #[arg(long, env = "OPENSHELL_GATEWAY_ISSUER", default_value = proto::trust::DEFAULT_ISSUER)]
+    pub issuer: String,
+
+    /// Name of the supervisor pool (the subject of its members' token).
+    #[arg(long, env = "OPENSHELL_GATEWAY_POOL", default_value = "default")]
+    pub pool: String,
+
+    /// Local mode: directory where the coordinator writes the supervisor,
+    /// operator and namespace tokens with the trust bundle. Unset: no files.
+    #[arg(long, env = "OPENSHELL_GATEWAY_CREDENTIALS_DIR")]
+    pub credentials_dir: Option<PathBuf>,
+
+    /// Local mode: namespaces whose sidecars get a token file (comma-separated).
+    #[arg(
+        long,
+        env = "OPENSHELL_GATEWAY_NAMESPACES",
+        value_delimiter = ',',
+        default_value = "default"
+    )]
+    pub namespaces: Vec<String>,
+
+    /// Recovery deadline offered to sidecars, in milliseconds.
+    #[arg(long, env = "OPENSHELL_SUPERVISOR_POOL_RECOVERY_TIMEOUT_MS", default_value_t = 60_000,
+          value_parser = clap::value_parser!(u64).range(1_000..=3_600_000))]
+    pub recovery_deadline_ms: u64,
+
     /// Coordinator lease length in milliseconds.
     #[arg(long, env = "OPENSHELL_GATEWAY_LEASE_LENGTH_MS", default_value_t = 5000,
           value_parser = clap::value_parser!(u64).range(500..=60_000))]

@@ -1,21 +1,31 @@
-//! The gateway: every replica serves member streams, grants, activation and
-//! the operator API; one replica at a time holds the coordinator lease and is
-//! the only one that places, recovers, runs operations and rotates tokens.
-//!
-//! Modules: [`store`] (durable state and the coordinator lease), [`election`]
-//! (campaigning for the lease), [`status`] (the printed pool status),
-//! [`config`] (command line and environment).
+//! The gateway: every replica serves member streams, the instance registry
+//! and the operator API; one replica at a time holds the coordinator lease
+//! and is the only one that places, recovers, runs operations and rotates
+//! signing keys. See README.md for the module map.
 
+pub mod auth;
 pub mod config;
+pub mod coordinator;
+pub mod credentials;
 pub mod election;
+pub mod host;
+pub mod operator;
 pub mod placement;
+pub mod pool;
+pub mod registration;
+pub mod registry;
+pub mod replica;
+pub mod server;
 pub mod status;
 pub mod store;
 pub mod tokens;
+pub mod verdict;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -32,19 +42,77 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot listen on {address}: {source}")]
+    Listen {
+        address: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("gRPC server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
 }
 
-/// Run one gateway replica until `shutdown` is cancelled: open the store,
-/// campaign for the coordinator lease, and print the pool status every
-/// `status_interval` (when set).
-pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), Error> {
+/// Bind the configured listen address.
+pub async fn bind(settings: &Settings) -> Result<TcpListener, Error> {
+    TcpListener::bind(&settings.listen)
+        .await
+        .map_err(|source| Error::Listen {
+            address: settings.listen.clone(),
+            source,
+        })
+}
+
+/// Run one gateway replica on `listener` until `shutdown` is cancelled: open
+/// the store, campaign for the coordinator lease, keep the pool view, serve
+/// gRPC, and print the pool status every `status_interval` (when set). On
+/// shutdown, member streams are told to reconnect elsewhere and a held lease
+/// is released.
+pub async fn run(settings: Settings, listener: TcpListener, shutdown: CancellationToken) -> Result<(), Error> {
     let url = settings.database_url()?;
     let store = store::Store::open(&url, &settings.store_options()).await?;
     let holder = election::holder_id(&settings.replica);
-    info!(replica = %settings.replica, holder = %holder, backend = %store.backend(), database = %store::redact_url(&url), "gateway started");
+    let address = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    info!(replica = %settings.replica, holder = %holder, %address, backend = %store.backend(),
+          database = %store::redact_url(&url), "gateway started");
 
+    let (view_tx, view_rx) = watch::channel(Arc::new(pool::View::default()));
+    let replica = Arc::new(replica::Replica {
+        name: settings.replica.clone(),
+        store: store.clone(),
+        view: view_rx,
+        wake: Arc::new(Notify::new()),
+        sessions: Mutex::default(),
+        verifier: Arc::new(auth::Verifier::new(settings.issuer.clone(), store.clone())),
+        recovery_deadline_ms: settings.recovery_deadline_ms,
+        counters: replica::Counters::default(),
+        shutdown: shutdown.clone(),
+    });
     let (lease_tx, lease_rx) = watch::channel(None);
     let timing = election::Timing::from_lease_length(Duration::from_millis(settings.lease_length_ms));
+    let delivery = settings.credentials_dir.clone().map(|dir| credentials::LocalDelivery {
+        dir,
+        pool: settings.pool.clone(),
+        namespaces: settings.namespaces.clone(),
+    });
+
+    // Background work stops with `stop`, after the server drained.
+    let stop = CancellationToken::new();
+    let tasks = [
+        tokio::spawn(pool::refresh(
+            store.clone(),
+            view_tx,
+            replica.wake.clone(),
+            stop.clone(),
+        )),
+        tokio::spawn(coordinator::run(replica.clone(), lease_rx.clone(), stop.clone())),
+        tokio::spawn(credentials::run(
+            replica.clone(),
+            settings.issuer.clone(),
+            lease_rx.clone(),
+            delivery,
+            stop.clone(),
+        )),
+    ];
     let election = tokio::spawn(election::run(
         store.clone(),
         holder.clone(),
@@ -52,15 +120,19 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         lease_tx,
         shutdown.clone(),
     ));
-
     if settings.status_interval_ms > 0 {
         let interval = Duration::from_millis(settings.status_interval_ms);
-        status::print_every(&store, &holder, &lease_rx, interval, &shutdown).await;
-    } else {
-        shutdown.cancelled().await;
+        let (store, holder, lease, stop) = (store.clone(), holder.clone(), lease_rx.clone(), stop.clone());
+        tokio::spawn(async move { status::print_every(&store, &holder, &lease, interval, &stop).await });
     }
+
+    let served = server::serve(listener, replica, shutdown.clone()).await;
     // The election releases the lease on its way out.
     let _ = election.await;
+    stop.cancel();
+    for task in tasks {
+        let _ = task.await;
+    }
     store.close().await;
-    Ok(())
+    served.map_err(Error::from)
 }

@@ -9,7 +9,11 @@ async fn main() -> std::process::ExitCode {
     init_tracing(&settings.log_format);
     let shutdown = CancellationToken::new();
     tokio::spawn(watch_signals(shutdown.clone()));
-    match gateway::run(settings, shutdown).await {
+    let outcome = match gateway::bind(&settings).await {
+        Ok(listener) => gateway::run(settings, listener, shutdown).await,
+        Err(err) => Err(err),
+    };
+    match outcome {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
             // Each error's message already carries its cause: one line.

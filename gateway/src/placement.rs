@@ -57,7 +57,10 @@ pub enum Decision {
 ///
 /// Deterministic: the same input always gives the same plan.
 pub fn plan(desired: &BTreeSet<String>, owners: &BTreeMap<String, Owner>, live: &[Candidate]) -> Vec<Decision> {
-    let alive = |o: &Owner| live.iter().any(|c| c.member == o.member && c.process_id == o.process_id);
+    let alive = |o: &Owner| {
+        live.iter()
+            .any(|c| c.member == o.member && c.process_id == o.process_id)
+    };
     // Load counts every assignment held by a live process, including the
     // ones it may be asked to stop: they occupy a session until then.
     let mut load: BTreeMap<&str, usize> = live.iter().map(|c| (c.member.as_str(), 0)).collect();
@@ -77,7 +80,7 @@ pub fn plan(desired: &BTreeSet<String>, owners: &BTreeMap<String, Owner>, live: 
     }
     for route in desired {
         let owner = owners.get(route);
-        if owner.is_some_and(|o| alive(o)) {
+        if owner.is_some_and(&alive) {
             continue;
         }
         match least_loaded(live, &load) {
@@ -119,8 +122,15 @@ fn least_loaded<'a>(live: &'a [Candidate], load: &BTreeMap<&str, usize>) -> Resu
         .min_by_key(|c| (load.get(c.member.as_str()).copied().unwrap_or(0), c.member.as_str()))
         .copied()
         .ok_or_else(|| {
-            let limits: Vec<String> = open.iter().map(|c| format!("{} holds {}", c.member, limit(c))).collect();
-            format!("all {} eligible pool members are at capacity ({})", open.len(), limits.join(", "))
+            let limits: Vec<String> = open
+                .iter()
+                .map(|c| format!("{} holds {}", c.member, limit(c)))
+                .collect();
+            format!(
+                "all {} eligible pool members are at capacity ({})",
+                open.len(),
+                limits.join(", ")
+            )
         })
 }
 
@@ -158,10 +168,24 @@ mod tests {
         for d in plan {
             match d {
                 Decision::Place { route, to } => {
-                    owners.insert(route.clone(), Owner { member: to.member.clone(), process_id: to.process_id.clone(), term: 1 });
+                    owners.insert(
+                        route.clone(),
+                        Owner {
+                            member: to.member.clone(),
+                            process_id: to.process_id.clone(),
+                            term: 1,
+                        },
+                    );
                 }
                 Decision::Recover { route, to, term, .. } => {
-                    owners.insert(route.clone(), Owner { member: to.member.clone(), process_id: to.process_id.clone(), term: *term });
+                    owners.insert(
+                        route.clone(),
+                        Owner {
+                            member: to.member.clone(),
+                            process_id: to.process_id.clone(),
+                            term: *term,
+                        },
+                    );
                 }
                 Decision::Withdraw { route, .. } => {
                     owners.remove(route);
@@ -200,9 +224,18 @@ mod tests {
         let mut desired = routes(4);
         desired.insert("ns/new".into());
         let decisions = plan(&desired, &owners, &live);
-        assert_eq!(decisions, vec![Decision::Place { route: "ns/new".into(), to: member("b") }]);
+        assert_eq!(
+            decisions,
+            vec![Decision::Place {
+                route: "ns/new".into(),
+                to: member("b")
+            }]
+        );
         apply(&mut owners, &decisions);
-        assert!(plan(&desired, &owners, &live).is_empty(), "a converged pool plans nothing");
+        assert!(
+            plan(&desired, &owners, &live).is_empty(),
+            "a converged pool plans nothing"
+        );
     }
 
     #[test]
@@ -217,8 +250,18 @@ mod tests {
         assert_eq!(
             decisions,
             vec![
-                Decision::Recover { route: "ns/a1".into(), from: owner("a", 4), to: member("c"), term: 5 },
-                Decision::Recover { route: "ns/a2".into(), from: owner("a", 1), to: member("b"), term: 2 },
+                Decision::Recover {
+                    route: "ns/a1".into(),
+                    from: owner("a", 4),
+                    to: member("c"),
+                    term: 5
+                },
+                Decision::Recover {
+                    route: "ns/a2".into(),
+                    from: owner("a", 1),
+                    to: member("b"),
+                    term: 2
+                },
             ],
             "least loaded first: c had none, then b and c tie at one and b wins by name"
         );
@@ -228,29 +271,54 @@ mod tests {
     fn a_restarted_member_process_owns_nothing() {
         let mut owners = BTreeMap::new();
         owners.insert("ns/x".into(), owner("a", 7));
-        let restarted = Candidate { process_id: "a-p2".into(), ..member("a") };
-        let decisions = plan(&["ns/x".to_owned()].into(), &owners, &[restarted.clone()]);
+        let restarted = Candidate {
+            process_id: "a-p2".into(),
+            ..member("a")
+        };
+        let decisions = plan(&["ns/x".to_owned()].into(), &owners, std::slice::from_ref(&restarted));
         assert_eq!(
             decisions,
-            vec![Decision::Recover { route: "ns/x".into(), from: owner("a", 7), to: restarted, term: 8 }]
+            vec![Decision::Recover {
+                route: "ns/x".into(),
+                from: owner("a", 7),
+                to: restarted,
+                term: 8
+            }]
         );
     }
 
     #[test]
     fn capacity_is_respected_and_refusals_say_why() {
-        let small = Candidate { capacity: 2, ..member("a") };
+        let small = Candidate {
+            capacity: 2,
+            ..member("a")
+        };
         let decisions = plan(&routes(3), &BTreeMap::new(), &[small]);
-        assert!(matches!(&decisions[2], Decision::Unplaced { reason, .. } if reason.contains("at capacity") && reason.contains("a holds 2")));
-        assert_eq!(decisions.iter().filter(|d| matches!(d, Decision::Place { .. })).count(), 2);
+        assert!(
+            matches!(&decisions[2], Decision::Unplaced { reason, .. } if reason.contains("at capacity") && reason.contains("a holds 2"))
+        );
+        assert_eq!(
+            decisions.iter().filter(|d| matches!(d, Decision::Place { .. })).count(),
+            2
+        );
 
-        let huge = Candidate { capacity: 10_000, ..member("a") };
+        let huge = Candidate {
+            capacity: 10_000,
+            ..member("a")
+        };
         let decisions = plan(&routes(MAX_INSTANCES_PER_MEMBER + 1), &BTreeMap::new(), &[huge]);
-        assert!(matches!(decisions.last(), Some(Decision::Unplaced { .. })), "256 per member at most");
+        assert!(
+            matches!(decisions.last(), Some(Decision::Unplaced { .. })),
+            "256 per member at most"
+        );
 
         let none = plan(&routes(1), &BTreeMap::new(), &[]);
         assert!(matches!(&none[0], Decision::Unplaced { reason, .. } if reason == "no live pool members"));
 
-        let leaving = Candidate { excluded: true, ..member("a") };
+        let leaving = Candidate {
+            excluded: true,
+            ..member("a")
+        };
         let decisions = plan(&routes(1), &BTreeMap::new(), &[leaving]);
         assert!(matches!(&decisions[0], Decision::Unplaced { reason, .. } if reason.contains("leaving or drained")));
     }
@@ -261,8 +329,20 @@ mod tests {
         owners.insert("ns/kept".into(), owner("a", 1));
         let mut desired: BTreeSet<String> = owners.keys().cloned().collect();
         desired.insert("ns/new".into());
-        let live = [Candidate { excluded: true, ..member("a") }, member("b")];
-        assert_eq!(plan(&desired, &owners, &live), vec![Decision::Place { route: "ns/new".into(), to: member("b") }]);
+        let live = [
+            Candidate {
+                excluded: true,
+                ..member("a")
+            },
+            member("b"),
+        ];
+        assert_eq!(
+            plan(&desired, &owners, &live),
+            vec![Decision::Place {
+                route: "ns/new".into(),
+                to: member("b")
+            }]
+        );
     }
 
     #[test]
@@ -273,6 +353,12 @@ mod tests {
         let decisions = plan(&BTreeSet::new(), &owners, &[member("b")]);
         // The live owner gets a stop-route instead (see the snapshot), so only
         // the gone owner's assignment is dropped here.
-        assert_eq!(decisions, vec![Decision::Withdraw { route: "ns/deleted-gone".into(), term: 3 }]);
+        assert_eq!(
+            decisions,
+            vec![Decision::Withdraw {
+                route: "ns/deleted-gone".into(),
+                term: 3
+            }]
+        );
     }
 }

@@ -24,6 +24,7 @@
 //! file descriptor set for gRPC reflection ([`FILE_DESCRIPTOR_SET`]).
 
 pub mod timing;
+pub mod trust;
 
 use std::fmt;
 

@@ -342,11 +342,13 @@ impl Store {
         member_from_row(&row)
     }
 
-    /// Remove a member record, only if it still names `process_id`.
-    pub async fn remove_member(&self, member: &str, process_id: &str) -> Result<bool> {
-        let done = sqlx::query("DELETE FROM members WHERE member = $1 AND process_id = $2")
+    /// Remove a member record, only if it still names `process_id` at
+    /// connection `epoch` (a newer stream of the member keeps its record).
+    pub async fn remove_member(&self, member: &str, process_id: &str, epoch: i64) -> Result<bool> {
+        let done = sqlx::query("DELETE FROM members WHERE member = $1 AND process_id = $2 AND epoch = $3")
             .bind(member)
             .bind(process_id)
+            .bind(epoch)
             .execute(&self.pool)
             .await?;
         Ok(done.rows_affected() > 0)

@@ -2,37 +2,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod postgres_locks;
-mod suite;
+#[path = "../common/db.rs"]
+#[macro_use]
 mod support;
 
-/// Instantiate each suite test once per backend.
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let Some(db) = crate::support::TestDb::postgres().await else { return };
-                    crate::suite::$name(&db).await;
-                    db.finish().await;
-                }
-            )*
-        }
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let db = crate::support::TestDb::sqlite().await;
-                    crate::suite::$name(&db).await;
-                    db.finish().await;
-                }
-            )*
-        }
-    };
-}
+mod postgres_locks;
+mod suite;
 
-on_both_backends!(
+on_both_backends!(suite;
     first_acquire_is_term_one_and_logged,
     concurrent_contenders_never_share_a_term,
     live_lease_is_refused_to_others,

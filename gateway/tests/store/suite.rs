@@ -562,9 +562,21 @@ pub async fn member_removal_needs_the_same_process(db: &TestDb) {
     db.store.refresh_member(&member("m1", "p1"), LONG).await.unwrap();
     // A new process of m1 replaced the record: the old process's removal is a no-op.
     db.store.refresh_member(&member("m1", "p2"), LONG).await.unwrap();
-    assert!(!db.store.remove_member("m1", "p1").await.unwrap());
+    assert!(!db.store.remove_member("m1", "p1", 1).await.unwrap());
     assert_eq!(db.store.list_members().await.unwrap().1[0].process_id, "p2");
-    assert!(db.store.remove_member("m1", "p2").await.unwrap());
+    // So is the removal by an older epoch of the same process.
+    db.store
+        .refresh_member(
+            &MemberUpdate {
+                epoch: 2,
+                ..member("m1", "p2")
+            },
+            LONG,
+        )
+        .await
+        .unwrap();
+    assert!(!db.store.remove_member("m1", "p2", 1).await.unwrap());
+    assert!(db.store.remove_member("m1", "p2", 2).await.unwrap());
     assert!(db.store.list_members().await.unwrap().1.is_empty());
 }
 

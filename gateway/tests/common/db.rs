@@ -1,5 +1,8 @@
-//! Test databases: a fresh PostgreSQL database per test (on the server named
+//! Test databases shared by the integration tests (each uses a part of it):
+//! a fresh PostgreSQL database per test (on the server named
 //! by `DATABASE_URL`) or a fresh SQLite file.
+
+#![allow(dead_code)]
 
 use gateway::store::{Options, Store};
 use sqlx::{AnyConnection, Connection, Executor};
@@ -110,4 +113,31 @@ pub async fn wait_until_db_time(store: &Store, at_ms: i64) {
         (store.now_ms().await.expect("database clock") > at_ms).then_some(())
     })
     .await;
+}
+
+/// Instantiate each test of module `$suite` once per backend: `postgres::name`
+/// (skipped without `DATABASE_URL` unless `REQUIRE_POSTGRES=1`) and `sqlite::name`.
+macro_rules! on_both_backends {
+    ($suite:ident; $($name:ident),* $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let Some(db) = crate::support::TestDb::postgres().await else { return };
+                    crate::$suite::$name(&db).await;
+                    db.finish().await;
+                }
+            )*
+        }
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let db = crate::support::TestDb::sqlite().await;
+                    crate::$suite::$name(&db).await;
+                    db.finish().await;
+                }
+            )*
+        }
+    };
 }

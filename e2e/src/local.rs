@@ -1,0 +1,260 @@
+//! A local pool as real processes on loopback: gateway replicas on one
+//! database (an SQLite file unless a PostgreSQL URL is given) and supervisor
+//! members, with their logs and the tokens the coordinator delivers to files.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use proto::pool::v1::supervisor_pool_client::SupervisorPoolClient;
+use proto::pool::v1::{GetSupervisorPoolStatusRequest, GetSupervisorPoolStatusResponse};
+
+use crate::process::{self, Process};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Process(#[from] process::Error),
+    #[error("cannot prepare {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the binary {0} is missing: build the workspace first (cargo build --release)")]
+    MissingBinary(String),
+    #[error("{what} did not happen within {seconds} s; see the logs in {logs}")]
+    Timeout { what: String, seconds: u64, logs: String },
+    #[error("no gateway replica answered the status call: {0}")]
+    Status(String),
+}
+
+/// Where the project's binaries are: beside the running executable (or the
+/// directory above, for test executables in `deps/`), or `OPENSHELL_BIN_DIR`.
+pub fn binary_dir() -> PathBuf {
+    if let Ok(dir) = std::env::var("OPENSHELL_BIN_DIR") {
+        return dir.into();
+    }
+    let exe = std::env::current_exe().unwrap_or_default();
+    let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if dir.ends_with("deps") {
+        dir.parent().map(Path::to_path_buf).unwrap_or(dir)
+    } else {
+        dir
+    }
+}
+
+fn binary(name: &str) -> Result<PathBuf, Error> {
+    let path = binary_dir().join(name);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(Error::MissingBinary(path.display().to_string()))
+    }
+}
+
+/// A free loopback port (bound and released: good enough on one machine).
+pub fn free_port() -> Result<u16, Error> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|source| Error::Io {
+        path: "127.0.0.1:0".into(),
+        source,
+    })?;
+    listener.local_addr().map(|a| a.port()).map_err(|source| Error::Io {
+        path: "127.0.0.1:0".into(),
+        source,
+    })
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Working directory: database, credentials, logs. Emptied at start.
+    pub root: PathBuf,
+    /// A PostgreSQL URL; `None` for an SQLite file under `root`.
+    pub database_url: Option<String>,
+    pub gateways: usize,
+    pub members: usize,
+    /// Coordinator lease length (ms).
+    pub lease_length_ms: u64,
+}
+
+pub struct Gateway {
+    pub name: String,
+    pub endpoint: String,
+    pub process: Process,
+}
+
+pub struct Member {
+    pub name: String,
+    pub process: Process,
+}
+
+pub struct LocalPool {
+    pub config: Config,
+    pub gateways: Vec<Gateway>,
+    pub members: Vec<Member>,
+    database_url: String,
+}
+
+impl LocalPool {
+    pub fn credentials(&self) -> PathBuf {
+        self.config.root.join("credentials")
+    }
+
+    pub fn logs(&self) -> PathBuf {
+        self.config.root.join("logs")
+    }
+
+    pub fn endpoints(&self) -> Vec<String> {
+        self.gateways.iter().map(|g| g.endpoint.clone()).collect()
+    }
+
+    /// Start the gateways, wait for a coordinator to deliver tokens, then
+    /// start the members.
+    pub async fn start(config: Config) -> Result<Self, Error> {
+        let io = |path: &Path| {
+            let path = path.display().to_string();
+            move |source| Error::Io { path, source }
+        };
+        if config.root.exists() {
+            std::fs::remove_dir_all(&config.root).map_err(io(&config.root))?;
+        }
+        std::fs::create_dir_all(config.root.join("logs")).map_err(io(&config.root))?;
+        let database_url = config
+            .database_url
+            .clone()
+            .unwrap_or_else(|| format!("sqlite://{}?mode=rwc", config.root.join("gateway.db").display()));
+        let mut pool = Self {
+            config,
+            gateways: Vec::new(),
+            members: Vec::new(),
+            database_url,
+        };
+        for i in 0..pool.config.gateways {
+            pool.start_gateway(&format!("gateway-{i}")).await?;
+        }
+        let token = pool.credentials().join("supervisor").join(proto::trust::TOKEN_FILE);
+        pool.wait_for("the coordinator to deliver tokens", Duration::from_secs(30), || {
+            token.is_file()
+        })
+        .await?;
+        for i in 0..pool.config.members {
+            pool.start_member(&format!("supervisor-{i}"))?;
+        }
+        Ok(pool)
+    }
+
+    pub async fn start_gateway(&mut self, name: &str) -> Result<(), Error> {
+        let port = free_port()?;
+        let args = vec![
+            "--replica".into(),
+            name.into(),
+            "--listen".into(),
+            format!("127.0.0.1:{port}"),
+            "--database-url".into(),
+            self.database_url.clone(),
+            "--credentials-dir".into(),
+            self.credentials().display().to_string(),
+            "--status-interval-ms".into(),
+            "0".into(),
+            "--lease-length-ms".into(),
+            self.config.lease_length_ms.to_string(),
+        ];
+        let log = self.logs().join(format!("{name}.log"));
+        let process = Process::spawn(name, &binary("gateway")?, &args, &[], log)?;
+        self.gateways.push(Gateway {
+            name: name.into(),
+            endpoint: format!("http://127.0.0.1:{port}"),
+            process,
+        });
+        Ok(())
+    }
+
+    pub fn start_member(&mut self, name: &str) -> Result<(), Error> {
+        let env = vec![
+            ("OPENSHELL_SUPERVISOR_POOL_MEMBER".to_owned(), name.to_owned()),
+            ("OPENSHELL_GATEWAY_ENDPOINTS".to_owned(), self.endpoints().join(",")),
+            (
+                "OPENSHELL_SUPERVISOR_TOKEN_FILE".to_owned(),
+                self.credentials()
+                    .join("supervisor")
+                    .join(proto::trust::TOKEN_FILE)
+                    .display()
+                    .to_string(),
+            ),
+            (
+                "OPENSHELL_SUPERVISOR_RUNTIME_LISTEN".to_owned(),
+                "127.0.0.1:0".to_owned(),
+            ),
+        ];
+        let log = self.logs().join(format!("{name}.log"));
+        let process = Process::spawn(name, &binary("supervisor")?, &[], &env, log)?;
+        self.members.push(Member {
+            name: name.into(),
+            process,
+        });
+        Ok(())
+    }
+
+    /// Poll `check` every 50 ms until it holds or `limit` passes.
+    pub async fn wait_for(&self, what: &str, limit: Duration, mut check: impl FnMut() -> bool) -> Result<(), Error> {
+        let deadline = tokio::time::Instant::now() + limit;
+        while !check() {
+            if tokio::time::Instant::now() > deadline {
+                return Err(Error::Timeout {
+                    what: what.into(),
+                    seconds: limit.as_secs(),
+                    logs: self.logs().display().to_string(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+
+    /// Pool status from the first gateway replica that answers.
+    pub async fn status(&self) -> Result<GetSupervisorPoolStatusResponse, Error> {
+        let token_path = self.credentials().join("operator").join(proto::trust::TOKEN_FILE);
+        let token = std::fs::read_to_string(&token_path).map_err(|source| Error::Io {
+            path: token_path.display().to_string(),
+            source,
+        })?;
+        let mut last = String::from("no gateway replica");
+        for endpoint in self.endpoints() {
+            match status_from(&endpoint, token.trim()).await {
+                Ok(status) => return Ok(status),
+                Err(err) => last = format!("{endpoint}: {err}"),
+            }
+        }
+        Err(Error::Status(last))
+    }
+
+    /// Stop members first (they announce leaving), then the gateways.
+    pub async fn stop(self) {
+        let grace = Duration::from_secs(5);
+        for member in self.members {
+            member.process.stop(grace).await;
+        }
+        for gateway in self.gateways {
+            gateway.process.stop(grace).await;
+        }
+    }
+}
+
+async fn status_from(endpoint: &str, token: &str) -> Result<GetSupervisorPoolStatusResponse, String> {
+    let channel = tonic::transport::Endpoint::from_shared(endpoint.to_owned())
+        .map_err(|e| e.to_string())?
+        .connect_timeout(Duration::from_secs(1))
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut request = tonic::Request::new(GetSupervisorPoolStatusRequest {});
+    let bearer = proto::bearer_value(token)
+        .parse()
+        .map_err(|_| "the operator token is not valid metadata".to_owned())?;
+    request.metadata_mut().insert("authorization", bearer);
+    let response = SupervisorPoolClient::new(channel)
+        .get_supervisor_pool_status(request)
+        .await
+        .map_err(|s| s.message().to_owned())?;
+    Ok(response.into_inner())
+}

@@ -1,0 +1,326 @@
+//! The reconciler, on the lease holder only: places new instances, recovers
+//! instances of gone owners at term + 1 as durable recover operations with
+//! deadlines, drops assignments of withdrawn instances whose owner is gone,
+//! and settles recover operations. Every write goes through `write_fenced`
+//! with the lease it holds; followers never get here. A new coordinator
+//! adopts the open operations it finds without relaunching anything and
+//! without extending their deadlines.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::placement::{self, Decision};
+use crate::pool::View;
+use crate::replica::Replica;
+use crate::store::{self, Assignment, AssignmentPhase, FencedWrite, Lease, Operation, OperationKind, OperationPhase};
+
+/// Run while the replica runs; reconcile whenever this replica holds the
+/// lease and the pool view or the lease changes.
+pub async fn run(replica: Arc<Replica>, mut lease: watch::Receiver<Option<Lease>>, shutdown: CancellationToken) {
+    let mut view = replica.view.clone();
+    let mut unplaced: BTreeMap<String, String> = BTreeMap::new();
+    // After a write, wait for a view read after it, so a stale read does
+    // not plan the same change twice.
+    let mut wrote_at_ms = 0;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            changed = view.changed() => if changed.is_err() { return },
+            changed = lease.changed() => if changed.is_err() { return },
+        }
+        let Some(held) = lease.borrow_and_update().clone() else {
+            continue;
+        };
+        let current = view.borrow_and_update().clone();
+        if current.now_ms == 0 || current.now_ms <= wrote_at_ms {
+            continue;
+        }
+        let writes = plan(&current, replica.recovery_deadline_ms, &mut unplaced);
+        if writes.is_empty() {
+            continue;
+        }
+        for batch in writes {
+            match replica.store.write_fenced(&held, &batch).await {
+                Ok(()) => {}
+                Err(store::Error::Fenced(why)) => {
+                    warn!(term = held.term, reason = %why, "coordinator write fenced; stepping back");
+                    break;
+                }
+                Err(err) => warn!(error = %err, "coordinator write failed; will retry on the next view"),
+            }
+        }
+        wrote_at_ms = replica.store.now_ms().await.unwrap_or(current.now_ms);
+        replica.wake.notify_one();
+    }
+}
+
+/// One round: the fenced write batches the view calls for. Pure apart from
+/// logging; `unplaced` remembers reasons already logged.
+pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<String, String>) -> Vec<Vec<FencedWrite>> {
+    let open_recoveries: BTreeMap<&str, &Operation> = view
+        .operations
+        .iter()
+        .filter(|o| o.kind == OperationKind::Recover && !o.phase.is_finished())
+        .map(|o| (o.target.as_str(), o))
+        .collect();
+    let mut batches = Vec::new();
+    let mut still_unplaced = BTreeSet::new();
+    let decisions = placement::plan(&view.desired(), &view.owners(), &view.candidates(&BTreeSet::new()));
+    for decision in decisions {
+        match decision {
+            Decision::Place { route, to } => {
+                info!(%route, member = %to.member, "placing instance at term 1");
+                let next = reserved(&route, &to.member, &to.process_id, 1);
+                batches.push(vec![FencedWrite::Assign {
+                    expected_term: None,
+                    next,
+                }]);
+            }
+            Decision::Recover { route, from, to, term } => {
+                info!(%route, from = %from.member, to = %to.member, term, "recovering instance from a gone owner");
+                let message = format!(
+                    "owner {} (process {}) is gone; moving to {} at term {term}",
+                    from.member, from.process_id, to.member
+                );
+                let op = match open_recoveries.get(route.as_str()) {
+                    // A further attempt of the same episode keeps its deadline.
+                    Some(op) => Operation {
+                        attempts: op.attempts + 1,
+                        moves: op.moves + 1,
+                        message,
+                        ..(*op).clone()
+                    },
+                    None => Operation {
+                        id: uuid::Uuid::new_v4().to_string(),
+                        kind: OperationKind::Recover,
+                        target: route.clone(),
+                        phase: OperationPhase::Running,
+                        message,
+                        attempts: 1,
+                        moves: 1,
+                        deadline_at_ms: Some(
+                            view.now_ms
+                                .saturating_add(i64::try_from(recovery_deadline_ms).unwrap_or(0)),
+                        ),
+                        max_parallel: 1,
+                        requested_by: "coordinator".into(),
+                        created_at_ms: 0,
+                        updated_at_ms: 0,
+                    },
+                };
+                let next = reserved(&route, &to.member, &to.process_id, term);
+                batches.push(vec![
+                    FencedWrite::Assign {
+                        expected_term: Some(from.term),
+                        next,
+                    },
+                    FencedWrite::PutOperation(op),
+                ]);
+            }
+            Decision::Withdraw { route, term } => {
+                info!(%route, term, "dropping the assignment of a withdrawn instance");
+                batches.push(vec![FencedWrite::Unassign {
+                    route,
+                    expected_term: term,
+                }]);
+            }
+            Decision::Unplaced { route, reason } => {
+                if unplaced.get(&route) != Some(&reason) {
+                    warn!(%route, %reason, "no pool member can take the instance");
+                    unplaced.insert(route.clone(), reason);
+                }
+                still_unplaced.insert(route);
+            }
+        }
+    }
+    unplaced.retain(|route, _| still_unplaced.contains(route));
+    for op in open_recoveries.values() {
+        if let Some(settled) = settle(view, op) {
+            batches.push(vec![FencedWrite::PutOperation(settled)]);
+        }
+    }
+    batches
+}
+
+/// A recover operation is done when the new owner reports the instance at
+/// the assigned term; it fails when its deadline passes first.
+fn settle(view: &View, op: &Operation) -> Option<Operation> {
+    let (phase, message) = if view.instances.get(&op.target).is_none_or(|i| i.withdrawn) {
+        (OperationPhase::Cancelled, "the instance was withdrawn".to_owned())
+    } else if let Some((a, r)) = view
+        .assignments
+        .get(&op.target)
+        .zip(view.reports.get(&op.target))
+        .filter(|(a, r)| r.term == a.term && r.process_id == a.process_id)
+        .filter(|(_, r)| matches!(r.phase.as_str(), "INSTANCE_PHASE_ACTIVE" | "INSTANCE_PHASE_STARTING"))
+    {
+        (
+            OperationPhase::Succeeded,
+            format!("{} hosts the instance at term {} ({})", a.member, a.term, r.phase),
+        )
+    } else if op.deadline_at_ms.is_some_and(|d| view.now_ms > d) {
+        (OperationPhase::Failed, "the recovery deadline passed".to_owned())
+    } else {
+        return None;
+    };
+    Some(Operation {
+        phase,
+        message,
+        ..op.clone()
+    })
+}
+
+fn reserved(route: &str, member: &str, process_id: &str, term: i64) -> Assignment {
+    Assignment {
+        route: route.to_owned(),
+        member: member.to_owned(),
+        process_id: process_id.to_owned(),
+        term,
+        phase: AssignmentPhase::Reserved,
+        coordinator_term: 0,
+        updated_at_ms: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{InstanceRecord, MemberRecord, Report, SecretBytes};
+
+    fn view() -> View {
+        let mut v = View {
+            now_ms: 10_000,
+            ..View::default()
+        };
+        v.instances.insert(
+            "r".into(),
+            InstanceRecord {
+                route: "r".into(),
+                namespace: "ns".into(),
+                name: "n".into(),
+                uid: "u".into(),
+                generation: 1,
+                material: SecretBytes::default(),
+                registered_at_ms: 0,
+                withdrawn: false,
+            },
+        );
+        for m in ["a", "b"] {
+            v.members.insert(
+                m.into(),
+                MemberRecord {
+                    member: m.into(),
+                    process_id: format!("{m}-p"),
+                    epoch: 1,
+                    runtime_address: String::new(),
+                    capacity: 256,
+                    served_by: String::new(),
+                    leaving: false,
+                    expires_at_ms: 20_000,
+                    updated_at_ms: 0,
+                },
+            );
+        }
+        v
+    }
+
+    fn assign(v: &mut View, member: &str, term: i64) {
+        v.assignments
+            .insert("r".into(), reserved("r", member, &format!("{member}-p"), term));
+    }
+
+    #[test]
+    fn recovery_is_a_durable_operation_with_a_deadline() {
+        let mut v = view();
+        assign(&mut v, "gone", 3);
+        let batches = plan(&v, 60_000, &mut BTreeMap::new());
+        assert_eq!(batches.len(), 1);
+        let [
+            FencedWrite::Assign {
+                expected_term: Some(3),
+                next,
+            },
+            FencedWrite::PutOperation(op),
+        ] = batches[0].as_slice()
+        else {
+            panic!("expected a compare-and-set and an operation: {:?}", batches[0]);
+        };
+        assert_eq!((next.term, next.phase), (4, AssignmentPhase::Reserved));
+        assert_eq!(
+            (op.kind, op.phase, op.deadline_at_ms),
+            (OperationKind::Recover, OperationPhase::Running, Some(70_000))
+        );
+    }
+
+    #[test]
+    fn an_adopted_recovery_keeps_its_deadline_on_a_further_attempt() {
+        let mut v = view();
+        assign(&mut v, "gone", 4);
+        let op = Operation {
+            id: "op-1".into(),
+            kind: OperationKind::Recover,
+            target: "r".into(),
+            phase: OperationPhase::Running,
+            message: String::new(),
+            attempts: 1,
+            moves: 1,
+            deadline_at_ms: Some(12_345),
+            max_parallel: 1,
+            requested_by: "coordinator".into(),
+            created_at_ms: 1,
+            updated_at_ms: 1,
+        };
+        v.operations.push(op);
+        let batches = plan(&v, 60_000, &mut BTreeMap::new());
+        let FencedWrite::PutOperation(next) = &batches[0][1] else {
+            panic!("{:?}", batches[0])
+        };
+        assert_eq!(
+            (next.id.as_str(), next.attempts, next.deadline_at_ms),
+            ("op-1", 2, Some(12_345))
+        );
+    }
+
+    #[test]
+    fn recoveries_settle_on_the_owners_report_or_the_deadline() {
+        let mut v = view();
+        assign(&mut v, "b", 4);
+        let op = Operation {
+            id: "op-1".into(),
+            kind: OperationKind::Recover,
+            target: "r".into(),
+            phase: OperationPhase::Running,
+            message: String::new(),
+            attempts: 1,
+            moves: 1,
+            deadline_at_ms: Some(50_000),
+            max_parallel: 1,
+            requested_by: "coordinator".into(),
+            created_at_ms: 1,
+            updated_at_ms: 1,
+        };
+        assert_eq!(settle(&v, &op), None, "nothing reported yet");
+        v.reports.insert(
+            "r".into(),
+            Report {
+                route: "r".into(),
+                term: 4,
+                member: "b".into(),
+                process_id: "b-p".into(),
+                phase: "INSTANCE_PHASE_ACTIVE".into(),
+                message: String::new(),
+                workload_pid: 1,
+                reported_by: "gw".into(),
+                updated_at_ms: 0,
+            },
+        );
+        assert_eq!(settle(&v, &op).map(|o| o.phase), Some(OperationPhase::Succeeded));
+        v.reports.clear();
+        v.now_ms = 60_000;
+        assert_eq!(settle(&v, &op).map(|o| o.phase), Some(OperationPhase::Failed));
+    }
+}

@@ -1,0 +1,149 @@
+//! One session per member: which hello may open a stream, and which stream it
+//! supersedes. Pure bookkeeping of one replica; across replicas a stream also
+//! ends when the membership record names a newer process or epoch.
+
+use std::collections::{HashMap, HashSet};
+
+/// The stream a member currently has on this replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Current {
+    pub process_id: String,
+    pub epoch: u64,
+    pub stream: u64,
+}
+
+/// Why a stream was superseded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Superseded {
+    /// A newer connection epoch of the same process.
+    NewerEpoch,
+    /// A new process of the same member: the old process must stop hosting.
+    NewerProcess,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// Open stream `stream`; `supersedes` is the stream it replaces, if any.
+    Admitted {
+        stream: u64,
+        supersedes: Option<(u64, Superseded)>,
+    },
+    /// A delayed older hello: refuse it (FAILED_PRECONDITION).
+    Refused(String),
+}
+
+#[derive(Debug, Default)]
+pub struct Sessions {
+    current: HashMap<String, Current>,
+    /// Processes of a member that a newer process superseded.
+    retired: HashMap<String, HashSet<String>>,
+    next_stream: u64,
+}
+
+impl Sessions {
+    pub fn admit(&mut self, member: &str, process_id: &str, epoch: u64) -> Admission {
+        if self.retired.get(member).is_some_and(|r| r.contains(process_id)) {
+            return Admission::Refused(format!(
+                "process {process_id} of member {member} was superseded by a newer process"
+            ));
+        }
+        let supersedes = match self.current.get(member) {
+            Some(c) if c.process_id == process_id && epoch <= c.epoch => {
+                return Admission::Refused(format!(
+                    "connection epoch {epoch} of member {member} is not newer than the current epoch {}",
+                    c.epoch
+                ));
+            }
+            Some(c) if c.process_id == process_id => Some((c.stream, Superseded::NewerEpoch)),
+            Some(c) => {
+                self.retired
+                    .entry(member.to_owned())
+                    .or_default()
+                    .insert(c.process_id.clone());
+                Some((c.stream, Superseded::NewerProcess))
+            }
+            None => None,
+        };
+        self.next_stream += 1;
+        let stream = self.next_stream;
+        let current = Current {
+            process_id: process_id.to_owned(),
+            epoch,
+            stream,
+        };
+        self.current.insert(member.to_owned(), current);
+        Admission::Admitted { stream, supersedes }
+    }
+
+    /// A stream ended: forget it if it is still the member's current one.
+    pub fn end(&mut self, member: &str, stream: u64) -> bool {
+        if self.current.get(member).is_some_and(|c| c.stream == stream) {
+            self.current.remove(member);
+            return true;
+        }
+        false
+    }
+
+    pub fn current(&self, member: &str) -> Option<&Current> {
+        self.current.get(member)
+    }
+
+    pub fn len(&self) -> usize {
+        self.current.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.current.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn admitted(a: Admission) -> (u64, Option<(u64, Superseded)>) {
+        match a {
+            Admission::Admitted { stream, supersedes } => (stream, supersedes),
+            Admission::Refused(why) => panic!("refused: {why}"),
+        }
+    }
+
+    #[test]
+    fn newer_epoch_supersedes_and_older_is_refused() {
+        let mut s = Sessions::default();
+        let (first, none) = admitted(s.admit("m", "p1", 1));
+        assert_eq!(none, None);
+        let (second, superseded) = admitted(s.admit("m", "p1", 2));
+        assert_eq!(superseded, Some((first, Superseded::NewerEpoch)));
+        assert!(
+            matches!(s.admit("m", "p1", 2), Admission::Refused(_)),
+            "same epoch again"
+        );
+        assert!(matches!(s.admit("m", "p1", 1), Admission::Refused(why) if why.contains("not newer")));
+        assert_eq!(s.current("m").map(|c| c.stream), Some(second));
+    }
+
+    #[test]
+    fn new_process_supersedes_and_the_old_process_stays_out() {
+        let mut s = Sessions::default();
+        let (first, _) = admitted(s.admit("m", "p1", 5));
+        let (_, superseded) = admitted(s.admit("m", "p2", 1));
+        assert_eq!(superseded, Some((first, Superseded::NewerProcess)));
+        assert!(matches!(s.admit("m", "p1", 6), Admission::Refused(why) if why.contains("superseded")));
+        // Other members are independent.
+        assert_eq!(admitted(s.admit("n", "p1", 1)).1, None);
+    }
+
+    #[test]
+    fn ending_a_superseded_stream_keeps_the_current_one() {
+        let mut s = Sessions::default();
+        let (old, _) = admitted(s.admit("m", "p1", 1));
+        let (new, _) = admitted(s.admit("m", "p1", 2));
+        assert!(!s.end("m", old));
+        assert_eq!(s.len(), 1);
+        assert!(s.end("m", new));
+        assert!(s.is_empty());
+        // After a clean end, the next epoch is admitted normally.
+        assert_eq!(admitted(s.admit("m", "p1", 3)).1, None);
+    }
+}

@@ -1,0 +1,463 @@
+//! The member host stream (`host.v1.SupervisorHost.Attach`), served by every
+//! replica: authenticate, admit one session per member, then per stream send
+//! whole-state snapshots from the pool view, take acks, heartbeats and
+//! reports, keep the membership record fresh, and end the stream on silence,
+//! supersession, token expiry or shutdown.
+//!
+//! `admission` (one session per member) and `stream` (revisions, acks and
+//! term attribution) are pure; this file is the I/O around them.
+
+pub mod admission;
+pub mod stream;
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prost::Message as _;
+use proto::host::v1::member_message::Kind as MemberKind;
+use proto::host::v1::supervisor_host_server::SupervisorHost;
+use proto::host::v1::{GatewayMessage, HeartbeatAck, Hello, MemberMessage, gateway_message};
+use proto::timing;
+use proto::trust::Kind;
+use std::collections::HashMap;
+
+use tokio::sync::{mpsc, watch};
+use tokio::time::{Instant, sleep, sleep_until, timeout};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::replica::{Counters, Replica};
+use crate::store::{MemberUpdate, Report};
+use admission::{Admission, Superseded};
+use stream::{Dropped, Stream};
+
+/// The `SupervisorHost` service of one replica.
+#[derive(Clone)]
+pub struct Host {
+    replica: Arc<Replica>,
+    /// Per stream id: told (with the reason) when a newer hello supersedes it.
+    supersede: Arc<std::sync::Mutex<HashMap<u64, watch::Sender<Option<Superseded>>>>>,
+}
+
+impl Host {
+    pub fn new(replica: Arc<Replica>) -> Self {
+        Self {
+            replica,
+            supersede: Arc::default(),
+        }
+    }
+}
+
+/// A member's validated hello.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub member: String,
+    pub process_id: String,
+    pub epoch: u64,
+    pub runtime_address: String,
+    pub capacity: u32,
+}
+
+/// Check a hello; the error names the setting the operator must fix.
+pub fn validate_hello(hello: &Hello) -> Result<Identity, Status> {
+    let bad = |setting: &str, what: String| {
+        Status::invalid_argument(format!(
+            "{what}; set OPENSHELL_SUPERVISOR_POOL_{setting} on the supervisor"
+        ))
+    };
+    let member = hello.member.as_str();
+    let dns_ok = !member.is_empty()
+        && member.len() <= 253
+        && member
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && member.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && member.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if !dns_ok {
+        return Err(bad(
+            "MEMBER",
+            "the hello has no valid member name (a DNS-1123 subdomain, such as the Pod name)".into(),
+        ));
+    }
+    if hello.process_id.is_empty() || hello.process_id.len() > 64 {
+        return Err(Status::invalid_argument(
+            "the hello has no valid process_id (1..64 bytes)",
+        ));
+    }
+    if hello.connection_epoch == 0 {
+        return Err(Status::invalid_argument(
+            "the hello's connection_epoch must be at least 1",
+        ));
+    }
+    let address_ok = hello.runtime_address.len() <= 256
+        && (hello.runtime_address.starts_with("http://") || hello.runtime_address.starts_with("https://"))
+        && hello
+            .runtime_address
+            .parse::<tonic::codegen::http::Uri>()
+            .is_ok_and(|u| u.port_u16().is_some());
+    if !address_ok {
+        return Err(bad(
+            "RUNTIME_ADDRESS",
+            "the hello's runtime_address is not an http(s) URI with host and port".into(),
+        ));
+    }
+    if !(1..=proto::MAX_INSTANCES_PER_MEMBER).contains(&hello.capacity) {
+        return Err(bad(
+            "CAPACITY",
+            format!(
+                "the hello's capacity {} is outside 1..={}",
+                hello.capacity,
+                proto::MAX_INSTANCES_PER_MEMBER
+            ),
+        ));
+    }
+    Ok(Identity {
+        member: hello.member.clone(),
+        process_id: hello.process_id.clone(),
+        epoch: hello.connection_epoch,
+        runtime_address: hello.runtime_address.clone(),
+        capacity: hello.capacity,
+    })
+}
+
+type Outbound = Pin<Box<dyn futures::Stream<Item = Result<GatewayMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl SupervisorHost for Host {
+    type AttachStream = Outbound;
+
+    async fn attach(&self, request: Request<Streaming<MemberMessage>>) -> Result<Response<Outbound>, Status> {
+        let principal = self.replica.verifier.verify_request(Kind::Supervisor, &request).await?;
+        let mut inbound = request.into_inner();
+        let first = timeout(timing::SILENCE_TIMEOUT, inbound.message())
+            .await
+            .map_err(|_| Status::deadline_exceeded("no hello within the silence timeout"))??;
+        let Some(MemberMessage {
+            kind: Some(MemberKind::Hello(hello)),
+        }) = first
+        else {
+            return Err(Status::invalid_argument(
+                "the first message of a host stream must be a hello",
+            ));
+        };
+        let identity = validate_hello(&hello)?;
+
+        let admission = self
+            .replica
+            .sessions(|s| s.admit(&identity.member, &identity.process_id, identity.epoch));
+        let (stream_id, supersedes) = match admission {
+            Admission::Admitted { stream, supersedes } => (stream, supersedes),
+            Admission::Refused(why) => return Err(Status::failed_precondition(why)),
+        };
+        let (tell, superseded) = watch::channel(None);
+        {
+            let mut table = self.supersede.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((old, why)) = supersedes
+                && let Some(old) = table.remove(&old)
+            {
+                old.send_replace(Some(why));
+            }
+            table.insert(stream_id, tell);
+        }
+
+        let record = MemberUpdate {
+            member: identity.member.clone(),
+            process_id: identity.process_id.clone(),
+            epoch: i64::try_from(identity.epoch).unwrap_or(i64::MAX),
+            runtime_address: identity.runtime_address.clone(),
+            capacity: i64::from(identity.capacity),
+            served_by: self.replica.name.clone(),
+            leaving: false,
+        };
+        if let Err(err) = self.replica.store.refresh_member(&record, timing::MEMBERSHIP_TTL).await {
+            self.end_session(&identity, stream_id);
+            return Err(Status::unavailable(format!("cannot record membership: {err}")));
+        }
+        self.replica.wake.notify_one();
+        info!(member = %identity.member, process = %identity.process_id, epoch = identity.epoch, "member attached");
+
+        let (tx, rx) = mpsc::channel(16);
+        let span =
+            info_span!("member", member = %identity.member, process = %identity.process_id, epoch = identity.epoch);
+        let session = Session {
+            host: self.clone(),
+            identity,
+            stream_id,
+            record,
+            tx,
+            superseded,
+            token_expires_at_ms: principal.expires_at_ms,
+        };
+        tokio::spawn(session.run(inbound).instrument(span));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx)) as Outbound))
+    }
+}
+
+impl Host {
+    fn end_session(&self, identity: &Identity, stream_id: u64) {
+        self.replica.sessions(|s| s.end(&identity.member, stream_id));
+        self.supersede
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&stream_id);
+    }
+}
+
+/// How a stream ended, which decides whether the membership record goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// The member closed the stream or it broke: the member is gone.
+    MemberClosed,
+    /// The member fell silent: gone as far as we can tell.
+    Silent,
+    /// Superseded, token expired, replica shutting down: the member lives on.
+    Handover,
+}
+
+struct Session {
+    host: Host,
+    identity: Identity,
+    stream_id: u64,
+    record: MemberUpdate,
+    tx: mpsc::Sender<Result<GatewayMessage, Status>>,
+    superseded: watch::Receiver<Option<Superseded>>,
+    token_expires_at_ms: i64,
+}
+
+impl Session {
+    async fn run(mut self, mut inbound: Streaming<MemberMessage>) {
+        let replica = self.host.replica.clone();
+        let mut view = replica.view.clone();
+        let mut superseded = self.superseded.clone();
+        let mut protocol = Stream::default();
+        let mut silence = Box::pin(sleep(timing::SILENCE_TIMEOUT));
+        let mut refresh = tokio::time::interval(timing::MEMBERSHIP_REFRESH);
+        refresh.reset();
+        let token_expiry = Instant::now() + until(self.token_expires_at_ms);
+        view.mark_changed();
+
+        let end = loop {
+            tokio::select! {
+                message = inbound.message() => match message {
+                    Ok(Some(message)) => {
+                        silence.as_mut().reset(Instant::now() + timing::SILENCE_TIMEOUT);
+                        if !self.handle(message, &mut protocol).await {
+                            break End::Handover;
+                        }
+                    }
+                    Ok(None) => break End::MemberClosed,
+                    Err(status) => {
+                        debug!(%status, "member stream broke");
+                        break End::MemberClosed;
+                    }
+                },
+                () = &mut silence => {
+                    warn!("member silent past the silence timeout; closing its stream");
+                    self.close(Status::deadline_exceeded("member silent past the silence timeout")).await;
+                    break End::Silent;
+                }
+                changed = view.changed() => {
+                    if changed.is_err() {
+                        break End::Handover;
+                    }
+                    let current = view.borrow_and_update().clone();
+                    if current.now_ms == 0 {
+                        continue; // nothing is sent before the first view
+                    }
+                    if let Some(newer) = current.members.get(&self.identity.member)
+                        && (newer.process_id != self.identity.process_id
+                            || newer.epoch > self.record.epoch)
+                        && newer.is_live(current.now_ms)
+                    {
+                        self.close(Status::aborted("superseded by a newer stream of this member")).await;
+                        break End::Handover;
+                    }
+                    let body = current.snapshot_for(&self.identity.member, &self.identity.process_id, replica.recovery_deadline_ms);
+                    if let Some(snapshot) = protocol.next_snapshot(body) {
+                        let snapshot = proto::host::v1::Snapshot { gateway_replica: replica.name.clone(), ..snapshot };
+                        if !self.send(gateway_message::Kind::Snapshot(snapshot)).await {
+                            break End::Silent;
+                        }
+                    }
+                }
+                _ = refresh.tick() => {
+                    if let Err(err) = replica.store.refresh_member(&self.record, timing::MEMBERSHIP_TTL).await {
+                        warn!(error = %err, "cannot refresh membership");
+                    }
+                }
+                why = async { superseded.wait_for(Option::is_some).await.ok().and_then(|w| *w) } => {
+                    let status = match why {
+                        Some(Superseded::NewerProcess) => Status::aborted("superseded by a new process of this member"),
+                        _ => Status::aborted("superseded by a newer connection epoch"),
+                    };
+                    self.close(status).await;
+                    break End::Handover;
+                }
+                () = sleep_until(token_expiry) => {
+                    self.close(Status::unauthenticated("the supervisor token that opened this stream expired")).await;
+                    break End::Handover;
+                }
+                () = replica.shutdown.cancelled() => {
+                    self.close(Status::unavailable("gateway replica shutting down; reconnect elsewhere")).await;
+                    break End::Handover;
+                }
+            }
+        };
+
+        self.host.end_session(&self.identity, self.stream_id);
+        if end != End::Handover {
+            match replica
+                .store
+                .remove_member(&self.identity.member, &self.identity.process_id, self.record.epoch)
+                .await
+            {
+                Ok(true) => info!(?end, "member gone; membership removed"),
+                Ok(false) => debug!(?end, "membership already taken by a newer stream"),
+                Err(err) => warn!(error = %err, "cannot remove membership; it will expire"),
+            }
+            replica.wake.notify_one();
+        } else {
+            info!("member stream handed over");
+        }
+    }
+
+    /// Handle one member message; `false` ends the stream.
+    async fn handle(&mut self, message: MemberMessage, protocol: &mut Stream) -> bool {
+        let replica = self.host.replica.clone();
+        let counters = &replica.counters;
+        let encoded_len = message.encoded_len();
+        match message.kind {
+            Some(MemberKind::Heartbeat(beat)) => {
+                let ack = HeartbeatAck {
+                    sequence: beat.sequence,
+                    gateway_time_ms: proto::trust::unix_ms(std::time::SystemTime::now()),
+                };
+                return self.send(gateway_message::Kind::HeartbeatAck(ack)).await;
+            }
+            Some(MemberKind::Ack(ack)) => match protocol.on_ack(ack.revision) {
+                Ok(()) => {}
+                Err(Dropped::AckNeverSent) => Counters::bump(&counters.acks_never_sent),
+                Err(_) => Counters::bump(&counters.acks_regressed),
+            },
+            Some(MemberKind::StatusReport(report)) => match protocol.attribute(&report, encoded_len) {
+                Ok(statuses) => {
+                    for status in statuses {
+                        let record = Report {
+                            route: status.route,
+                            term: i64::try_from(status.term).unwrap_or(i64::MAX),
+                            member: self.identity.member.clone(),
+                            process_id: self.identity.process_id.clone(),
+                            phase: status.phase,
+                            message: status.message,
+                            workload_pid: i64::from(status.workload_pid),
+                            reported_by: replica.name.clone(),
+                            updated_at_ms: 0,
+                        };
+                        if let Err(err) = replica.store.record_report(&record).await {
+                            warn!(error = %err, route = %record.route, "cannot record a status report");
+                        }
+                    }
+                }
+                Err(_) => Counters::bump(&counters.oversized_reports),
+            },
+            Some(MemberKind::Leaving(leaving)) => {
+                info!(reason = %leaving.reason.chars().take(256).collect::<String>(), "member announced it is leaving");
+                self.record.leaving = true;
+                if let Err(err) = replica.store.refresh_member(&self.record, timing::MEMBERSHIP_TTL).await {
+                    warn!(error = %err, "cannot record the leaving announcement");
+                }
+                replica.wake.notify_one();
+            }
+            Some(MemberKind::Hello(_)) | None => {
+                self.close(Status::invalid_argument("hello is only valid as the first message"))
+                    .await;
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Send a message; a member that does not read within the silence
+    /// timeout is dropped (`false`).
+    async fn send(&self, kind: gateway_message::Kind) -> bool {
+        let message = GatewayMessage { kind: Some(kind) };
+        timeout(timing::SILENCE_TIMEOUT, self.tx.send(Ok(message)))
+            .await
+            .is_ok_and(|sent| sent.is_ok())
+    }
+
+    async fn close(&self, status: Status) {
+        let _ = timeout(Duration::from_millis(500), self.tx.send(Err(status))).await;
+    }
+}
+
+/// Time from now until a Unix-ms instant (zero when past).
+fn until(at_ms: i64) -> Duration {
+    let now = proto::trust::unix_ms(std::time::SystemTime::now());
+    Duration::from_millis(u64::try_from(at_ms.saturating_sub(now)).unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello() -> Hello {
+        Hello {
+            member: "supervisor-0".into(),
+            process_id: "p-1".into(),
+            connection_epoch: 1,
+            runtime_address: "http://127.0.0.1:7443".into(),
+            capacity: 256,
+            ..Hello::default()
+        }
+    }
+
+    #[test]
+    fn hello_errors_name_the_setting_to_fix() {
+        assert!(validate_hello(&hello()).is_ok());
+        for (broken, setting) in [
+            (
+                Hello {
+                    member: String::new(),
+                    ..hello()
+                },
+                "OPENSHELL_SUPERVISOR_POOL_MEMBER",
+            ),
+            (
+                Hello {
+                    member: "Bad_Name".into(),
+                    ..hello()
+                },
+                "OPENSHELL_SUPERVISOR_POOL_MEMBER",
+            ),
+            (
+                Hello {
+                    runtime_address: "127.0.0.1:7443".into(),
+                    ..hello()
+                },
+                "OPENSHELL_SUPERVISOR_POOL_RUNTIME_ADDRESS",
+            ),
+            (Hello { capacity: 0, ..hello() }, "OPENSHELL_SUPERVISOR_POOL_CAPACITY"),
+            (
+                Hello {
+                    capacity: 257,
+                    ..hello()
+                },
+                "OPENSHELL_SUPERVISOR_POOL_CAPACITY",
+            ),
+        ] {
+            let status = validate_hello(&broken).unwrap_err();
+            assert_eq!(status.code(), tonic::Code::InvalidArgument);
+            assert!(status.message().contains(setting), "{}", status.message());
+        }
+        assert!(
+            validate_hello(&Hello {
+                connection_epoch: 0,
+                ..hello()
+            })
+            .is_err()
+        );
+    }
+}

@@ -1,0 +1,228 @@
+//! The protocol state of one member stream: snapshot revisions, acks, and
+//! which reported statuses can be attributed to which term. Pure.
+
+use std::collections::BTreeMap;
+
+use proto::host::v1::{Snapshot, StatusReport};
+
+/// Why a member message was dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dropped {
+    /// An ack of a revision this stream never sent.
+    AckNeverSent,
+    /// An ack lower than one already received.
+    AckRegressed,
+    /// A report larger than `proto::MAX_STATUS_REPORT_BYTES`.
+    OversizedReport,
+}
+
+/// A status attributed to a term: the member acknowledged the revision that
+/// installed the term before it reported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attributed {
+    pub route: String,
+    pub term: u64,
+    /// Wire phase name, or `ABSENT` when the member reconciled past the
+    /// installing revision without hosting the route.
+    pub phase: String,
+    pub message: String,
+    pub workload_pid: u32,
+}
+
+#[derive(Debug, Default)]
+pub struct Stream {
+    /// Last revision sent (0 before the first snapshot).
+    revision: u64,
+    acked: u64,
+    /// route -> (term, revision that first carried that term on this stream)
+    installs: BTreeMap<String, (u64, u64)>,
+    last: Option<Snapshot>,
+}
+
+impl Stream {
+    /// Number `body` as the next snapshot if it differs from the last one sent.
+    pub fn next_snapshot(&mut self, body: Snapshot) -> Option<Snapshot> {
+        if self.last.as_ref() == Some(&body) {
+            return None;
+        }
+        self.revision += 1;
+        for owned in &body.instances {
+            let carried = self
+                .installs
+                .get(&owned.route)
+                .is_some_and(|(term, _)| *term == owned.term);
+            if !carried {
+                self.installs.insert(owned.route.clone(), (owned.term, self.revision));
+            }
+        }
+        self.installs
+            .retain(|route, _| body.instances.iter().any(|o| &o.route == route));
+        let numbered = Snapshot {
+            revision: self.revision,
+            ..body.clone()
+        };
+        self.last = Some(body);
+        Some(numbered)
+    }
+
+    pub fn on_ack(&mut self, revision: u64) -> Result<(), Dropped> {
+        if revision > self.revision {
+            return Err(Dropped::AckNeverSent);
+        }
+        if revision < self.acked {
+            return Err(Dropped::AckRegressed);
+        }
+        self.acked = revision;
+        Ok(())
+    }
+
+    pub fn acked(&self) -> u64 {
+        self.acked
+    }
+
+    /// The statuses of `report` that can be attributed to a term, plus an
+    /// `ABSENT` status for every installed route the member acknowledged but
+    /// does not host.
+    pub fn attribute(&self, report: &StatusReport, encoded_len: usize) -> Result<Vec<Attributed>, Dropped> {
+        if encoded_len > proto::MAX_STATUS_REPORT_BYTES {
+            return Err(Dropped::OversizedReport);
+        }
+        let applied = report.applied_revision.min(self.acked);
+        let mut out = Vec::new();
+        for (route, &(term, installed_at)) in &self.installs {
+            if installed_at > applied {
+                continue;
+            }
+            let status = report.instances.iter().find(|s| &s.route == route && s.term == term);
+            out.push(match status {
+                Some(s) => Attributed {
+                    route: route.clone(),
+                    term,
+                    phase: proto::common::v1::InstancePhase::from_wire(s.phase)
+                        .as_str_name()
+                        .to_owned(),
+                    message: truncate(&s.message, proto::MAX_STATUS_MESSAGE_BYTES),
+                    workload_pid: s.workload_pid,
+                },
+                None => Attributed {
+                    route: route.clone(),
+                    term,
+                    phase: "ABSENT".into(),
+                    message: "the owner acknowledged the assignment but does not host it".into(),
+                    workload_pid: 0,
+                },
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// At most `max` bytes, cut on a character boundary.
+fn truncate(text: &str, max: usize) -> String {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::common::v1::InstancePhase;
+    use proto::host::v1::{InstanceStatus, OwnedInstance};
+
+    fn snapshot(owned: &[(&str, u64)]) -> Snapshot {
+        Snapshot {
+            instances: owned
+                .iter()
+                .map(|(route, term)| OwnedInstance {
+                    route: (*route).into(),
+                    term: *term,
+                    ..OwnedInstance::default()
+                })
+                .collect(),
+            ..Snapshot::default()
+        }
+    }
+
+    fn report(applied: u64, statuses: &[(&str, u64, InstancePhase)]) -> StatusReport {
+        StatusReport {
+            applied_revision: applied,
+            instances: statuses
+                .iter()
+                .map(|(route, term, phase)| InstanceStatus {
+                    route: (*route).into(),
+                    term: *term,
+                    phase: *phase as i32,
+                    ..InstanceStatus::default()
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn unchanged_snapshots_are_not_resent_and_revisions_grow() {
+        let mut s = Stream::default();
+        assert_eq!(s.next_snapshot(snapshot(&[("a", 1)])).map(|x| x.revision), Some(1));
+        assert_eq!(s.next_snapshot(snapshot(&[("a", 1)])), None);
+        assert_eq!(s.next_snapshot(snapshot(&[("a", 2)])).map(|x| x.revision), Some(2));
+    }
+
+    #[test]
+    fn acks_of_unsent_or_regressing_revisions_are_dropped() {
+        let mut s = Stream::default();
+        assert_eq!(s.on_ack(1), Err(Dropped::AckNeverSent));
+        s.next_snapshot(snapshot(&[("a", 1)]));
+        s.next_snapshot(snapshot(&[("a", 2)]));
+        assert_eq!(s.on_ack(2), Ok(()));
+        assert_eq!(s.on_ack(1), Err(Dropped::AckRegressed));
+        assert_eq!(s.on_ack(3), Err(Dropped::AckNeverSent));
+        assert_eq!(s.acked(), 2);
+    }
+
+    #[test]
+    fn a_status_counts_for_a_term_only_after_its_revision_was_acked() {
+        let mut s = Stream::default();
+        s.next_snapshot(snapshot(&[("a", 1)])); // revision 1 installs term 1
+        s.on_ack(1).unwrap();
+        s.next_snapshot(snapshot(&[("a", 2)])); // revision 2 installs term 2, not acked yet
+        // The member still reports term 1: nothing attributable for term 2 yet.
+        let early = s.attribute(&report(1, &[("a", 1, InstancePhase::Active)]), 10).unwrap();
+        assert!(early.is_empty(), "{early:?}");
+        s.on_ack(2).unwrap();
+        let later = s
+            .attribute(&report(2, &[("a", 2, InstancePhase::Starting)]), 10)
+            .unwrap();
+        assert_eq!(later.len(), 1);
+        assert_eq!((later[0].term, later[0].phase.as_str()), (2, "INSTANCE_PHASE_STARTING"));
+        // A report built before the ack was applied is not attributed either.
+        let stale = s.attribute(&report(1, &[]), 10).unwrap();
+        assert!(stale.is_empty());
+    }
+
+    #[test]
+    fn an_acked_route_missing_from_the_report_is_absent() {
+        let mut s = Stream::default();
+        s.next_snapshot(snapshot(&[("a", 4)]));
+        s.on_ack(1).unwrap();
+        let out = s.attribute(&report(1, &[]), 10).unwrap();
+        assert_eq!(
+            (out[0].route.as_str(), out[0].term, out[0].phase.as_str()),
+            ("a", 4, "ABSENT")
+        );
+        // A status for another term of the route does not count for this one.
+        let out = s.attribute(&report(1, &[("a", 3, InstancePhase::Active)]), 10).unwrap();
+        assert_eq!(out[0].phase, "ABSENT");
+    }
+
+    #[test]
+    fn oversized_reports_are_dropped_and_messages_truncated() {
+        let s = Stream::default();
+        assert_eq!(
+            s.attribute(&report(0, &[]), proto::MAX_STATUS_REPORT_BYTES + 1),
+            Err(Dropped::OversizedReport)
+        );
+        assert_eq!(truncate("héllo", 2), "h");
+    }
+}

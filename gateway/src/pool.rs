@@ -1,0 +1,283 @@
+//! The pool as one replica sees it: an in-memory index re-read from the store
+//! on every refresh (and at once when a membership changes), published on a
+//! watch channel. Stream tasks turn it into per-member snapshots; the
+//! coordinator turns it into placement input. Everything here but `load` and
+//! `refresh` is pure.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use proto::common::v1::{InstanceRef, RouteDirectoryEntry};
+use proto::host::v1::{OwnedInstance, OwnershipPhase, Snapshot};
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use crate::placement::{Candidate, Owner};
+use crate::registration::Material;
+use crate::store::{self, Assignment, AssignmentPhase, InstanceRecord, MemberRecord, Operation, Report, Store};
+
+/// How often a replica re-reads the pool when nothing wakes it earlier.
+pub const REFRESH_INTERVAL: Duration = Duration::from_millis(200);
+
+/// One read of the pool.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct View {
+    /// Database time of the read.
+    pub now_ms: i64,
+    /// Every registered instance, withdrawn ones included.
+    pub instances: BTreeMap<String, InstanceRecord>,
+    pub assignments: BTreeMap<String, Assignment>,
+    /// Every member record, expired ones included.
+    pub members: BTreeMap<String, MemberRecord>,
+    pub reports: BTreeMap<String, Report>,
+    pub operations: Vec<Operation>,
+}
+
+impl View {
+    pub async fn load(store: &Store) -> store::Result<Self> {
+        let (now_ms, members) = store.list_members().await?;
+        Ok(Self {
+            now_ms,
+            instances: by_route(store.list_instances().await?, |i| &i.route),
+            assignments: by_route(store.list_assignments().await?, |a| &a.route),
+            members: members.into_iter().map(|m| (m.member.clone(), m)).collect(),
+            reports: by_route(store.list_reports().await?, |r| &r.route),
+            operations: store.list_operations().await?,
+        })
+    }
+
+    /// The member process with a live record, if `member` is one.
+    pub fn live_member(&self, member: &str) -> Option<&MemberRecord> {
+        self.members.get(member).filter(|m| m.is_live(self.now_ms))
+    }
+
+    /// Whether `process_id` is the live process of `member`.
+    pub fn is_live(&self, member: &str, process_id: &str) -> bool {
+        self.live_member(member).is_some_and(|m| m.process_id == process_id)
+    }
+
+    /// Routes of the desired (registered, not withdrawn) instances.
+    pub fn desired(&self) -> BTreeSet<String> {
+        self.instances
+            .values()
+            .filter(|i| !i.withdrawn)
+            .map(|i| i.route.clone())
+            .collect()
+    }
+
+    /// Live member processes as placement candidates; `excluded` members
+    /// (drained by an operator) and leaving members take nothing new.
+    pub fn candidates(&self, excluded: &BTreeSet<String>) -> Vec<Candidate> {
+        self.members
+            .values()
+            .filter(|m| m.is_live(self.now_ms))
+            .map(|m| Candidate {
+                member: m.member.clone(),
+                process_id: m.process_id.clone(),
+                capacity: usize::try_from(m.capacity).unwrap_or(0),
+                excluded: m.leaving || excluded.contains(&m.member),
+            })
+            .collect()
+    }
+
+    pub fn owners(&self) -> BTreeMap<String, Owner> {
+        self.assignments
+            .values()
+            .map(|a| {
+                let owner = Owner {
+                    member: a.member.clone(),
+                    process_id: a.process_id.clone(),
+                    term: a.term,
+                };
+                (a.route.clone(), owner)
+            })
+            .collect()
+    }
+
+    /// The whole desired state of one member process (revision left at 0:
+    /// the stream numbers what it sends). Omitted routes mean release.
+    pub fn snapshot_for(&self, member: &str, process_id: &str, recovery_deadline_ms: u64) -> Snapshot {
+        let mut snapshot = Snapshot {
+            recovery_deadline_ms,
+            ..Snapshot::default()
+        };
+        for a in self.assignments.values() {
+            if a.member != member || a.process_id != process_id {
+                continue;
+            }
+            match self.instances.get(&a.route) {
+                Some(instance) if !instance.withdrawn => snapshot.instances.push(OwnedInstance {
+                    route: a.route.clone(),
+                    instance: Some(instance_ref(instance)),
+                    term: u64::try_from(a.term).unwrap_or(0),
+                    phase: match a.phase {
+                        AssignmentPhase::Reserved => OwnershipPhase::Reserved,
+                        AssignmentPhase::Active => OwnershipPhase::Active,
+                    } as i32,
+                    credentials: member_credentials(instance),
+                    grant: String::new(),
+                    grant_expires_at_ms: 0,
+                }),
+                _ => snapshot.stop_routes.push(a.route.clone()),
+            }
+        }
+        snapshot.directory = self
+            .assignments
+            .values()
+            .map(|a| RouteDirectoryEntry {
+                route: a.route.clone(),
+                member: a.member.clone(),
+                process_id: a.process_id.clone(),
+                runtime_address: self
+                    .members
+                    .get(&a.member)
+                    .filter(|m| m.process_id == a.process_id)
+                    .map(|m| m.runtime_address.clone())
+                    .unwrap_or_default(),
+                term: u64::try_from(a.term).unwrap_or(0),
+            })
+            .collect();
+        snapshot
+    }
+}
+
+pub fn instance_ref(instance: &InstanceRecord) -> InstanceRef {
+    InstanceRef {
+        namespace: instance.namespace.clone(),
+        name: instance.name.clone(),
+        uid: instance.uid.clone(),
+        generation: u64::try_from(instance.generation).unwrap_or(0),
+    }
+}
+
+/// The instance's material as its owner may see it (no receipt key). Material
+/// that does not decode is withheld: the member then waits, it never revokes.
+fn member_credentials(instance: &InstanceRecord) -> Vec<u8> {
+    let binding = crate::registration::Binding {
+        route: &instance.route,
+        namespace: &instance.namespace,
+        name: &instance.name,
+        uid: &instance.uid,
+    };
+    Material::decode(&instance.material.0, &binding)
+        .map(|m| m.for_member())
+        .unwrap_or_default()
+}
+
+fn by_route<T>(items: Vec<T>, route: impl Fn(&T) -> &String) -> BTreeMap<String, T> {
+    items.into_iter().map(|item| (route(&item).clone(), item)).collect()
+}
+
+/// Re-read the pool every [`REFRESH_INTERVAL`], or at once when `wake` is
+/// notified, and publish it, until `shutdown`.
+pub async fn refresh(store: Store, publish: watch::Sender<Arc<View>>, wake: Arc<Notify>, shutdown: CancellationToken) {
+    loop {
+        match tokio::time::timeout(REFRESH_INTERVAL * 10, View::load(&store)).await {
+            Ok(Ok(view)) => {
+                publish.send_replace(Arc::new(view));
+            }
+            Ok(Err(err)) => warn!(error = %err, "cannot read the pool"),
+            Err(_) => warn!("reading the pool timed out"),
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = wake.notified() => {}
+            () = tokio::time::sleep(REFRESH_INTERVAL) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::SecretBytes;
+
+    fn view() -> View {
+        let mut v = View {
+            now_ms: 1_000,
+            ..View::default()
+        };
+        for (route, withdrawn) in [("ns/a", false), ("ns/b", false), ("ns/gone", true)] {
+            let (namespace, name) = route.split_once('/').unwrap();
+            let binding = crate::registration::Binding {
+                route,
+                namespace,
+                name,
+                uid: "u",
+            };
+            v.instances.insert(
+                route.into(),
+                InstanceRecord {
+                    route: route.into(),
+                    namespace: namespace.into(),
+                    name: name.into(),
+                    uid: "u".into(),
+                    generation: 1,
+                    material: SecretBytes(Material::new(&binding, &[9u8; 32]).encode()),
+                    registered_at_ms: 0,
+                    withdrawn,
+                },
+            );
+        }
+        for (route, member, term) in [("ns/a", "m1", 3), ("ns/b", "m2", 1), ("ns/gone", "m1", 2)] {
+            v.assignments.insert(
+                route.into(),
+                Assignment {
+                    route: route.into(),
+                    member: member.into(),
+                    process_id: format!("{member}-p"),
+                    term,
+                    phase: AssignmentPhase::Active,
+                    coordinator_term: 1,
+                    updated_at_ms: 0,
+                },
+            );
+        }
+        for (member, expires_at_ms) in [("m1", 5_000), ("m2", 500)] {
+            v.members.insert(
+                member.into(),
+                MemberRecord {
+                    member: member.into(),
+                    process_id: format!("{member}-p"),
+                    epoch: 1,
+                    runtime_address: format!("http://{member}:7443"),
+                    capacity: 256,
+                    served_by: "gw".into(),
+                    leaving: false,
+                    expires_at_ms,
+                    updated_at_ms: 0,
+                },
+            );
+        }
+        v
+    }
+
+    #[test]
+    fn snapshot_lists_owned_instances_and_stops_withdrawn_ones() {
+        let snapshot = view().snapshot_for("m1", "m1-p", 60_000);
+        let owned: Vec<(&str, u64)> = snapshot.instances.iter().map(|i| (i.route.as_str(), i.term)).collect();
+        assert_eq!(owned, vec![("ns/a", 3)]);
+        assert_eq!(snapshot.stop_routes, vec!["ns/gone".to_owned()]);
+        assert_eq!(snapshot.directory.len(), 3);
+        let credentials: Material = serde_json::from_slice(&snapshot.instances[0].credentials).unwrap();
+        assert!(credentials.receipt_key.is_empty(), "members never get the receipt key");
+        // Another process of the same member owns nothing.
+        let other = view().snapshot_for("m1", "m1-other", 60_000);
+        assert!(other.instances.is_empty() && other.stop_routes.is_empty());
+    }
+
+    #[test]
+    fn liveness_and_candidates_follow_the_ttl() {
+        let v = view();
+        assert!(v.is_live("m1", "m1-p"));
+        assert!(!v.is_live("m2", "m2-p"), "expired record");
+        assert!(!v.is_live("m1", "m1-other"), "another process");
+        let candidates = v.candidates(&BTreeSet::new());
+        assert_eq!(candidates.len(), 1);
+        assert!(!candidates[0].excluded);
+        assert!(v.candidates(&["m1".to_owned()].into())[0].excluded);
+        assert_eq!(v.desired(), ["ns/a".to_owned(), "ns/b".to_owned()].into());
+    }
+}

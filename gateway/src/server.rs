@@ -1,0 +1,44 @@
+//! The gRPC server of one replica: the member host stream, the instance
+//! registry and the operator API on one listener.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use proto::host::v1::supervisor_host_server::SupervisorHostServer;
+use proto::pool::v1::supervisor_pool_server::SupervisorPoolServer;
+use proto::registry::v1::instance_registry_server::InstanceRegistryServer;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::host::Host;
+use crate::operator::Operator;
+use crate::registry::Registry;
+use crate::replica::Replica;
+
+/// Serve until `shutdown`; open streams are told to reconnect elsewhere.
+pub async fn serve(
+    listener: TcpListener,
+    replica: Arc<Replica>,
+    shutdown: CancellationToken,
+) -> Result<(), tonic::transport::Error> {
+    let max = proto::MAX_MESSAGE_BYTES;
+    let host = SupervisorHostServer::new(Host::new(replica.clone()))
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max);
+    let registry = InstanceRegistryServer::new(Registry::new(replica.clone()))
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max);
+    let operator = SupervisorPoolServer::new(Operator::new(replica))
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max);
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(proto::timing::SILENCE_TIMEOUT))
+        .tcp_nodelay(true)
+        .add_service(host)
+        .add_service(registry)
+        .add_service(operator)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled_owned())
+        .await
+}

@@ -1,0 +1,116 @@
+//! Handing the current supervisor token and the trust bundle to the pool's members. Local
+//! mode writes files the members re-read before every (re)connect ([`FileDelivery`]); the
+//! Kubernetes Secret delivery will implement the same [`Delivery`] trait.
+
+use std::fmt;
+use std::fs::{self, DirBuilder, File, OpenOptions, Permissions};
+use std::future::Future;
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use proto::trust::{TOKEN_FILE, TRUST_BUNDLE_FILE, TrustBundle};
+
+use super::Error;
+use super::keyring::Minted;
+
+/// What one delivery hands over. `Debug` does not show the token.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Delivered {
+    pub token: String,
+    pub expires_at_ms: i64,
+    /// The trust bundle as JWKS JSON.
+    pub trust_jwks: String,
+}
+
+impl Delivered {
+    pub fn new(token: &Minted, bundle: &TrustBundle) -> Self {
+        Self {
+            token: token.token.clone(),
+            expires_at_ms: token.expires_at_ms,
+            trust_jwks: bundle.to_jwks(),
+        }
+    }
+}
+
+impl fmt::Debug for Delivered {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Delivered")
+            .field("token", &"<redacted>")
+            .field("expires_at_ms", &self.expires_at_ms)
+            .field("trust_jwks_bytes", &self.trust_jwks.len())
+            .finish()
+    }
+}
+
+/// Where tokens go. Deliver again on every renewal and every change of the bundle.
+pub trait Delivery {
+    fn deliver(&self, delivered: &Delivered) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+/// Local mode: `<dir>/token` (mode 0600) and `<dir>/trust.jwks` (0644), each replaced
+/// atomically (a temporary file in the same directory, synced, then renamed over the old
+/// one), the bundle first so a new token's key is published before the token appears.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileDelivery {
+    dir: PathBuf,
+}
+
+impl FileDelivery {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+
+    pub fn token_path(&self) -> PathBuf {
+        self.dir.join(TOKEN_FILE)
+    }
+
+    pub fn bundle_path(&self) -> PathBuf {
+        self.dir.join(TRUST_BUNDLE_FILE)
+    }
+}
+
+impl Delivery for FileDelivery {
+    async fn deliver(&self, delivered: &Delivered) -> Result<(), Error> {
+        let dir = self.dir.clone();
+        let delivered = delivered.clone();
+        tokio::task::spawn_blocking(move || {
+            DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&dir)
+                .map_err(|source| write_error(&dir, source))?;
+            write_atomic(&dir, TRUST_BUNDLE_FILE, delivered.trust_jwks.as_bytes(), 0o644)?;
+            write_atomic(&dir, TOKEN_FILE, delivered.token.as_bytes(), 0o600)
+        })
+        .await
+        .map_err(|e| write_error(&self.dir, io::Error::other(e)))?
+    }
+}
+
+/// Replace `dir/name` with `bytes` atomically. The temporary file is created with `mode`
+/// (the umask can only narrow it), so the content is never more readable than that.
+fn write_atomic(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> Result<(), Error> {
+    let target = dir.join(name);
+    let tmp = dir.join(format!(".{name}.{}.tmp", uuid::Uuid::new_v4().simple()));
+    let result = (|| {
+        let mut file = OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp)?;
+        file.set_permissions(Permissions::from_mode(mode))?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        drop(file);
+        fs::rename(&tmp, &target)?;
+        File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result.map_err(|source| write_error(&target, source))
+}
+
+fn write_error(path: &Path, source: io::Error) -> Error {
+    Error::Write {
+        path: path.display().to_string(),
+        source,
+    }
+}

@@ -1,0 +1,23 @@
+//! Pool control over real sockets: two gateway replicas sharing one database,
+//! scripted members speaking the host protocol. Every test runs on PostgreSQL
+//! and on SQLite.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "../common/db.rs"]
+#[macro_use]
+mod support;
+
+mod cluster;
+mod scenarios;
+
+on_both_backends!(scenarios;
+    placement_spreads_and_is_stable,
+    a_killed_member_stream_moves_its_instances_at_term_plus_one,
+    newer_epochs_and_processes_supersede_and_delayed_hellos_are_refused,
+    reports_count_only_after_the_installing_revision_is_acked,
+    only_the_coordinator_writes_assignments,
+    coordinator_failover_adopts_a_recovery_without_extending_its_deadline,
+    a_member_at_capacity_is_refused_with_the_reason,
+    streams_without_a_valid_token_or_identity_are_refused,
+);

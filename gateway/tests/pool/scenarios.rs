@@ -1,0 +1,407 @@
+//! Pool-control scenarios, each on a fresh database.
+
+use std::collections::BTreeMap;
+
+use gateway::store::{AssignmentPhase, OperationKind, OperationPhase};
+use proto::host::v1::member_message::Kind as MemberKind;
+use proto::host::v1::{Ack, StatusReport};
+use tonic::Code;
+
+use crate::cluster::{Behaviour, Identity, Member, Replica, register, start_replica, token, wait_assignments};
+use crate::support::{TestDb, wait_for};
+
+/// Two replicas, a credentials directory, and the tokens the coordinator delivered.
+struct Pool {
+    replicas: Vec<Replica>,
+    supervisor_token: String,
+    instance_token: String,
+    _credentials: tempfile::TempDir,
+}
+
+impl Pool {
+    async fn start(db: &TestDb) -> Self {
+        let credentials = tempfile::tempdir().unwrap();
+        let a = start_replica("gw-a", &db.url, credentials.path()).await;
+        let b = start_replica("gw-b", &db.url, credentials.path()).await;
+        let supervisor_token = token(credentials.path(), "supervisor").await;
+        let instance_token = token(&credentials.path().join("namespaces"), "default").await;
+        Self {
+            replicas: vec![a, b],
+            supervisor_token,
+            instance_token,
+            _credentials: credentials,
+        }
+    }
+
+    fn endpoint(&self, i: usize) -> String {
+        self.replicas[i].endpoint()
+    }
+
+    async fn member(&self, replica: usize, name: &str, behaviour: Behaviour) -> Member {
+        self.member_with(replica, identity(name, &format!("{name}-p1"), 1, 256), behaviour)
+            .await
+            .unwrap()
+    }
+
+    async fn member_with(&self, replica: usize, id: Identity, behaviour: Behaviour) -> Result<Member, tonic::Status> {
+        Member::attach(&self.endpoint(replica), &self.supervisor_token, id, behaviour).await
+    }
+
+    async fn register(&self, name: &str) -> Result<proto::registry::v1::RegisterResponse, tonic::Status> {
+        register(&self.endpoint(self.replicas.len() - 1), &self.instance_token, name).await
+    }
+
+    async fn stop(self) {
+        for replica in self.replicas {
+            replica.stop().await;
+        }
+    }
+}
+
+fn identity(member: &str, process_id: &str, epoch: u64, capacity: u32) -> Identity {
+    Identity {
+        member: member.into(),
+        process_id: process_id.into(),
+        epoch,
+        capacity,
+    }
+}
+
+fn per_member(assignments: &[gateway::store::Assignment]) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for a in assignments {
+        *counts.entry(a.member.clone()).or_default() += 1;
+    }
+    counts
+}
+
+async fn wait_members(db: &TestDb, n: usize) {
+    wait_for("members to be recorded", 2000, || async {
+        let (now, members) = db.store.list_members().await.ok()?;
+        (members.iter().filter(|m| m.is_live(now)).count() == n).then_some(())
+    })
+    .await;
+}
+
+pub async fn placement_spreads_and_is_stable(db: &TestDb) {
+    let pool = Pool::start(db).await;
+    // Members on both replicas: placement does not care who serves the stream.
+    let mut members = vec![
+        pool.member(0, "m-a", Behaviour::Healthy).await,
+        pool.member(1, "m-b", Behaviour::Healthy).await,
+        pool.member(0, "m-c", Behaviour::Healthy).await,
+    ];
+    wait_members(db, 3).await;
+    for i in 0..6 {
+        pool.register(&format!("agent-{i}")).await.unwrap();
+    }
+    let placed = wait_assignments(&db.store, "six instances spread two per member", |a| {
+        a.len() == 6 && per_member(a).values().all(|n| *n == 2)
+    })
+    .await;
+    assert!(
+        placed
+            .iter()
+            .all(|a| a.term == 1 && a.phase == AssignmentPhase::Reserved)
+    );
+    // Every member's snapshot lists exactly its two instances.
+    for m in &mut members {
+        let name = m.name.clone();
+        let snapshot = m
+            .wait_snapshot("two owned of six", |s| s.instances.len() == 2 && s.directory.len() == 6)
+            .await;
+        let mine: Vec<&str> = placed
+            .iter()
+            .filter(|a| a.member == name)
+            .map(|a| a.route.as_str())
+            .collect();
+        let listed: Vec<&str> = snapshot.instances.iter().map(|o| o.route.as_str()).collect();
+        assert_eq!(listed, mine, "{name}'s snapshot");
+        assert_eq!(snapshot.directory.len(), 6, "the directory names every placed route");
+    }
+    // A new member changes nothing (stable), and the next instance goes to it.
+    let _late = pool.member(1, "m-d", Behaviour::Healthy).await;
+    wait_members(db, 4).await;
+    pool.register("agent-6").await.unwrap();
+    let after = wait_assignments(&db.store, "the seventh instance placed", |a| a.len() == 7).await;
+    assert_eq!(
+        after.iter().find(|a| a.route == "default/agent-6").unwrap().member,
+        "m-d",
+        "least loaded"
+    );
+    for a in &placed {
+        let now = after.iter().find(|b| b.route == a.route).unwrap();
+        assert_eq!((&now.member, now.term), (&a.member, a.term), "{} stayed put", a.route);
+    }
+    pool.stop().await;
+}
+
+pub async fn a_killed_member_stream_moves_its_instances_at_term_plus_one(db: &TestDb) {
+    let pool = Pool::start(db).await;
+    let doomed = pool.member(0, "m-a", Behaviour::Healthy).await;
+    let _b = pool.member(1, "m-b", Behaviour::Healthy).await;
+    let _c = pool.member(0, "m-c", Behaviour::Healthy).await;
+    wait_members(db, 3).await;
+    for i in 0..6 {
+        pool.register(&format!("agent-{i}")).await.unwrap();
+    }
+    let before = wait_assignments(&db.store, "six placed", |a| a.len() == 6).await;
+    let moved: Vec<String> = before
+        .iter()
+        .filter(|a| a.member == "m-a")
+        .map(|a| a.route.clone())
+        .collect();
+    assert_eq!(moved.len(), 2);
+
+    doomed.kill();
+    let after = wait_assignments(&db.store, "m-a's instances moved", |a| {
+        a.iter().all(|a| a.member != "m-a")
+    })
+    .await;
+    for a in &after {
+        let old = before.iter().find(|b| b.route == a.route).unwrap();
+        if moved.contains(&a.route) {
+            assert_eq!(a.term, old.term + 1, "{} moved at term + 1", a.route);
+            assert_eq!(a.phase, AssignmentPhase::Reserved);
+        } else {
+            assert_eq!((&a.member, a.term), (&old.member, old.term), "{} untouched", a.route);
+        }
+    }
+    let ops = wait_for("both recoveries to succeed", 2000, || async {
+        let ops = db.store.list_operations().await.ok()?;
+        (ops.len() == 2 && ops.iter().all(|o| o.phase == OperationPhase::Succeeded)).then_some(ops)
+    })
+    .await;
+    for op in &ops {
+        assert_eq!(op.kind, OperationKind::Recover);
+        assert!(moved.contains(&op.target));
+        assert!(
+            op.deadline_at_ms.unwrap() > op.created_at_ms,
+            "recoveries carry a deadline"
+        );
+    }
+    pool.stop().await;
+}
+
+pub async fn newer_epochs_and_processes_supersede_and_delayed_hellos_are_refused(db: &TestDb) {
+    let pool = Pool::start(db).await;
+    let mut first = pool
+        .member_with(0, identity("m", "p1", 1, 256), Behaviour::Healthy)
+        .await
+        .unwrap();
+    let mut second = pool
+        .member_with(0, identity("m", "p1", 2, 256), Behaviour::Healthy)
+        .await
+        .unwrap();
+    assert_eq!(
+        first.wait_ended().await.code(),
+        Code::Aborted,
+        "a newer epoch supersedes"
+    );
+    let delayed = pool
+        .member_with(0, identity("m", "p1", 1, 256), Behaviour::Healthy)
+        .await;
+    let refused = match delayed {
+        Ok(mut m) => m.wait_ended().await,
+        Err(status) => status,
+    };
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    // A new process of the member supersedes the old one for good.
+    let _third = pool
+        .member_with(0, identity("m", "p2", 1, 256), Behaviour::Healthy)
+        .await
+        .unwrap();
+    let ended = second.wait_ended().await;
+    assert_eq!(ended.code(), Code::Aborted);
+    assert!(ended.message().contains("new process"), "{}", ended.message());
+    let old_process = pool
+        .member_with(0, identity("m", "p1", 3, 256), Behaviour::Healthy)
+        .await;
+    let refused = match old_process {
+        Ok(mut m) => m.wait_ended().await,
+        Err(status) => status,
+    };
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    // The membership record names the newest process; superseding kept it.
+    wait_for("the record to name p2", 500, || async {
+        let (_, members) = db.store.list_members().await.ok()?;
+        (members.len() == 1 && members[0].process_id == "p2").then_some(())
+    })
+    .await;
+    pool.stop().await;
+}
+
+pub async fn reports_count_only_after_the_installing_revision_is_acked(db: &TestDb) {
+    let pool = Pool::start(db).await;
+    // A mute member acks but never reports; the test reports by hand.
+    let mut m = pool.member(0, "m-a", Behaviour::Mute).await;
+    wait_members(db, 1).await;
+    pool.register("agent-0").await.unwrap();
+    let snapshot = m.wait_snapshot("the instance", |s| s.instances.len() == 1).await;
+    let owned = snapshot.instances[0].clone();
+    let status = |term| proto::host::v1::InstanceStatus {
+        route: owned.route.clone(),
+        term,
+        phase: proto::common::v1::InstancePhase::Active as i32,
+        ..Default::default()
+    };
+    // Acks of unsent revisions and regressing acks are dropped; a report
+    // claiming a revision beyond what was acknowledged is not attributed.
+    m.send(MemberKind::Ack(Ack {
+        revision: snapshot.revision + 100,
+    }))
+    .await;
+    m.send(MemberKind::Ack(Ack { revision: 0 })).await;
+    m.send(MemberKind::StatusReport(StatusReport {
+        instances: vec![status(owned.term + 1)],
+        applied_revision: snapshot.revision,
+    }))
+    .await;
+    m.send(MemberKind::StatusReport(StatusReport {
+        instances: vec![status(owned.term)],
+        applied_revision: snapshot.revision,
+    }))
+    .await;
+    let reports = wait_for("the report", 500, || async {
+        let reports = db.store.list_reports().await.ok()?;
+        (!reports.is_empty()).then_some(reports)
+    })
+    .await;
+    assert_eq!(reports.len(), 1);
+    assert_eq!(
+        (reports[0].term, reports[0].phase.as_str()),
+        (owned.term as i64, "INSTANCE_PHASE_ACTIVE")
+    );
+    assert_eq!(reports[0].member, "m-a");
+    pool.stop().await;
+}
+
+pub async fn only_the_coordinator_writes_assignments(db: &TestDb) {
+    let pool = Pool::start(db).await;
+    let _a = pool.member(0, "m-a", Behaviour::Healthy).await;
+    let _b = pool.member(1, "m-b", Behaviour::Healthy).await;
+    wait_members(db, 2).await;
+    for i in 0..4 {
+        pool.register(&format!("agent-{i}")).await.unwrap();
+    }
+    wait_assignments(&db.store, "four placed", |a| a.len() == 4).await;
+    let history = db.store.lease_history().await.unwrap();
+    let coordinator_terms: BTreeMap<i64, String> = history.iter().map(|t| (t.term, t.holder.clone())).collect();
+    let lease = db.store.read_lease().await.unwrap().unwrap();
+    for a in db.store.list_assignments().await.unwrap() {
+        assert_eq!(
+            a.coordinator_term, lease.term,
+            "written under the current coordinator term"
+        );
+        assert!(coordinator_terms[&a.coordinator_term] == lease.holder);
+    }
+    // Stop the coordinator: the other replica takes over with a new term and
+    // its writes carry that term.
+    let coordinator = lease.holder.split('/').next().unwrap().to_owned();
+    let mut pool = pool;
+    let index = pool.replicas.iter().position(|r| r.name == coordinator).unwrap();
+    pool.replicas.remove(index).stop().await;
+    let next = wait_for("a new coordinator", 1000, || async {
+        let l = db.store.read_lease().await.ok()??;
+        (l.is_live() && l.term > lease.term).then_some(l)
+    })
+    .await;
+    assert!(!next.holder.starts_with(&coordinator));
+    pool.register("agent-9")
+        .await
+        .unwrap_or_else(|_| panic!("registry on the survivor"));
+    let placed = wait_assignments(&db.store, "agent-9 placed", |a| a.len() == 5).await;
+    let new = placed.iter().find(|a| a.route == "default/agent-9").unwrap();
+    assert_eq!(new.coordinator_term, next.term);
+    pool.stop().await;
+}
+
+pub async fn coordinator_failover_adopts_a_recovery_without_extending_its_deadline(db: &TestDb) {
+    let pool = Pool::start(db).await;
+    let doomed = pool.member(0, "m-a", Behaviour::Healthy).await;
+    wait_members(db, 1).await;
+    pool.register("agent-0").await.unwrap();
+    wait_assignments(&db.store, "placed on m-a", |a| a.len() == 1 && a[0].member == "m-a").await;
+    // The only other member never reports, so the recovery stays open.
+    let _mute = pool.member(1, "m-b", Behaviour::Mute).await;
+    wait_members(db, 2).await;
+    doomed.kill();
+    let moved = wait_assignments(&db.store, "moved to m-b", |a| a[0].member == "m-b").await;
+    let op = wait_for("an open recovery", 500, || async {
+        let ops = db.store.list_operations().await.ok()?;
+        ops.into_iter().find(|o| o.phase == OperationPhase::Running)
+    })
+    .await;
+
+    let lease = db.store.read_lease().await.unwrap().unwrap();
+    let coordinator = lease.holder.split('/').next().unwrap().to_owned();
+    let mut pool = pool;
+    let index = pool.replicas.iter().position(|r| r.name == coordinator).unwrap();
+    pool.replicas.remove(index).stop().await;
+    wait_for("a new coordinator", 1000, || async {
+        let l = db.store.read_lease().await.ok()??;
+        (l.is_live() && l.term > lease.term).then_some(())
+    })
+    .await;
+    // Give the successor views to act on, then check it adopted, not redid.
+    let now = db.store.now_ms().await.unwrap();
+    crate::support::wait_until_db_time(&db.store, now + 1000).await;
+    let ops = db.store.list_operations().await.unwrap();
+    assert_eq!(ops.len(), 1, "no second recovery was launched");
+    assert_eq!(ops[0].id, op.id);
+    assert_eq!(ops[0].deadline_at_ms, op.deadline_at_ms, "deadline not extended");
+    assert_eq!(ops[0].attempts, op.attempts);
+    let now = db.store.list_assignments().await.unwrap();
+    assert_eq!(
+        (now[0].member.as_str(), now[0].term),
+        ("m-b", moved[0].term),
+        "nothing relaunched"
+    );
+    pool.stop().await;
+}
+
+pub async fn a_member_at_capacity_is_refused_with_the_reason(db: &TestDb) {
+    let pool = Pool::start(db).await;
+    let _m = pool
+        .member_with(0, identity("m-a", "p1", 1, 1), Behaviour::Healthy)
+        .await
+        .unwrap();
+    wait_members(db, 1).await;
+    pool.register("agent-0").await.unwrap();
+    wait_assignments(&db.store, "the first instance placed", |a| a.len() == 1).await;
+    let refused = pool.register("agent-1").await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert!(
+        refused.message().contains("at capacity") && refused.message().contains("m-a"),
+        "{}",
+        refused.message()
+    );
+    pool.stop().await;
+}
+
+pub async fn streams_without_a_valid_token_or_identity_are_refused(db: &TestDb) {
+    let pool = Pool::start(db).await;
+    let id = || identity("m-a", "p1", 1, 256);
+    let endpoint = pool.endpoint(0);
+    for bad in ["", "not-a-jwt", pool.instance_token.as_str()] {
+        let refused = match Member::attach(&endpoint, bad, id(), Behaviour::Healthy).await {
+            Ok(mut m) => m.wait_ended().await,
+            Err(status) => status,
+        };
+        assert_eq!(refused.code(), Code::Unauthenticated, "token {bad:.10}: {refused:?}");
+    }
+    let nameless = identity("", "p1", 1, 256);
+    let refused = match pool.member_with(0, nameless, Behaviour::Healthy).await {
+        Ok(mut m) => m.wait_ended().await,
+        Err(status) => status,
+    };
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    assert!(
+        refused.message().contains("OPENSHELL_SUPERVISOR_POOL_MEMBER"),
+        "{}",
+        refused.message()
+    );
+    let (_, members) = db.store.list_members().await.unwrap();
+    assert!(members.is_empty(), "refused streams leave no membership");
+    pool.stop().await;
+}
