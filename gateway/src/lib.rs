@@ -12,7 +12,6 @@ pub mod host;
 pub mod operator;
 pub mod placement;
 pub mod pool;
-pub mod registration;
 pub mod registry;
 pub mod replica;
 pub mod server;
@@ -30,6 +29,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 pub use config::Settings;
+/// Registration material is a contract with the sidecar: it lives in `proto`.
+pub use proto::registration;
 
 /// Why a gateway could not run.
 #[derive(Debug, thiserror::Error)]

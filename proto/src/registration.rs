@@ -1,4 +1,5 @@
-//! Registration material: the document a sidecar sends when it registers its
+//! Registration material (`registry.v1.RegisterRequest.registration_material`):
+//! the document a sidecar sends when it registers its
 //! instance. It binds route, namespace, name and uid together and carries the
 //! instance's credentials, including the receipt key only the sidecar and the
 //! gateway may know. Decoding is size-bounded and its errors never quote the
@@ -17,7 +18,7 @@ pub const MIN_RECEIPT_KEY_BYTES: usize = 32;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
-    #[error("registration material is {0} bytes, more than the {max} allowed", max = proto::MAX_REGISTRATION_MATERIAL_BYTES)]
+    #[error("registration material is {0} bytes, more than the {max} allowed", max = crate::MAX_REGISTRATION_MATERIAL_BYTES)]
     TooLarge(usize),
     #[error("registration material is not a valid version {VERSION} document")]
     Undecodable,
@@ -81,7 +82,7 @@ impl Material {
 
     /// Decode and check the binding.
     pub fn decode(bytes: &[u8], binding: &Binding<'_>) -> Result<Self, Error> {
-        if bytes.len() > proto::MAX_REGISTRATION_MATERIAL_BYTES {
+        if bytes.len() > crate::MAX_REGISTRATION_MATERIAL_BYTES {
             return Err(Error::TooLarge(bytes.len()));
         }
         let material: Material = serde_json::from_slice(bytes).map_err(|_| Error::Undecodable)?;
@@ -156,7 +157,7 @@ mod tests {
 
     #[test]
     fn refuses_bad_material_without_quoting_it() {
-        let huge = vec![b'x'; proto::MAX_REGISTRATION_MATERIAL_BYTES + 1];
+        let huge = vec![b'x'; crate::MAX_REGISTRATION_MATERIAL_BYTES + 1];
         assert!(matches!(Material::decode(&huge, &BINDING), Err(Error::TooLarge(_))));
         let garbage = br#"{"v":1,"route":"s3cret-value"#;
         let err = Material::decode(garbage, &BINDING).unwrap_err();
