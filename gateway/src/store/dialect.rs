@@ -52,6 +52,15 @@ impl Backend {
         }
     }
 
+    /// Suffix that locks the selected rows for the rest of the transaction
+    /// (SQLite's `BEGIN IMMEDIATE` already holds the write lock).
+    pub(super) fn row_lock(self) -> &'static str {
+        match self {
+            Self::Postgres => " FOR UPDATE",
+            Self::Sqlite => "",
+        }
+    }
+
     pub(super) fn lock_lease_sql(self, mode: LockMode) -> String {
         let lock = match (self, mode) {
             (Self::Postgres, LockMode::Exclusive) => " FOR UPDATE",

@@ -483,44 +483,154 @@ impl Store {
             .collect()
     }
 
-    /// Activate a reserved ownership term: the compare-and-set a gateway
-    /// replica makes when the candidate presents a valid receipt. Succeeds
-    /// only while `term` is the route's current term and names `process_id`;
-    /// repeating a successful activation is harmless.
-    pub async fn activate_assignment(&self, route: &str, term: i64, process_id: &str) -> Result<()> {
-        let sql = format!(
-            "UPDATE assignments SET phase = 'active', updated_at_ms = ({}) \
-             WHERE route = $1 AND term = $2 AND process_id = $3 AND phase = 'reserved'",
+    /// Record the one grant of a reserved term: only for the route's current
+    /// reserved term and its candidate process, and only once per term (a
+    /// second call fails even if the first caller lost the response).
+    pub async fn issue_grant(&self, grant: &GrantRecord) -> Result<()> {
+        let mut tx = self.pool.begin_with(self.backend.begin_sql()).await?;
+        let current = sqlx::query(&format!(
+            "SELECT term, process_id, phase FROM assignments WHERE route = $1{}",
+            self.backend.row_lock()
+        ))
+        .bind(&grant.route)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let refuse = |detail: String| Error::Conflict {
+            subject: format!("grant for {}", grant.route),
+            detail,
+        };
+        let Some(row) = current else {
+            return Err(refuse("the route has no assignment".into()));
+        };
+        let (term, process_id, phase): (i64, String, String) =
+            (row.try_get("term")?, row.try_get("process_id")?, row.try_get("phase")?);
+        if term != grant.term || phase != AssignmentPhase::Reserved.as_str() {
+            return Err(refuse(format!(
+                "term {} is not the reserved term (current: term {term}, {phase})",
+                grant.term
+            )));
+        }
+        if process_id != grant.process_id {
+            return Err(refuse("the term is reserved for another member process".into()));
+        }
+        let inserted = sqlx::query(&format!(
+            "INSERT INTO grants (route, term, jti, member, process_id, digest, issued_at_ms, expires_at_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6, ({}), $7) ON CONFLICT (route, term) DO NOTHING",
             self.backend.clock_expr()
+        ))
+        .bind(&grant.route)
+        .bind(grant.term)
+        .bind(&grant.jti)
+        .bind(&grant.member)
+        .bind(&grant.process_id)
+        .bind(&grant.digest)
+        .bind(grant.expires_at_ms)
+        .execute(&mut *tx)
+        .await?;
+        if inserted.rows_affected() == 0 {
+            return Err(refuse(format!(
+                "the grant of term {} was already issued (single use)",
+                grant.term
+            )));
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Activate a reserved ownership term by compare-and-set, when a receipt
+    /// proves the sidecar fenced for it: the term must still be the route's
+    /// reserved term for `process_id`, the receipt must be bound to the grant
+    /// minted for it (`jti`, `digest`), and `workload` must equal the
+    /// instance's checkpoint (adopted when none is recorded). Returns the
+    /// database time of the activation.
+    pub async fn activate(
+        &self,
+        route: &str,
+        term: i64,
+        process_id: &str,
+        jti: &str,
+        digest: &[u8],
+        workload: &Checkpoint,
+    ) -> Result<i64> {
+        let mut tx = self.pool.begin_with(self.backend.begin_sql()).await?;
+        let lock = self.backend.row_lock();
+        let refuse = |detail: &str| Error::Conflict {
+            subject: format!("activation of {route} at term {term}"),
+            detail: detail.to_owned(),
+        };
+        let assignment = sqlx::query(&format!(
+            "SELECT term, process_id, phase FROM assignments WHERE route = $1{lock}"
+        ))
+        .bind(route)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or_else(|| refuse("term no longer current"))?;
+        let (current, owner, phase): (i64, String, String) = (
+            assignment.try_get("term")?,
+            assignment.try_get("process_id")?,
+            assignment.try_get("phase")?,
         );
-        let done = sqlx::query(&sql)
+        if current != term || owner != process_id {
+            return Err(refuse("term no longer current"));
+        }
+        if phase == AssignmentPhase::Active.as_str() {
+            return Err(refuse("already activated"));
+        }
+        let grant = sqlx::query("SELECT jti, digest FROM grants WHERE route = $1 AND term = $2")
             .bind(route)
             .bind(term)
-            .bind(process_id)
-            .execute(&self.pool)
+            .fetch_optional(&mut *tx)
             .await?;
-        if done.rows_affected() > 0 {
-            return Ok(());
-        }
-        let current = sqlx::query("SELECT term, process_id, phase FROM assignments WHERE route = $1")
-            .bind(route)
-            .fetch_optional(&self.pool)
-            .await?;
-        let found = match current {
-            Some(r) => {
-                let (t, p, phase): (i64, String, String) =
-                    (r.try_get("term")?, r.try_get("process_id")?, r.try_get("phase")?);
-                if t == term && p == process_id && phase == AssignmentPhase::Active.as_str() {
-                    return Ok(());
-                }
-                format!("term {t} ({phase})")
-            }
-            None => "no assignment".into(),
+        let bound = match &grant {
+            Some(g) => g.try_get::<String, _>("jti")? == jti && g.try_get::<Vec<u8>, _>("digest")? == digest,
+            None => false,
         };
-        Err(Error::Conflict {
-            subject: format!("activation of {route}"),
-            detail: format!("expected reserved term {term}, found {found}"),
-        })
+        if !bound {
+            return Err(refuse(
+                "the receipt is not bound to the grant minted for this reservation",
+            ));
+        }
+        let instance = sqlx::query(&format!(
+            "SELECT checkpoint_pid, checkpoint_start_ticks, checkpoint_exe_digest FROM instances WHERE route = $1{lock}"
+        ))
+        .bind(route)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or_else(|| refuse("the instance is not registered"))?;
+        let recorded = Checkpoint {
+            pid: instance.try_get::<Option<i64>, _>("checkpoint_pid")?.unwrap_or(0),
+            start_ticks: instance
+                .try_get::<Option<i64>, _>("checkpoint_start_ticks")?
+                .unwrap_or(0),
+            exe_digest: instance
+                .try_get::<Option<Vec<u8>>, _>("checkpoint_exe_digest")?
+                .unwrap_or_default(),
+        };
+        if !recorded.is_empty() && &recorded != workload {
+            return Err(refuse("workload identity differs from checkpoint"));
+        }
+        let now_ms: i64 = sqlx::query_scalar(&format!("SELECT {}", self.backend.clock_expr()))
+            .fetch_one(&mut *tx)
+            .await?;
+        sqlx::query("UPDATE assignments SET phase = 'active', updated_at_ms = $2 WHERE route = $1")
+            .bind(route)
+            .bind(now_ms)
+            .execute(&mut *tx)
+            .await?;
+        if recorded.is_empty() && !workload.is_empty() {
+            sqlx::query(
+                "UPDATE instances SET checkpoint_pid = $2, checkpoint_start_ticks = $3, checkpoint_exe_digest = $4 \
+                 WHERE route = $1",
+            )
+            .bind(route)
+            .bind(workload.pid)
+            .bind(workload.start_ticks)
+            .bind(&workload.exe_digest)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(now_ms)
     }
 
     // ---- coordinator records (written only through `write_fenced`) --------

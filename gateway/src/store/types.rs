@@ -149,6 +149,33 @@ pub enum Registered {
     Withdrawn { generation: i64 },
 }
 
+/// A recovery grant as the ledger records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrantRecord {
+    pub route: String,
+    pub term: i64,
+    pub jti: String,
+    pub member: String,
+    pub process_id: String,
+    /// SHA-256 of the compact grant.
+    pub digest: Vec<u8>,
+    pub expires_at_ms: i64,
+}
+
+/// The workload process an activation vouches for.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Checkpoint {
+    pub pid: i64,
+    pub start_ticks: i64,
+    pub exe_digest: Vec<u8>,
+}
+
+impl Checkpoint {
+    pub fn is_empty(&self) -> bool {
+        self.pid == 0 && self.start_ticks == 0 && self.exe_digest.is_empty()
+    }
+}
+
 /// The latest status an owner reported for a route, at a term.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Report {

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use gateway::store::{
-    Acquire, Assignment, AssignmentPhase, Error, Fence, FencedWrite, Lease, MemberUpdate, Operation, OperationKind,
-    OperationPhase, Registered, Registration, Report, SecretBytes, SigningKey, Store,
+    Acquire, Assignment, AssignmentPhase, Checkpoint, Error, Fence, FencedWrite, GrantRecord, Lease, MemberUpdate,
+    Operation, OperationKind, OperationPhase, Registered, Registration, Report, SecretBytes, SigningKey, Store,
 };
 use tokio::sync::Mutex;
 
@@ -378,33 +378,11 @@ pub async fn assignment_compare_and_set(db: &TestDb) {
     let a = &db.store.list_assignments().await.unwrap()[0];
     assert_eq!((a.member.as_str(), a.process_id.as_str(), a.term), ("m2", "m2-p1", 2));
     assert_eq!((a.phase, a.coordinator_term), (AssignmentPhase::Reserved, lease.term));
-    // Activation: only the reserved term's candidate process, at that term.
-    assert!(matches!(
-        db.store.activate_assignment("r1", 1, "m2-p1").await,
-        Err(Error::Conflict { .. })
-    ));
-    assert!(matches!(
-        db.store.activate_assignment("r1", 2, "m1-p1").await,
-        Err(Error::Conflict { .. })
-    ));
-    db.store.activate_assignment("r1", 2, "m2-p1").await.unwrap();
-    db.store
-        .activate_assignment("r1", 2, "m2-p1")
-        .await
-        .expect("repeating an activation is harmless");
-    assert_eq!(
-        db.store.list_assignments().await.unwrap()[0].phase,
-        AssignmentPhase::Active
-    );
-    // A later reservation resets the phase; activation of the old term now fails.
+    // A later reservation moves the term on; the old term is gone.
     db.store
         .write_fenced(&lease, &[put(Some(2), assignment("r1", "m3", 3))])
         .await
         .unwrap();
-    assert!(matches!(
-        db.store.activate_assignment("r1", 2, "m2-p1").await,
-        Err(Error::Conflict { .. })
-    ));
     // Unassign needs the current term.
     let unassign = |expected_term| FencedWrite::Unassign {
         route: "r1".into(),
@@ -416,6 +394,110 @@ pub async fn assignment_compare_and_set(db: &TestDb) {
     ));
     db.store.write_fenced(&lease, &[unassign(3)]).await.unwrap();
     assert!(db.store.list_assignments().await.unwrap().is_empty());
+}
+
+pub async fn grants_are_single_use_and_activation_is_a_compare_and_set(db: &TestDb) {
+    let lease = acquire(&db.store, "gw-a/1", LONG).await;
+    let registration = Registration {
+        route: "r1".into(),
+        namespace: "ns".into(),
+        name: "n".into(),
+        uid: "u".into(),
+        material: SecretBytes(vec![1]),
+    };
+    db.store.register_instance(&registration).await.unwrap();
+    let reserve = |expected_term, next| FencedWrite::Assign { expected_term, next };
+    db.store
+        .write_fenced(&lease, &[reserve(None, assignment("r1", "m1", 1))])
+        .await
+        .unwrap();
+    let grant = |term: i64, process: &str, jti: &str| GrantRecord {
+        route: "r1".into(),
+        term,
+        jti: jti.into(),
+        member: "m1".into(),
+        process_id: process.into(),
+        digest: vec![term as u8; 32],
+        expires_at_ms: i64::MAX,
+    };
+    let conflict = |r: Result<(), Error>| matches!(r, Err(Error::Conflict { .. }));
+    assert!(
+        conflict(db.store.issue_grant(&grant(2, "m1-p1", "j0")).await),
+        "not the reserved term"
+    );
+    assert!(
+        conflict(db.store.issue_grant(&grant(1, "other", "j0")).await),
+        "not the candidate"
+    );
+    db.store.issue_grant(&grant(1, "m1-p1", "j1")).await.unwrap();
+    assert!(
+        conflict(db.store.issue_grant(&grant(1, "m1-p1", "j2")).await),
+        "single use"
+    );
+
+    let process = Checkpoint {
+        pid: 42,
+        start_ticks: 7,
+        exe_digest: vec![9; 32],
+    };
+    let activate = |term, process_id: &'static str, jti: &'static str, digest: Vec<u8>, who: Checkpoint| {
+        let store = db.store.clone();
+        async move { store.activate("r1", term, process_id, jti, &digest, &who).await }
+    };
+    let refused = |r: Result<i64, Error>, why: &str| match r {
+        Err(Error::Conflict { detail, .. }) => assert!(detail.contains(why), "{detail} (wanted {why})"),
+        other => panic!("expected a refusal ({why}), got {other:?}"),
+    };
+    refused(
+        activate(1, "m1-p1", "j2", vec![1; 32], process.clone()).await,
+        "not bound to the grant",
+    );
+    refused(
+        activate(1, "m1-p1", "j1", vec![0; 32], process.clone()).await,
+        "not bound to the grant",
+    );
+    refused(
+        activate(1, "other", "j1", vec![1; 32], process.clone()).await,
+        "term no longer current",
+    );
+    let activated_at = activate(1, "m1-p1", "j1", vec![1; 32], process.clone()).await.unwrap();
+    assert!(activated_at > 0);
+    assert_eq!(
+        db.store.list_assignments().await.unwrap()[0].phase,
+        AssignmentPhase::Active
+    );
+    refused(
+        activate(1, "m1-p1", "j1", vec![1; 32], process.clone()).await,
+        "already activated",
+    );
+
+    // The next owner must present the same process.
+    db.store
+        .write_fenced(&lease, &[reserve(Some(1), assignment("r1", "m2", 2))])
+        .await
+        .unwrap();
+    let mut next = grant(2, "m2-p1", "j3");
+    next.member = "m2".into();
+    db.store.issue_grant(&next).await.unwrap();
+    let impostor = Checkpoint {
+        pid: 43,
+        ..process.clone()
+    };
+    refused(
+        activate(2, "m2-p1", "j3", vec![2; 32], impostor).await,
+        "workload identity differs",
+    );
+    assert_eq!(
+        db.store.list_assignments().await.unwrap()[0].phase,
+        AssignmentPhase::Reserved,
+        "refusal changes nothing"
+    );
+    activate(2, "m2-p1", "j3", vec![2; 32], process).await.unwrap();
+    // An activation of the superseded term fails.
+    refused(
+        activate(1, "m1-p1", "j1", vec![1; 32], Checkpoint::default()).await,
+        "term no longer current",
+    );
 }
 
 pub async fn operations_are_adopted_unchanged(db: &TestDb) {

@@ -1,0 +1,319 @@
+//! Command line and environment settings of a pool member, and the supervisor token file.
+//!
+//! Every setting has an environment fallback; validation errors name the environment variable
+//! to fix, because that is what operators set (Kubernetes manifests, local scripts).
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use clap::{Parser, ValueEnum};
+use tonic::codegen::http::Uri;
+
+pub const MEMBER_ENV: &str = "OPENSHELL_SUPERVISOR_POOL_MEMBER";
+pub const RUNTIME_ADDRESS_ENV: &str = "OPENSHELL_SUPERVISOR_POOL_RUNTIME_ADDRESS";
+pub const CAPACITY_ENV: &str = "OPENSHELL_SUPERVISOR_POOL_CAPACITY";
+pub const RUNTIME_LISTEN_ENV: &str = "OPENSHELL_SUPERVISOR_RUNTIME_LISTEN";
+pub const GATEWAY_ENDPOINTS_ENV: &str = "OPENSHELL_GATEWAY_ENDPOINTS";
+pub const TOKEN_FILE_ENV: &str = "OPENSHELL_SUPERVISOR_TOKEN_FILE";
+
+/// Longest member name (DNS-1123 subdomain) and runtime address, in bytes (host.proto Hello).
+const MAX_MEMBER_BYTES: usize = 253;
+const MAX_RUNTIME_ADDRESS_BYTES: usize = 256;
+/// A supervisor token is a compact JWT of a few hundred bytes; refuse to read anything huge.
+const MAX_TOKEN_FILE_BYTES: u64 = 64 * 1024;
+
+/// Settings of one pool member process.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "supervisor", version, about = "Shared-supervision pool member")]
+pub struct Config {
+    /// Stable member name: the supervisor Pod name in Kubernetes (DNS-1123 subdomain).
+    /// Required.
+    #[arg(long, env = MEMBER_ENV, default_value = "", hide_default_value = true)]
+    pub member: String,
+
+    /// gRPC URI where sidecars reach this member's runtime service, published in the route
+    /// directory (e.g. http://10.1.2.3:50061). Default: http://<bound runtime listen address>.
+    #[arg(long, env = RUNTIME_ADDRESS_ENV)]
+    pub runtime_address: Option<String>,
+
+    /// Most instances this member hosts (1..=256).
+    #[arg(long, env = CAPACITY_ENV, default_value_t = proto::MAX_INSTANCES_PER_MEMBER)]
+    pub capacity: u32,
+
+    /// Listen address of the runtime service (sidecar streams). Port 0 picks a free port.
+    #[arg(long, env = RUNTIME_LISTEN_ENV, default_value = "127.0.0.1:0")]
+    pub runtime_listen: SocketAddr,
+
+    /// Gateway replica URIs, comma-separated (e.g. http://gw-0:50051,http://gw-1:50051).
+    #[arg(long, env = GATEWAY_ENDPOINTS_ENV, value_delimiter = ',', required = true)]
+    pub gateway_endpoints: Vec<String>,
+
+    /// File holding the supervisor token (a JWT), re-read before every (re)connect. Unset:
+    /// connect without a token (only useful against a gateway without authentication).
+    #[arg(long, env = TOKEN_FILE_ENV)]
+    pub token_file: Option<PathBuf>,
+
+    /// Log format.
+    #[arg(long, env = "OPENSHELL_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{MEMBER_ENV} is not set: give this member its stable name (its Pod name in Kubernetes)")]
+    MemberMissing,
+    #[error("{MEMBER_ENV}={0:?} is not a valid member name: {1}")]
+    MemberInvalid(String, &'static str),
+    #[error("{CAPACITY_ENV}={0} is out of range: must be 1..={max}", max = proto::MAX_INSTANCES_PER_MEMBER)]
+    Capacity(u32),
+    #[error("{GATEWAY_ENDPOINTS_ENV} is empty: give at least one gateway replica URI")]
+    NoEndpoints,
+    #[error("{GATEWAY_ENDPOINTS_ENV}: {0:?} is not a gateway URI: {1}")]
+    Endpoint(String, &'static str),
+    #[error("{RUNTIME_ADDRESS_ENV}={0:?} is not a runtime address: {1}")]
+    RuntimeAddress(String, &'static str),
+    #[error(
+        "{RUNTIME_ADDRESS_ENV} must be set when {RUNTIME_LISTEN_ENV} ({0}) is a wildcard address: \
+         sidecars need an address they can dial"
+    )]
+    WildcardListen(SocketAddr),
+}
+
+impl Config {
+    /// Checks every setting; the error names the environment variable to fix.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        validate_member(&self.member)?;
+        if !(1..=proto::MAX_INSTANCES_PER_MEMBER).contains(&self.capacity) {
+            return Err(ConfigError::Capacity(self.capacity));
+        }
+        let endpoints = self.endpoints();
+        if endpoints.is_empty() {
+            return Err(ConfigError::NoEndpoints);
+        }
+        for endpoint in endpoints {
+            check_uri(endpoint, false).map_err(|why| ConfigError::Endpoint(endpoint.to_owned(), why))?;
+        }
+        if let Some(address) = &self.runtime_address {
+            check_runtime_address(address)?;
+        }
+        Ok(())
+    }
+
+    /// Gateway endpoints, trimmed, empty entries skipped.
+    pub fn endpoints(&self) -> Vec<&str> {
+        self.gateway_endpoints
+            .iter()
+            .map(|e| e.trim())
+            .filter(|e| !e.is_empty())
+            .collect()
+    }
+
+    /// The runtime address published in Hello: the configured one, or derived from the bound
+    /// runtime listener.
+    pub fn runtime_address_for(&self, bound: SocketAddr) -> Result<String, ConfigError> {
+        if let Some(address) = &self.runtime_address {
+            check_runtime_address(address)?;
+            return Ok(address.clone());
+        }
+        if bound.ip().is_unspecified() {
+            return Err(ConfigError::WildcardListen(bound));
+        }
+        Ok(format!("http://{bound}"))
+    }
+}
+
+fn validate_member(member: &str) -> Result<(), ConfigError> {
+    if member.is_empty() {
+        return Err(ConfigError::MemberMissing);
+    }
+    let invalid = |why| Err(ConfigError::MemberInvalid(member.to_owned(), why));
+    if member.len() > MAX_MEMBER_BYTES {
+        return invalid("longer than 253 bytes");
+    }
+    for label in member.split('.') {
+        let bytes = label.as_bytes();
+        if bytes.is_empty() {
+            return invalid("empty DNS label");
+        }
+        if !bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        {
+            return invalid("must be a DNS-1123 subdomain: lowercase letters, digits, '-' and '.'");
+        }
+        if bytes.first() == Some(&b'-') || bytes.last() == Some(&b'-') {
+            return invalid("DNS labels must start and end with a letter or digit");
+        }
+    }
+    Ok(())
+}
+
+fn check_runtime_address(address: &str) -> Result<(), ConfigError> {
+    let invalid = |why| Err(ConfigError::RuntimeAddress(address.to_owned(), why));
+    if address.is_empty() || address.len() > MAX_RUNTIME_ADDRESS_BYTES {
+        return invalid("must be 1..=256 bytes");
+    }
+    check_uri(address, true).or_else(invalid)
+}
+
+/// A gRPC endpoint URI: http scheme (TLS is not configured yet), a host, optionally a required
+/// port.
+fn check_uri(uri: &str, port_required: bool) -> Result<(), &'static str> {
+    let parsed: Uri = uri.parse().map_err(|_| "not a URI")?;
+    if parsed.scheme_str() != Some("http") {
+        return Err("the scheme must be http:// (TLS is not supported yet)");
+    }
+    if parsed.host().is_none_or(str::is_empty) {
+        return Err("no host");
+    }
+    if port_required && parsed.port_u16().is_none() {
+        return Err("no port");
+    }
+    Ok(())
+}
+
+/// The supervisor token. A secret: no `Display`, redacted `Debug`.
+#[derive(Clone)]
+pub struct Token(String);
+
+impl Token {
+    /// The token text, for the `authorization` metadata only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    #[error("cannot read the supervisor token file {path} ({TOKEN_FILE_ENV}): {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("the supervisor token file {path} ({TOKEN_FILE_ENV}) is {problem}")]
+    Content { path: String, problem: &'static str },
+}
+
+/// Reads the token file (bounded size, surrounding whitespace trimmed). Errors never quote
+/// the content.
+pub async fn read_token(path: &Path) -> Result<Token, TokenError> {
+    use tokio::io::AsyncReadExt;
+    let shown = || path.display().to_string();
+    let read = async {
+        let file = tokio::fs::File::open(path).await?;
+        let mut bytes = Vec::new();
+        file.take(MAX_TOKEN_FILE_BYTES + 1).read_to_end(&mut bytes).await?;
+        Ok::<_, std::io::Error>(bytes)
+    };
+    let bytes = read
+        .await
+        .map_err(|source| TokenError::Read { path: shown(), source })?;
+    let problem = |problem| TokenError::Content { path: shown(), problem };
+    if bytes.len() as u64 > MAX_TOKEN_FILE_BYTES {
+        return Err(problem("larger than 64 KiB"));
+    }
+    let text = String::from_utf8(bytes).map_err(|_| problem("not UTF-8"))?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(problem("empty"));
+    }
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(problem("not a single printable ASCII token"));
+    }
+    Ok(Token(token.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Config {
+        let mut all = vec!["supervisor"];
+        all.extend_from_slice(args);
+        if !args.contains(&"--gateway-endpoints") {
+            all.extend(["--gateway-endpoints", "http://127.0.0.1:50051"]);
+        }
+        Config::try_parse_from(all).unwrap()
+    }
+
+    #[test]
+    fn defaults_and_valid_settings() {
+        let config = parse(&["--member", "supervisor-0.pool"]);
+        config.validate().unwrap();
+        assert_eq!(config.capacity, 256);
+        assert_eq!(config.runtime_listen.to_string(), "127.0.0.1:0");
+        let bound: SocketAddr = "127.0.0.1:4711".parse().unwrap();
+        assert_eq!(config.runtime_address_for(bound).unwrap(), "http://127.0.0.1:4711");
+    }
+
+    #[test]
+    fn endpoints_are_comma_separated() {
+        let config = parse(&["--member", "m", "--gateway-endpoints", "http://a:1, http://b:2,"]);
+        assert_eq!(config.endpoints(), vec!["http://a:1", "http://b:2"]);
+        config.validate().unwrap();
+    }
+
+    #[test]
+    fn invalid_settings_name_their_variable() {
+        for (args, variable) in [
+            (vec![], MEMBER_ENV),
+            (vec!["--member", "Supervisor_0"], MEMBER_ENV),
+            (vec!["--member=-a"], MEMBER_ENV),
+            (vec!["--member", "a..b"], MEMBER_ENV),
+            (vec!["--member", "m", "--capacity", "0"], CAPACITY_ENV),
+            (vec!["--member", "m", "--capacity", "257"], CAPACITY_ENV),
+            (
+                vec!["--member", "m", "--gateway-endpoints", "gw:50051"],
+                GATEWAY_ENDPOINTS_ENV,
+            ),
+            (
+                vec!["--member", "m", "--gateway-endpoints", " , "],
+                GATEWAY_ENDPOINTS_ENV,
+            ),
+            (
+                vec!["--member", "m", "--runtime-address", "http://10.0.0.1"],
+                RUNTIME_ADDRESS_ENV,
+            ),
+        ] {
+            let err = parse(&args).validate().unwrap_err().to_string();
+            assert!(err.contains(variable), "{args:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn wildcard_listen_needs_an_explicit_runtime_address() {
+        let config = parse(&["--member", "m", "--runtime-listen", "0.0.0.0:50061"]);
+        let bound: SocketAddr = "0.0.0.0:50061".parse().unwrap();
+        let err = config.runtime_address_for(bound).unwrap_err().to_string();
+        assert!(err.contains(RUNTIME_ADDRESS_ENV), "{err}");
+        let config = parse(&["--member", "m", "--runtime-address", "http://10.1.2.3:50061"]);
+        assert_eq!(config.runtime_address_for(bound).unwrap(), "http://10.1.2.3:50061");
+    }
+
+    #[tokio::test]
+    async fn token_file_is_trimmed_and_never_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, "header.claims.signature\n").unwrap();
+        let token = read_token(&path).await.unwrap();
+        assert_eq!(token.expose(), "header.claims.signature");
+        assert!(!format!("{token:?}").contains("claims"));
+
+        std::fs::write(&path, "secret part\n").unwrap();
+        let err = read_token(&path).await.unwrap_err().to_string();
+        assert!(err.contains(TOKEN_FILE_ENV) && !err.contains("secret"), "{err}");
+        std::fs::write(&path, "  \n").unwrap();
+        assert!(read_token(&path).await.is_err());
+        assert!(read_token(&dir.path().join("missing")).await.is_err());
+    }
+}

@@ -1,0 +1,196 @@
+//! The sessions a member hosts: the pure snapshot planner ([`plan`]) and the runtime side that
+//! executes its actions, one [`session`] task per instance, and builds status reports.
+
+pub mod plan;
+pub mod session;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use prost::Message;
+use proto::common::v1::InstancePhase;
+use proto::host::v1::{InstanceStatus, Snapshot, StatusReport};
+use tokio::sync::Notify;
+
+use self::plan::{Action, Sessions};
+use self::session::{SessionEvent, SessionHandle};
+
+/// The running sessions of one member process, owned by the host stream loop.
+pub(crate) struct SessionSet {
+    member: String,
+    capacity: usize,
+    live: BTreeMap<String, SessionHandle>,
+    /// Sessions told to stop or relinquish, kept until a report has shown their final phase.
+    ending: Vec<(String, SessionHandle)>,
+    changed: Arc<Notify>,
+}
+
+impl SessionSet {
+    pub(crate) fn new(member: &str, capacity: u32) -> Self {
+        Self {
+            member: member.to_owned(),
+            capacity: usize::try_from(capacity).unwrap_or(usize::MAX),
+            live: BTreeMap::new(),
+            ending: Vec::new(),
+            changed: Arc::new(Notify::new()),
+        }
+    }
+
+    /// Notified whenever a session's status changes.
+    pub(crate) fn changed(&self) -> Arc<Notify> {
+        Arc::clone(&self.changed)
+    }
+
+    /// True when nothing is hosted and every ended session's final phase was reported.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.live.is_empty() && self.ending.is_empty()
+    }
+
+    pub(crate) fn hosted(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Plans `snapshot` against the held sessions and executes the actions.
+    pub(crate) fn apply(&mut self, snapshot: &Snapshot) {
+        let held: Sessions = self
+            .live
+            .iter()
+            .map(|(route, s)| (route.clone(), s.held().clone()))
+            .collect();
+        for action in plan::apply(&held, snapshot) {
+            self.execute(action);
+        }
+    }
+
+    fn execute(&mut self, action: Action) {
+        match action {
+            Action::Stop { route } => self.end(route, SessionEvent::Stop),
+            Action::Release { route } => self.end(route, SessionEvent::Relinquish),
+            Action::Move { route, assignment } | Action::Update { route, assignment } => {
+                if let Some(session) = self.live.get_mut(&route) {
+                    session.send(SessionEvent::Ownership(assignment));
+                }
+            }
+            Action::Host {
+                route,
+                instance,
+                assignment,
+            } => {
+                if self.live.len() >= self.capacity {
+                    tracing::warn!(%route, capacity = self.capacity, "snapshot exceeds capacity; not hosting");
+                    return;
+                }
+                let session = SessionHandle::spawn(&self.member, &route, instance, assignment, self.changed());
+                self.live.insert(route, session);
+            }
+        }
+    }
+
+    fn end(&mut self, route: String, event: SessionEvent) {
+        if let Some(mut session) = self.live.remove(&route) {
+            session.send(event);
+            self.ending.push((route, session));
+        }
+    }
+
+    /// The complete status of this process's instances, bounded to
+    /// [`proto::MAX_STATUS_REPORT_BYTES`]. Ended sessions appear until one report has shown
+    /// their final phase.
+    pub(crate) fn report(&mut self, applied_revision: u64) -> StatusReport {
+        let mut instances: Vec<InstanceStatus> = self.live.values().map(SessionHandle::status).collect();
+        for (route, session) in std::mem::take(&mut self.ending) {
+            // Judge the status that goes into this report, not a newer one.
+            let status = session.status();
+            let reported_final = InstancePhase::from_wire(status.phase).is_terminal();
+            if !self.live.contains_key(&route) {
+                instances.push(status);
+            }
+            if !reported_final {
+                self.ending.push((route, session));
+            }
+        }
+        bounded(StatusReport {
+            instances,
+            applied_revision,
+        })
+    }
+
+    /// Ends every session task without stopping or releasing anything (the member exits).
+    pub(crate) fn abandon(&mut self) {
+        for session in self.live.values().chain(self.ending.iter().map(|(_, s)| s)) {
+            session.abandon();
+        }
+        self.live.clear();
+        self.ending.clear();
+    }
+}
+
+/// Shrinks the free-text messages (never the entries: absence means "not hosted") until the
+/// report fits [`proto::MAX_STATUS_REPORT_BYTES`]. Messages are truncated on UTF-8 boundaries.
+fn bounded(mut report: StatusReport) -> StatusReport {
+    let mut limit = proto::MAX_STATUS_MESSAGE_BYTES;
+    loop {
+        for status in &mut report.instances {
+            truncate_utf8(&mut status.message, limit);
+        }
+        if report.encoded_len() <= proto::MAX_STATUS_REPORT_BYTES || limit == 0 {
+            return report;
+        }
+        limit /= 2;
+    }
+}
+
+fn truncate_utf8(text: &mut String, max: usize) {
+    if text.len() > max {
+        let cut = (0..=max).rev().find(|i| text.is_char_boundary(*i)).unwrap_or(0);
+        text.truncate(cut);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proto::common::v1::InstanceRef;
+
+    use super::*;
+
+    #[test]
+    fn truncation_keeps_utf8_boundaries() {
+        let mut text = "ééé".to_owned(); // 6 bytes
+        truncate_utf8(&mut text, 3);
+        assert_eq!(text, "é");
+        let mut short = "ok".to_owned();
+        truncate_utf8(&mut short, 512);
+        assert_eq!(short, "ok");
+    }
+
+    #[test]
+    fn oversized_reports_shrink_messages_but_keep_every_entry() {
+        let big = |i: usize| InstanceStatus {
+            route: format!("{i:0>250}"),
+            instance: Some(InstanceRef {
+                namespace: "n".repeat(63),
+                name: "p".repeat(253),
+                uid: "u".repeat(64),
+                generation: 1,
+            }),
+            term: 1,
+            phase: 2,
+            message: "m".repeat(2000),
+            ..Default::default()
+        };
+        let report = StatusReport {
+            instances: (0..256).map(big).collect(),
+            applied_revision: 1,
+        };
+        assert!(report.encoded_len() > proto::MAX_STATUS_REPORT_BYTES);
+        let report = bounded(report);
+        assert_eq!(report.instances.len(), 256);
+        assert!(report.encoded_len() <= proto::MAX_STATUS_REPORT_BYTES);
+        assert!(
+            report
+                .instances
+                .iter()
+                .all(|s| s.message.len() <= proto::MAX_STATUS_MESSAGE_BYTES)
+        );
+    }
+}

@@ -1,0 +1,447 @@
+//! The pure snapshot planner: what applying a snapshot means for the sessions a member holds.
+//!
+//! [`apply`] compares the held sessions with a snapshot and returns the actions to execute, per
+//! route (host.proto `Snapshot`):
+//! - listed in `stop_routes` and held: [`Action::Stop`] (stop wins over the same route in
+//!   `instances`);
+//! - listed in `keep_routes`, or in `instances` with phase UNSPECIFIED or an invalid entry:
+//!   nothing (keep what the member does);
+//! - listed in `instances` and not held: [`Action::Host`]; held for another instance (another
+//!   generation under the route): [`Action::Release`] of the old one, then [`Action::Host`];
+//!   at a higher term: [`Action::Move`]; at the same term with a newly active phase or newly
+//!   carried material: [`Action::Update`]; at a lower term: nothing (ignored);
+//! - held and listed nowhere: [`Action::Release`]. Omission means release, never stop.
+//!
+//! Empty credentials never revoke held material: the assignment then carries `None`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use proto::common::v1::InstanceRef;
+use proto::host::v1::{OwnershipPhase, Snapshot};
+
+/// Whether a term is held as a pending takeover or activated (host.proto `OwnershipPhase`
+/// without UNSPECIFIED, which the planner treats as keep).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum TermPhase {
+    Reserved,
+    Active,
+}
+
+/// Launch material of one instance (`OwnedInstance.credentials`). A secret: redacted `Debug`,
+/// no `Display`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials(Vec<u8>);
+
+impl Credentials {
+    /// `None` for empty material ("keep what you hold").
+    pub fn from_wire(bytes: &[u8]) -> Option<Self> {
+        (!bytes.is_empty()).then(|| Self(bytes.to_vec()))
+    }
+
+    /// The material, for the session's takeover only.
+    pub fn expose(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Credentials(<redacted, {} bytes>)", self.0.len())
+    }
+}
+
+/// What a snapshot assigns to a route: a term, its phase and (when carried) the material.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    pub term: u64,
+    pub phase: TermPhase,
+    pub credentials: Option<Credentials>,
+}
+
+/// What the member holds for one route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    pub instance: InstanceRef,
+    pub term: u64,
+    pub phase: TermPhase,
+    pub has_credentials: bool,
+}
+
+/// The sessions a member holds, by route (sessions still running; ended ones are not held).
+pub type Sessions = BTreeMap<String, Held>;
+
+/// One step of applying a snapshot. Executed in the order returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Stop the workload and end the session (`stop_routes`).
+    Stop { route: String },
+    /// Give up ownership without stopping the workload, and end the session (omitted route).
+    Release { route: String },
+    /// Start a session for an instance not held yet.
+    Host {
+        route: String,
+        instance: InstanceRef,
+        assignment: Assignment,
+    },
+    /// Move a held session to a higher term.
+    Move { route: String, assignment: Assignment },
+    /// Same term: the phase became active, or material arrived for the first time.
+    Update { route: String, assignment: Assignment },
+}
+
+/// Plans a snapshot against the held sessions. Pure: no I/O, no clock.
+pub fn apply(current: &Sessions, snapshot: &Snapshot) -> Vec<Action> {
+    let stops: BTreeSet<&str> = snapshot.stop_routes.iter().map(String::as_str).collect();
+    let mut mentioned: BTreeSet<&str> = stops.iter().copied().collect();
+    mentioned.extend(snapshot.keep_routes.iter().map(String::as_str));
+
+    let mut stop_actions = Vec::new();
+    let mut release_actions = Vec::new();
+    let mut moves = Vec::new();
+    let mut hosts = Vec::new();
+
+    for route in &stops {
+        if current.contains_key(*route) {
+            stop_actions.push(Action::Stop {
+                route: (*route).to_owned(),
+            });
+        }
+    }
+
+    for owned in &snapshot.instances {
+        let route = owned.route.as_str();
+        // Stop wins; a duplicate entry is ignored after the first one.
+        if !mentioned.insert(route) {
+            continue;
+        }
+        let phase = match OwnershipPhase::try_from(owned.phase) {
+            Ok(OwnershipPhase::Reserved) => TermPhase::Reserved,
+            Ok(OwnershipPhase::Active) => TermPhase::Active,
+            // UNSPECIFIED or unknown: like keep_routes.
+            Ok(OwnershipPhase::Unspecified) | Err(_) => continue,
+        };
+        let Some(instance) = owned.instance.as_ref().filter(|_| owned.term >= 1 && !route.is_empty()) else {
+            continue; // An invalid entry never releases or replaces what is held.
+        };
+        let assignment = Assignment {
+            term: owned.term,
+            phase,
+            credentials: Credentials::from_wire(&owned.credentials),
+        };
+        let route = route.to_owned();
+        match current.get(&route) {
+            None => hosts.push(Action::Host {
+                route,
+                instance: instance.clone(),
+                assignment,
+            }),
+            Some(held) if held.instance != *instance => {
+                release_actions.push(Action::Release { route: route.clone() });
+                hosts.push(Action::Host {
+                    route,
+                    instance: instance.clone(),
+                    assignment,
+                });
+            }
+            Some(held) if assignment.term > held.term => moves.push(Action::Move { route, assignment }),
+            Some(held) if assignment.term == held.term => {
+                let activates = assignment.phase > held.phase;
+                let brings_material = assignment.credentials.is_some() && !held.has_credentials;
+                if activates || brings_material {
+                    // Never step back from an activated term to a reserved one.
+                    let assignment = Assignment {
+                        phase: assignment.phase.max(held.phase),
+                        ..assignment
+                    };
+                    moves.push(Action::Update { route, assignment });
+                }
+            }
+            Some(_) => {} // A lower term than held: ignored.
+        }
+    }
+
+    for route in current.keys() {
+        if !mentioned.contains(route.as_str()) {
+            release_actions.push(Action::Release { route: route.clone() });
+        }
+    }
+
+    stop_actions
+        .into_iter()
+        .chain(release_actions)
+        .chain(moves)
+        .chain(hosts)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use proto::host::v1::OwnedInstance;
+
+    use super::*;
+
+    fn instance(name: &str, generation: u64) -> InstanceRef {
+        InstanceRef {
+            namespace: "team-a".into(),
+            name: name.into(),
+            uid: format!("uid-{name}-{generation}"),
+            generation,
+        }
+    }
+
+    fn owned(route: &str, term: u64, phase: OwnershipPhase, credentials: &[u8]) -> OwnedInstance {
+        OwnedInstance {
+            route: route.into(),
+            instance: Some(instance(route, 1)),
+            term,
+            phase: phase as i32,
+            credentials: credentials.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    fn held(route: &str, term: u64, phase: TermPhase) -> (String, Held) {
+        let held = Held {
+            instance: instance(route, 1),
+            term,
+            phase,
+            has_credentials: true,
+        };
+        (route.to_owned(), held)
+    }
+
+    fn snapshot(instances: Vec<OwnedInstance>, stop: &[&str], keep: &[&str]) -> Snapshot {
+        Snapshot {
+            revision: 1,
+            instances,
+            stop_routes: stop.iter().map(|s| (*s).to_owned()).collect(),
+            keep_routes: keep.iter().map(|s| (*s).to_owned()).collect(),
+            ..Default::default()
+        }
+    }
+
+    fn assignment(term: u64, phase: TermPhase, credentials: Option<&[u8]>) -> Assignment {
+        Assignment {
+            term,
+            phase,
+            credentials: credentials.and_then(Credentials::from_wire),
+        }
+    }
+
+    #[test]
+    fn hosts_new_instances_at_their_term() {
+        let snap = snapshot(
+            vec![
+                owned("a", 1, OwnershipPhase::Active, b"cred-a"),
+                owned("b", 4, OwnershipPhase::Reserved, b""),
+            ],
+            &[],
+            &[],
+        );
+        assert_eq!(
+            apply(&Sessions::new(), &snap),
+            vec![
+                Action::Host {
+                    route: "a".into(),
+                    instance: instance("a", 1),
+                    assignment: assignment(1, TermPhase::Active, Some(b"cred-a")),
+                },
+                Action::Host {
+                    route: "b".into(),
+                    instance: instance("b", 1),
+                    assignment: assignment(4, TermPhase::Reserved, None),
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_held_instance_at_the_same_term_is_left_alone() {
+        let current = Sessions::from([held("a", 2, TermPhase::Active)]);
+        let snap = snapshot(vec![owned("a", 2, OwnershipPhase::Active, b"cred")], &[], &[]);
+        assert_eq!(apply(&current, &snap), vec![]);
+        // A lagging RESERVED view of a term already active does not step it back.
+        let snap = snapshot(vec![owned("a", 2, OwnershipPhase::Reserved, b"")], &[], &[]);
+        assert_eq!(apply(&current, &snap), vec![]);
+    }
+
+    #[test]
+    fn a_higher_term_moves_the_existing_session() {
+        let current = Sessions::from([held("a", 2, TermPhase::Active)]);
+        let snap = snapshot(vec![owned("a", 3, OwnershipPhase::Reserved, b"")], &[], &[]);
+        assert_eq!(
+            apply(&current, &snap),
+            vec![Action::Move {
+                route: "a".into(),
+                assignment: assignment(3, TermPhase::Reserved, None)
+            }]
+        );
+    }
+
+    #[test]
+    fn lower_terms_are_ignored_and_never_release() {
+        let current = Sessions::from([held("a", 5, TermPhase::Reserved)]);
+        let snap = snapshot(vec![owned("a", 4, OwnershipPhase::Active, b"old")], &[], &[]);
+        assert_eq!(apply(&current, &snap), vec![]);
+    }
+
+    #[test]
+    fn same_term_activation_and_first_material_update_the_session() {
+        let current = Sessions::from([held("a", 2, TermPhase::Reserved)]);
+        let snap = snapshot(vec![owned("a", 2, OwnershipPhase::Active, b"")], &[], &[]);
+        assert_eq!(
+            apply(&current, &snap),
+            vec![Action::Update {
+                route: "a".into(),
+                assignment: assignment(2, TermPhase::Active, None)
+            }]
+        );
+
+        let mut without_material = held("b", 1, TermPhase::Reserved);
+        without_material.1.has_credentials = false;
+        let current = Sessions::from([without_material]);
+        let snap = snapshot(vec![owned("b", 1, OwnershipPhase::Reserved, b"cred")], &[], &[]);
+        assert_eq!(
+            apply(&current, &snap),
+            vec![Action::Update {
+                route: "b".into(),
+                assignment: assignment(1, TermPhase::Reserved, Some(b"cred"))
+            }]
+        );
+    }
+
+    #[test]
+    fn empty_credentials_never_revoke_material() {
+        let current = Sessions::from([held("a", 1, TermPhase::Active)]);
+        let snap = snapshot(vec![owned("a", 1, OwnershipPhase::Active, b"")], &[], &[]);
+        assert_eq!(apply(&current, &snap), vec![]);
+        let snap = snapshot(vec![owned("a", 2, OwnershipPhase::Active, b"")], &[], &[]);
+        // The move carries no material: the session keeps what it holds.
+        assert_eq!(
+            apply(&current, &snap),
+            vec![Action::Move {
+                route: "a".into(),
+                assignment: assignment(2, TermPhase::Active, None)
+            }]
+        );
+    }
+
+    #[test]
+    fn stop_routes_stop_held_sessions_and_win_over_instances() {
+        let current = Sessions::from([held("a", 1, TermPhase::Active), held("b", 1, TermPhase::Active)]);
+        let snap = snapshot(
+            vec![
+                owned("a", 2, OwnershipPhase::Reserved, b""),
+                owned("b", 1, OwnershipPhase::Active, b""),
+            ],
+            &["a", "not-held"],
+            &[],
+        );
+        assert_eq!(apply(&current, &snap), vec![Action::Stop { route: "a".into() }]);
+    }
+
+    #[test]
+    fn omission_releases_and_never_stops() {
+        let current = Sessions::from([held("a", 1, TermPhase::Active), held("b", 1, TermPhase::Active)]);
+        let snap = snapshot(vec![owned("b", 1, OwnershipPhase::Active, b"")], &[], &[]);
+        assert_eq!(apply(&current, &snap), vec![Action::Release { route: "a".into() }]);
+        let empty = snapshot(vec![], &[], &[]);
+        assert_eq!(
+            apply(&current, &empty),
+            vec![
+                Action::Release { route: "a".into() },
+                Action::Release { route: "b".into() }
+            ]
+        );
+    }
+
+    #[test]
+    fn keep_routes_and_unspecified_phases_keep_what_is_held() {
+        let current = Sessions::from([held("a", 1, TermPhase::Active), held("b", 1, TermPhase::Reserved)]);
+        let snap = snapshot(vec![owned("b", 9, OwnershipPhase::Unspecified, b"")], &[], &["a", "c"]);
+        assert_eq!(apply(&current, &snap), vec![]);
+        // An unspecified phase for a route not held does not host it either.
+        let snap = snapshot(vec![owned("c", 1, OwnershipPhase::Unspecified, b"")], &[], &["a", "b"]);
+        assert_eq!(apply(&Sessions::new(), &snap), vec![]);
+    }
+
+    #[test]
+    fn invalid_entries_are_kept_not_released() {
+        let current = Sessions::from([held("a", 1, TermPhase::Active), held("b", 1, TermPhase::Active)]);
+        let mut no_instance = owned("a", 2, OwnershipPhase::Active, b"");
+        no_instance.instance = None;
+        let zero_term = owned("b", 0, OwnershipPhase::Active, b"");
+        let snap = snapshot(vec![no_instance, zero_term], &[], &[]);
+        assert_eq!(apply(&current, &snap), vec![]);
+    }
+
+    #[test]
+    fn another_generation_under_a_held_route_releases_the_old_one_first() {
+        let current = Sessions::from([held("a", 7, TermPhase::Active)]);
+        let mut next = owned("a", 1, OwnershipPhase::Reserved, b"new");
+        next.instance = Some(instance("a", 2));
+        let snap = snapshot(vec![next], &[], &[]);
+        assert_eq!(
+            apply(&current, &snap),
+            vec![
+                Action::Release { route: "a".into() },
+                Action::Host {
+                    route: "a".into(),
+                    instance: instance("a", 2),
+                    assignment: assignment(1, TermPhase::Reserved, Some(b"new")),
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn duplicate_routes_use_the_first_entry() {
+        let snap = snapshot(
+            vec![
+                owned("a", 1, OwnershipPhase::Active, b""),
+                owned("a", 9, OwnershipPhase::Active, b""),
+            ],
+            &[],
+            &[],
+        );
+        let actions = apply(&Sessions::new(), &snap);
+        assert_eq!(actions.len(), 1);
+        assert!(matches!(&actions[0], Action::Host { assignment, .. } if assignment.term == 1));
+    }
+
+    #[test]
+    fn actions_come_stops_then_releases_then_moves_then_hosts() {
+        let current = Sessions::from([
+            held("stop", 1, TermPhase::Active),
+            held("gone", 1, TermPhase::Active),
+            held("move", 1, TermPhase::Active),
+        ]);
+        let snap = snapshot(
+            vec![
+                owned("new", 1, OwnershipPhase::Active, b""),
+                owned("move", 2, OwnershipPhase::Active, b""),
+            ],
+            &["stop"],
+            &[],
+        );
+        let kinds: Vec<&str> = apply(&current, &snap)
+            .iter()
+            .map(|a| match a {
+                Action::Stop { .. } => "stop",
+                Action::Release { .. } => "release",
+                Action::Move { .. } => "move",
+                Action::Update { .. } => "update",
+                Action::Host { .. } => "host",
+            })
+            .collect();
+        assert_eq!(kinds, vec!["stop", "release", "move", "host"]);
+    }
+
+    #[test]
+    fn credentials_debug_is_redacted() {
+        let credentials = Credentials::from_wire(b"super-secret").unwrap();
+        let shown = format!("{:?}", assignment(1, TermPhase::Active, Some(credentials.expose())));
+        assert!(!shown.contains("super-secret") && shown.contains("12 bytes"), "{shown}");
+    }
+}

@@ -1,0 +1,346 @@
+//! A member driven against in-process fake gateway replicas over real sockets.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::BTreeSet;
+
+use proto::common::v1::InstancePhase::{Active, Relinquished, Starting, Stopped};
+use proto::host::v1::OwnershipPhase::{Active as Owned, Reserved};
+use proto::host::v1::Snapshot;
+use proto::host::v1::member_message::Kind;
+use proto::runtime::v1::supervisor_runtime_client::SupervisorRuntimeClient;
+use proto::timing;
+use support::{FakeGateway, Member, entries, entry, owned, snapshot};
+use tokio::time::Instant;
+use tonic::{Code, Status};
+
+#[tokio::test]
+async fn hello_carries_identity_and_the_token_from_the_file() {
+    let mut gateway = FakeGateway::start().await;
+    let _member = Member::start_with("supervisor-0", &[&gateway.endpoint], "token-one", &["--capacity", "7"]);
+    let connection = gateway.next_connection().await;
+    let hello = &connection.hello;
+    assert_eq!(hello.member, "supervisor-0");
+    assert_eq!(uuid::Uuid::parse_str(&hello.process_id).unwrap().get_version_num(), 4);
+    assert_eq!(hello.connection_epoch, 1);
+    assert_eq!(hello.capacity, 7);
+    assert_eq!(hello.build_version, env!("CARGO_PKG_VERSION"));
+    assert!(hello.process_started_at_ms > 0);
+    assert_eq!(connection.token.as_deref(), Some("token-one"));
+
+    // The advertised runtime address is real: the runtime service answers there.
+    assert!(
+        hello.runtime_address.starts_with("http://127.0.0.1:"),
+        "{}",
+        hello.runtime_address
+    );
+    let channel = tonic::transport::Endpoint::from_shared(hello.runtime_address.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let refused = SupervisorRuntimeClient::new(channel)
+        .connect(tokio_stream::empty())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unimplemented);
+}
+
+#[tokio::test]
+async fn snapshots_start_sessions_acks_follow_each_revision_and_reports_carry_terms() {
+    let mut gateway = FakeGateway::start().await;
+    let _member = Member::start("supervisor-0", &[&gateway.endpoint], "t");
+    let mut connection = gateway.next_connection().await;
+
+    connection
+        .send(snapshot(1, vec![owned("a", 1, Owned), owned("b", 2, Reserved)]))
+        .await;
+    assert_eq!(connection.acks_until(1).await, vec![1]);
+    let report = connection.report_where(|r| r.applied_revision == 1).await;
+    assert_eq!(entries(&report), vec![entry("a", 1, Active), entry("b", 2, Starting)]);
+    let a = report.instances.iter().find(|s| s.route == "a").unwrap();
+    assert_eq!(a.instance, Some(support::instance("a")));
+    assert!(a.observed_at_ms > 0);
+
+    // b moves to a higher term; a lower term for a is ignored.
+    connection
+        .send(snapshot(2, vec![owned("a", 1, Owned), owned("b", 3, Owned)]))
+        .await;
+    connection
+        .send(snapshot(3, vec![owned("a", 0, Owned), owned("b", 2, Owned)]))
+        .await;
+    assert_eq!(connection.acks_until(3).await, vec![2, 3]);
+    let report = connection
+        .report_where(|r| r.applied_revision == 3 && entries(r).contains(&entry("b", 3, Active)))
+        .await;
+    assert_eq!(entries(&report), vec![entry("a", 1, Active), entry("b", 3, Active)]);
+}
+
+#[tokio::test]
+async fn stop_routes_stop_omission_releases_and_keep_routes_keep() {
+    let mut gateway = FakeGateway::start().await;
+    let _member = Member::start("supervisor-0", &[&gateway.endpoint], "t");
+    let mut connection = gateway.next_connection().await;
+    connection
+        .send(snapshot(
+            1,
+            vec![
+                owned("stop-me", 1, Owned),
+                owned("omit-me", 1, Owned),
+                owned("keep-me", 4, Owned),
+            ],
+        ))
+        .await;
+    connection.acks_until(1).await;
+
+    connection
+        .send(Snapshot {
+            stop_routes: vec!["stop-me".into()],
+            keep_routes: vec!["keep-me".into()],
+            ..snapshot(2, vec![])
+        })
+        .await;
+    connection.acks_until(2).await;
+    let mut seen = BTreeSet::new();
+    loop {
+        let Some(Kind::StatusReport(report)) = connection.next().await.unwrap().kind else {
+            continue;
+        };
+        let now = entries(&report);
+        assert!(
+            now.contains(&entry("keep-me", 4, Active)),
+            "kept route changed: {now:?}"
+        );
+        seen.extend(now.iter().cloned());
+        if now == vec![entry("keep-me", 4, Active)] {
+            break;
+        }
+    }
+    assert!(seen.contains(&entry("stop-me", 1, Stopped)), "{seen:?}");
+    assert!(seen.contains(&entry("omit-me", 1, Relinquished)), "{seen:?}");
+    assert!(
+        !seen.contains(&entry("omit-me", 1, Stopped)),
+        "omission must never stop: {seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_closed_stream_reconnects_with_the_next_epoch_and_keeps_hosting() {
+    let mut gateway = FakeGateway::start().await;
+    let _member = Member::start("supervisor-0", &[&gateway.endpoint], "t");
+    let mut first = gateway.next_connection().await;
+    first.send(snapshot(1, vec![owned("a", 2, Owned)])).await;
+    first.acks_until(1).await;
+    first.close().await;
+
+    let mut second = gateway.next_connection().await;
+    assert_eq!(second.hello.connection_epoch, 2);
+    assert_eq!(second.hello.process_id, first.hello.process_id);
+    // The first report on the new stream still hosts the instance: nothing stopped or released.
+    let report = second.report_where(|_| true).await;
+    assert_eq!(entries(&report), vec![entry("a", 2, Active)]);
+    assert_eq!(report.applied_revision, 0, "revisions are per stream");
+    // Revisions restart at 1 on the new stream and are acked.
+    second.send(snapshot(1, vec![owned("a", 2, Owned)])).await;
+    assert_eq!(second.acks_until(1).await, vec![1]);
+}
+
+#[tokio::test]
+async fn retriable_stream_ends_reconnect_with_a_new_epoch_each_time() {
+    let mut gateway = FakeGateway::start().await;
+    let _member = Member::start("supervisor-0", &[&gateway.endpoint], "t");
+    let first = gateway.next_connection().await;
+    let mut connection = first;
+    let process_id = connection.hello.process_id.clone();
+    for (code, epoch) in [
+        (Code::FailedPrecondition, 2),
+        (Code::DeadlineExceeded, 3),
+        (Code::Unavailable, 4),
+    ] {
+        connection.end(Status::new(code, "scripted end")).await;
+        connection = gateway.next_connection().await;
+        assert_eq!(connection.hello.connection_epoch, epoch, "after {code:?}");
+        assert_eq!(connection.hello.process_id, process_id);
+    }
+}
+
+#[tokio::test]
+async fn the_token_file_is_reread_on_reconnect() {
+    let mut gateway = FakeGateway::start().await;
+    let member = Member::start("supervisor-0", &[&gateway.endpoint], "first-token");
+    let first = gateway.next_connection().await;
+    assert_eq!(first.token.as_deref(), Some("first-token"));
+    member.write_token("rotated-token");
+    first.end(Status::unauthenticated("token expired")).await;
+    let second = gateway.next_connection().await;
+    assert_eq!(second.token.as_deref(), Some("rotated-token"));
+    assert_eq!(second.hello.connection_epoch, 2);
+}
+
+#[tokio::test]
+async fn an_unreachable_replica_is_skipped() {
+    let dead = {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        format!("http://{}", listener.local_addr().unwrap())
+    };
+    let mut gateway = FakeGateway::start().await;
+    let _member = Member::start("supervisor-0", &[&dead, &gateway.endpoint], "t");
+    let connection = gateway.next_connection().await;
+    assert_eq!(connection.hello.connection_epoch, 2, "the failed attempt used epoch 1");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_silent_gateway_is_left_for_another_replica() {
+    let mut silent = FakeGateway::start().await;
+    let mut other = FakeGateway::start().await;
+    let _member = Member::start("supervisor-0", &[&silent.endpoint, &other.endpoint], "t");
+    let mut connection = silent.next_connection().await;
+    connection.send(snapshot(1, vec![owned("a", 1, Owned)])).await;
+    connection.acks_until(1).await;
+    connection.go_silent();
+    let went_silent = Instant::now();
+
+    let mut next = other.next_connection().await;
+    let waited = went_silent.elapsed();
+    assert!(
+        waited >= timing::SILENCE_TIMEOUT - timing::HEARTBEAT_INTERVAL,
+        "reconnected after {waited:?}"
+    );
+    assert!(
+        waited <= timing::SILENCE_TIMEOUT + timing::CONNECT_TIMEOUT,
+        "reconnected after {waited:?}"
+    );
+    assert_eq!(next.hello.connection_epoch, 2);
+    assert!(silent.try_connection().is_none(), "preferred the other replica");
+    let report = next.report_where(|_| true).await;
+    assert_eq!(entries(&report), vec![entry("a", 1, Active)], "silence never releases");
+}
+
+#[tokio::test(start_paused = true)]
+async fn status_reports_repeat_at_least_every_ten_seconds() {
+    let mut gateway = FakeGateway::start().await;
+    let _member = Member::start("supervisor-0", &[&gateway.endpoint], "t");
+    let mut connection = gateway.next_connection().await;
+    connection.send(snapshot(1, vec![owned("a", 1, Owned)])).await;
+    connection.acks_until(1).await;
+    connection.report_where(|r| r.applied_revision == 1).await;
+    for _ in 0..3 {
+        let since = Instant::now();
+        let report = connection.report_where(|_| true).await;
+        assert!(
+            since.elapsed() <= std::time::Duration::from_secs(10),
+            "{:?}",
+            since.elapsed()
+        );
+        assert_eq!(entries(&report), vec![entry("a", 1, Active)]);
+    }
+}
+
+#[tokio::test]
+async fn aborted_by_another_process_exits_without_stopping_anything() {
+    let mut gateway = FakeGateway::start().await;
+    let member = Member::start("supervisor-0", &[&gateway.endpoint], "t");
+    let mut connection = gateway.next_connection().await;
+    connection.send(snapshot(1, vec![owned("a", 1, Owned)])).await;
+    connection.acks_until(1).await;
+    connection
+        .end(Status::aborted("superseded by another process of supervisor-0"))
+        .await;
+
+    let err = member.exit().await.unwrap_err();
+    assert!(
+        matches!(&err, supervisor::Error::Link(supervisor::LinkError::Superseded(m)) if m.contains("another process")),
+        "{err}"
+    );
+    while let Some(message) = connection.next().await {
+        if let Some(Kind::StatusReport(report)) = message.kind {
+            assert_eq!(
+                entries(&report),
+                vec![entry("a", 1, Active)],
+                "nothing stopped or released"
+            );
+        }
+    }
+    assert!(
+        gateway.try_connection().is_none(),
+        "an exited member does not reconnect"
+    );
+}
+
+#[tokio::test]
+async fn a_refused_hello_is_fatal_with_the_gateways_message() {
+    let gateway = FakeGateway::start().await;
+    gateway.refuse_next(Status::invalid_argument(
+        "OPENSHELL_SUPERVISOR_POOL_RUNTIME_ADDRESS: runtime_address must be a URI",
+    ));
+    let member = Member::start("supervisor-0", &[&gateway.endpoint], "t");
+    let err = member.exit().await.unwrap_err().to_string();
+    assert!(
+        err.contains("OPENSHELL_SUPERVISOR_POOL_RUNTIME_ADDRESS: runtime_address must be a URI"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn graceful_shutdown_announces_leaving_and_hosts_until_released() {
+    let mut gateway = FakeGateway::start().await;
+    let member = Member::start("supervisor-0", &[&gateway.endpoint], "t");
+    let mut connection = gateway.next_connection().await;
+    connection.send(snapshot(1, vec![owned("a", 1, Owned)])).await;
+    connection.acks_until(1).await;
+
+    member.shutdown.cancel();
+    while !matches!(connection.next().await.unwrap().kind, Some(Kind::Leaving(_))) {}
+    // Still hosting while the gateway has not moved the instance away.
+    connection.send(snapshot(2, vec![owned("a", 1, Owned)])).await;
+    connection.acks_until(2).await;
+    let report = connection.report_where(|r| r.applied_revision == 2).await;
+    assert_eq!(entries(&report), vec![entry("a", 1, Active)]);
+    assert!(!member.task.is_finished());
+
+    // The snapshot omits it: released (not stopped), reported, then the member leaves.
+    connection.send(snapshot(3, vec![])).await;
+    connection.acks_until(3).await;
+    let mut released = false;
+    while let Some(message) = connection.next().await {
+        if let Some(Kind::StatusReport(report)) = message.kind {
+            released |= entries(&report) == vec![entry("a", 1, Relinquished)];
+        }
+    }
+    assert!(released, "the release was reported before the stream closed");
+    member.exit().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn leaving_is_bounded_when_the_gateway_never_releases() {
+    let mut gateway = FakeGateway::start().await;
+    let member = Member::start("supervisor-0", &[&gateway.endpoint], "t");
+    let mut connection = gateway.next_connection().await;
+    connection.send(snapshot(1, vec![owned("a", 1, Owned)])).await;
+    connection.acks_until(1).await;
+    member.shutdown.cancel();
+    let asked = Instant::now();
+    member.exit().await.unwrap();
+    let took = asked.elapsed();
+    assert!(took >= supervisor::LEAVE_BOUND, "left after {took:?}");
+    let mut left = false;
+    while let Some(message) = connection.next().await {
+        match message.kind {
+            Some(Kind::Leaving(_)) => left = true,
+            Some(Kind::StatusReport(report)) => assert_eq!(entries(&report), vec![entry("a", 1, Active)]),
+            _ => {}
+        }
+    }
+    assert!(left, "Leaving was announced");
+}
+
+#[tokio::test]
+async fn a_bad_member_name_is_refused_naming_the_setting() {
+    let mut gateway = FakeGateway::start().await;
+    let member = Member::start("Supervisor_0", &[&gateway.endpoint], "t");
+    let err = member.exit().await.unwrap_err().to_string();
+    assert!(err.contains("OPENSHELL_SUPERVISOR_POOL_MEMBER"), "{err}");
+    assert!(err.contains("Supervisor_0"), "{err}");
+    assert!(gateway.try_connection().is_none(), "never attached");
+}

@@ -1,0 +1,318 @@
+//! A fake `SupervisorHost` gateway replica scripted by the test (tonic on 127.0.0.1:0, real
+//! sockets), and helpers to run a member in-process.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use clap::Parser;
+use proto::common::v1::{InstancePhase, InstanceRef};
+use proto::host::v1::member_message::Kind;
+use proto::host::v1::supervisor_host_server::{SupervisorHost, SupervisorHostServer};
+use proto::host::v1::{
+    GatewayMessage, HeartbeatAck, Hello, MemberMessage, OwnedInstance, OwnershipPhase, Snapshot, StatusReport,
+    gateway_message,
+};
+use tokio::net::TcpListener;
+use tokio::sync::{Mutex, mpsc};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+/// Bound on every wait in the tests: a failure, never an assertion.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+pub async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
+    tokio::time::timeout(WAIT, future)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+type Outbound = mpsc::Sender<Result<GatewayMessage, Status>>;
+
+/// One Attach stream as the fake gateway sees it.
+pub struct Connection {
+    pub hello: Hello,
+    /// The bearer token of the call, if any.
+    pub token: Option<String>,
+    /// Every member message after Hello except heartbeats, in order.
+    messages: mpsc::UnboundedReceiver<MemberMessage>,
+    outbound: Arc<Mutex<Option<Outbound>>>,
+    silent: Arc<AtomicBool>,
+}
+
+impl Connection {
+    pub async fn send(&self, snapshot: Snapshot) {
+        let outbound = self.outbound.lock().await;
+        let message = GatewayMessage {
+            kind: Some(gateway_message::Kind::Snapshot(snapshot)),
+        };
+        outbound
+            .as_ref()
+            .expect("stream open")
+            .send(Ok(message))
+            .await
+            .expect("member reading");
+    }
+
+    /// Ends the stream with a status.
+    pub async fn end(&self, status: Status) {
+        if let Some(outbound) = self.outbound.lock().await.take() {
+            let _ = outbound.send(Err(status)).await;
+        }
+    }
+
+    /// Ends the stream cleanly (no status).
+    pub async fn close(&self) {
+        self.outbound.lock().await.take();
+    }
+
+    /// Stops answering heartbeats (the stream stays open).
+    pub fn go_silent(&self) {
+        self.silent.store(true, Ordering::SeqCst);
+    }
+
+    /// The next non-heartbeat member message; `None` once the member half-closed or dropped
+    /// the stream.
+    pub async fn next(&mut self) -> Option<MemberMessage> {
+        within("a member message", self.messages.recv()).await
+    }
+
+    /// Waits for the Ack of `revision`, returning every ack seen on the way.
+    pub async fn acks_until(&mut self, revision: u64) -> Vec<u64> {
+        let mut acks = Vec::new();
+        while acks.last() != Some(&revision) {
+            match self.next().await.expect("stream open").kind {
+                Some(Kind::Ack(ack)) => acks.push(ack.revision),
+                _ => continue,
+            }
+        }
+        acks
+    }
+
+    /// Waits for a status report satisfying `accept`.
+    pub async fn report_where(&mut self, accept: impl Fn(&StatusReport) -> bool) -> StatusReport {
+        loop {
+            if let Some(Kind::StatusReport(report)) = self.next().await.expect("stream open").kind
+                && accept(&report)
+            {
+                return report;
+            }
+        }
+    }
+}
+
+/// A fake gateway replica.
+pub struct FakeGateway {
+    pub endpoint: String,
+    connections: mpsc::UnboundedReceiver<Connection>,
+    refuse: Arc<std::sync::Mutex<Option<Status>>>,
+}
+
+impl FakeGateway {
+    pub async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let (tx, connections) = mpsc::unbounded_channel();
+        let refuse = Arc::new(std::sync::Mutex::new(None));
+        let service = SupervisorHostServer::new(Service {
+            connections: tx,
+            refuse: Arc::clone(&refuse),
+        })
+        .max_decoding_message_size(proto::MAX_MESSAGE_BYTES);
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(TcpListenerStream::new(listener)),
+        );
+        Self {
+            endpoint,
+            connections,
+            refuse,
+        }
+    }
+
+    /// Refuses the next Attach call with `status` after reading its Hello.
+    pub fn refuse_next(&self, status: Status) {
+        *self.refuse.lock().unwrap() = Some(status);
+    }
+
+    pub async fn next_connection(&mut self) -> Connection {
+        within("a member to attach", self.connections.recv())
+            .await
+            .expect("server running")
+    }
+
+    /// A connection if one arrived already (for asserting that none did).
+    pub fn try_connection(&mut self) -> Option<Connection> {
+        self.connections.try_recv().ok()
+    }
+}
+
+struct Service {
+    connections: mpsc::UnboundedSender<Connection>,
+    refuse: Arc<std::sync::Mutex<Option<Status>>>,
+}
+
+#[tonic::async_trait]
+impl SupervisorHost for Service {
+    type AttachStream = ReceiverStream<Result<GatewayMessage, Status>>;
+
+    async fn attach(&self, request: Request<Streaming<MemberMessage>>) -> Result<Response<Self::AttachStream>, Status> {
+        let token = proto::bearer_token_from_metadata(request.metadata()).map(str::to_owned);
+        let mut inbound = request.into_inner();
+        let Some(Kind::Hello(hello)) = inbound.message().await?.and_then(|m| m.kind) else {
+            return Err(Status::invalid_argument("first message must be Hello"));
+        };
+        if let Some(status) = self.refuse.lock().unwrap().take() {
+            return Err(status);
+        }
+        let (outbound_tx, outbound_rx) = mpsc::channel(64);
+        let outbound = Arc::new(Mutex::new(Some(outbound_tx)));
+        let silent = Arc::new(AtomicBool::new(false));
+        let (messages_tx, messages) = mpsc::unbounded_channel();
+        // Pump: answers heartbeats (unless silent), forwards everything else to the test, and
+        // ends the response stream when the member half-closes.
+        let (pump_outbound, pump_silent) = (Arc::clone(&outbound), Arc::clone(&silent));
+        tokio::spawn(async move {
+            while let Ok(Some(message)) = inbound.message().await {
+                match message.kind {
+                    Some(Kind::Heartbeat(heartbeat)) => {
+                        if pump_silent.load(Ordering::SeqCst) {
+                            continue;
+                        }
+                        let ack = HeartbeatAck {
+                            sequence: heartbeat.sequence,
+                            gateway_time_ms: 0,
+                        };
+                        let message = GatewayMessage {
+                            kind: Some(gateway_message::Kind::HeartbeatAck(ack)),
+                        };
+                        if let Some(outbound) = pump_outbound.lock().await.as_ref() {
+                            let _ = outbound.send(Ok(message)).await;
+                        }
+                    }
+                    _ => {
+                        let _ = messages_tx.send(message);
+                    }
+                }
+            }
+            pump_outbound.lock().await.take();
+        });
+        let connection = Connection {
+            hello,
+            token,
+            messages,
+            outbound,
+            silent,
+        };
+        self.connections
+            .send(connection)
+            .map_err(|_| Status::unavailable("test over"))?;
+        Ok(Response::new(ReceiverStream::new(outbound_rx)))
+    }
+}
+
+/// A member running in-process.
+pub struct Member {
+    pub shutdown: CancellationToken,
+    pub task: JoinHandle<Result<(), supervisor::Error>>,
+    pub token_file: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Member {
+    pub fn start(member: &str, endpoints: &[&str], token: &str) -> Self {
+        Self::start_with(member, endpoints, token, &[])
+    }
+
+    pub fn start_with(member: &str, endpoints: &[&str], token: &str, extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let token_file = dir.path().join("token");
+        std::fs::write(&token_file, format!("{token}\n")).unwrap();
+        let config = config(member, endpoints, &token_file, extra);
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(supervisor::run(config, shutdown.clone()));
+        Self {
+            shutdown,
+            task,
+            token_file,
+            _dir: dir,
+        }
+    }
+
+    pub fn write_token(&self, token: &str) {
+        std::fs::write(&self.token_file, token).unwrap();
+    }
+
+    /// Waits for the member to exit.
+    pub async fn exit(self) -> Result<(), supervisor::Error> {
+        within("the member to exit", self.task)
+            .await
+            .expect("member task panicked")
+    }
+}
+
+pub fn config(member: &str, endpoints: &[&str], token_file: &std::path::Path, extra: &[&str]) -> supervisor::Config {
+    let endpoints = endpoints.join(",");
+    let mut args = vec![
+        "supervisor",
+        "--member",
+        member,
+        "--gateway-endpoints",
+        &endpoints,
+        "--token-file",
+        token_file.to_str().unwrap(),
+        "--runtime-listen",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(extra);
+    supervisor::Config::try_parse_from(args).unwrap()
+}
+
+pub fn instance(name: &str) -> InstanceRef {
+    InstanceRef {
+        namespace: "team-a".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        generation: 1,
+    }
+}
+
+pub fn owned(route: &str, term: u64, phase: OwnershipPhase) -> OwnedInstance {
+    OwnedInstance {
+        route: route.into(),
+        instance: Some(instance(route)),
+        term,
+        phase: phase as i32,
+        credentials: format!("launch-material-{route}").into_bytes(),
+        ..Default::default()
+    }
+}
+
+pub fn snapshot(revision: u64, instances: Vec<OwnedInstance>) -> Snapshot {
+    Snapshot {
+        revision,
+        instances,
+        gateway_replica: "fake".into(),
+        ..Default::default()
+    }
+}
+
+/// (route, term, phase) of every entry, sorted by route.
+pub fn entries(report: &StatusReport) -> Vec<(String, u64, InstancePhase)> {
+    let mut entries: Vec<_> = report
+        .instances
+        .iter()
+        .map(|s| (s.route.clone(), s.term, InstancePhase::from_wire(s.phase)))
+        .collect();
+    entries.sort();
+    entries
+}
+
+pub fn entry(route: &str, term: u64, phase: InstancePhase) -> (String, u64, InstancePhase) {
+    (route.to_owned(), term, phase)
+}
