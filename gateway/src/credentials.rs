@@ -3,7 +3,7 @@
 //! delivers tokens: locally as files members and sidecars re-read; in
 //! Kubernetes as Secrets (later).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +15,9 @@ use tracing::{info, warn};
 
 use crate::replica::Replica;
 use crate::store::Lease;
-use crate::tokens::{Keyring, Minted, Policy, rotate};
+use crate::tokens::{
+    Delivered, Delivery, FileDelivery, Keyring, Minted, NoExtra, OperatorClaims, PLATFORM_ADMIN, Policy, rotate,
+};
 
 /// How often every replica reloads its keyring (well under the rotation's
 /// publish-ahead period).
@@ -64,7 +66,7 @@ pub async fn run(
                         .as_ref()
                         .is_none_or(|m| m.needs_renewal(now_ms) || Some(m.kid.as_str()) != keyring.signing_kid());
                     if due {
-                        match deliver(&keyring, delivery) {
+                        match deliver(&keyring, delivery).await {
                             Ok(minted) => {
                                 info!(kid = %minted.kid, dir = %delivery.dir.display(), "delivered tokens");
                                 delivered = Some(minted);
@@ -85,74 +87,20 @@ pub async fn run(
 }
 
 /// Mint and write every local token; returns the supervisor token's record.
-fn deliver(keyring: &Keyring, delivery: &LocalDelivery) -> Result<Minted, DeliveryError> {
-    let bundle = keyring.trust_bundle().to_jwks();
-    let supervisor = keyring.mint(
-        Kind::Supervisor,
-        &trust::pool_subject(&delivery.pool),
-        SUPERVISOR_TOKEN_LIFETIME,
-        &trust::NoExtra {},
-    )?;
-    write_pair(&delivery.dir.join("supervisor"), &supervisor.token, &bundle)?;
-    let operator = keyring.mint(
-        Kind::Operator,
-        "local-operator",
-        SUPERVISOR_TOKEN_LIFETIME,
-        &trust::OperatorClaims {
-            roles: vec!["platform_admin".into()],
-        },
-    )?;
-    write_pair(&delivery.dir.join("operator"), &operator.token, &bundle)?;
+async fn deliver(keyring: &Keyring, delivery: &LocalDelivery) -> Result<Minted, crate::tokens::Error> {
+    let bundle = keyring.trust_bundle();
+    let lifetime = SUPERVISOR_TOKEN_LIFETIME;
+    let supervisor = keyring.mint(Kind::Supervisor, &trust::pool_subject(&delivery.pool), lifetime, &NoExtra {})?;
+    FileDelivery::new(delivery.dir.join("supervisor")).deliver(&Delivered::new(&supervisor, bundle)).await?;
+    let roles = OperatorClaims {
+        roles: vec![PLATFORM_ADMIN.into()],
+    };
+    let operator = keyring.mint(Kind::Operator, "local-operator", lifetime, &roles)?;
+    FileDelivery::new(delivery.dir.join("operator")).deliver(&Delivered::new(&operator, bundle)).await?;
     for namespace in &delivery.namespaces {
-        let instance = keyring.mint(
-            Kind::Instance,
-            &trust::namespace_subject(namespace),
-            SUPERVISOR_TOKEN_LIFETIME,
-            &trust::NoExtra {},
-        )?;
-        write_pair(
-            &delivery.dir.join("namespaces").join(namespace),
-            &instance.token,
-            &bundle,
-        )?;
+        let instance = keyring.mint(Kind::Instance, &trust::namespace_subject(namespace), lifetime, &NoExtra {})?;
+        let dir = delivery.dir.join("namespaces").join(namespace);
+        FileDelivery::new(dir).deliver(&Delivered::new(&instance, bundle)).await?;
     }
     Ok(supervisor)
-}
-
-#[derive(Debug, thiserror::Error)]
-enum DeliveryError {
-    #[error(transparent)]
-    Mint(#[from] crate::tokens::Error),
-    #[error("cannot write {path}: {source}")]
-    Write {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-}
-
-fn write_pair(dir: &Path, token: &str, bundle: &str) -> Result<(), DeliveryError> {
-    write_atomic(dir, trust::TOKEN_FILE, token.as_bytes(), 0o600)?;
-    write_atomic(dir, trust::TRUST_BUNDLE_FILE, bundle.as_bytes(), 0o644)
-}
-
-/// Replace `dir/name` atomically (temporary file in the same directory, then rename).
-fn write_atomic(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> Result<(), DeliveryError> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let path = dir.join(name);
-    let failed = |source| DeliveryError::Write {
-        path: path.display().to_string(),
-        source,
-    };
-    std::fs::create_dir_all(dir).map_err(failed)?;
-    let temporary = dir.join(format!(".{name}.{}", uuid::Uuid::new_v4().simple()));
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(&temporary)
-        .map_err(failed)?;
-    file.write_all(bytes).and_then(|()| file.sync_all()).map_err(failed)?;
-    std::fs::rename(&temporary, &path).map_err(failed)
 }
