@@ -1,11 +1,13 @@
-//! Bearer authentication of gRPC calls against the gateway's current trust
-//! bundle (its published public keys). Verification itself — algorithm
-//! pinned, kid, audience, issuer, expiry — is `proto::trust`.
+//! The replica's signing keys in memory: bearer authentication of gRPC calls
+//! against the current trust bundle, and the keyring that mints grants and
+//! proofs. Verification itself — algorithm pinned, kid, audience, issuer,
+//! expiry — is `proto::trust`.
 
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use proto::trust::{self, Claims, Expectation, Kind, TrustBundle};
+use proto::trust::{self, Claims, Expectation, Kind};
+use serde::de::DeserializeOwned;
 use tonic::Status;
 use tracing::warn;
 
@@ -24,53 +26,65 @@ pub struct Principal {
     pub expires_at_ms: i64,
 }
 
-/// Verifies bearer tokens against the latest trust bundle.
+/// The latest keyring: verifies bearer tokens, mints grants and proofs.
 #[derive(Debug)]
-pub struct Verifier {
+pub struct Keys {
     issuer: String,
     store: Store,
-    bundle: RwLock<Arc<TrustBundle>>,
+    keyring: RwLock<Arc<Keyring>>,
     last_reload: Mutex<Option<Instant>>,
 }
 
-impl Verifier {
+impl Keys {
     pub fn new(issuer: impl Into<String>, store: Store) -> Self {
         let issuer = issuer.into();
         Self {
-            bundle: RwLock::new(Arc::new(TrustBundle::new(issuer.clone()))),
+            keyring: RwLock::new(Arc::new(Keyring::empty(&issuer))),
             issuer,
             store,
             last_reload: Mutex::new(None),
         }
     }
 
-    /// Replace the bundle (after a key rotation).
-    pub fn set_bundle(&self, bundle: TrustBundle) {
-        let mut current = self.bundle.write().unwrap_or_else(|poisoned| poisoned.into_inner());
-        *current = Arc::new(bundle);
+    pub fn issuer(&self) -> &str {
+        &self.issuer
     }
 
-    pub fn bundle(&self) -> Arc<TrustBundle> {
-        self.bundle
+    /// Replace the keyring (after a reload or a rotation).
+    pub fn set(&self, keyring: Keyring) {
+        let mut current = self.keyring.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        *current = Arc::new(keyring);
+    }
+
+    pub fn keyring(&self) -> Arc<Keyring> {
+        self.keyring
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .clone()
     }
 
-    /// Verify a token of `kind`; the error is the gRPC status to answer with
-    /// (it never quotes the token).
-    pub async fn verify(&self, kind: Kind, token: &str) -> Result<Principal, Status> {
+    /// Verify a token of `kind` with its extra claims `E`, reloading the
+    /// keyring once when the token names a key not loaded yet.
+    pub async fn verify_claims<E: DeserializeOwned>(&self, kind: Kind, token: &str) -> Result<Claims<E>, trust::Error> {
         let expected = Expectation::kind(kind, &self.issuer);
-        let mut outcome = self.bundle().verify::<Claims>(token, &expected);
-        if matches!(outcome, Err(trust::Error::UnknownKid(_))) && self.may_reload() {
-            match Keyring::load(&self.store, &self.issuer).await {
-                Ok(keyring) => self.set_bundle(keyring.trust_bundle().clone()),
-                Err(err) => warn!(error = %err, "cannot reload signing keys"),
-            }
-            outcome = self.bundle().verify::<Claims>(token, &expected);
+        let outcome = self.keyring().trust_bundle().verify::<Claims<E>>(token, &expected);
+        if !matches!(outcome, Err(trust::Error::UnknownKid(_))) || !self.may_reload() {
+            return outcome;
         }
-        let claims =
-            outcome.map_err(|err| Status::unauthenticated(format!("{} token refused: {err}", kind.audience())))?;
+        match Keyring::load(&self.store, &self.issuer).await {
+            Ok(keyring) => self.set(keyring),
+            Err(err) => warn!(error = %err, "cannot reload signing keys"),
+        }
+        self.keyring().trust_bundle().verify::<Claims<E>>(token, &expected)
+    }
+
+    /// Verify a bearer token of `kind`; the error is the gRPC status to
+    /// answer with (it never quotes the token).
+    pub async fn verify(&self, kind: Kind, token: &str) -> Result<Principal, Status> {
+        let claims: Claims = self
+            .verify_claims(kind, token)
+            .await
+            .map_err(|err| Status::unauthenticated(format!("{} token refused: {err}", kind.audience())))?;
         Ok(Principal {
             subject: claims.sub,
             expires_at_ms: claims.exp.saturating_mul(1000),
@@ -79,9 +93,7 @@ impl Verifier {
 
     /// Verify the call's `authorization: Bearer` token of `kind`.
     pub async fn verify_request<T>(&self, kind: Kind, request: &tonic::Request<T>) -> Result<Principal, Status> {
-        let token = proto::bearer_token_from_metadata(request.metadata())
-            .ok_or_else(|| Status::unauthenticated("missing authorization: Bearer token"))?;
-        self.verify(kind, token).await
+        self.verify(kind, bearer(request)?).await
     }
 
     fn may_reload(&self) -> bool {
@@ -93,6 +105,12 @@ impl Verifier {
         *last = Some(now);
         true
     }
+}
+
+/// The call's bearer token.
+pub fn bearer<T>(request: &tonic::Request<T>) -> Result<&str, Status> {
+    proto::bearer_token_from_metadata(request.metadata())
+        .ok_or_else(|| Status::unauthenticated("missing authorization: Bearer token"))
 }
 
 /// The namespace a verified instance token may act for.

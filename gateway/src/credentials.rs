@@ -1,4 +1,4 @@
-//! Keeps this replica's keyring and verifier current, and — on the
+//! Keeps this replica's keyring current, and — on the
 //! coordinator only — rotates signing keys (through `write_fenced`) and
 //! delivers tokens: locally as files members and sidecars re-read; in
 //! Kubernetes as Secrets (later).
@@ -58,8 +58,9 @@ pub async fn run(
             }
         }
         match Keyring::load(&replica.store, &issuer).await {
-            Ok(keyring) => {
-                replica.verifier.set_bundle(keyring.trust_bundle().clone());
+            Ok(loaded) => {
+                replica.keys.set(loaded);
+                let keyring = replica.keys.keyring();
                 if let (Some(_), Some(delivery)) = (&held, &delivery) {
                     let now_ms = trust::unix_ms(std::time::SystemTime::now());
                     let due = delivered
@@ -90,17 +91,33 @@ pub async fn run(
 async fn deliver(keyring: &Keyring, delivery: &LocalDelivery) -> Result<Minted, crate::tokens::Error> {
     let bundle = keyring.trust_bundle();
     let lifetime = SUPERVISOR_TOKEN_LIFETIME;
-    let supervisor = keyring.mint(Kind::Supervisor, &trust::pool_subject(&delivery.pool), lifetime, &NoExtra {})?;
-    FileDelivery::new(delivery.dir.join("supervisor")).deliver(&Delivered::new(&supervisor, bundle)).await?;
+    let supervisor = keyring.mint(
+        Kind::Supervisor,
+        &trust::pool_subject(&delivery.pool),
+        lifetime,
+        &NoExtra {},
+    )?;
+    FileDelivery::new(delivery.dir.join("supervisor"))
+        .deliver(&Delivered::new(&supervisor, bundle))
+        .await?;
     let roles = OperatorClaims {
         roles: vec![PLATFORM_ADMIN.into()],
     };
     let operator = keyring.mint(Kind::Operator, "local-operator", lifetime, &roles)?;
-    FileDelivery::new(delivery.dir.join("operator")).deliver(&Delivered::new(&operator, bundle)).await?;
+    FileDelivery::new(delivery.dir.join("operator"))
+        .deliver(&Delivered::new(&operator, bundle))
+        .await?;
     for namespace in &delivery.namespaces {
-        let instance = keyring.mint(Kind::Instance, &trust::namespace_subject(namespace), lifetime, &NoExtra {})?;
+        let instance = keyring.mint(
+            Kind::Instance,
+            &trust::namespace_subject(namespace),
+            lifetime,
+            &NoExtra {},
+        )?;
         let dir = delivery.dir.join("namespaces").join(namespace);
-        FileDelivery::new(dir).deliver(&Delivered::new(&instance, bundle)).await?;
+        FileDelivery::new(dir)
+            .deliver(&Delivered::new(&instance, bundle))
+            .await?;
     }
     Ok(supervisor)
 }

@@ -12,6 +12,7 @@ pub mod host;
 pub mod operator;
 pub mod placement;
 pub mod pool;
+pub mod recovery;
 pub mod registry;
 pub mod replica;
 pub mod server;
@@ -83,7 +84,7 @@ pub async fn run(settings: Settings, listener: TcpListener, shutdown: Cancellati
         view: view_rx,
         wake: Arc::new(Notify::new()),
         sessions: Mutex::default(),
-        verifier: Arc::new(auth::Verifier::new(settings.issuer.clone(), store.clone())),
+        keys: Arc::new(auth::Keys::new(settings.issuer.clone(), store.clone())),
         recovery_deadline_ms: settings.recovery_deadline_ms,
         counters: replica::Counters::default(),
         shutdown: shutdown.clone(),

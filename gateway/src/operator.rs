@@ -1,6 +1,6 @@
 //! The operator API (`pool.v1.SupervisorPool`): pool status for now; drain
 //! and rebalance operations come with the operations issue. Authenticated
-//! with an operator token.
+//! with an operator token carrying the platform-admin role.
 
 use std::sync::Arc;
 
@@ -10,12 +10,14 @@ use proto::pool::v1::{
     GetSupervisorPoolStatusRequest, GetSupervisorPoolStatusResponse, InstanceSummary, Member, MemberState,
     StartSupervisorPoolOperationRequest, StartSupervisorPoolOperationResponse,
 };
-use proto::trust::Kind;
+use proto::trust::{Claims, Kind, OperatorClaims};
 use tonic::{Request, Response, Status};
 
+use crate::auth::bearer;
 use crate::pool::{View, instance_ref};
 use crate::replica::Replica;
 use crate::store::{self, AssignmentPhase, LeaseView, OperationKind, OperationPhase};
+use crate::tokens::PLATFORM_ADMIN;
 
 #[derive(Clone)]
 pub struct Operator {
@@ -25,6 +27,22 @@ pub struct Operator {
 impl Operator {
     pub fn new(replica: Arc<Replica>) -> Self {
         Self { replica }
+    }
+
+    /// An operator token with the platform-admin role; returns who asks.
+    async fn authorize<T>(&self, request: &Request<T>) -> Result<String, Status> {
+        let claims: Claims<OperatorClaims> = self
+            .replica
+            .keys
+            .verify_claims(Kind::Operator, bearer(request)?)
+            .await
+            .map_err(|err| Status::unauthenticated(format!("operator token refused: {err}")))?;
+        if !claims.extra.roles.iter().any(|r| r == PLATFORM_ADMIN) {
+            return Err(Status::permission_denied(format!(
+                "the operator API needs the {PLATFORM_ADMIN} role"
+            )));
+        }
+        Ok(claims.sub)
     }
 }
 
@@ -130,7 +148,7 @@ impl SupervisorPool for Operator {
         &self,
         request: Request<GetSupervisorPoolStatusRequest>,
     ) -> Result<Response<GetSupervisorPoolStatusResponse>, Status> {
-        self.replica.verifier.verify_request(Kind::Operator, &request).await?;
+        self.authorize(&request).await?;
         let store = &self.replica.store;
         let unavailable = |err: store::Error| Status::unavailable(format!("cannot read the pool: {err}"));
         let view = View::load(store).await.map_err(unavailable)?;
@@ -142,7 +160,7 @@ impl SupervisorPool for Operator {
         &self,
         request: Request<StartSupervisorPoolOperationRequest>,
     ) -> Result<Response<StartSupervisorPoolOperationResponse>, Status> {
-        self.replica.verifier.verify_request(Kind::Operator, &request).await?;
+        self.authorize(&request).await?;
         Err(Status::unimplemented(
             "drain and rebalance operations are not available yet",
         ))
@@ -152,7 +170,7 @@ impl SupervisorPool for Operator {
         &self,
         request: Request<CancelSupervisorPoolOperationRequest>,
     ) -> Result<Response<CancelSupervisorPoolOperationResponse>, Status> {
-        self.replica.verifier.verify_request(Kind::Operator, &request).await?;
+        self.authorize(&request).await?;
         Err(Status::unimplemented(
             "drain and rebalance operations are not available yet",
         ))

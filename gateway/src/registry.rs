@@ -38,7 +38,7 @@ impl Registry {
         request: &Request<T>,
         instance: Option<&InstanceRef>,
     ) -> Result<InstanceRef, Status> {
-        let principal = self.replica.verifier.verify_request(Kind::Instance, request).await?;
+        let principal = self.replica.keys.verify_request(Kind::Instance, request).await?;
         let namespace = token_namespace(&principal)?;
         let instance = instance.ok_or_else(|| Status::invalid_argument("the request names no instance"))?;
         if instance.namespace != namespace {

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::auth::Verifier;
+use crate::auth::Keys;
 use crate::host::admission::Sessions;
 use crate::pool::View;
 use crate::store::Store;
@@ -20,7 +20,7 @@ pub struct Replica {
     /// Wakes the pool refresh at once (a membership changed).
     pub wake: Arc<Notify>,
     pub sessions: Mutex<Sessions>,
-    pub verifier: Arc<Verifier>,
+    pub keys: Arc<Keys>,
     /// Recovery deadline offered to sidecars.
     pub recovery_deadline_ms: u64,
     pub counters: Counters,

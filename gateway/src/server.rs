@@ -1,11 +1,12 @@
 //! The gRPC server of one replica: the member host stream, the instance
-//! registry and the operator API on one listener.
+//! registry, grants and activation, and the operator API on one listener.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use proto::host::v1::supervisor_host_server::SupervisorHostServer;
 use proto::pool::v1::supervisor_pool_server::SupervisorPoolServer;
+use proto::recovery::v1::supervisor_recovery_server::SupervisorRecoveryServer;
 use proto::registry::v1::instance_registry_server::InstanceRegistryServer;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -13,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::host::Host;
 use crate::operator::Operator;
+use crate::recovery::Recovery;
 use crate::registry::Registry;
 use crate::replica::Replica;
 
@@ -29,6 +31,9 @@ pub async fn serve(
     let registry = InstanceRegistryServer::new(Registry::new(replica.clone()))
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
+    let recovery = SupervisorRecoveryServer::new(Recovery::new(replica.clone()))
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max);
     let operator = SupervisorPoolServer::new(Operator::new(replica))
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
@@ -38,6 +43,7 @@ pub async fn serve(
         .tcp_nodelay(true)
         .add_service(host)
         .add_service(registry)
+        .add_service(recovery)
         .add_service(operator)
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled_owned())
         .await

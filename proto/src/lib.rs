@@ -241,6 +241,36 @@ impl recovery::v1::Receipt {
         out.extend_from_slice(&self.issued_at_ms.to_be_bytes());
         out
     }
+
+    /// `HMAC-SHA256(receipt key, mac_input())`: what the sidecar puts in `mac`.
+    #[must_use]
+    pub fn compute_mac(&self, receipt_key: &[u8]) -> Vec<u8> {
+        use hmac::Mac as _;
+        // HMAC takes keys of any length; an empty MAC would never verify anyway.
+        let Ok(mut mac) = <hmac::Hmac<sha2::Sha256> as hmac::Mac>::new_from_slice(receipt_key) else {
+            return Vec::new();
+        };
+        mac.update(&self.mac_input());
+        mac.finalize().into_bytes().to_vec()
+    }
+
+    /// Whether `mac` verifies with `receipt_key` (constant-time comparison).
+    #[must_use]
+    pub fn verify_mac(&self, receipt_key: &[u8]) -> bool {
+        use hmac::Mac as _;
+        let Ok(mut mac) = <hmac::Hmac<sha2::Sha256> as hmac::Mac>::new_from_slice(receipt_key) else {
+            return false;
+        };
+        mac.update(&self.mac_input());
+        mac.verify_slice(&self.mac).is_ok()
+    }
+}
+
+/// SHA-256 of `bytes` (grant digests, executable digests).
+#[must_use]
+pub fn sha256(bytes: &[u8]) -> Vec<u8> {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(bytes).to_vec()
 }
 
 /// Appends a length-prefixed byte string. Lengths above `u32::MAX` cannot occur within

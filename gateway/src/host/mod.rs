@@ -129,7 +129,7 @@ impl SupervisorHost for Host {
     type AttachStream = Outbound;
 
     async fn attach(&self, request: Request<Streaming<MemberMessage>>) -> Result<Response<Outbound>, Status> {
-        let principal = self.replica.verifier.verify_request(Kind::Supervisor, &request).await?;
+        let principal = self.replica.keys.verify_request(Kind::Supervisor, &request).await?;
         let mut inbound = request.into_inner();
         let first = timeout(timing::SILENCE_TIMEOUT, inbound.message())
             .await

@@ -460,13 +460,26 @@ impl Store {
             .collect()
     }
 
+    /// One registered instance (withdrawn or not).
+    pub async fn instance(&self, route: &str) -> Result<Option<InstanceRecord>> {
+        Ok(self.list_instances_where(Some(route)).await?.pop())
+    }
+
     pub async fn list_instances(&self) -> Result<Vec<InstanceRecord>> {
-        let rows = sqlx::query(
+        self.list_instances_where(None).await
+    }
+
+    async fn list_instances_where(&self, route: Option<&str>) -> Result<Vec<InstanceRecord>> {
+        let filter = if route.is_some() { "WHERE route = $1" } else { "" };
+        let sql = format!(
             "SELECT route, namespace, name, uid, generation, material, registered_at_ms, \
-             CASE WHEN withdrawn THEN 1 ELSE 0 END AS withdrawn FROM instances ORDER BY route",
-        )
-        .fetch_all(&self.pool)
-        .await?;
+             CASE WHEN withdrawn THEN 1 ELSE 0 END AS withdrawn FROM instances {filter} ORDER BY route"
+        );
+        let mut query = sqlx::query(&sql);
+        if let Some(route) = route {
+            query = query.bind(route);
+        }
+        let rows = query.fetch_all(&self.pool).await?;
         rows.iter()
             .map(|r| {
                 Ok(InstanceRecord {

@@ -75,6 +75,15 @@ impl Keyring {
     }
 
     /// A keyring of `records`: all of them published, the signer's private key loaded.
+    /// A keyring with no keys yet: verifies nothing, mints nothing.
+    pub fn empty(issuer: &str) -> Self {
+        Self {
+            issuer: issuer.to_owned(),
+            signer: None,
+            bundle: TrustBundle::new(issuer),
+        }
+    }
+
     pub fn from_records(issuer: &str, records: &[SigningKey]) -> Result<Self, Error> {
         let mut bundle = TrustBundle::new(issuer);
         for record in records {

@@ -94,7 +94,7 @@ pub async fn channel(endpoint: &str) -> Channel {
         .expect("connect")
 }
 
-fn with_token<T>(message: T, token: &str) -> tonic::Request<T> {
+pub fn with_token<T>(message: T, token: &str) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     request
         .metadata_mut()

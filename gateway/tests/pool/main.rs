@@ -20,4 +20,5 @@ on_both_backends!(scenarios;
     coordinator_failover_adopts_a_recovery_without_extending_its_deadline,
     a_member_at_capacity_is_refused_with_the_reason,
     streams_without_a_valid_token_or_identity_are_refused,
+    grants_are_single_use_and_activation_checks_receipt_and_process,
 );

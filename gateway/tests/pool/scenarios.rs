@@ -7,7 +7,15 @@ use proto::host::v1::member_message::Kind as MemberKind;
 use proto::host::v1::{Ack, StatusReport};
 use tonic::Code;
 
-use crate::cluster::{Behaviour, Identity, Member, Replica, register, start_replica, token, wait_assignments};
+use proto::common::v1::WorkloadIdentity;
+use proto::host::v1::OwnershipPhase;
+use proto::recovery::v1::supervisor_recovery_client::SupervisorRecoveryClient;
+use proto::recovery::v1::{ActivateRequest, IssueGrantRequest, IssueGrantResponse, Receipt, TrustBundleRequest};
+use proto::trust::{Claims, DEFAULT_ISSUER, Expectation, GrantClaims, Kind, ProofClaims};
+
+use crate::cluster::{
+    Behaviour, Identity, Member, Replica, channel, register, start_replica, token, wait_assignments, with_token,
+};
 use crate::support::{TestDb, wait_for};
 
 /// Two replicas, a credentials directory, and the tokens the coordinator delivered.
@@ -403,5 +411,177 @@ pub async fn streams_without_a_valid_token_or_identity_are_refused(db: &TestDb) 
     );
     let (_, members) = db.store.list_members().await.unwrap();
     assert!(members.is_empty(), "refused streams leave no membership");
+    pool.stop().await;
+}
+
+/// A request with the pool's supervisor token.
+fn auth<T>(pool: &Pool, message: T) -> tonic::Request<T> {
+    with_token(message, &pool.supervisor_token)
+}
+
+/// A receipt as the instance's sidecar would build it (receipt key [7; 32],
+/// as `cluster::register` registers it).
+fn receipt(grant: &proto::recovery::v1::IssueGrantResponse, term: u64, fenced: u64, pid: u32) -> Receipt {
+    let instance = grant.instance.clone();
+    let mut receipt = Receipt {
+        route: "default/agent-0".into(),
+        instance,
+        term,
+        grant_id: grant.grant_id.clone(),
+        grant_digest: proto::sha256(grant.grant.as_bytes()),
+        fenced_term: fenced,
+        workload: Some(WorkloadIdentity {
+            pid,
+            start_time_ticks: 1234,
+            exe_digest: vec![5; 32],
+        }),
+        issued_at_ms: 1,
+        mac: Vec::new(),
+    };
+    receipt.mac = receipt.compute_mac(&[7u8; 32]);
+    receipt
+}
+
+pub async fn grants_are_single_use_and_activation_checks_receipt_and_process(db: &TestDb) {
+    let pool = Pool::start(db).await;
+    let mut m = pool.member(0, "m-a", Behaviour::Mute).await;
+    wait_members(db, 1).await;
+    pool.register("agent-0").await.unwrap();
+    let snapshot = m
+        .wait_snapshot("the reserved instance", |s| s.instances.len() == 1)
+        .await;
+    let owned = &snapshot.instances[0];
+    assert_eq!(owned.phase, OwnershipPhase::Reserved as i32);
+
+    let mut recovery = SupervisorRecoveryClient::new(channel(&pool.endpoint(1)).await);
+    let ask = |process: &str, term: u64| IssueGrantRequest {
+        route: owned.route.clone(),
+        term,
+        member: "m-a".into(),
+        process_id: process.into(),
+    };
+    let code = |r: Result<tonic::Response<IssueGrantResponse>, tonic::Status>| r.unwrap_err().code();
+    assert_eq!(
+        code(recovery.issue_grant(auth(&pool, ask("m-a-other", owned.term))).await),
+        Code::FailedPrecondition
+    );
+    assert_eq!(
+        code(recovery.issue_grant(auth(&pool, ask("m-a-p1", owned.term + 1))).await),
+        Code::FailedPrecondition
+    );
+    let grant = recovery
+        .issue_grant(auth(&pool, ask("m-a-p1", owned.term)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        code(recovery.issue_grant(auth(&pool, ask("m-a-p1", owned.term))).await),
+        Code::FailedPrecondition,
+        "single use, even when the first answer was lost"
+    );
+
+    // The grant is a real JWS for the sidecar audience.
+    let bundle = proto::trust::TrustBundle::from_jwks(
+        recovery
+            .trust_bundle(auth(&pool, TrustBundleRequest {}))
+            .await
+            .unwrap()
+            .into_inner()
+            .jwks_json
+            .as_bytes(),
+    )
+    .unwrap();
+    let claims: Claims<GrantClaims> = bundle
+        .verify(&grant.grant, &Expectation::kind(Kind::RecoveryGrant, DEFAULT_ISSUER))
+        .unwrap();
+    assert_eq!(
+        (claims.extra.term, claims.extra.process_id.as_str()),
+        (owned.term, "m-a-p1")
+    );
+
+    let activate = |receipt: Receipt, grant: &str| ActivateRequest {
+        receipt: Some(receipt),
+        grant: grant.to_owned(),
+    };
+    let mut forged = receipt(&grant, owned.term, 0, 4242);
+    forged.mac[0] ^= 1;
+    let err = recovery
+        .activate(auth(&pool, activate(forged, &grant.grant)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    let err = recovery
+        .activate(auth(&pool, activate(receipt(&grant, owned.term, 0, 4242), "x.y.z")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "receipt bound to another grant");
+
+    let proof = recovery
+        .activate(auth(
+            &pool,
+            activate(receipt(&grant, owned.term, 0, 4242), &grant.grant),
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .activation
+        .unwrap();
+    let proven: Claims<ProofClaims> = bundle
+        .verify(&proof.proof, &Expectation::kind(Kind::ActivationProof, DEFAULT_ISSUER))
+        .unwrap();
+    assert_eq!(
+        (proven.extra.grant_id.as_str(), proven.extra.term),
+        (grant.grant_id.as_str(), owned.term)
+    );
+    let err = recovery
+        .activate(auth(
+            &pool,
+            activate(receipt(&grant, owned.term, 0, 4242), &grant.grant),
+        ))
+        .await
+        .unwrap_err();
+    assert!(err.message().contains("already activated"), "{err:?}");
+    let active = m
+        .wait_snapshot("the active term", |s| {
+            s.instances.iter().any(|o| o.phase == OwnershipPhase::Active as i32)
+        })
+        .await;
+    assert_eq!(active.instances[0].term, owned.term);
+
+    // The owner dies; the next owner must present the same workload process.
+    let mut next = pool.member(1, "m-b", Behaviour::Mute).await;
+    wait_members(db, 2).await;
+    m.kill();
+    let moved = next
+        .wait_snapshot("the moved instance", |s| s.instances.len() == 1)
+        .await;
+    let term = moved.instances[0].term;
+    assert_eq!(term, owned.term + 1);
+    let grant = recovery
+        .issue_grant(auth(
+            &pool,
+            IssueGrantRequest {
+                member: "m-b".into(),
+                ..ask("m-b-p1", term)
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let err = recovery
+        .activate(auth(
+            &pool,
+            activate(receipt(&grant, term, owned.term, 9999), &grant.grant),
+        ))
+        .await
+        .unwrap_err();
+    assert!(err.message().contains("workload identity differs"), "{err:?}");
+    recovery
+        .activate(auth(
+            &pool,
+            activate(receipt(&grant, term, owned.term, 4242), &grant.grant),
+        ))
+        .await
+        .unwrap();
     pool.stop().await;
 }

@@ -1,0 +1,234 @@
+//! The gateway's grant and activation RPCs (`recovery.v1.SupervisorRecovery`),
+//! served by every replica. A grant is minted once per reserved term (the
+//! store's ledger refuses a second one, even after a lost response); an
+//! activation is a compare-and-set on the assignment that also checks the
+//! receipt's MAC, its binding to the grant, and the workload checkpoint.
+//! Neither is ever retried by the gateway.
+
+use std::sync::Arc;
+
+use proto::common::v1::InstanceRef;
+use proto::recovery::v1::supervisor_recovery_server::SupervisorRecovery;
+use proto::recovery::v1::{
+    ActivateRequest, ActivateResponse, ActivationProof, IssueGrantRequest, IssueGrantResponse, Receipt,
+    TrustBundleRequest, TrustBundleResponse,
+};
+use proto::registration::{Binding, Material};
+use proto::timing::MAX_GRANT_LIFETIME;
+use proto::trust::{self, GrantClaims, InstanceClaim, Kind, ProofClaims};
+use tonic::{Request, Response, Status};
+use tracing::{info, warn};
+
+use crate::auth::bearer;
+use crate::registry::check_route;
+use crate::replica::Replica;
+use crate::store::{self, Checkpoint, GrantRecord, InstanceRecord};
+
+/// Longest compact grant accepted back in `Activate`.
+const MAX_GRANT_BYTES: usize = 4096;
+
+#[derive(Clone)]
+pub struct Recovery {
+    replica: Arc<Replica>,
+}
+
+impl Recovery {
+    pub fn new(replica: Arc<Replica>) -> Self {
+        Self { replica }
+    }
+
+    async fn instance(&self, route: &str) -> Result<InstanceRecord, Status> {
+        match self.replica.store.instance(route).await {
+            Ok(Some(instance)) if !instance.withdrawn => Ok(instance),
+            Ok(_) => Err(Status::not_found("no such instance is registered")),
+            Err(err) => Err(unavailable(err)),
+        }
+    }
+}
+
+fn unavailable(err: store::Error) -> Status {
+    Status::unavailable(format!("store unavailable: {err}"))
+}
+
+fn refused(err: store::Error) -> Status {
+    match err {
+        store::Error::Conflict { detail, .. } => Status::failed_precondition(detail),
+        other => unavailable(other),
+    }
+}
+
+fn claim(instance: &InstanceRecord) -> InstanceClaim {
+    InstanceClaim {
+        namespace: instance.namespace.clone(),
+        name: instance.name.clone(),
+        uid: instance.uid.clone(),
+        generation: instance.generation,
+    }
+}
+
+fn instance_ref(instance: &InstanceRecord) -> InstanceRef {
+    crate::pool::instance_ref(instance)
+}
+
+/// The receipt names exactly this instance.
+fn same_instance(receipt: &Receipt, instance: &InstanceRecord) -> bool {
+    receipt.instance.as_ref() == Some(&instance_ref(instance))
+}
+
+#[tonic::async_trait]
+impl SupervisorRecovery for Recovery {
+    async fn issue_grant(&self, request: Request<IssueGrantRequest>) -> Result<Response<IssueGrantResponse>, Status> {
+        self.replica.keys.verify_request(Kind::Supervisor, &request).await?;
+        let request = request.into_inner();
+        check_route(&request.route)?;
+        if request.member.is_empty() || request.process_id.is_empty() || request.term == 0 {
+            return Err(Status::invalid_argument(
+                "a grant needs a term, a member and a process_id",
+            ));
+        }
+        let term = i64::try_from(request.term).map_err(|_| Status::invalid_argument("term out of range"))?;
+        let instance = self.instance(&request.route).await?;
+        let claims = GrantClaims {
+            route: request.route.clone(),
+            instance: claim(&instance),
+            term: request.term,
+            member: request.member.clone(),
+            process_id: request.process_id.clone(),
+        };
+        let keyring = self.replica.keys.keyring();
+        let minted = keyring
+            .mint(Kind::RecoveryGrant, &request.route, MAX_GRANT_LIFETIME, &claims)
+            .map_err(|err| Status::unavailable(format!("cannot sign the grant: {err}")))?;
+        let record = GrantRecord {
+            route: request.route.clone(),
+            term,
+            jti: minted.jti.clone(),
+            member: request.member.clone(),
+            process_id: request.process_id.clone(),
+            digest: proto::sha256(minted.token.as_bytes()),
+            expires_at_ms: minted.expires_at_ms,
+        };
+        self.replica.store.issue_grant(&record).await.map_err(refused)?;
+        info!(route = %request.route, term, member = %request.member, grant = %minted.jti, "recovery grant issued");
+        Ok(Response::new(IssueGrantResponse {
+            grant: minted.token,
+            grant_id: minted.jti,
+            expires_at_ms: minted.expires_at_ms,
+            instance: Some(instance_ref(&instance)),
+        }))
+    }
+
+    async fn activate(&self, request: Request<ActivateRequest>) -> Result<Response<ActivateResponse>, Status> {
+        self.replica.keys.verify_request(Kind::Supervisor, &request).await?;
+        let request = request.into_inner();
+        let receipt = request
+            .receipt
+            .ok_or_else(|| Status::invalid_argument("activation needs a receipt"))?;
+        if request.grant.len() > MAX_GRANT_BYTES {
+            return Err(Status::invalid_argument("the grant is too large"));
+        }
+        check_route(&receipt.route)?;
+        let digest = proto::sha256(request.grant.as_bytes());
+        if receipt.grant_digest != digest {
+            return Err(Status::failed_precondition("the receipt is not bound to this grant"));
+        }
+        // The grant must be ours and name what the receipt names.
+        let grant: trust::Claims<GrantClaims> = self
+            .replica
+            .keys
+            .verify_claims(Kind::RecoveryGrant, &request.grant)
+            .await
+            .map_err(|err| Status::failed_precondition(format!("grant refused: {err}")))?;
+        if grant.jti != receipt.grant_id || grant.extra.route != receipt.route || grant.extra.term != receipt.term {
+            return Err(Status::failed_precondition("the receipt does not match its grant"));
+        }
+        let instance = self.instance(&receipt.route).await?;
+        if !same_instance(&receipt, &instance) {
+            return Err(Status::failed_precondition("the receipt names another instance"));
+        }
+        let binding = Binding {
+            route: &instance.route,
+            namespace: &instance.namespace,
+            name: &instance.name,
+            uid: &instance.uid,
+        };
+        let receipt_key = Material::decode(&instance.material.0, &binding)
+            .and_then(|m| m.receipt_key())
+            .map_err(|_| Status::failed_precondition("the instance's registration material is unusable"))?;
+        if !receipt.verify_mac(&receipt_key) {
+            warn!(route = %receipt.route, term = receipt.term, "receipt MAC does not verify");
+            return Err(Status::permission_denied(
+                "the receipt did not come from this instance's sidecar",
+            ));
+        }
+        let workload = receipt.workload.clone().unwrap_or_default();
+        let checkpoint = Checkpoint {
+            pid: i64::from(workload.pid),
+            start_ticks: i64::try_from(workload.start_time_ticks).unwrap_or(i64::MAX),
+            exe_digest: workload.exe_digest.clone(),
+        };
+        let term = i64::try_from(receipt.term).map_err(|_| Status::invalid_argument("term out of range"))?;
+        let activated_at_ms = self
+            .replica
+            .store
+            .activate(
+                &receipt.route,
+                term,
+                &grant.extra.process_id,
+                &grant.jti,
+                &digest,
+                &checkpoint,
+            )
+            .await
+            .map_err(refused)?;
+        self.replica.wake.notify_one();
+        info!(route = %receipt.route, term, member = %grant.extra.member, pid = workload.pid, "term activated");
+
+        let claims = ProofClaims {
+            route: receipt.route.clone(),
+            instance: claim(&instance),
+            term: receipt.term,
+            member: grant.extra.member.clone(),
+            process_id: grant.extra.process_id.clone(),
+            grant_id: grant.jti.clone(),
+        };
+        let proof = self
+            .replica
+            .keys
+            .keyring()
+            .mint(
+                Kind::ActivationProof,
+                &receipt.route,
+                trust::MAX_PROOF_LIFETIME,
+                &claims,
+            )
+            .map_err(|err| Status::unavailable(format!("activated, but cannot sign the proof: {err}")))?;
+        Ok(Response::new(ActivateResponse {
+            activation: Some(ActivationProof {
+                route: receipt.route,
+                instance: Some(instance_ref(&instance)),
+                term: receipt.term,
+                activated_at_ms,
+                proof: proof.token,
+                grant_id: grant.jti,
+            }),
+        }))
+    }
+
+    async fn trust_bundle(
+        &self,
+        request: Request<TrustBundleRequest>,
+    ) -> Result<Response<TrustBundleResponse>, Status> {
+        let token = bearer(&request)?;
+        let keys = &self.replica.keys;
+        if keys.verify(Kind::Supervisor, token).await.is_err() {
+            keys.verify(Kind::Instance, token).await?;
+        }
+        let keyring = keys.keyring();
+        Ok(Response::new(TrustBundleResponse {
+            jwks_json: keyring.trust_bundle().to_jwks(),
+            issuer: keys.issuer().to_owned(),
+            refresh_after_ms: 60_000,
+        }))
+    }
+}
