@@ -29,6 +29,9 @@ pub struct Owner {
     pub member: String,
     pub process_id: String,
     pub term: i64,
+    /// The owner reported it cannot run the instance at this term (a refused
+    /// grant or activation, or it acknowledged the term without hosting it).
+    pub failed: bool,
 }
 
 /// What placement decided for one route.
@@ -63,9 +66,9 @@ pub fn plan(desired: &BTreeSet<String>, owners: &BTreeMap<String, Owner>, live: 
     };
     // Load counts every assignment held by a live process, including the
     // ones it may be asked to stop: they occupy a session until then.
-    let mut load: BTreeMap<&str, usize> = live.iter().map(|c| (c.member.as_str(), 0)).collect();
+    let mut load: BTreeMap<String, usize> = live.iter().map(|c| (c.member.clone(), 0)).collect();
     for owner in owners.values().filter(|o| alive(o)) {
-        if let Some(n) = load.get_mut(owner.member.as_str()) {
+        if let Some(n) = load.get_mut(&owner.member) {
             *n += 1;
         }
     }
@@ -80,12 +83,27 @@ pub fn plan(desired: &BTreeSet<String>, owners: &BTreeMap<String, Owner>, live: 
     }
     for route in desired {
         let owner = owners.get(route);
-        if owner.is_some_and(&alive) {
+        if owner.is_some_and(|o| alive(o) && !o.failed) {
             continue;
         }
-        match least_loaded(live, &load) {
+        // A candidate that failed the term is passed over when others can take it.
+        let others: Vec<Candidate> = match owner.filter(|o| o.failed) {
+            Some(failed) => live.iter().filter(|c| c.member != failed.member).cloned().collect(),
+            None => Vec::new(),
+        };
+        let pick_from = if others.iter().any(|c| !c.excluded) {
+            others.as_slice()
+        } else {
+            live
+        };
+        if let Some(failed) = owner.filter(|o| o.failed && alive(o))
+            && let Some(n) = load.get_mut(&failed.member)
+        {
+            *n = n.saturating_sub(1);
+        }
+        match least_loaded(pick_from, &load) {
             Ok(to) => {
-                *load.entry(to.member.as_str()).or_default() += 1;
+                *load.entry(to.member.clone()).or_default() += 1;
                 decisions.push(match owner {
                     None => Decision::Place {
                         route: route.clone(),
@@ -109,7 +127,7 @@ pub fn plan(desired: &BTreeSet<String>, owners: &BTreeMap<String, Owner>, live: 
 }
 
 /// The eligible member with the fewest instances (ties by name), or why none is.
-fn least_loaded<'a>(live: &'a [Candidate], load: &BTreeMap<&str, usize>) -> Result<&'a Candidate, String> {
+fn least_loaded<'a>(live: &'a [Candidate], load: &BTreeMap<String, usize>) -> Result<&'a Candidate, String> {
     if live.is_empty() {
         return Err("no live pool members".into());
     }
@@ -118,8 +136,8 @@ fn least_loaded<'a>(live: &'a [Candidate], load: &BTreeMap<&str, usize>) -> Resu
         return Err(format!("all {} pool members are leaving or drained", live.len()));
     }
     open.iter()
-        .filter(|c| load.get(c.member.as_str()).copied().unwrap_or(0) < limit(c))
-        .min_by_key(|c| (load.get(c.member.as_str()).copied().unwrap_or(0), c.member.as_str()))
+        .filter(|c| load.get(&c.member).copied().unwrap_or(0) < limit(c))
+        .min_by_key(|c| (load.get(&c.member).copied().unwrap_or(0), c.member.as_str()))
         .copied()
         .ok_or_else(|| {
             let limits: Vec<String> = open
@@ -160,6 +178,7 @@ mod tests {
             member: member.into(),
             process_id: format!("{member}-p1"),
             term,
+            failed: false,
         }
     }
 
@@ -174,6 +193,7 @@ mod tests {
                             member: to.member.clone(),
                             process_id: to.process_id.clone(),
                             term: 1,
+                            failed: false,
                         },
                     );
                 }
@@ -184,6 +204,7 @@ mod tests {
                             member: to.member.clone(),
                             process_id: to.process_id.clone(),
                             term: *term,
+                            failed: false,
                         },
                     );
                 }
@@ -360,5 +381,34 @@ mod tests {
                 term: 3
             }]
         );
+    }
+
+    #[test]
+    fn a_failed_candidate_is_replaced_at_the_next_term_by_another_member() {
+        let mut owners = BTreeMap::new();
+        owners.insert(
+            "ns/x".into(),
+            Owner {
+                failed: true,
+                ..owner("a", 2)
+            },
+        );
+        let desired: BTreeSet<String> = owners.keys().cloned().collect();
+        let decisions = plan(&desired, &owners, &[member("a"), member("b")]);
+        assert_eq!(
+            decisions,
+            vec![Decision::Recover {
+                route: "ns/x".into(),
+                from: Owner {
+                    failed: true,
+                    ..owner("a", 2)
+                },
+                to: member("b"),
+                term: 3
+            }]
+        );
+        // Alone, the failed member gets another try at a new term.
+        let decisions = plan(&desired, &owners, &[member("a")]);
+        assert!(matches!(&decisions[0], Decision::Recover { to, term: 3, .. } if to.member == "a"));
     }
 }

@@ -86,10 +86,16 @@ impl View {
         self.assignments
             .values()
             .map(|a| {
+                let failed = self.reports.get(&a.route).is_some_and(|r| {
+                    r.term == a.term
+                        && r.process_id == a.process_id
+                        && matches!(r.phase.as_str(), "INSTANCE_PHASE_FAILED" | "ABSENT")
+                });
                 let owner = Owner {
                     member: a.member.clone(),
                     process_id: a.process_id.clone(),
                     term: a.term,
+                    failed,
                 };
                 (a.route.clone(), owner)
             })
