@@ -33,8 +33,8 @@ pub fn render(status: &GetSupervisorPoolStatusResponse) -> String {
     }
     if !status.instances.is_empty() {
         out.push_str(&format!(
-            "{:<28} {:<16} {:>5} {:<12} {:>8}\n",
-            "INSTANCE", "OWNER", "TERM", "PHASE", "PID"
+            "{:<28} {:<16} {:>5} {:<12} {:>8} {:>9}\n",
+            "INSTANCE", "OWNER", "TERM", "PHASE", "PID", "PROGRESS"
         ));
         for i in &status.instances {
             let phase = proto::common::v1::InstancePhase::try_from(i.phase)
@@ -46,8 +46,8 @@ pub fn render(status: &GetSupervisorPoolStatusResponse) -> String {
                 .to_ascii_lowercase();
             let phase = if i.reserved { format!("{phase}*") } else { phase };
             out.push_str(&format!(
-                "{:<28} {:<16} {:>5} {:<12} {:>8}\n",
-                i.route, i.owner_member, i.term, phase, i.workload_pid
+                "{:<28} {:<16} {:>5} {:<12} {:>8} {:>9}\n",
+                i.route, i.owner_member, i.term, phase, i.workload_pid, i.progress
             ));
         }
     }

@@ -314,6 +314,7 @@ mod tests {
                 phase: "INSTANCE_PHASE_ACTIVE".into(),
                 message: String::new(),
                 workload_pid: 1,
+                progress: 0,
                 reported_by: "gw".into(),
                 updated_at_ms: 0,
             },

@@ -95,6 +95,7 @@ pub fn status(view: &View, lease: Option<&LeaseView>, served_by: &str) -> GetSup
                 last_report_at_ms: r.map_or(0, |r| r.updated_at_ms),
                 message: r.map(|r| r.message.clone()).unwrap_or_default(),
                 workload_pid: r.map_or(0, |r| u32::try_from(r.workload_pid).unwrap_or(0)),
+                progress: r.map_or(0, |r| u64::try_from(r.progress).unwrap_or(0)),
             }
         })
         .collect();

@@ -157,6 +157,7 @@ mod tests {
                     phase: phase.into(),
                     message: "boom".into(),
                     workload_pid: 1,
+                    progress: 0,
                     reported_by: "gw".into(),
                     updated_at_ms: 0,
                 },

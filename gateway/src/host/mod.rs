@@ -352,6 +352,7 @@ impl Session {
                             phase: status.phase,
                             message: status.message,
                             workload_pid: i64::from(status.workload_pid),
+                            progress: i64::try_from(status.progress).unwrap_or(i64::MAX),
                             reported_by: replica.name.clone(),
                             updated_at_ms: 0,
                         };

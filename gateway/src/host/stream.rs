@@ -27,6 +27,7 @@ pub struct Attributed {
     pub phase: String,
     pub message: String,
     pub workload_pid: u32,
+    pub progress: u64,
 }
 
 #[derive(Debug, Default)]
@@ -103,6 +104,7 @@ impl Stream {
                         .to_owned(),
                     message: truncate(&s.message, proto::MAX_STATUS_MESSAGE_BYTES),
                     workload_pid: s.workload_pid,
+                    progress: s.counters.as_ref().map_or(0, |c| c.last_progress_value),
                 },
                 None => Attributed {
                     route: route.clone(),
@@ -110,6 +112,7 @@ impl Stream {
                     phase: "ABSENT".into(),
                     message: "the owner acknowledged the assignment but does not host it".into(),
                     workload_pid: 0,
+                    progress: 0,
                 },
             });
         }

@@ -414,11 +414,12 @@ impl Store {
     /// Record an owner's report unless a report of a higher term is already there.
     pub async fn record_report(&self, r: &Report) -> Result<()> {
         let sql = format!(
-            "INSERT INTO instance_reports (route, term, member, process_id, phase, message, workload_pid, reported_by, updated_at_ms) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, ({})) \
+            "INSERT INTO instance_reports (route, term, member, process_id, phase, message, workload_pid, reported_by, progress, updated_at_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, ({})) \
              ON CONFLICT (route) DO UPDATE SET term = excluded.term, member = excluded.member, \
                process_id = excluded.process_id, phase = excluded.phase, message = excluded.message, \
-               workload_pid = excluded.workload_pid, reported_by = excluded.reported_by, updated_at_ms = excluded.updated_at_ms \
+               workload_pid = excluded.workload_pid, reported_by = excluded.reported_by, progress = excluded.progress, \
+               updated_at_ms = excluded.updated_at_ms \
              WHERE instance_reports.term <= excluded.term",
             self.backend.clock_expr()
         );
@@ -431,6 +432,7 @@ impl Store {
             .bind(&r.message)
             .bind(r.workload_pid)
             .bind(&r.reported_by)
+            .bind(r.progress)
             .execute(&self.pool)
             .await?;
         Ok(())
@@ -438,7 +440,7 @@ impl Store {
 
     pub async fn list_reports(&self) -> Result<Vec<Report>> {
         let rows = sqlx::query(
-            "SELECT route, term, member, process_id, phase, message, workload_pid, reported_by, updated_at_ms \
+            "SELECT route, term, member, process_id, phase, message, workload_pid, reported_by, progress, updated_at_ms \
              FROM instance_reports ORDER BY route",
         )
         .fetch_all(&self.pool)
@@ -453,6 +455,7 @@ impl Store {
                     phase: r.try_get("phase")?,
                     message: r.try_get("message")?,
                     workload_pid: r.try_get("workload_pid")?,
+                    progress: r.try_get("progress")?,
                     reported_by: r.try_get("reported_by")?,
                     updated_at_ms: r.try_get("updated_at_ms")?,
                 })

@@ -188,6 +188,8 @@ pub struct Report {
     pub phase: String,
     pub message: String,
     pub workload_pid: i64,
+    /// The workload's last progress value the owner accepted.
+    pub progress: i64,
     /// The gateway replica that attributed it.
     pub reported_by: String,
     /// Set by the store from the database clock.

@@ -724,6 +724,7 @@ pub async fn reports_never_regress_in_term(db: &TestDb) {
         phase: phase.into(),
         message: String::new(),
         workload_pid: 42,
+        progress: 7,
         reported_by: "gw-a".into(),
         updated_at_ms: 0,
     };
@@ -736,6 +737,7 @@ pub async fn reports_never_regress_in_term(db: &TestDb) {
         (reports[0].term, reports[0].phase.as_str(), reports[0].member.as_str()),
         (2, "ACTIVE", "m2")
     );
+    assert_eq!(reports[0].progress, 7);
     db.store.record_report(&report(3, "STARTING")).await.unwrap();
     assert_eq!(db.store.list_reports().await.unwrap()[0].term, 3);
 }
