@@ -72,6 +72,8 @@ pub struct Config {
     pub database_url: Option<String>,
     pub gateways: usize,
     pub members: usize,
+    /// Sandboxes (sidecar + counting agent) started once the members are up.
+    pub sandboxes: usize,
     /// Coordinator lease length (ms).
     pub lease_length_ms: u64,
 }
@@ -84,13 +86,24 @@ pub struct Gateway {
 
 pub struct Member {
     pub name: String,
+    /// Where sidecars reach it.
+    pub runtime_address: String,
     pub process: Process,
+}
+
+/// One workload: its sidecar and the counting agent beside it.
+pub struct Sandbox {
+    pub name: String,
+    pub uid: String,
+    pub sidecar: Process,
+    pub agent: Process,
 }
 
 pub struct LocalPool {
     pub config: Config,
     pub gateways: Vec<Gateway>,
     pub members: Vec<Member>,
+    pub sandboxes: Vec<Sandbox>,
     database_url: String,
 }
 
@@ -126,6 +139,7 @@ impl LocalPool {
             config,
             gateways: Vec::new(),
             members: Vec::new(),
+            sandboxes: Vec::new(),
             database_url,
         };
         for i in 0..pool.config.gateways {
@@ -138,6 +152,9 @@ impl LocalPool {
         .await?;
         for i in 0..pool.config.members {
             pool.start_member(&format!("supervisor-{i}"))?;
+        }
+        for i in 0..pool.config.sandboxes {
+            pool.start_sandbox(&format!("sandbox-{i}"))?;
         }
         Ok(pool)
     }
@@ -169,6 +186,7 @@ impl LocalPool {
     }
 
     pub fn start_member(&mut self, name: &str) -> Result<(), Error> {
+        let runtime = format!("127.0.0.1:{}", free_port()?);
         let env = vec![
             ("OPENSHELL_SUPERVISOR_POOL_MEMBER".to_owned(), name.to_owned()),
             ("OPENSHELL_GATEWAY_ENDPOINTS".to_owned(), self.endpoints().join(",")),
@@ -180,16 +198,57 @@ impl LocalPool {
                     .display()
                     .to_string(),
             ),
-            (
-                "OPENSHELL_SUPERVISOR_RUNTIME_LISTEN".to_owned(),
-                "127.0.0.1:0".to_owned(),
-            ),
+            ("OPENSHELL_SUPERVISOR_RUNTIME_LISTEN".to_owned(), runtime.clone()),
         ];
         let log = self.logs().join(format!("{name}.log"));
         let process = Process::spawn(name, &binary("supervisor")?, &[], &env, log)?;
         self.members.push(Member {
             name: name.into(),
+            runtime_address: format!("http://{runtime}"),
             process,
+        });
+        Ok(())
+    }
+
+    /// Start a sidecar for workload `name` in namespace `default`, and the
+    /// counting agent that talks to it.
+    pub fn start_sandbox(&mut self, name: &str) -> Result<(), Error> {
+        let dir = self.config.root.join("sandboxes").join(name);
+        std::fs::create_dir_all(dir.join("state")).map_err(|source| Error::Io {
+            path: dir.display().to_string(),
+            source,
+        })?;
+        let socket = dir.join("workload.sock");
+        let uid = uuid_like();
+        let route: Vec<String> = self.members.iter().map(|m| m.runtime_address.clone()).collect();
+        let supervision = self.credentials().join("namespaces").join("default");
+        let env = vec![
+            ("OPENSHELL_SUPERVISOR_ROUTE".to_owned(), route.join(",")),
+            ("OPENSHELL_GATEWAY_ENDPOINTS".to_owned(), self.endpoints().join(",")),
+            ("OPENSHELL_POD_NAMESPACE".to_owned(), "default".to_owned()),
+            ("OPENSHELL_POD_NAME".to_owned(), name.to_owned()),
+            ("OPENSHELL_POD_UID".to_owned(), uid.clone()),
+            (
+                "OPENSHELL_SUPERVISION_DIR".to_owned(),
+                supervision.display().to_string(),
+            ),
+            ("OPENSHELL_SIDECAR_SOCKET".to_owned(), socket.display().to_string()),
+            (
+                "OPENSHELL_SIDECAR_STATE_DIR".to_owned(),
+                dir.join("state").display().to_string(),
+            ),
+        ];
+        let logs = self.logs();
+        let sidecar_log = logs.join(format!("{name}-sidecar.log"));
+        let sidecar = Process::spawn(&format!("{name}-sidecar"), &binary("sidecar")?, &[], &env, sidecar_log)?;
+        let agent_env = vec![("OPENSHELL_SIDECAR_SOCKET".to_owned(), socket.display().to_string())];
+        let agent_log = logs.join(format!("{name}-agent.log"));
+        let agent = Process::spawn(&format!("{name}-agent"), &binary("agent")?, &[], &agent_env, agent_log)?;
+        self.sandboxes.push(Sandbox {
+            name: name.into(),
+            uid,
+            sidecar,
+            agent,
         });
         Ok(())
     }
@@ -227,9 +286,13 @@ impl LocalPool {
         Err(Error::Status(last))
     }
 
-    /// Stop members first (they announce leaving), then the gateways.
+    /// Stop the sandboxes, then the members (they announce leaving), then the gateways.
     pub async fn stop(self) {
         let grace = Duration::from_secs(5);
+        for sandbox in self.sandboxes {
+            sandbox.sidecar.stop(grace).await;
+            sandbox.agent.stop(grace).await;
+        }
         for member in self.members {
             member.process.stop(grace).await;
         }
@@ -237,6 +300,15 @@ impl LocalPool {
             gateway.process.stop(grace).await;
         }
     }
+}
+
+/// A random id for a local workload (what a Pod UID is in Kubernetes).
+fn uuid_like() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!("local-{:x}-{:x}", nanos, std::process::id())
 }
 
 async fn status_from(endpoint: &str, token: &str) -> Result<GetSupervisorPoolStatusResponse, String> {

@@ -1,6 +1,7 @@
 //! `local-pool`: the quick start. Starts, as real processes on loopback with
-//! the embedded SQLite store, two gateway replicas and two supervisor
-//! members, then prints live pool status until interrupted.
+//! the embedded SQLite store, two gateway replicas, two supervisor members
+//! and three sandboxes (a sidecar and a counting agent each), then prints
+//! live pool status (members, owners, terms, counters) until interrupted.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -21,6 +22,9 @@ struct Args {
     gateways: usize,
     #[arg(long, default_value_t = 2)]
     members: usize,
+    /// Sandboxes: a sidecar and a counting agent each.
+    #[arg(long, default_value_t = 3)]
+    sandboxes: usize,
     /// Print the status this often (ms).
     #[arg(long, default_value_t = 1000)]
     interval_ms: u64,
@@ -37,6 +41,7 @@ async fn main() -> anyhow::Result<()> {
         database_url: args.database_url.clone(),
         gateways: args.gateways,
         members: args.members,
+        sandboxes: args.sandboxes,
         lease_length_ms: 5000,
     };
     println!(

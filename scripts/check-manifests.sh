@@ -1,0 +1,231 @@
+#!/usr/bin/env bash
+# Render every kustomization (manifests/, kustomize/base, kustomize/overlays/*) with
+# `kubectl kustomize`, validate every rendered resource offline against the Kubernetes
+# OpenAPI schemas (PyPI package kubernetes-validate, strict mode, Kubernetes 1.28 and 1.37),
+# and check the install's own rules (restricted Pods, probes, webhook registration, RBAC).
+#
+# Needs kubectl (with its built-in kustomize) and python3. Installs kubernetes-validate from
+# PyPI into .local/check-manifests-venv on first use (or with pip --user if venv is missing).
+# Custom resources without a built-in schema (cert-manager's Certificate and Issuer) are
+# skipped by the schema validation, with a note.
+#
+# Exit status: 0 when everything passes, 1 otherwise.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+KV_VERSION="${KUBERNETES_VALIDATE_VERSION:-1.37.0}"
+K8S_VERSIONS="${CHECK_MANIFESTS_K8S_VERSIONS:-1.28.0 1.37.0}"
+VENV="${CHECK_MANIFESTS_VENV:-$ROOT/.local/check-manifests-venv}"
+
+die() { echo "check-manifests: $*" >&2; exit 1; }
+
+command -v kubectl >/dev/null 2>&1 || die "kubectl not found (it provides 'kubectl kustomize')"
+command -v python3 >/dev/null 2>&1 || die "python3 not found"
+
+# --- Python with kubernetes-validate -------------------------------------------------------
+PYTHON=""
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import kubernetes_validate, yaml' 2>/dev/null; then
+  PYTHON="$VENV/bin/python"
+elif python3 -c 'import kubernetes_validate, yaml' 2>/dev/null; then
+  PYTHON="python3"
+else
+  echo "check-manifests: installing kubernetes-validate==$KV_VERSION from PyPI" >&2
+  if python3 -m venv "$VENV" >/dev/null 2>&1; then
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "kubernetes-validate==$KV_VERSION" \
+      || die "pip install kubernetes-validate failed"
+    PYTHON="$VENV/bin/python"
+  else
+    python3 -m pip install --quiet --user --disable-pip-version-check "kubernetes-validate==$KV_VERSION" \
+      || die "pip install --user kubernetes-validate failed"
+    PYTHON="python3"
+  fi
+  "$PYTHON" -c 'import kubernetes_validate, yaml' || die "kubernetes-validate is not importable after install"
+fi
+
+# --- Render ----------------------------------------------------------------------------------
+OUT="$(mktemp -d)"
+trap 'rm -rf "$OUT"' EXIT
+
+targets=("manifests" "kustomize/base")
+for dir in "$ROOT"/kustomize/overlays/*/; do
+  targets+=("kustomize/overlays/$(basename "$dir")")
+done
+
+failed=0
+rendered=()
+for target in "${targets[@]}"; do
+  file="$OUT/$(echo "$target" | tr '/' '_').yaml"
+  if kubectl kustomize "$ROOT/$target" >"$file" 2>"$file.err"; then
+    echo "rendered  $target ($(grep -c '^kind:' "$file") resources)"
+    rendered+=("$target=$file")
+  else
+    echo "FAILED    kubectl kustomize $target:" >&2
+    cat "$file.err" >&2
+    failed=1
+  fi
+done
+
+# --- Validate --------------------------------------------------------------------------------
+"$PYTHON" - "$K8S_VERSIONS" "${rendered[@]}" <<'PY' || failed=1
+import sys
+import yaml
+import kubernetes_validate
+from kubernetes_validate.utils import SchemaNotFoundError, InvalidSchemaError, ValidationError
+
+versions = sys.argv[1].split()
+targets = [arg.split("=", 1) for arg in sys.argv[2:]]
+errors = []
+skipped = set()
+
+SYSTEM_NAMESPACES = {"kube-system", "kube-public", "kube-node-lease", "openshell-supervision"}
+WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job", "ReplicaSet"}
+
+
+def err(target, res, msg):
+    errors.append(f"{target}: {res.get('kind')}/{res.get('metadata', {}).get('name')}: {msg}")
+
+
+def check_pod(target, res, spec):
+    psc = spec.get("securityContext") or {}
+    containers = (spec.get("initContainers") or []) + (spec.get("containers") or [])
+    if not containers:
+        err(target, res, "no containers")
+    for c in containers:
+        csc = c.get("securityContext") or {}
+        name = c.get("name")
+        if not (csc.get("runAsNonRoot", psc.get("runAsNonRoot")) is True):
+            err(target, res, f"container {name}: runAsNonRoot must be true")
+        uid = csc.get("runAsUser", psc.get("runAsUser"))
+        if uid == 0:
+            err(target, res, f"container {name}: runs as uid 0")
+        seccomp = (csc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type")
+        if seccomp != "RuntimeDefault":
+            err(target, res, f"container {name}: seccompProfile must be RuntimeDefault")
+        if csc.get("allowPrivilegeEscalation") is not False:
+            err(target, res, f"container {name}: allowPrivilegeEscalation must be false")
+        if csc.get("readOnlyRootFilesystem") is not True:
+            err(target, res, f"container {name}: readOnlyRootFilesystem must be true")
+        if "ALL" not in ((csc.get("capabilities") or {}).get("drop") or []):
+            err(target, res, f"container {name}: capabilities must drop ALL")
+        if (csc.get("capabilities") or {}).get("add"):
+            err(target, res, f"container {name}: must not add capabilities")
+        if csc.get("privileged"):
+            err(target, res, f"container {name}: privileged")
+        for probe in ("livenessProbe", "readinessProbe"):
+            if probe not in c:
+                err(target, res, f"container {name}: missing {probe}")
+        image = c.get("image", "")
+        if ":" not in image.rsplit("/", 1)[-1] and "@" not in image:
+            err(target, res, f"container {name}: image {image!r} has no tag")
+    for flag in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(flag):
+            err(target, res, f"{flag} is set")
+
+
+def check_webhook(target, res):
+    for wh in res.get("webhooks") or []:
+        if wh.get("sideEffects") != "None":
+            err(target, res, "sideEffects must be None")
+        if wh.get("admissionReviewVersions") != ["v1"]:
+            err(target, res, "admissionReviewVersions must be [v1]")
+        if not (isinstance(wh.get("timeoutSeconds"), int) and wh["timeoutSeconds"] <= 5):
+            err(target, res, "timeoutSeconds must be set and <= 5")
+        if wh.get("failurePolicy") not in ("Fail", "Ignore"):
+            err(target, res, "failurePolicy must be set explicitly")
+        ns = wh.get("namespaceSelector") or {}
+        if (ns.get("matchLabels") or {}).get("supervision.openshell.ai/shared") != "enabled":
+            err(target, res, "namespaceSelector must require supervision.openshell.ai/shared=enabled")
+        excluded = set()
+        for expr in ns.get("matchExpressions") or []:
+            if expr.get("key") == "kubernetes.io/metadata.name" and expr.get("operator") == "NotIn":
+                excluded |= set(expr.get("values") or [])
+        if not SYSTEM_NAMESPACES <= excluded:
+            err(target, res, f"namespaceSelector must exclude {sorted(SYSTEM_NAMESPACES - excluded)}")
+        opt_out = [e for e in (wh.get("objectSelector") or {}).get("matchExpressions") or []
+                   if e.get("key") == "supervision.openshell.ai/inject"
+                   and e.get("operator") == "NotIn" and "disabled" in (e.get("values") or [])]
+        if not opt_out:
+            err(target, res, "objectSelector must exclude supervision.openshell.ai/inject=disabled")
+        rules = wh.get("rules") or []
+        if not any("pods" in r.get("resources", []) and r.get("operations") == ["CREATE"] for r in rules):
+            err(target, res, "must be registered for pods CREATE only")
+        svc = (wh.get("clientConfig") or {}).get("service") or {}
+        if (svc.get("name"), svc.get("namespace"), svc.get("port")) != ("openshell-webhook", "openshell-supervision", 443):
+            err(target, res, "clientConfig.service must be openshell-webhook.openshell-supervision:443")
+
+
+def check_rbac(target, res):
+    for rule in res.get("rules") or []:
+        for field in ("apiGroups", "resources", "verbs"):
+            if "*" in (rule.get(field) or []):
+                err(target, res, f"wildcard in {field}")
+
+
+for target, path in targets:
+    with open(path) as f:
+        docs = [d for d in yaml.safe_load_all(f) if d]
+    kinds = {}
+    for res in docs:
+        kind = res.get("kind")
+        kinds.setdefault(kind, []).append(res)
+        group = res.get("apiVersion", "").split("/")[0] if "/" in res.get("apiVersion", "") else ""
+        if group.endswith("cert-manager.io"):
+            skipped.add(f"{res.get('apiVersion')} {kind}")
+        else:
+            for version in versions:
+                try:
+                    kubernetes_validate.validate(res, version, strict=True)
+                except ValidationError as e:
+                    path_ = ".".join(str(p) for p in e.path)
+                    err(target, res, f"Kubernetes {version} schema: {path_}: {e.message}")
+                except (SchemaNotFoundError, InvalidSchemaError) as e:
+                    err(target, res, f"Kubernetes {version}: no schema: {e}")
+        if kind in WORKLOADS:
+            check_pod(target, res, res["spec"]["template"]["spec"])
+        elif kind == "Pod":
+            check_pod(target, res, res["spec"])
+        elif kind == "MutatingWebhookConfiguration":
+            check_webhook(target, res)
+        elif kind in ("Role", "ClusterRole"):
+            check_rbac(target, res)
+
+    # Install-level rules.
+    deployments = {d["metadata"]["name"]: d for d in kinds.get("Deployment", [])}
+    for name in ("openshell-gateway", "openshell-supervisor", "openshell-webhook"):
+        d = deployments.get(name)
+        if d is None:
+            errors.append(f"{target}: missing Deployment {name}")
+            continue
+        if d["spec"].get("replicas") != 2:
+            err(target, d, "must run 2 replicas")
+        labels = d["spec"]["selector"]["matchLabels"]
+        pdbs = [p for p in kinds.get("PodDisruptionBudget", [])
+                if p["spec"].get("selector", {}).get("matchLabels") == labels]
+        if not pdbs:
+            err(target, d, "has no PodDisruptionBudget")
+    sup = deployments.get("openshell-supervisor")
+    if sup and sup["spec"]["template"]["spec"].get("automountServiceAccountToken") is not False:
+        err(target, sup, "supervisors must not mount a ServiceAccount token")
+    services = {s["metadata"]["name"]: s for s in kinds.get("Service", [])}
+    for name, port in (("openshell-gateway", 8443), ("openshell-supervisor", 7443), ("openshell-webhook", 443)):
+        s = services.get(name)
+        if s is None or port not in [p.get("port") for p in s["spec"].get("ports", [])]:
+            errors.append(f"{target}: Service {name} must expose port {port}")
+    if not kinds.get("MutatingWebhookConfiguration"):
+        errors.append(f"{target}: missing MutatingWebhookConfiguration")
+    print(f"validated {target}: {len(docs)} resources against Kubernetes {', '.join(versions)} (strict)")
+
+for note in sorted(skipped):
+    print(f"note: skipped schema validation of custom resource {note} (no built-in schema; needs cert-manager's CRDs)")
+if errors:
+    print(f"\n{len(errors)} problem(s):", file=sys.stderr)
+    for e in errors:
+        print(f"  - {e}", file=sys.stderr)
+    sys.exit(1)
+PY
+
+if [ "$failed" -ne 0 ]; then
+  echo "check-manifests: FAILED" >&2
+  exit 1
+fi
+echo "check-manifests: OK"

@@ -1,0 +1,179 @@
+//! Command line / environment configuration (every flag has an `OPENSHELL_WEBHOOK_*` env var).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+use crate::inject::{InjectConfig, SidecarMode, SidecarResources};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Json,
+    Text,
+}
+
+/// OpenShell shared-supervision mutating admission webhook.
+#[derive(Clone, Debug, Parser)]
+#[command(name = "webhook", version, about)]
+pub struct Config {
+    /// HTTPS address serving POST /mutate.
+    #[arg(long, env = "OPENSHELL_WEBHOOK_LISTEN", default_value = "0.0.0.0:9443")]
+    pub listen: SocketAddr,
+
+    /// Plain-HTTP address serving /healthz, /readyz and /metrics.
+    #[arg(long, env = "OPENSHELL_WEBHOOK_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
+    pub metrics_listen: SocketAddr,
+
+    /// PEM certificate chain (reloaded when it changes).
+    #[arg(
+        long,
+        env = "OPENSHELL_WEBHOOK_TLS_CERT",
+        default_value = "/etc/openshell/webhook/tls/tls.crt"
+    )]
+    pub tls_cert: PathBuf,
+
+    /// PEM private key (reloaded when it changes).
+    #[arg(
+        long,
+        env = "OPENSHELL_WEBHOOK_TLS_KEY",
+        default_value = "/etc/openshell/webhook/tls/tls.key"
+    )]
+    pub tls_key: PathBuf,
+
+    /// How often the certificate files are checked for changes, in milliseconds.
+    #[arg(long, env = "OPENSHELL_WEBHOOK_CERT_RELOAD_MS", default_value_t = 1000)]
+    pub cert_reload_ms: u64,
+
+    /// Sidecar image injected into Pods.
+    #[arg(
+        long,
+        env = "OPENSHELL_WEBHOOK_SIDECAR_IMAGE",
+        default_value = "openshell/sidecar:0.1.0"
+    )]
+    pub sidecar_image: String,
+
+    /// imagePullPolicy of the injected sidecar.
+    #[arg(
+        long,
+        env = "OPENSHELL_WEBHOOK_SIDECAR_IMAGE_PULL_POLICY",
+        default_value = "IfNotPresent"
+    )]
+    pub sidecar_image_pull_policy: String,
+
+    /// Default sidecar mode: `native` (init container with restartPolicy Always, Kubernetes
+    /// 1.29 or newer) or `container` (older clusters). Pods override it with the annotation
+    /// supervision.openshell.ai/sidecar-mode.
+    #[arg(long, env = "OPENSHELL_WEBHOOK_SIDECAR_MODE", value_enum, default_value = "native")]
+    pub sidecar_mode: SidecarMode,
+
+    /// Supervisor pool address given to sidecars and workloads.
+    #[arg(
+        long,
+        env = "OPENSHELL_WEBHOOK_SUPERVISOR_ROUTE",
+        default_value = "https://openshell-supervisor.openshell-supervision.svc:7443"
+    )]
+    pub supervisor_route: String,
+
+    /// Gateway endpoint given to sidecars.
+    #[arg(
+        long,
+        env = "OPENSHELL_WEBHOOK_GATEWAY_ENDPOINT",
+        default_value = "https://openshell-gateway.openshell-supervision.svc:8443"
+    )]
+    pub gateway_endpoint: String,
+
+    /// The install namespace (never mutated).
+    #[arg(
+        long,
+        env = "OPENSHELL_WEBHOOK_INSTALL_NAMESPACE",
+        default_value = "openshell-supervision"
+    )]
+    pub install_namespace: String,
+
+    #[arg(long, env = "OPENSHELL_WEBHOOK_SIDECAR_CPU_REQUEST", default_value = "10m")]
+    pub sidecar_cpu_request: String,
+
+    #[arg(long, env = "OPENSHELL_WEBHOOK_SIDECAR_MEMORY_REQUEST", default_value = "32Mi")]
+    pub sidecar_memory_request: String,
+
+    /// CPU limit of the sidecar; an empty string sets none.
+    #[arg(long, env = "OPENSHELL_WEBHOOK_SIDECAR_CPU_LIMIT", default_value = "500m")]
+    pub sidecar_cpu_limit: String,
+
+    #[arg(long, env = "OPENSHELL_WEBHOOK_SIDECAR_MEMORY_LIMIT", default_value = "128Mi")]
+    pub sidecar_memory_limit: String,
+
+    /// runAsUser for the sidecar. Unset: the Pod's runAsUser (so the sidecar can signal the
+    /// workload) or the image's numeric USER.
+    #[arg(long, env = "OPENSHELL_WEBHOOK_SIDECAR_RUN_AS_USER")]
+    pub sidecar_run_as_user: Option<i64>,
+
+    /// Largest accepted request body, in bytes.
+    #[arg(long, env = "OPENSHELL_WEBHOOK_MAX_BODY_BYTES", default_value_t = 3 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+
+    /// Time allowed to receive a request (headers and body), in milliseconds.
+    #[arg(long, env = "OPENSHELL_WEBHOOK_REQUEST_TIMEOUT_MS", default_value_t = 10_000)]
+    pub request_timeout_ms: u64,
+
+    /// After the first SIGTERM: keep serving (readyz failing) this long so endpoints
+    /// controllers and the API server stop sending, in milliseconds.
+    #[arg(long, env = "OPENSHELL_WEBHOOK_SHUTDOWN_DELAY_MS", default_value_t = 3_000)]
+    pub shutdown_delay_ms: u64,
+
+    /// Then wait at most this long for in-flight requests, in milliseconds.
+    #[arg(long, env = "OPENSHELL_WEBHOOK_DRAIN_TIMEOUT_MS", default_value_t = 15_000)]
+    pub drain_timeout_ms: u64,
+
+    /// Log format.
+    #[arg(long, env = "OPENSHELL_WEBHOOK_LOG_FORMAT", value_enum, default_value = "json")]
+    pub log_format: LogFormat,
+}
+
+impl Config {
+    /// The configuration with every default (and `OPENSHELL_WEBHOOK_*` overrides from the
+    /// environment) and the given certificate paths: for tests and the benchmark.
+    pub fn with_cert_paths(tls_cert: PathBuf, tls_key: PathBuf) -> Result<Self, clap::Error> {
+        let mut config = Self::try_parse_from(["webhook"])?;
+        config.tls_cert = tls_cert;
+        config.tls_key = tls_key;
+        Ok(config)
+    }
+
+    pub fn inject_config(&self) -> InjectConfig {
+        InjectConfig {
+            sidecar_image: self.sidecar_image.clone(),
+            image_pull_policy: self.sidecar_image_pull_policy.clone(),
+            default_mode: self.sidecar_mode,
+            supervisor_route: self.supervisor_route.clone(),
+            gateway_endpoint: self.gateway_endpoint.clone(),
+            install_namespace: self.install_namespace.clone(),
+            resources: SidecarResources {
+                cpu_request: self.sidecar_cpu_request.clone(),
+                memory_request: self.sidecar_memory_request.clone(),
+                cpu_limit: Some(self.sidecar_cpu_limit.clone()).filter(|s| !s.is_empty()),
+                memory_limit: self.sidecar_memory_limit.clone(),
+            },
+            run_as_user: self.sidecar_run_as_user,
+            version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+
+    pub fn cert_reload_interval(&self) -> Duration {
+        Duration::from_millis(self.cert_reload_ms.max(10))
+    }
+
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms.max(1))
+    }
+
+    pub fn shutdown_delay(&self) -> Duration {
+        Duration::from_millis(self.shutdown_delay_ms)
+    }
+
+    pub fn drain_timeout(&self) -> Duration {
+        Duration::from_millis(self.drain_timeout_ms)
+    }
+}

@@ -1,0 +1,431 @@
+//! `admission.k8s.io/v1` AdmissionReview in, AdmissionReview out: the pure `mutate` entry point.
+//!
+//! [`mutate_bytes`] never fails and never panics: whatever the input, it returns a well-formed
+//! AdmissionReview response that echoes the request UID when one can be found (even in a body
+//! that is not valid JSON, by a best-effort scan) and carries a clear message when the input
+//! is not something the webhook understands.
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::inject::{Decision, Injector, SidecarMode, SkipReason};
+
+pub const API_VERSION: &str = "admission.k8s.io/v1";
+pub const KIND: &str = "AdmissionReview";
+
+/// Why a review could not be answered with a decision (metric label `reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailReason {
+    InvalidJson,
+    InvalidReview,
+    MissingRequest,
+    MissingObject,
+    InvalidPod,
+    BodyTooLarge,
+    BodyRead,
+}
+
+impl FailReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailReason::InvalidJson => "invalid_json",
+            FailReason::InvalidReview => "invalid_review",
+            FailReason::MissingRequest => "missing_request",
+            FailReason::MissingObject => "missing_object",
+            FailReason::InvalidPod => "invalid_pod",
+            FailReason::BodyTooLarge => "body_too_large",
+            FailReason::BodyRead => "body_read",
+        }
+    }
+
+    /// The HTTP-like code put in the response `status`.
+    pub fn code(self) -> u16 {
+        match self {
+            FailReason::BodyTooLarge => 413,
+            FailReason::BodyRead => 408,
+            _ => 400,
+        }
+    }
+}
+
+/// What happened to one review.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Injected(SidecarMode),
+    Skipped(SkipReason),
+    Failed(FailReason),
+}
+
+/// The `status` of a denied review.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Status {
+    pub code: u16,
+    pub message: String,
+}
+
+/// `response` of an AdmissionReview.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionResponse {
+    pub uid: String,
+    pub allowed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub patch_type: Option<&'static str>,
+    /// Base64 of the JSON Patch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub patch: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<Status>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ReviewOut<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    response: &'a AdmissionResponse,
+}
+
+/// The answer to one review plus what the server logs and counts about it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reviewed {
+    pub response: AdmissionResponse,
+    pub outcome: Outcome,
+    pub dry_run: bool,
+    pub namespace: String,
+    /// `metadata.name`, else `metadata.generateName` (Pods from controllers have no name yet).
+    pub name: String,
+    /// Failure detail for logs.
+    pub message: Option<String>,
+}
+
+impl Reviewed {
+    /// The full AdmissionReview response body.
+    pub fn to_json(&self) -> Vec<u8> {
+        review_json(&self.response)
+    }
+}
+
+/// Serialize `response` as an `admission.k8s.io/v1` AdmissionReview.
+pub fn review_json(response: &AdmissionResponse) -> Vec<u8> {
+    let out = ReviewOut {
+        api_version: API_VERSION,
+        kind: KIND,
+        response,
+    };
+    // Serializing plain strings, bools and numbers into a Vec cannot fail; fall back to a
+    // minimal hand-written body anyway rather than panic.
+    serde_json::to_vec(&out).unwrap_or_else(|_| {
+        format!(r#"{{"apiVersion":"{API_VERSION}","kind":"{KIND}","response":{{"uid":"","allowed":false}}}}"#)
+            .into_bytes()
+    })
+}
+
+/// A failed review: `allowed: false` with a status message, UID echoed.
+pub fn failure(uid: String, reason: FailReason, message: String) -> Reviewed {
+    Reviewed {
+        response: AdmissionResponse {
+            uid,
+            allowed: false,
+            patch_type: None,
+            patch: None,
+            status: Some(Status {
+                code: reason.code(),
+                message: format!("openshell supervision webhook: {message}"),
+            }),
+            warnings: Vec::new(),
+        },
+        outcome: Outcome::Failed(reason),
+        dry_run: false,
+        namespace: String::new(),
+        name: String::new(),
+        message: Some(message),
+    }
+}
+
+/// Best-effort extraction of `request.uid` from a body that is not valid JSON (or is cut off):
+/// finds the first `"uid"` key after the `"request"` key and reads its string value.
+pub fn scan_uid(body: &[u8]) -> Option<String> {
+    const WINDOW: usize = 64 * 1024;
+    let body = &body[..body.len().min(WINDOW)];
+    let text = String::from_utf8_lossy(body);
+    let request = text.find("\"request\"")?;
+    let rest = &text[request + "\"request\"".len()..];
+    let key = rest.find("\"uid\"")?;
+    let rest = rest[key + "\"uid\"".len()..].trim_start();
+    let rest = rest.strip_prefix(':')?.trim_start();
+    let rest = rest.strip_prefix('"')?;
+    let end = rest.find('"')?;
+    let uid = &rest[..end];
+    let plausible = !uid.is_empty()
+        && uid.len() <= 128
+        && uid
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.');
+    plausible.then(|| uid.to_string())
+}
+
+/// Answer a raw request body.
+///
+/// Fast path: the body is decoded into [`ReviewIn`], which keeps exactly the parts of the
+/// review [`mutate`] reads (as raw [`Value`]s: the whole `spec`, labels, annotations, ...) and
+/// skips the rest without allocating (`managedFields`, `userInfo`, `options`, `status`, ...).
+/// Anything that does not fit that shape (wrong types, duplicate keys) takes the slow path:
+/// the whole body as a `Value`. Both paths feed the same [`mutate`], so they answer alike.
+pub fn mutate_bytes(body: &[u8], injector: &Injector) -> Reviewed {
+    if let Ok(review) = serde_json::from_slice::<ReviewIn>(body) {
+        return mutate(&review.into_value(), injector);
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(review) => mutate(&review, injector),
+        Err(err) => failure(
+            scan_uid(body).unwrap_or_default(),
+            FailReason::InvalidJson,
+            format!("request body is not valid JSON: {err}"),
+        ),
+    }
+}
+
+/// The fields of an AdmissionReview that [`mutate`] reads; unknown fields are skipped.
+#[derive(serde::Deserialize)]
+struct ReviewIn {
+    #[serde(rename = "apiVersion")]
+    api_version: Option<Value>,
+    kind: Option<Value>,
+    request: Option<RequestIn>,
+}
+
+#[derive(serde::Deserialize)]
+struct RequestIn {
+    uid: Option<Value>,
+    kind: Option<Value>,
+    #[serde(rename = "subResource")]
+    sub_resource: Option<Value>,
+    operation: Option<Value>,
+    namespace: Option<Value>,
+    name: Option<Value>,
+    #[serde(rename = "dryRun")]
+    dry_run: Option<Value>,
+    object: Option<ObjectIn>,
+}
+
+#[derive(serde::Deserialize)]
+struct ObjectIn {
+    metadata: Option<MetadataIn>,
+    spec: Option<Value>,
+}
+
+#[derive(serde::Deserialize)]
+struct MetadataIn {
+    name: Option<Value>,
+    #[serde(rename = "generateName")]
+    generate_name: Option<Value>,
+    namespace: Option<Value>,
+    labels: Option<Value>,
+    annotations: Option<Value>,
+}
+
+fn insert(map: &mut serde_json::Map<String, Value>, key: &str, value: Option<Value>) {
+    if let Some(value) = value {
+        map.insert(key.to_string(), value);
+    }
+}
+
+impl ReviewIn {
+    /// The pruned review as a `Value` (absent fields stay absent; `null` reads as absent,
+    /// which [`mutate`] treats alike).
+    fn into_value(self) -> Value {
+        let mut review = serde_json::Map::new();
+        insert(&mut review, "apiVersion", self.api_version);
+        insert(&mut review, "kind", self.kind);
+        if let Some(request_in) = self.request {
+            let mut request = serde_json::Map::new();
+            insert(&mut request, "uid", request_in.uid);
+            insert(&mut request, "kind", request_in.kind);
+            insert(&mut request, "subResource", request_in.sub_resource);
+            insert(&mut request, "operation", request_in.operation);
+            insert(&mut request, "namespace", request_in.namespace);
+            insert(&mut request, "name", request_in.name);
+            insert(&mut request, "dryRun", request_in.dry_run);
+            if let Some(object_in) = request_in.object {
+                let mut object = serde_json::Map::new();
+                if let Some(metadata_in) = object_in.metadata {
+                    let mut metadata = serde_json::Map::new();
+                    insert(&mut metadata, "name", metadata_in.name);
+                    insert(&mut metadata, "generateName", metadata_in.generate_name);
+                    insert(&mut metadata, "namespace", metadata_in.namespace);
+                    insert(&mut metadata, "labels", metadata_in.labels);
+                    insert(&mut metadata, "annotations", metadata_in.annotations);
+                    object.insert("metadata".into(), Value::Object(metadata));
+                }
+                insert(&mut object, "spec", object_in.spec);
+                request.insert("object".into(), Value::Object(object));
+            }
+            review.insert("request".into(), Value::Object(request));
+        }
+        Value::Object(review)
+    }
+}
+
+fn describe(value: Option<&Value>) -> String {
+    match value {
+        None => "nothing".into(),
+        Some(Value::String(s)) => format!("{s:?}"),
+        Some(other) => other.to_string(),
+    }
+}
+
+/// Answer a parsed AdmissionReview: the pure core of the webhook.
+pub fn mutate(review: &Value, injector: &Injector) -> Reviewed {
+    let uid = review
+        .pointer("/request/uid")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+
+    let api_version = review.get("apiVersion");
+    let kind = review.get("kind");
+    if api_version.and_then(Value::as_str) != Some(API_VERSION) || kind.and_then(Value::as_str) != Some(KIND) {
+        return failure(
+            uid,
+            FailReason::InvalidReview,
+            format!(
+                "expected apiVersion {API_VERSION:?} kind {KIND:?}, got apiVersion {} kind {}",
+                describe(api_version),
+                describe(kind)
+            ),
+        );
+    }
+    let Some(request) = review.get("request").and_then(Value::as_object) else {
+        return failure(
+            uid,
+            FailReason::MissingRequest,
+            "the AdmissionReview has no `request` object".into(),
+        );
+    };
+    if uid.is_empty() {
+        return failure(
+            uid,
+            FailReason::InvalidReview,
+            "the AdmissionReview request has no `uid`".into(),
+        );
+    }
+
+    let object = request.get("object");
+    let metadata = object.and_then(|o| o.get("metadata"));
+    let namespace = request
+        .get("namespace")
+        .and_then(Value::as_str)
+        .or_else(|| metadata.and_then(|m| m.get("namespace")).and_then(Value::as_str))
+        .unwrap_or("")
+        .to_string();
+    let name = request
+        .get("name")
+        .and_then(Value::as_str)
+        .or_else(|| metadata.and_then(|m| m.get("name")).and_then(Value::as_str))
+        .or_else(|| metadata.and_then(|m| m.get("generateName")).and_then(Value::as_str))
+        .unwrap_or("")
+        .to_string();
+    let dry_run = request.get("dryRun").and_then(Value::as_bool) == Some(true);
+
+    let mut reviewed = Reviewed {
+        response: AdmissionResponse {
+            uid,
+            allowed: true,
+            patch_type: None,
+            patch: None,
+            status: None,
+            warnings: Vec::new(),
+        },
+        outcome: Outcome::Skipped(SkipReason::NotPod),
+        dry_run,
+        namespace,
+        name,
+        message: None,
+    };
+
+    let is_pod = request.get("kind").is_some_and(|k| {
+        k.get("group").and_then(Value::as_str).unwrap_or("").is_empty()
+            && k.get("kind").and_then(Value::as_str) == Some("Pod")
+    }) && request.get("subResource").is_none_or(Value::is_null);
+    if !is_pod {
+        return reviewed;
+    }
+    if request.get("operation").and_then(Value::as_str) != Some("CREATE") {
+        reviewed.outcome = Outcome::Skipped(SkipReason::NotCreate);
+        return reviewed;
+    }
+    // Excluded namespaces are answered before looking at the object at all.
+    if let Some(reason) = injector.namespace_excluded(&reviewed.namespace) {
+        reviewed.outcome = Outcome::Skipped(reason);
+        return reviewed;
+    }
+    let Some(object) = object.filter(|o| o.is_object()) else {
+        let mut failed = failure(
+            reviewed.response.uid,
+            FailReason::MissingObject,
+            "the AdmissionReview request has no Pod `object`".into(),
+        );
+        failed.dry_run = dry_run;
+        failed.namespace = reviewed.namespace;
+        return failed;
+    };
+    if reviewed.namespace.is_empty() {
+        return failure(
+            reviewed.response.uid,
+            FailReason::InvalidReview,
+            "the AdmissionReview request has no namespace".into(),
+        );
+    }
+
+    match injector.mutate_pod(object, &reviewed.namespace) {
+        Ok(Decision::Skip(reason)) => {
+            reviewed.outcome = Outcome::Skipped(reason);
+        }
+        Ok(Decision::Inject(injection)) => match serde_json::to_vec(&injection.patch) {
+            Ok(patch) => {
+                reviewed.response.patch_type = Some("JSONPatch");
+                reviewed.response.patch = Some(STANDARD.encode(patch));
+                reviewed.response.warnings = injection.warnings;
+                reviewed.outcome = Outcome::Injected(injection.mode);
+            }
+            Err(err) => {
+                return failure(
+                    reviewed.response.uid,
+                    FailReason::InvalidPod,
+                    format!("could not encode the patch: {err}"),
+                );
+            }
+        },
+        Err(err) => {
+            let mut failed = failure(
+                reviewed.response.uid,
+                FailReason::InvalidPod,
+                format!("cannot inject into this Pod: {err}"),
+            );
+            failed.dry_run = dry_run;
+            failed.namespace = reviewed.namespace;
+            failed.name = reviewed.name;
+            return failed;
+        }
+    }
+    reviewed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scan_uid_reads_request_uid_not_user_uid() {
+        let body = br#"{"kind":"AdmissionReview","request":{"uid":"abc-123","userInfo":{"uid":"nope"}, BROKEN"#;
+        assert_eq!(scan_uid(body), Some("abc-123".into()));
+        assert_eq!(scan_uid(br#"{"uid":"x"}"#), None);
+        assert_eq!(scan_uid(br#"{"request":{"uid":"bad\"quote"}}"#), None);
+        assert_eq!(scan_uid(br#"{"request": { "uid" :  "spaced" }"#), Some("spaced".into()));
+    }
+}

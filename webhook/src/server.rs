@@ -1,0 +1,428 @@
+//! The HTTPS admission endpoint and the plain-HTTP health/metrics endpoint.
+//!
+//! [`run`] takes already-bound listeners (tests bind port 0), the configuration and a
+//! [`ShutdownSignal`]. The first shutdown phase ([`ShutdownPhase::Drain`]) fails `/readyz`,
+//! keeps serving for `shutdown_delay`, stops accepting, and waits up to `drain_timeout` for
+//! in-flight connections; [`ShutdownPhase::Force`] returns at once.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use http_body_util::BodyExt as _;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
+
+use crate::config::Config;
+use crate::inject::Injector;
+use crate::metrics::Metrics;
+use crate::review::{self, FailReason, Outcome, Reviewed};
+use crate::tls::{self, CertStore, TlsError};
+
+/// Time allowed for a TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time allowed for request headers (also bounds how long an idle keep-alive connection
+/// waits for its next request).
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error("listener: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Where the server listens. Bind them yourself (port 0 in tests) or with [`Listeners::bind`].
+#[derive(Debug)]
+pub struct Listeners {
+    /// HTTPS, POST /mutate.
+    pub webhook: TcpListener,
+    /// Plain HTTP, /healthz /readyz /metrics.
+    pub health: TcpListener,
+}
+
+impl Listeners {
+    pub async fn bind(config: &Config) -> std::io::Result<Self> {
+        Ok(Self {
+            webhook: TcpListener::bind(config.listen).await?,
+            health: TcpListener::bind(config.metrics_listen).await?,
+        })
+    }
+}
+
+/// Shutdown phases, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ShutdownPhase {
+    Running,
+    /// Stop gracefully (first SIGTERM / ctrl-c).
+    Drain,
+    /// Stop now (second signal).
+    Force,
+}
+
+/// Receiving end given to [`run`]. Dropping the [`ShutdownTrigger`] counts as `Drain`.
+pub type ShutdownSignal = watch::Receiver<ShutdownPhase>;
+
+/// Sending end: advance the shutdown phase.
+#[derive(Debug)]
+pub struct ShutdownTrigger(watch::Sender<ShutdownPhase>);
+
+impl ShutdownTrigger {
+    pub fn drain(&self) {
+        self.0.send_if_modified(|phase| {
+            let advance = *phase < ShutdownPhase::Drain;
+            if advance {
+                *phase = ShutdownPhase::Drain;
+            }
+            advance
+        });
+    }
+
+    pub fn force(&self) {
+        self.0.send_replace(ShutdownPhase::Force);
+    }
+
+    /// Drain the first time, force the second.
+    pub fn escalate(&self) -> ShutdownPhase {
+        if *self.0.borrow() == ShutdownPhase::Running {
+            self.drain();
+            ShutdownPhase::Drain
+        } else {
+            self.force();
+            ShutdownPhase::Force
+        }
+    }
+}
+
+pub fn shutdown_channel() -> (ShutdownTrigger, ShutdownSignal) {
+    let (tx, rx) = watch::channel(ShutdownPhase::Running);
+    (ShutdownTrigger(tx), rx)
+}
+
+async fn reached(rx: &mut ShutdownSignal, phase: ShutdownPhase) -> ShutdownPhase {
+    let reached = rx.wait_for(|p| *p >= phase).await.map(|p| *p);
+    match reached {
+        Ok(p) => p,
+        // The trigger is gone: that counts as a drain request; nobody can force any more.
+        Err(_) if phase <= ShutdownPhase::Drain => ShutdownPhase::Drain,
+        Err(_) => std::future::pending().await,
+    }
+}
+
+/// Everything a handler needs.
+#[derive(Debug)]
+pub struct AppState {
+    pub injector: Injector,
+    pub metrics: Arc<Metrics>,
+    pub store: Arc<CertStore>,
+    bound: AtomicBool,
+    draining: AtomicBool,
+    max_body_bytes: usize,
+    request_timeout: Duration,
+}
+
+impl AppState {
+    pub fn new(config: &Config, metrics: Arc<Metrics>, store: Arc<CertStore>) -> Self {
+        Self {
+            injector: Injector::new(config.inject_config()),
+            metrics,
+            store,
+            bound: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            max_body_bytes: config.max_body_bytes,
+            request_timeout: config.request_timeout(),
+        }
+    }
+
+    /// Why the webhook is not ready, if it is not.
+    pub fn not_ready_reason(&self) -> Option<&'static str> {
+        if !self.store.is_loaded() {
+            Some("no serving certificate loaded")
+        } else if !self.bound.load(Ordering::Acquire) {
+            Some("webhook listener not serving")
+        } else if self.draining.load(Ordering::Acquire) {
+            Some("shutting down")
+        } else {
+            None
+        }
+    }
+}
+
+/// The HTTPS routes.
+pub fn webhook_router(state: Arc<AppState>) -> Router {
+    Router::new().route("/mutate", post(mutate_handler)).with_state(state)
+}
+
+/// The plain-HTTP routes.
+pub fn health_router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    match state.not_ready_reason() {
+        None => (StatusCode::OK, "ready\n").into_response(),
+        Some(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {reason}\n")).into_response(),
+    }
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    match state.metrics.encode() {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+/// Read at most `limit` bytes of `body` within `timeout`.
+async fn read_body(body: Body, limit: usize, timeout: Duration) -> Result<Vec<u8>, Reviewed> {
+    let mut body = body;
+    let mut buf = Vec::new();
+    let read = async {
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|err| {
+                review::failure(
+                    review::scan_uid(&buf).unwrap_or_default(),
+                    FailReason::BodyRead,
+                    format!("cannot read the request body: {err}"),
+                )
+            })?;
+            if let Ok(data) = frame.into_data() {
+                if buf.len() + data.len() > limit {
+                    let take = limit - buf.len();
+                    buf.extend_from_slice(&data[..take]);
+                    return Err(review::failure(
+                        review::scan_uid(&buf).unwrap_or_default(),
+                        FailReason::BodyTooLarge,
+                        format!("request body exceeds the limit of {limit} bytes"),
+                    ));
+                }
+                buf.extend_from_slice(&data);
+            }
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(timeout, read).await {
+        Ok(Ok(())) => Ok(buf),
+        Ok(Err(failed)) => Err(failed),
+        Err(_) => Err(review::failure(
+            review::scan_uid(&buf).unwrap_or_default(),
+            FailReason::BodyRead,
+            format!("the request body was not received within {} ms", timeout.as_millis()),
+        )),
+    }
+}
+
+async fn mutate_handler(State(state): State<Arc<AppState>>, body: Body) -> Response {
+    let started = Instant::now();
+    state.metrics.requests.inc();
+    let reviewed = match read_body(body, state.max_body_bytes, state.request_timeout).await {
+        Ok(bytes) => review::mutate_bytes(&bytes, &state.injector),
+        Err(failed) => failed,
+    };
+    let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
+    state.metrics.record(reviewed.outcome, elapsed_ms);
+    log_review(&reviewed, elapsed_ms);
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        reviewed.to_json(),
+    )
+        .into_response()
+}
+
+fn log_review(reviewed: &Reviewed, elapsed_ms: f64) {
+    let uid = reviewed.response.uid.as_str();
+    let namespace = reviewed.namespace.as_str();
+    let name = reviewed.name.as_str();
+    let dry_run = reviewed.dry_run;
+    match reviewed.outcome {
+        Outcome::Injected(mode) => tracing::debug!(
+            uid,
+            namespace,
+            pod = name,
+            dry_run,
+            mode = mode.as_str(),
+            elapsed_ms,
+            "injected supervision sidecar"
+        ),
+        Outcome::Skipped(reason) => tracing::debug!(
+            uid,
+            namespace,
+            pod = name,
+            dry_run,
+            reason = reason.as_str(),
+            elapsed_ms,
+            "admitted without injection"
+        ),
+        Outcome::Failed(reason) => tracing::warn!(
+            uid,
+            namespace,
+            pod = name,
+            dry_run,
+            reason = reason.as_str(),
+            elapsed_ms,
+            message = reviewed.message.as_deref().unwrap_or(""),
+            "review failed"
+        ),
+    }
+}
+
+/// Serve until shutdown. Returns when drained (or forced).
+pub async fn run(listeners: Listeners, config: Config, shutdown: ShutdownSignal) -> Result<(), ServerError> {
+    let metrics = Arc::new(Metrics::new());
+    let store = Arc::new(CertStore::new(config.tls_cert.clone(), config.tls_key.clone()));
+    let state = Arc::new(AppState::new(&config, Arc::clone(&metrics), Arc::clone(&store)));
+    run_with_state(listeners, config, state, shutdown).await
+}
+
+/// [`run`] with a caller-built state (to inspect metrics in tests).
+pub async fn run_with_state(
+    listeners: Listeners,
+    config: Config,
+    state: Arc<AppState>,
+    shutdown: ShutdownSignal,
+) -> Result<(), ServerError> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let tls_config = tls::server_config(Arc::clone(&state.store))?;
+    let acceptor = TlsAcceptor::from(Arc::new(tls_config));
+
+    // Health first: it reports "not ready" until the rest is up.
+    let health_addr = listeners.health.local_addr()?;
+    let mut health_stop = stop_rx.clone();
+    let health = tokio::spawn(
+        axum::serve(listeners.health, health_router(Arc::clone(&state)))
+            .with_graceful_shutdown(async move {
+                let _ = health_stop.wait_for(|stop| *stop).await;
+            })
+            .into_future(),
+    );
+
+    {
+        let store = Arc::clone(&state.store);
+        let metrics = Arc::clone(&state.metrics);
+        // Initial load (a missing certificate is not fatal: not ready, retried by the watcher).
+        let _ = tokio::task::spawn_blocking(move || store.reload_logged(&metrics)).await;
+    }
+    let watcher = tokio::spawn(Arc::clone(&state.store).watch(
+        config.cert_reload_interval(),
+        Arc::clone(&state.metrics),
+        stop_rx.clone(),
+    ));
+
+    let listener = listeners.webhook;
+    let webhook_addr = listener.local_addr()?;
+    let service = TowerToHyperService::new(webhook_router(Arc::clone(&state)));
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .keep_alive(true);
+    builder.http2().timer(TokioTimer::new());
+    let graceful = GracefulShutdown::new();
+
+    state.bound.store(true, Ordering::Release);
+    tracing::info!(webhook = %webhook_addr, health = %health_addr, "webhook serving");
+
+    let mut drain_rx = shutdown.clone();
+    let mut force_rx = shutdown;
+    let mut stop_accepting: Option<tokio::time::Instant> = None;
+    let forced = loop {
+        let deadline = async {
+            match stop_accepting {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = reached(&mut drain_rx, ShutdownPhase::Drain), if stop_accepting.is_none() => {
+                state.draining.store(true, Ordering::Release);
+                let delay = config.shutdown_delay();
+                tracing::info!(delay_ms = delay.as_millis() as u64, "shutdown requested: draining");
+                stop_accepting = Some(tokio::time::Instant::now() + delay);
+            }
+            _ = deadline => break false,
+            _ = reached(&mut force_rx, ShutdownPhase::Force) => break true,
+            accepted = listener.accept() => {
+                let (tcp, peer) = match accepted {
+                    Ok(accepted) => accepted,
+                    Err(err) => {
+                        // E.g. EMFILE: back off instead of spinning.
+                        tracing::warn!(error = %err, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = tcp.set_nodelay(true);
+                let acceptor = acceptor.clone();
+                let builder = builder.clone();
+                let service = service.clone();
+                let watcher = graceful.watcher();
+                tokio::spawn(async move {
+                    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                        Ok(Ok(tls)) => tls,
+                        Ok(Err(err)) => {
+                            tracing::debug!(%peer, error = %err, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "TLS handshake timed out");
+                            return;
+                        }
+                    };
+                    let conn = builder.serve_connection(TokioIo::new(tls), service);
+                    if let Err(err) = watcher.watch(conn.into_owned()).await {
+                        tracing::debug!(%peer, error = %err, "connection ended with an error");
+                    }
+                });
+            }
+        }
+    };
+    drop(listener);
+
+    if !forced {
+        tracing::info!("no longer accepting; waiting for in-flight requests");
+        tokio::select! {
+            _ = graceful.shutdown() => tracing::info!("drained"),
+            _ = tokio::time::sleep(config.drain_timeout()) => {
+                tracing::warn!("drain timeout reached; closing remaining connections");
+            }
+            _ = reached(&mut force_rx, ShutdownPhase::Force) => {
+                tracing::warn!("second signal: stopping now");
+            }
+        }
+    } else {
+        tracing::warn!("forced shutdown");
+    }
+
+    let _ = stop_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(2), watcher).await;
+    if !forced {
+        let _ = tokio::time::timeout(Duration::from_secs(2), health).await;
+    } else {
+        health.abort();
+    }
+    Ok(())
+}

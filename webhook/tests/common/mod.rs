@@ -1,0 +1,202 @@
+//! Shared test helpers: fixtures, certificates, a TLS HTTP client.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::Bytes;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use serde_json::Value;
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+/// The captured AdmissionReview fixtures (never edited).
+pub fn fixtures_dir() -> PathBuf {
+    match std::env::var_os("OPENSHELL_FIXTURES_DIR") {
+        Some(dir) => PathBuf::from(dir).join("admission"),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/admission"),
+    }
+}
+
+pub const POD_FIXTURES: [&str; 6] = [
+    "pod-create-plain.json",
+    "pod-create-with-volumes.json",
+    "pod-create-no-volumes-automount-false.json",
+    "pod-create-from-deployment.json",
+    "pod-create-dry-run.json",
+    "pod-create-kubectl-run.json",
+];
+
+pub fn fixture_bytes(name: &str) -> Vec<u8> {
+    let path = fixtures_dir().join(name);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("reading fixture {}: {e}", path.display()))
+}
+
+pub fn fixture(name: &str) -> Value {
+    serde_json::from_slice(&fixture_bytes(name)).unwrap()
+}
+
+/// A self-signed certificate for `localhost`; returns (cert PEM, key PEM, cert DER).
+pub fn self_signed(cn_hint: &str) -> (String, String, Vec<u8>) {
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string(), cn_hint.to_string()]).unwrap();
+    (
+        certified.cert.pem(),
+        certified.signing_key.serialize_pem(),
+        certified.cert.der().to_vec(),
+    )
+}
+
+/// Accepts any server certificate: the tests compare the served certificate themselves.
+#[derive(Debug)]
+struct AcceptAny(Arc<rustls::crypto::CryptoProvider>);
+
+impl ServerCertVerifier for AcceptAny {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+pub fn tls_connector() -> TlsConnector {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AcceptAny(provider)))
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    TlsConnector::from(Arc::new(config))
+}
+
+/// Handshake with `addr` and return the certificate it served.
+pub async fn served_cert(addr: std::net::SocketAddr) -> Result<Vec<u8>, String> {
+    let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let tls = tls_connector()
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (_, session) = tls.get_ref();
+    session
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| c.to_vec())
+        .ok_or_else(|| "no certificate".to_string())
+}
+
+/// An HTTP/1.1 keep-alive connection over TLS.
+pub struct TlsClient {
+    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+}
+
+impl TlsClient {
+    pub async fn connect(addr: std::net::SocketAddr) -> Result<Self, String> {
+        let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+        tcp.set_nodelay(true).map_err(|e| e.to_string())?;
+        let tls = tls_connector()
+            .connect(ServerName::try_from("localhost").unwrap(), tcp)
+            .await
+            .map_err(|e| e.to_string())?;
+        let (sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(Self { sender })
+    }
+
+    /// POST `body` to `path`; returns (status, body).
+    pub async fn post(&mut self, path: &str, body: Vec<u8>) -> Result<(u16, Vec<u8>), String> {
+        self.sender.ready().await.map_err(|e| e.to_string())?;
+        let request = hyper::Request::post(path)
+            .header("host", "localhost")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| e.to_string())?;
+        let response = self.sender.send_request(request).await.map_err(|e| e.to_string())?;
+        let status = response.status().as_u16();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok((status, body.to_vec()))
+    }
+}
+
+/// Plain HTTP GET (health port); returns (status, body).
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<(u16, String), String> {
+    let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(hyper_util::rt::TokioIo::new(tcp))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let request = hyper::Request::get(path)
+        .header("host", "localhost")
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| e.to_string())?;
+    let response = sender.send_request(request).await.map_err(|e| e.to_string())?;
+    let status = response.status().as_u16();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// Poll `check` until it returns `Some`, or fail after `timeout`.
+pub async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

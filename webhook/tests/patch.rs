@@ -1,0 +1,683 @@
+//! The patch against every captured AdmissionReview fixture, applied with a real JSON Patch
+//! implementation and checked as a typed Kubernetes Pod.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use common::{POD_FIXTURES, fixture, fixture_bytes, fixtures_dir};
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::{Value, json};
+use webhook::inject::{
+    INJECT_LABEL, INJECTED_ANNOTATION, InjectConfig, Injector, SIDECAR_MODE_ANNOTATION, SIDECAR_NAME, SUPERVISION_DIR,
+    SidecarMode, SkipReason, TOKEN_SECRET, TOKEN_VOLUME,
+};
+use webhook::review::{FailReason, Outcome, mutate, mutate_bytes};
+
+fn injector() -> Injector {
+    Injector::new(InjectConfig::default())
+}
+
+fn injector_mode(mode: SidecarMode) -> Injector {
+    Injector::new(InjectConfig {
+        default_mode: mode,
+        ..InjectConfig::default()
+    })
+}
+
+/// The decoded JSON Patch of a response (None when no patch).
+fn patch_of(reviewed: &webhook::Reviewed) -> Option<Value> {
+    let patch = reviewed.response.patch.as_ref()?;
+    assert_eq!(reviewed.response.patch_type, Some("JSONPatch"));
+    Some(serde_json::from_slice(&STANDARD.decode(patch).unwrap()).unwrap())
+}
+
+fn apply(object: &Value, patch: &Value) -> Result<Value, json_patch::PatchError> {
+    let ops: json_patch::Patch = serde_json::from_value(patch.clone()).unwrap();
+    let mut doc = object.clone();
+    json_patch::patch(&mut doc, &ops)?;
+    Ok(doc)
+}
+
+fn env_names(container: &Value) -> Vec<String> {
+    container["env"]
+        .as_array()
+        .map(|env| env.iter().map(|v| v["name"].as_str().unwrap().to_string()).collect())
+        .unwrap_or_default()
+}
+
+/// Remove exactly what the webhook adds; the remainder must equal the original Pod.
+fn strip_injection(patched: &Value, original: &Value) -> Value {
+    let mut pod = patched.clone();
+    let spec = pod["spec"].as_object_mut().unwrap();
+    for list in ["initContainers", "containers"] {
+        if let Some(items) = spec.get_mut(list).and_then(Value::as_array_mut) {
+            items.retain(|c| c["name"] != SIDECAR_NAME);
+        }
+        if original["spec"].get(list).is_none() && spec.get(list).and_then(Value::as_array).is_some_and(Vec::is_empty) {
+            spec.remove(list);
+        }
+    }
+    if let Some(containers) = spec.get_mut("containers").and_then(Value::as_array_mut) {
+        for (i, c) in containers.iter_mut().enumerate() {
+            let had: Vec<String> = env_names(&original["spec"]["containers"][i]);
+            let obj = c.as_object_mut().unwrap();
+            if let Some(env) = obj.get_mut("env").and_then(Value::as_array_mut) {
+                env.retain(|v| {
+                    let n = v["name"].as_str().unwrap();
+                    had.iter().any(|h| h == n) || !(n == "OPENSHELL_SUPERVISOR_ROUTE" || n == "OPENSHELL_SIDECAR_ADDR")
+                });
+            }
+            if original["spec"]["containers"][i].get("env").is_none() {
+                obj.remove("env");
+            }
+        }
+    }
+    if let Some(volumes) = spec.get_mut("volumes").and_then(Value::as_array_mut) {
+        volumes.retain(|v| v["name"] != TOKEN_VOLUME);
+    }
+    if original["spec"].get("volumes").is_none() {
+        spec.remove("volumes");
+    }
+    if original["spec"].get("shareProcessNamespace").is_none() {
+        spec.remove("shareProcessNamespace");
+    }
+    let metadata = pod["metadata"].as_object_mut().unwrap();
+    if let Some(annotations) = metadata.get_mut("annotations").and_then(Value::as_object_mut) {
+        annotations.remove(INJECTED_ANNOTATION);
+    }
+    if original["metadata"].get("annotations").is_none() {
+        metadata.remove("annotations");
+    }
+    pod
+}
+
+/// Everything the injection promises, checked on the typed Pod.
+fn assert_injected(pod: &Pod, mode: SidecarMode, original: &Value) {
+    let spec = pod.spec.as_ref().expect("spec");
+    let sidecar = match mode {
+        SidecarMode::Native => {
+            let init = spec.init_containers.as_ref().expect("initContainers");
+            let first = &init[0];
+            assert_eq!(first.name, SIDECAR_NAME, "the sidecar is the first init container");
+            assert_eq!(first.restart_policy.as_deref(), Some("Always"));
+            let original_init = original["spec"]["initContainers"].as_array().map(Vec::len).unwrap_or(0);
+            assert_eq!(init.len(), original_init + 1);
+            assert!(spec.containers.iter().all(|c| c.name != SIDECAR_NAME));
+            first
+        }
+        SidecarMode::Container => {
+            let last = spec.containers.last().unwrap();
+            assert_eq!(last.name, SIDECAR_NAME, "the sidecar is the last container");
+            assert_eq!(last.restart_policy, None);
+            assert!(
+                spec.init_containers
+                    .as_ref()
+                    .is_none_or(|i| i.iter().all(|c| c.name != SIDECAR_NAME))
+            );
+            last
+        }
+    };
+    // Environment: route, gateway, downward-API identity, supervision dir.
+    let env = sidecar.env.as_ref().unwrap();
+    let get = |name: &str| env.iter().find(|e| e.name == name).unwrap_or_else(|| panic!("{name}"));
+    assert_eq!(
+        get("OPENSHELL_SUPERVISOR_ROUTE").value.as_deref(),
+        Some("https://openshell-supervisor.openshell-supervision.svc:7443")
+    );
+    assert_eq!(
+        get("OPENSHELL_GATEWAY_ENDPOINT").value.as_deref(),
+        Some("https://openshell-gateway.openshell-supervision.svc:8443")
+    );
+    assert_eq!(get("OPENSHELL_SUPERVISION_DIR").value.as_deref(), Some(SUPERVISION_DIR));
+    for (name, field) in [
+        ("OPENSHELL_POD_NAME", "metadata.name"),
+        ("OPENSHELL_POD_NAMESPACE", "metadata.namespace"),
+        ("OPENSHELL_POD_UID", "metadata.uid"),
+    ] {
+        let field_ref = get(name)
+            .value_from
+            .as_ref()
+            .and_then(|v| v.field_ref.as_ref())
+            .unwrap_or_else(|| panic!("{name} is a fieldRef"));
+        assert_eq!(field_ref.field_path, field);
+    }
+    // Read-only token mount backed by the namespace's Secret.
+    let mounts = sidecar.volume_mounts.as_ref().unwrap();
+    let mount = mounts.iter().find(|m| m.name == TOKEN_VOLUME).unwrap();
+    assert_eq!(mount.mount_path, SUPERVISION_DIR);
+    assert_eq!(mount.read_only, Some(true));
+    let volume = spec
+        .volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|v| v.name == TOKEN_VOLUME)
+        .unwrap();
+    assert_eq!(
+        volume.secret.as_ref().unwrap().secret_name.as_deref(),
+        Some(TOKEN_SECRET)
+    );
+    // Restricted security context and resources.
+    let sc = sidecar.security_context.as_ref().unwrap();
+    assert_eq!(sc.run_as_non_root, Some(true));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(
+        sc.capabilities.as_ref().unwrap().drop.as_deref(),
+        Some(&["ALL".to_string()][..])
+    );
+    assert_eq!(sc.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
+    let resources = sidecar.resources.as_ref().unwrap();
+    assert!(resources.requests.as_ref().unwrap().contains_key("memory"));
+    assert!(resources.limits.as_ref().unwrap().contains_key("memory"));
+    // Shared process namespace.
+    assert_eq!(spec.share_process_namespace, Some(true));
+    // Workload containers find the supervisor and the sidecar.
+    for c in spec.containers.iter().filter(|c| c.name != SIDECAR_NAME) {
+        let env = c.env.as_ref().unwrap();
+        for name in ["OPENSHELL_SUPERVISOR_ROUTE", "OPENSHELL_SIDECAR_ADDR"] {
+            assert_eq!(
+                env.iter().filter(|e| e.name == name).count(),
+                1,
+                "{name} once in {}",
+                c.name
+            );
+        }
+        let addr = env.iter().find(|e| e.name == "OPENSHELL_SIDECAR_ADDR").unwrap();
+        assert_eq!(addr.value.as_deref(), Some("127.0.0.1:7071"));
+    }
+    // Every volumeMount names an existing volume (the API server rejects the Pod otherwise,
+    // see api-errors/patch-produces-invalid-pod.status.json).
+    let volume_names: Vec<&str> = spec.volumes.iter().flatten().map(|v| v.name.as_str()).collect();
+    for c in spec.containers.iter().chain(spec.init_containers.iter().flatten()) {
+        for m in c.volume_mounts.iter().flatten() {
+            assert!(volume_names.contains(&m.name.as_str()), "mount {} has a volume", m.name);
+        }
+    }
+    // The annotation records version and mode.
+    let annotations = pod.metadata.annotations.as_ref().unwrap();
+    let record: Value = serde_json::from_str(&annotations[INJECTED_ANNOTATION]).unwrap();
+    assert_eq!(record["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(record["mode"], mode.as_str());
+}
+
+fn inject_fixture(name: &str, injector: &Injector) -> (Value, Value, Value) {
+    let review = fixture(name);
+    let reviewed = mutate(&review, injector);
+    assert_eq!(reviewed.response.uid, review["request"]["uid"].as_str().unwrap());
+    assert!(reviewed.response.allowed, "{name}: {:?}", reviewed.response.status);
+    let patch = patch_of(&reviewed).unwrap_or_else(|| panic!("{name}: no patch"));
+    let object = review["request"]["object"].clone();
+    let patched = apply(&object, &patch).unwrap_or_else(|e| panic!("{name}: {e}"));
+    (object, patch, patched)
+}
+
+#[test]
+fn every_fixture_is_injected_and_keeps_everything_it_had() {
+    for mode in [SidecarMode::Native, SidecarMode::Container] {
+        let injector = injector_mode(mode);
+        for name in POD_FIXTURES {
+            let review = fixture(name);
+            let reviewed = mutate(&review, &injector);
+            assert_eq!(reviewed.outcome, Outcome::Injected(mode), "{name}");
+            let (object, _patch, patched) = inject_fixture(name, &injector);
+            let pod: Pod = serde_json::from_value(patched.clone())
+                .unwrap_or_else(|e| panic!("{name}: patched Pod does not decode: {e}"));
+            assert_injected(&pod, mode, &object);
+            // Field by field: removing what was injected gives back the original exactly
+            // (unknown fields, managedFields, ownerReferences, generateName, ...).
+            assert_eq!(
+                strip_injection(&patched, &object),
+                object,
+                "{name} ({mode}): the patch changed or lost something"
+            );
+        }
+    }
+}
+
+#[test]
+fn existing_init_containers_run_after_the_native_sidecar() {
+    let (object, patch, patched) = inject_fixture("pod-create-with-volumes.json", &injector());
+    assert_eq!(patch[0]["path"], "/spec/initContainers/0");
+    let init = patched["spec"]["initContainers"].as_array().unwrap();
+    assert_eq!(init[0]["name"], SIDECAR_NAME);
+    assert_eq!(init[1], object["spec"]["initContainers"][0]);
+    // Two workload containers, both got the env; the existing env is intact and first.
+    let containers = patched["spec"]["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 2);
+    assert_eq!(
+        env_names(&containers[0]),
+        [
+            "LOG_LEVEL",
+            "POD_NAME",
+            "SETTING",
+            "OPENSHELL_SUPERVISOR_ROUTE",
+            "OPENSHELL_SIDECAR_ADDR"
+        ]
+    );
+    assert_eq!(
+        env_names(&containers[1]),
+        ["SIDECAR_MODE", "OPENSHELL_SUPERVISOR_ROUTE", "OPENSHELL_SIDECAR_ADDR"]
+    );
+    // The user's volumes keep their order; ours comes last.
+    let volumes: Vec<&str> = patched["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(volumes, ["work", "config", "kube-api-access-bvwqd", TOKEN_VOLUME]);
+}
+
+#[test]
+fn missing_volumes_array_is_created_not_appended_to() {
+    // The API server's answer to `add /spec/volumes/-` on this very Pod shape:
+    let status: Value = serde_json::from_slice(
+        &std::fs::read(fixtures_dir().join("api-errors/patch-add-to-missing-volumes.status.json")).unwrap(),
+    )
+    .unwrap();
+    let message = status["body"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("doc is missing path: \"/spec/volumes/-\""),
+        "{message}"
+    );
+
+    let name = "pod-create-no-volumes-automount-false.json";
+    let review = fixture(name);
+    let object = &review["request"]["object"];
+    assert!(object["spec"].get("volumes").is_none());
+
+    // The naive patch fails here too, exactly like the API server said...
+    let naive = json!([{ "op": "add", "path": "/spec/volumes/-", "value": { "name": "x", "emptyDir": {} } }]);
+    let err = apply(object, &naive).unwrap_err();
+    assert!(err.to_string().contains("/spec/volumes"), "{err}");
+
+    // ...and ours creates the array with one operation.
+    let (_, patch, patched) = inject_fixture(name, &injector());
+    let ops = patch.as_array().unwrap();
+    let volume_ops: Vec<&Value> = ops
+        .iter()
+        .filter(|op| op["path"].as_str().unwrap().starts_with("/spec/volumes"))
+        .collect();
+    assert_eq!(volume_ops.len(), 1);
+    assert_eq!(volume_ops[0]["path"], "/spec/volumes");
+    assert_eq!(volume_ops[0]["value"].as_array().unwrap().len(), 1);
+    assert_eq!(patched["spec"]["volumes"][0]["name"], TOKEN_VOLUME);
+    // The container had no env: one add creating it with both variables.
+    let env_ops: Vec<&Value> = ops
+        .iter()
+        .filter(|op| op["path"].as_str().unwrap().starts_with("/spec/containers/0/env"))
+        .collect();
+    assert_eq!(env_ops.len(), 1);
+    assert_eq!(env_ops[0]["path"], "/spec/containers/0/env");
+    // No annotations and no initContainers before: each created once.
+    for path in ["/metadata/annotations", "/spec/initContainers"] {
+        assert_eq!(ops.iter().filter(|op| op["path"] == path).count(), 1, "{path}");
+    }
+    // automountServiceAccountToken: false is untouched.
+    assert_eq!(patched["spec"]["automountServiceAccountToken"], false);
+}
+
+#[test]
+fn appending_to_existing_arrays_uses_dash_not_replacement() {
+    let (_, patch, _) = inject_fixture("pod-create-plain.json", &injector());
+    let ops = patch.as_array().unwrap();
+    // plain has volumes (kube-api-access) → append; never a wholesale replacement of them.
+    assert!(ops.iter().any(|op| op["path"] == "/spec/volumes/-"));
+    assert!(!ops.iter().any(|op| op["path"] == "/spec/volumes"));
+    assert!(ops.iter().all(|op| op["op"] == "add"));
+}
+
+#[test]
+fn patched_pod_fed_back_gets_an_empty_patch() {
+    for mode in [SidecarMode::Native, SidecarMode::Container] {
+        let injector = injector_mode(mode);
+        for name in POD_FIXTURES {
+            let (_, _, patched) = inject_fixture(name, &injector);
+            let mut review = fixture(name);
+            review["request"]["object"] = patched;
+            let again = mutate(&review, &injector);
+            assert!(again.response.allowed);
+            assert_eq!(again.outcome, Outcome::Skipped(SkipReason::AlreadyInjected), "{name}");
+            assert_eq!(again.response.patch, None, "{name}");
+            assert_eq!(again.response.patch_type, None);
+        }
+    }
+}
+
+#[test]
+fn either_marker_alone_means_already_injected() {
+    let injector = injector();
+    // Only the annotation.
+    let mut review = fixture("pod-create-plain.json");
+    review["request"]["object"]["metadata"]["annotations"] = json!({ INJECTED_ANNOTATION: "x" });
+    assert_eq!(
+        mutate(&review, &injector).outcome,
+        Outcome::Skipped(SkipReason::AlreadyInjected)
+    );
+    // Only a container with the sidecar's name.
+    let mut review = fixture("pod-create-plain.json");
+    review["request"]["object"]["spec"]["containers"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({ "name": SIDECAR_NAME, "image": "x" }));
+    assert_eq!(
+        mutate(&review, &injector).outcome,
+        Outcome::Skipped(SkipReason::AlreadyInjected)
+    );
+}
+
+#[test]
+fn dry_run_gets_the_same_patch() {
+    let injector = injector();
+    let review = fixture("pod-create-dry-run.json");
+    assert_eq!(review["request"]["dryRun"], true);
+    let dry = mutate(&review, &injector);
+    assert!(dry.dry_run);
+    let mut wet_review = review.clone();
+    wet_review["request"]["dryRun"] = json!(false);
+    wet_review["request"]["options"]["dryRun"] = Value::Null;
+    let wet = mutate(&wet_review, &injector);
+    assert!(!wet.dry_run);
+    assert!(dry.response.patch.is_some());
+    assert_eq!(dry.response.patch, wet.response.patch);
+    assert_eq!(dry.outcome, wet.outcome);
+}
+
+#[test]
+fn deployment_pod_without_name_is_injected_and_keeps_owner() {
+    let (object, _, patched) = inject_fixture("pod-create-from-deployment.json", &injector());
+    let reviewed = mutate(&fixture("pod-create-from-deployment.json"), &injector());
+    assert_eq!(reviewed.name, "web-7ccf59d768-", "generateName is used for logs");
+    assert_eq!(
+        patched["metadata"]["ownerReferences"],
+        object["metadata"]["ownerReferences"]
+    );
+    assert_eq!(patched["metadata"]["generateName"], "web-7ccf59d768-");
+    assert!(patched["metadata"].get("name").is_none());
+}
+
+#[test]
+fn mode_annotation_overrides_the_default_per_pod() {
+    for (default, wanted) in [
+        (SidecarMode::Native, SidecarMode::Container),
+        (SidecarMode::Container, SidecarMode::Native),
+    ] {
+        let injector = injector_mode(default);
+        let mut review = fixture("pod-create-with-volumes.json");
+        review["request"]["object"]["metadata"]["annotations"][SIDECAR_MODE_ANNOTATION] = json!(wanted.as_str());
+        let reviewed = mutate(&review, &injector);
+        assert_eq!(reviewed.outcome, Outcome::Injected(wanted));
+        let patched = apply(&review["request"]["object"], &patch_of(&reviewed).unwrap()).unwrap();
+        let pod: Pod = serde_json::from_value(patched).unwrap();
+        assert_injected(&pod, wanted, &review["request"]["object"]);
+    }
+}
+
+#[test]
+fn existing_env_with_our_names_is_not_overridden() {
+    let mut review = fixture("pod-create-with-volumes.json");
+    review["request"]["object"]["spec"]["containers"][0]["env"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({ "name": "OPENSHELL_SUPERVISOR_ROUTE", "value": "https://custom:1" }));
+    let reviewed = mutate(&review, &injector());
+    let patched = apply(&review["request"]["object"], &patch_of(&reviewed).unwrap()).unwrap();
+    let env = patched["spec"]["containers"][0]["env"].as_array().unwrap();
+    let routes: Vec<&Value> = env
+        .iter()
+        .filter(|e| e["name"] == "OPENSHELL_SUPERVISOR_ROUTE")
+        .collect();
+    assert_eq!(routes.len(), 1);
+    assert_eq!(routes[0]["value"], "https://custom:1");
+    assert!(env.iter().any(|e| e["name"] == "OPENSHELL_SIDECAR_ADDR"));
+}
+
+#[test]
+fn annotation_keys_with_slash_and_tilde_survive_and_ours_is_escaped() {
+    let mut review = fixture("pod-create-plain.json");
+    let odd = json!({
+        "example.com/a~b": "1",
+        "~": "2",
+        "x/y/z": "3",
+        "supervision.openshell.ai": "prefix-only, must not be replaced"
+    });
+    review["request"]["object"]["metadata"]["annotations"] = odd.clone();
+    let reviewed = mutate(&review, &injector());
+    let patch = patch_of(&reviewed).unwrap();
+    let annotation_op = patch
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|op| op["path"].as_str().unwrap().starts_with("/metadata/annotations"))
+        .unwrap();
+    assert_eq!(
+        annotation_op["path"],
+        "/metadata/annotations/supervision.openshell.ai~1injected"
+    );
+    let patched = apply(&review["request"]["object"], &patch).unwrap();
+    let annotations = patched["metadata"]["annotations"].as_object().unwrap();
+    for (key, value) in odd.as_object().unwrap() {
+        assert_eq!(&annotations[key], value, "{key}");
+    }
+    assert!(annotations.contains_key(INJECTED_ANNOTATION));
+    assert_eq!(annotations.len(), 5);
+}
+
+#[test]
+fn excluded_pods_are_admitted_untouched() {
+    let injector = injector();
+    let base = fixture("pod-create-plain.json");
+    let with_namespace = |ns: &str| {
+        let mut review = base.clone();
+        review["request"]["namespace"] = json!(ns);
+        review["request"]["object"]["metadata"]["namespace"] = json!(ns);
+        review
+    };
+    let mut cases: Vec<(Value, SkipReason)> = vec![
+        (with_namespace("kube-system"), SkipReason::SystemNamespace),
+        (with_namespace("kube-public"), SkipReason::SystemNamespace),
+        (with_namespace("kube-node-lease"), SkipReason::SystemNamespace),
+        (with_namespace("openshell-supervision"), SkipReason::InstallNamespace),
+    ];
+    let mut host_network = base.clone();
+    host_network["request"]["object"]["spec"]["hostNetwork"] = json!(true);
+    cases.push((host_network, SkipReason::HostNetwork));
+    let mut host_pid = base.clone();
+    host_pid["request"]["object"]["spec"]["hostPID"] = json!(true);
+    cases.push((host_pid, SkipReason::HostPid));
+    let mut opted_out = fixture("pod-create-kubectl-run.json");
+    opted_out["request"]["object"]["metadata"]["labels"][INJECT_LABEL] = json!("disabled");
+    cases.push((opted_out, SkipReason::OptedOut));
+    let mut update = base.clone();
+    update["request"]["operation"] = json!("UPDATE");
+    cases.push((update, SkipReason::NotCreate));
+    let mut not_pod = base.clone();
+    not_pod["request"]["kind"] = json!({ "group": "apps", "version": "v1", "kind": "Deployment" });
+    cases.push((not_pod, SkipReason::NotPod));
+    let mut subresource = base.clone();
+    subresource["request"]["subResource"] = json!("ephemeralcontainers");
+    cases.push((subresource, SkipReason::NotPod));
+
+    for (review, reason) in cases {
+        let reviewed = mutate(&review, &injector);
+        assert_eq!(reviewed.outcome, Outcome::Skipped(reason));
+        assert!(reviewed.response.allowed);
+        assert_eq!(reviewed.response.patch, None);
+        assert_eq!(reviewed.response.uid, review["request"]["uid"].as_str().unwrap());
+    }
+
+    // A custom install namespace is honoured; the default one is then an ordinary namespace.
+    let custom = Injector::new(InjectConfig {
+        install_namespace: "supervision-system".into(),
+        ..InjectConfig::default()
+    });
+    assert_eq!(
+        mutate(&with_namespace("supervision-system"), &custom).outcome,
+        Outcome::Skipped(SkipReason::InstallNamespace)
+    );
+    assert_eq!(
+        mutate(&with_namespace("openshell-supervision"), &custom).outcome,
+        Outcome::Injected(SidecarMode::Native)
+    );
+    // Opt-out needs the exact value.
+    let mut other_value = fixture("pod-create-kubectl-run.json");
+    other_value["request"]["object"]["metadata"]["labels"][INJECT_LABEL] = json!("enabled");
+    assert_eq!(
+        mutate(&other_value, &injector).outcome,
+        Outcome::Injected(SidecarMode::Native)
+    );
+}
+
+fn response_json(reviewed: &webhook::Reviewed) -> Value {
+    let out: Value = serde_json::from_slice(&reviewed.to_json()).unwrap();
+    assert_eq!(out["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(out["kind"], "AdmissionReview");
+    out
+}
+
+#[test]
+fn bad_input_gets_a_clear_answer_with_the_uid() {
+    let injector = injector();
+    let plain = fixture_bytes("pod-create-plain.json");
+    let uid = "df9a6f69-28a7-4a9b-b942-ed00b3ccf379";
+
+    // Invalid JSON (a truncated body): UID found by the best-effort scan.
+    let reviewed = mutate_bytes(&plain[..plain.len() / 2], &injector);
+    assert_eq!(reviewed.outcome, Outcome::Failed(FailReason::InvalidJson));
+    let out = response_json(&reviewed);
+    assert_eq!(out["response"]["uid"], uid);
+    assert_eq!(out["response"]["allowed"], false);
+    assert_eq!(out["response"]["status"]["code"], 400);
+    assert!(
+        out["response"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not valid JSON")
+    );
+
+    // Wrong kind of review.
+    let mut review = fixture("pod-create-plain.json");
+    review["kind"] = json!("TokenReview");
+    let reviewed = mutate(&review, &injector);
+    assert_eq!(reviewed.outcome, Outcome::Failed(FailReason::InvalidReview));
+    let out = response_json(&reviewed);
+    assert_eq!(out["response"]["uid"], uid);
+    assert!(
+        out["response"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("TokenReview")
+    );
+    let mut review = fixture("pod-create-plain.json");
+    review["apiVersion"] = json!("admission.k8s.io/v1beta1");
+    assert_eq!(mutate(&review, &injector).response.uid, uid);
+
+    // Missing request: nothing to echo, still well formed.
+    let reviewed = mutate(
+        &json!({ "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview" }),
+        &injector,
+    );
+    assert_eq!(reviewed.outcome, Outcome::Failed(FailReason::MissingRequest));
+    let out = response_json(&reviewed);
+    assert_eq!(out["response"]["uid"], "");
+    assert!(
+        out["response"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no `request`")
+    );
+
+    // Request without the Pod object.
+    let mut review = fixture("pod-create-plain.json");
+    review["request"].as_object_mut().unwrap().remove("object");
+    let reviewed = mutate(&review, &injector);
+    assert_eq!(reviewed.outcome, Outcome::Failed(FailReason::MissingObject));
+    assert_eq!(response_json(&reviewed)["response"]["uid"], uid);
+
+    // A Pod shape the API server would never send.
+    let mut review = fixture("pod-create-plain.json");
+    review["request"]["object"]["spec"]["volumes"] = json!("nope");
+    let reviewed = mutate(&review, &injector);
+    assert_eq!(reviewed.outcome, Outcome::Failed(FailReason::InvalidPod));
+    let out = response_json(&reviewed);
+    assert_eq!(out["response"]["uid"], uid);
+    assert!(
+        out["response"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("spec.volumes")
+    );
+}
+
+#[test]
+fn fast_path_answers_like_the_value_path_on_every_fixture() {
+    for mode in [SidecarMode::Native, SidecarMode::Container] {
+        let injector = injector_mode(mode);
+        for name in POD_FIXTURES {
+            let bytes = fixture_bytes(name);
+            let compact = serde_json::to_vec(&fixture(name)).unwrap();
+            let slow = mutate(&fixture(name), &injector);
+            assert_eq!(mutate_bytes(&bytes, &injector), slow, "{name}");
+            assert_eq!(mutate_bytes(&compact, &injector), slow, "{name}");
+        }
+    }
+}
+
+#[test]
+fn no_input_makes_it_panic() {
+    let injector = injector();
+    let mut inputs: Vec<Vec<u8>> = vec![
+        b"".to_vec(),
+        b"null".to_vec(),
+        b"[]".to_vec(),
+        b"\"AdmissionReview\"".to_vec(),
+        b"{\"request\": 5}".to_vec(),
+        br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":7}}"#.to_vec(),
+        vec![0xff, 0xfe, 0x00],
+    ];
+    // Every truncation point of a real review, and every field replaced by odd values.
+    let plain = fixture_bytes("pod-create-with-volumes.json");
+    for cut in (0..plain.len()).step_by(97) {
+        inputs.push(plain[..cut].to_vec());
+    }
+    let review = fixture("pod-create-with-volumes.json");
+    for pointer in [
+        "/request/object/metadata",
+        "/request/object/metadata/annotations",
+        "/request/object/metadata/labels",
+        "/request/object/spec",
+        "/request/object/spec/containers",
+        "/request/object/spec/containers/0",
+        "/request/object/spec/initContainers",
+        "/request/namespace",
+        "/request/kind",
+        "/request/operation",
+    ] {
+        for odd in [json!(null), json!(1), json!("s"), json!([]), json!({}), json!([1])] {
+            let mut changed = review.clone();
+            *changed.pointer_mut(pointer).unwrap() = odd;
+            inputs.push(serde_json::to_vec(&changed).unwrap());
+        }
+    }
+    for input in inputs {
+        let reviewed = mutate_bytes(&input, &injector);
+        // The pruned fast path answers exactly like the whole-Value path.
+        if let Ok(review) = serde_json::from_slice::<Value>(&input) {
+            assert_eq!(
+                reviewed,
+                mutate(&review, &injector),
+                "{}",
+                String::from_utf8_lossy(&input)
+            );
+        }
+        let out = response_json(&reviewed);
+        assert!(out["response"]["uid"].is_string());
+        // Whatever was allowed with a patch must apply to the object it came with.
+        if let (Some(patch), Ok(review)) = (patch_of(&reviewed), serde_json::from_slice::<Value>(&input)) {
+            apply(&review["request"]["object"], &patch).unwrap();
+        }
+    }
+}
