@@ -21,7 +21,7 @@ pub struct Timing {
     /// How often the holder renews: a third of the length, so two renewals
     /// can fail before the lease runs out.
     pub renew_every: Duration,
-    /// How often a standby tries to take the lease.
+    /// How often a standby checks the lease (and whether its holder lives).
     pub retry_every: Duration,
 }
 
@@ -33,7 +33,7 @@ impl Timing {
         Self {
             lease_length,
             renew_every: lease_length / 3,
-            retry_every: (lease_length / 5).min(Duration::from_secs(1)),
+            retry_every: (lease_length / 25).clamp(Duration::from_millis(100), Duration::from_secs(1)),
         }
     }
 }
@@ -44,9 +44,33 @@ impl Default for Timing {
     }
 }
 
-/// A holder identity unique per process: the replica name and a random suffix.
-pub fn holder_id(replica: &str) -> String {
-    format!("{replica}/{}", uuid::Uuid::new_v4().simple())
+/// A holder identity unique per process: the replica name and the store's
+/// liveness key, by which standbys tell whether the holder still lives.
+pub fn holder_id(replica: &str, store: &Store) -> String {
+    format!("{replica}/{}", store.liveness_key())
+}
+
+/// A live lease whose holder's process is gone (its database connections,
+/// or its lock file, vanished with it) is taken over at once with the next
+/// term instead of waiting for it to expire.
+async fn take_over_if_dead(store: &Store, holder: &str, timing: Timing, row: &store::LeaseView) -> Option<Lease> {
+    match timeout(timing.lease_length, store.holder_alive(&row.holder)).await {
+        Ok(Ok(false)) => {}
+        _ => return None,
+    }
+    match timeout(
+        timing.lease_length,
+        store.take_over_lease(holder, timing.lease_length, row),
+    )
+    .await
+    {
+        Ok(Ok(lease)) => lease,
+        Ok(Err(err)) => {
+            warn!(error = %err, "cannot take over the lease of a dead coordinator");
+            None
+        }
+        Err(_) => None,
+    }
 }
 
 /// Campaign until `shutdown`, publishing the lease this process holds (or
@@ -80,10 +104,18 @@ pub async fn run(
                         next_attempt = sent + timing.renew_every;
                         Some((lease, sent + timing.lease_length))
                     }
-                    Ok(Ok(Acquire::HeldBy(row))) => {
-                        debug!(term = row.term, holder = %row.holder, "lease held elsewhere");
-                        None
-                    }
+                    Ok(Ok(Acquire::HeldBy(row))) => match take_over_if_dead(&store, &holder, timing, &row).await {
+                        Some(lease) => {
+                            info!(term = lease.term, holder = %holder, previous = %row.holder, "took over from a dead coordinator");
+                            publish.send_replace(Some(lease.clone()));
+                            next_attempt = sent + timing.renew_every;
+                            Some((lease, sent + timing.lease_length))
+                        }
+                        None => {
+                            debug!(term = row.term, holder = %row.holder, "lease held elsewhere");
+                            None
+                        }
+                    },
                     Ok(Err(err)) => {
                         warn!(error = %err, "cannot campaign for the coordinator lease");
                         None

@@ -72,7 +72,7 @@ pub async fn bind(settings: &Settings) -> Result<TcpListener, Error> {
 pub async fn run(settings: Settings, listener: TcpListener, shutdown: CancellationToken) -> Result<(), Error> {
     let url = settings.database_url()?;
     let store = store::Store::open(&url, &settings.store_options()).await?;
-    let holder = election::holder_id(&settings.replica);
+    let holder = election::holder_id(&settings.replica, &store);
     let address = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
     info!(replica = %settings.replica, holder = %holder, %address, backend = %store.backend(),
           database = %store::redact_url(&url), "gateway started");

@@ -30,11 +30,11 @@ impl Backend {
     }
 
     /// Statements run on every new connection.
-    pub(super) fn session_setup(self, options: &Options) -> String {
+    pub(super) fn session_setup(self, options: &Options, application_name: &str) -> String {
         let timeout_ms = options.statement_timeout.as_millis();
         match self {
             Self::Postgres => {
-                format!("SET statement_timeout = {timeout_ms}; SET application_name = 'openshell-gateway'")
+                format!("SET statement_timeout = {timeout_ms}; SET application_name = '{application_name}'")
             }
             Self::Sqlite => format!(
                 "PRAGMA busy_timeout = {timeout_ms}; PRAGMA journal_mode = WAL; \

@@ -14,6 +14,7 @@
 
 mod decide;
 mod dialect;
+pub mod liveness;
 mod types;
 
 use std::time::Duration;
@@ -103,6 +104,10 @@ impl Default for Options {
 pub struct Store {
     pool: AnyPool,
     backend: Backend,
+    /// This process's liveness key (see [`liveness`]).
+    key: String,
+    /// SQLite: where liveness locks live, and this process's own lock.
+    locks: Option<(std::path::PathBuf, std::sync::Arc<liveness::FileLock>)>,
 }
 
 impl std::fmt::Debug for Store {
@@ -136,9 +141,21 @@ impl Store {
                 });
             }
         }
-        let setup = backend.session_setup(options);
+        let key = liveness::new_key();
+        let locks = match liveness::lock_dir(url) {
+            Some(dir) if backend == Backend::Sqlite => {
+                let lock = liveness::FileLock::take(&dir, &key).map_err(|source| Error::Url {
+                    url: shown.clone(),
+                    reason: format!("cannot create the liveness lock beside the database: {source}"),
+                })?;
+                Some((dir, std::sync::Arc::new(lock)))
+            }
+            _ => None,
+        };
+        let setup = backend.session_setup(options, &liveness::application_name(&key));
         let pool = AnyPoolOptions::new()
             .max_connections(options.max_connections)
+            .min_connections(1)
             .acquire_timeout(options.connect_timeout)
             .after_connect(move |conn, _| {
                 let setup = setup.clone();
@@ -152,7 +169,12 @@ impl Store {
             .connect(url)
             .await
             .map_err(|source| connect_error(&shown, source))?;
-        let store = Self { pool, backend };
+        let store = Self {
+            pool,
+            backend,
+            key,
+            locks,
+        };
         store.migrate(&shown).await?;
         Ok(store)
     }
@@ -182,6 +204,51 @@ impl Store {
 
     pub fn backend(&self) -> Backend {
         self.backend
+    }
+
+    /// This process's liveness key: the suffix of its lease holder id.
+    pub fn liveness_key(&self) -> &str {
+        &self.key
+    }
+
+    /// Whether the process of lease holder `holder` is still alive, as far
+    /// as the database (or the machine, for SQLite) can tell.
+    pub async fn holder_alive(&self, holder: &str) -> Result<bool> {
+        let key = liveness::key_of(holder);
+        match &self.locks {
+            Some((dir, _)) => Ok(liveness::file_holder_alive(dir, key)),
+            None => Ok(sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+            )
+            .bind(liveness::application_name(key))
+            .fetch_one(&self.pool)
+            .await?
+                > 0),
+        }
+    }
+
+    /// Take over a live lease whose holder's process is gone: compare-and-set
+    /// on the observed holder and term, to the next term. `None` when the
+    /// lease changed since it was observed.
+    pub async fn take_over_lease(&self, holder: &str, length: Duration, observed: &LeaseView) -> Result<Option<Lease>> {
+        let (mut tx, row) = self.lock_lease(LockMode::Exclusive).await?;
+        if row.holder != observed.holder || row.term != observed.term {
+            return Ok(None);
+        }
+        let lease = Lease {
+            holder: holder.to_owned(),
+            term: row.term + 1,
+            expires_at_ms: row.now_ms.saturating_add(millis(length)),
+        };
+        set_lease(&mut tx, &lease).await?;
+        sqlx::query("INSERT INTO coordinator_terms (term, holder, acquired_at_ms) VALUES ($1, $2, $3)")
+            .bind(lease.term)
+            .bind(&lease.holder)
+            .bind(row.now_ms)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Some(lease))
     }
 
     /// The database clock, in Unix milliseconds.

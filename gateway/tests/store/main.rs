@@ -13,6 +13,7 @@ on_both_backends!(suite;
     first_acquire_is_term_one_and_logged,
     concurrent_contenders_never_share_a_term,
     live_lease_is_refused_to_others,
+    a_dead_holders_live_lease_is_taken_over_at_once,
     renew_extends_the_same_term,
     renew_by_another_holder_is_refused,
     release_expires_at_once_and_keeps_the_term,

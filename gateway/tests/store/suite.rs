@@ -6,8 +6,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use gateway::store::{
-    Acquire, Assignment, AssignmentPhase, Checkpoint, Error, Fence, FencedWrite, GrantRecord, Lease, MemberUpdate,
-    Operation, OperationKind, OperationPhase, Registered, Registration, Report, SecretBytes, SigningKey, Store,
+    self, Acquire, Assignment, AssignmentPhase, Checkpoint, Error, Fence, FencedWrite, GrantRecord, Lease,
+    MemberUpdate, Operation, OperationKind, OperationPhase, Registered, Registration, Report, SecretBytes, SigningKey,
+    Store,
 };
 use tokio::sync::Mutex;
 
@@ -152,6 +153,53 @@ pub async fn live_lease_is_refused_to_others(db: &TestDb) {
         }
         Acquire::Acquired(other) => panic!("a live lease was granted twice: {other:?}"),
     }
+}
+
+pub async fn a_dead_holders_live_lease_is_taken_over_at_once(db: &TestDb) {
+    let other = db.replica().await;
+    let holder = format!("gw-b/{}", other.liveness_key());
+    let lease = acquire(&other, &holder, LONG).await;
+    assert!(
+        db.store.holder_alive(&holder).await.unwrap(),
+        "its connections are open"
+    );
+    let observed = db.store.read_lease().await.unwrap().unwrap();
+    // The holder's process goes away (all its connections close).
+    other.close().await;
+    drop(other);
+    crate::support::wait_for("the holder to read as dead", 500, || async {
+        (!db.store.holder_alive(&holder).await.unwrap()).then_some(())
+    })
+    .await;
+    let mine = format!("gw-a/{}", db.store.liveness_key());
+    assert!(db.store.holder_alive(&mine).await.unwrap());
+    // A takeover that observed an older row does nothing.
+    let stale = store::LeaseView {
+        term: observed.term - 1,
+        ..observed.clone()
+    };
+    assert_eq!(db.store.take_over_lease(&mine, LONG, &stale).await.unwrap(), None);
+    let taken = db
+        .store
+        .take_over_lease(&mine, LONG, &observed)
+        .await
+        .unwrap()
+        .expect("taken over");
+    assert_eq!(
+        taken.term,
+        lease.term + 1,
+        "the lease was still live: only the term fence makes this safe"
+    );
+    assert_fenced(
+        db.store
+            .write_fenced(&lease, &[FencedWrite::PutOperation(operation("late"))])
+            .await,
+        |f| matches!(f, Fence::Superseded { .. }),
+    );
+    assert_eq!(
+        db.store.lease_history().await.unwrap().last().map(|t| t.holder.clone()),
+        Some(mine)
+    );
 }
 
 pub async fn renew_extends_the_same_term(db: &TestDb) {
