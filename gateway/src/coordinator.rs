@@ -26,6 +26,7 @@ pub async fn run(replica: Arc<Replica>, mut lease: watch::Receiver<Option<Lease>
     // After a write, wait for a view read after it, so a stale read does
     // not plan the same change twice.
     let mut wrote_at_ms = 0;
+    let mut started: Option<i64> = None;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
@@ -35,6 +36,19 @@ pub async fn run(replica: Arc<Replica>, mut lease: watch::Receiver<Option<Lease>
         let Some(held) = lease.borrow_and_update().clone() else {
             continue;
         };
+        if started != Some(held.term) {
+            // The first fenced write of the term: proves it can write, records when.
+            match replica.store.write_fenced(&held, &[FencedWrite::StartTerm]).await {
+                Ok(()) => {
+                    info!(term = held.term, "coordinating");
+                    started = Some(held.term);
+                }
+                Err(err) => {
+                    warn!(term = held.term, error = %err, "cannot start coordinating");
+                    continue;
+                }
+            }
+        }
         let current = view.borrow_and_update().clone();
         if current.now_ms == 0 || current.now_ms <= wrote_at_ms {
             continue;

@@ -352,7 +352,7 @@ impl Store {
 
     /// Every term ever granted, oldest first.
     pub async fn lease_history(&self) -> Result<Vec<TermRecord>> {
-        let rows = sqlx::query("SELECT term, holder, acquired_at_ms FROM coordinator_terms ORDER BY term")
+        let rows = sqlx::query("SELECT term, holder, acquired_at_ms, started_at_ms FROM coordinator_terms ORDER BY term")
             .fetch_all(&self.pool)
             .await?;
         rows.iter()
@@ -361,6 +361,7 @@ impl Store {
                     term: r.try_get("term")?,
                     holder: r.try_get("holder")?,
                     acquired_at_ms: r.try_get("acquired_at_ms")?,
+                    started_at_ms: r.try_get("started_at_ms")?,
                 })
             })
             .collect()
@@ -912,6 +913,13 @@ async fn apply(
             .bind(key.retired_at_ms)
             .execute(&mut **tx)
             .await?;
+        }
+        FencedWrite::StartTerm => {
+            sqlx::query("UPDATE coordinator_terms SET started_at_ms = $2 WHERE term = $1 AND started_at_ms IS NULL")
+                .bind(coordinator_term)
+                .bind(now_ms)
+                .execute(&mut **tx)
+                .await?;
         }
         FencedWrite::DeleteSigningKey { kid } => {
             sqlx::query("DELETE FROM signing_keys WHERE kid = $1")

@@ -43,6 +43,8 @@ pub struct TermRecord {
     pub term: i64,
     pub holder: String,
     pub acquired_at_ms: i64,
+    /// When the term's coordinator made its first fenced write.
+    pub started_at_ms: Option<i64>,
 }
 
 /// The writes only a coordinator makes, each applied by [`super::Store::write_fenced`].
@@ -67,6 +69,8 @@ pub enum FencedWrite {
     DeleteSigningKey {
         kid: String,
     },
+    /// The coordinator's first write of its term: records when it started.
+    StartTerm,
 }
 
 /// What a gateway replica knows of a member stream it serves.
