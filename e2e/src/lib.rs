@@ -6,6 +6,8 @@
 //!   its status over the operator API;
 //! - [`status`]: rendering pool status for people.
 
+pub mod agent_log;
 pub mod local;
 pub mod process;
+pub mod scenarios;
 pub mod status;

@@ -43,6 +43,30 @@ pub fn binary_dir() -> PathBuf {
     }
 }
 
+/// When launched through cargo (`cargo run -p e2e …`), build the other
+/// binaries of the workspace with the same profile first: cargo builds only
+/// the binaries of the package it runs.
+pub fn ensure_binaries() -> Result<(), Error> {
+    let Ok(cargo) = std::env::var("CARGO") else {
+        return Ok(());
+    };
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut command = std::process::Command::new(cargo);
+    command.current_dir(&workspace).args(["build", "--quiet", "-p", "gateway", "-p", "supervisor", "-p", "sidecar"]);
+    if binary_dir().ends_with("release") {
+        command.arg("--release");
+    }
+    let status = command.status().map_err(|source| Error::Io {
+        path: "cargo build".into(),
+        source,
+    })?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(Error::MissingBinary(format!("cargo build failed ({status})")))
+    }
+}
+
 fn binary(name: &str) -> Result<PathBuf, Error> {
     let path = binary_dir().join(name);
     if path.is_file() {
@@ -123,6 +147,7 @@ impl LocalPool {
     /// Start the gateways, wait for a coordinator to deliver tokens, then
     /// start the members.
     pub async fn start(config: Config) -> Result<Self, Error> {
+        ensure_binaries()?;
         let io = |path: &Path| {
             let path = path.display().to_string();
             move |source| Error::Io { path, source }

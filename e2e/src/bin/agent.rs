@@ -62,7 +62,7 @@ async fn main() -> anyhow::Result<()> {
                         .and_then(|v| v.get("ok").and_then(serde_json::Value::as_bool))
                         .unwrap_or(false);
                     if ok {
-                        println!("accepted value={value} at_ms={}", now_ms());
+                        println!("accepted value={value} at_ms={}{}", now_ms(), owner(&answer));
                     } else {
                         println!("refused value={value} at_ms={} answer={answer}", now_ms());
                     }
@@ -78,4 +78,19 @@ fn now_ms() -> u128 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis())
         .unwrap_or(0)
+}
+
+/// ` term=T member=M` when the sidecar's answer names the owner that answered.
+fn owner(answer: &str) -> String {
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(answer) else {
+        return String::new();
+    };
+    let mut out = String::new();
+    if let Some(term) = value.get("term").and_then(serde_json::Value::as_u64) {
+        out.push_str(&format!(" term={term}"));
+    }
+    if let Some(member) = value.get("member").and_then(serde_json::Value::as_str) {
+        out.push_str(&format!(" member={member}"));
+    }
+    out
 }

@@ -1,0 +1,361 @@
+//! Failure scenarios on a local pool of real processes, with measurements:
+//! coordinator failover (kill -9 and pause), supervisor crash recovery, and
+//! paused-owner recovery with the resumed owner fenced out. Each scenario
+//! starts a fresh pool, waits for steady state, injects the failure, and
+//! measures from the store and the agents' own logs.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use gateway::store::{AssignmentPhase, Options, Store};
+use nix::sys::signal::Signal;
+use serde::Serialize;
+
+use crate::agent_log::{self, Observed};
+use crate::local::{self, Config, LocalPool};
+
+/// The scenarios, in the order they run.
+pub const ALL: [&str; 4] = ["coordinator-failover", "coordinator-pause", "supervisor-crash", "paused-owner"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Pool(#[from] local::Error),
+    #[error(transparent)]
+    Process(#[from] crate::process::Error),
+    #[error("store: {0}")]
+    Store(#[from] gateway::store::Error),
+    #[error("{0}")]
+    Scenario(String),
+}
+
+/// What one scenario measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    pub scenario: String,
+    pub backend: String,
+    /// Failure injected → the measured end point (see `measures`).
+    pub seconds: f64,
+    pub measures: String,
+    pub pids_before: Vec<u32>,
+    pub pids_after: Vec<u32>,
+    pub pids_preserved: bool,
+    pub counter_continuous: bool,
+    /// Longest gap between two accepted progress reports of an affected agent.
+    pub max_counter_gap_ms: u64,
+    pub dual_owner_violations: u64,
+    pub notes: String,
+}
+
+/// Where scenarios run.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    pub root: PathBuf,
+    /// A PostgreSQL server URL (a fresh database is created per scenario);
+    /// `None` for the embedded SQLite store.
+    pub database_url: Option<String>,
+}
+
+pub async fn run(name: &str, setup: &Setup) -> Result<Outcome, Error> {
+    let database_url = match &setup.database_url {
+        Some(admin) => Some(fresh_database(admin, name).await?),
+        None => None,
+    };
+    let config = Config {
+        root: setup.root.join(name),
+        database_url: database_url.clone(),
+        gateways: 2,
+        members: 2,
+        sandboxes: 2,
+        lease_length_ms: 5000,
+    };
+    let mut pool = LocalPool::start(config).await?;
+    let url = database_url
+        .unwrap_or_else(|| format!("sqlite://{}?mode=rwc", pool.config.root.join("gateway.db").display()));
+    let store = Store::open(&url, &Options::default()).await?;
+    let outcome = async {
+        steady(&pool, &store).await?;
+        match name {
+            "coordinator-failover" => coordinator(&mut pool, &store, Signal::SIGKILL).await,
+            "coordinator-pause" => coordinator(&mut pool, &store, Signal::SIGSTOP).await,
+            "supervisor-crash" => owner(&mut pool, &store, Signal::SIGKILL).await,
+            "paused-owner" => owner(&mut pool, &store, Signal::SIGSTOP).await,
+            other => Err(Error::Scenario(format!("unknown scenario {other}; known: {}", ALL.join(", ")))),
+        }
+    }
+    .await;
+    store.close().await;
+    pool.stop().await;
+    let mut outcome = outcome?;
+    outcome.scenario = name.to_owned();
+    outcome.backend = if setup.database_url.is_some() { "postgresql" } else { "sqlite" }.into();
+    Ok(outcome)
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// Poll `check` every 10 ms until it yields, or fail after `limit`.
+async fn until<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> Result<T, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>, Error>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(value) = check().await? {
+            return Ok(value);
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(Error::Scenario(format!("{what} did not happen within {} s", limit.as_secs())));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Every sandbox's instance active, and every agent's reports accepted.
+async fn steady(pool: &LocalPool, store: &Store) -> Result<(), Error> {
+    let expected = pool.sandboxes.len();
+    until("steady state (every instance active)", Duration::from_secs(60), || async {
+        let active = store.list_assignments().await?.iter().filter(|a| a.phase == AssignmentPhase::Active).count();
+        Ok((active == expected).then_some(()))
+    })
+    .await?;
+    until("every agent reporting", Duration::from_secs(30), || async {
+        Ok(pool.sandboxes.iter().all(|s| observe(pool, &s.name).accepted.len() > 5).then_some(()))
+    })
+    .await
+}
+
+fn observe(pool: &LocalPool, sandbox: &str) -> Observed {
+    let log = pool.logs().join(format!("{sandbox}-agent.log"));
+    agent_log::parse(&std::fs::read_to_string(log).unwrap_or_default())
+}
+
+/// Agent PIDs by sandbox name, as the agents logged them.
+fn agent_pids(pool: &LocalPool, sandboxes: &[String]) -> Vec<u32> {
+    sandboxes.iter().filter_map(|s| observe(pool, s).pid).collect()
+}
+
+/// Workload PIDs by route, as the owners reported them from their sidecars.
+async fn reported_pids(store: &Store, routes: &[String]) -> Result<Vec<u32>, Error> {
+    let reports = store.list_reports().await?;
+    Ok(routes
+        .iter()
+        .filter_map(|r| reports.iter().find(|x| &x.route == r))
+        .map(|r| u32::try_from(r.workload_pid).unwrap_or(0))
+        .collect())
+}
+
+/// Kill (or pause) the coordinator's gateway process; measure until the next
+/// term's coordinator made its first fenced write.
+async fn coordinator(pool: &mut LocalPool, store: &Store, signal: Signal) -> Result<Outcome, Error> {
+    let lease = store.read_lease().await?.ok_or_else(|| Error::Scenario("no coordinator".into()))?;
+    let name = lease.holder.split('/').next().unwrap_or_default().to_owned();
+    let index = pool
+        .gateways
+        .iter()
+        .position(|g| g.name == name)
+        .ok_or_else(|| Error::Scenario(format!("coordinator {name} is not a gateway of this pool")))?;
+    let sandboxes: Vec<String> = pool.sandboxes.iter().map(|s| s.name.clone()).collect();
+    let pids_before = agent_pids(pool, &sandboxes);
+    let injected = now_ms();
+    pool.gateways[index].process.signal(signal)?;
+    let started = until("a new coordinator's first fenced write", Duration::from_secs(30), || async {
+        let history = store.lease_history().await?;
+        Ok(history.iter().find(|t| t.term > lease.term).and_then(|t| t.started_at_ms))
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    if signal == Signal::SIGSTOP {
+        pool.gateways[index].process.signal(Signal::SIGCONT)?;
+    }
+    let observed: Vec<Observed> = sandboxes.iter().map(|s| observe(pool, s)).collect();
+    let pids_after = agent_pids(pool, &sandboxes);
+    let end = u64::try_from(started).unwrap_or(0);
+    Ok(Outcome {
+        scenario: String::new(),
+        backend: String::new(),
+        seconds: end.saturating_sub(injected) as f64 / 1000.0,
+        measures: format!("{signal} of the coordinator → first fenced write of the next term"),
+        pids_preserved: pids_before == pids_after && !pids_before.is_empty(),
+        pids_before,
+        pids_after,
+        counter_continuous: observed.iter().all(Observed::continuous),
+        max_counter_gap_ms: observed.iter().map(|o| o.max_gap_ms(injected, end)).max().unwrap_or(0),
+        dual_owner_violations: observed.iter().map(Observed::dual_owner_violations).sum(),
+        notes: format!("coordinator {} term {} → term {}", name, lease.term, lease.term + 1),
+    })
+}
+
+/// Kill (or pause) the member owning the most instances; measure until all
+/// its instances are active under another owner. A paused owner is resumed
+/// afterwards and must stay fenced out.
+async fn owner(pool: &mut LocalPool, store: &Store, signal: Signal) -> Result<Outcome, Error> {
+    let assignments = store.list_assignments().await?;
+    let mut load: BTreeMap<&str, usize> = BTreeMap::new();
+    for a in &assignments {
+        *load.entry(a.member.as_str()).or_default() += 1;
+    }
+    let victim = load
+        .iter()
+        .max_by_key(|(_, n)| **n)
+        .map(|(m, _)| (*m).to_owned())
+        .ok_or_else(|| Error::Scenario("no owner".into()))?;
+    let moved: Vec<(String, i64)> =
+        assignments.iter().filter(|a| a.member == victim).map(|a| (a.route.clone(), a.term)).collect();
+    let routes: Vec<String> = moved.iter().map(|(r, _)| r.clone()).collect();
+    let sandboxes: Vec<String> = routes.iter().map(|r| r.rsplit('/').next().unwrap_or(r).to_owned()).collect();
+    let pids_before = agent_pids(pool, &sandboxes);
+    let index = pool
+        .members
+        .iter()
+        .position(|m| m.name == victim)
+        .ok_or_else(|| Error::Scenario(format!("owner {victim} is not a member of this pool")))?;
+
+    let injected = now_ms();
+    pool.members[index].process.signal(signal)?;
+    let activated = until("the instances active under a new owner", Duration::from_secs(90), || async {
+        let now = store.list_assignments().await?;
+        let done: Option<Vec<i64>> = moved
+            .iter()
+            .map(|(route, term)| {
+                now.iter()
+                    .find(|a| &a.route == route && a.member != victim && a.term > *term)
+                    .filter(|a| a.phase == AssignmentPhase::Active)
+                    .map(|a| a.updated_at_ms)
+            })
+            .collect();
+        Ok(done.and_then(|times| times.into_iter().max()))
+    })
+    .await?;
+    let end = u64::try_from(activated).unwrap_or(0);
+    // Let the agents report through their new owners.
+    until("every moved agent reporting again", Duration::from_secs(30), || async {
+        Ok(sandboxes.iter().all(|s| observe(pool, s).last_at_ms() > end + 500).then_some(()))
+    })
+    .await?;
+
+    let mut notes = format!("owner {victim} held {}", routes.join(", "));
+    if signal == Signal::SIGSTOP {
+        let resumed = now_ms();
+        pool.members[index].process.signal(Signal::SIGCONT)?;
+        // The resumed owner reconnects; nothing may move back to it, and no
+        // answer from its old term may reach a workload.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let after = store.list_assignments().await?;
+        let back = after.iter().filter(|a| routes.contains(&a.route) && a.member == victim).count();
+        if back > 0 {
+            return Err(Error::Scenario(format!("{back} instance(s) went back to the resumed owner")));
+        }
+        let late: usize = sandboxes
+            .iter()
+            .map(|s| {
+                observe(pool, s)
+                    .accepted
+                    .iter()
+                    .filter(|a| a.at_ms > resumed && moved.iter().any(|(_, t)| a.term == Some(u64::try_from(*t).unwrap_or(0))))
+                    .count()
+            })
+            .sum();
+        if late > 0 {
+            return Err(Error::Scenario(format!("{late} answer(s) from the paused owner's old term after it resumed")));
+        }
+        notes.push_str("; resumed owner fenced out (no answers from its old term, nothing moved back)");
+    }
+    let observed: Vec<Observed> = sandboxes.iter().map(|s| observe(pool, s)).collect();
+    let pids_after = reported_pids(store, &routes).await?;
+    Ok(Outcome {
+        scenario: String::new(),
+        backend: String::new(),
+        seconds: end.saturating_sub(injected) as f64 / 1000.0,
+        measures: format!("{signal} of the owner → its instances active under a new owner"),
+        pids_preserved: pids_before == pids_after && !pids_before.is_empty(),
+        pids_before,
+        pids_after,
+        counter_continuous: observed.iter().all(Observed::continuous),
+        max_counter_gap_ms: observed.iter().map(|o| o.max_gap_ms(injected, end + 500)).max().unwrap_or(0),
+        dual_owner_violations: observed.iter().map(Observed::dual_owner_violations).sum(),
+        notes,
+    })
+}
+
+/// A fresh database on the PostgreSQL server of `admin_url`.
+async fn fresh_database(admin_url: &str, scenario: &str) -> Result<String, Error> {
+    use sqlx::{Connection as _, Executor as _};
+    sqlx::any::install_default_drivers();
+    let name = format!("scenario_{}_{}", scenario.replace('-', "_"), now_ms());
+    let mut admin = sqlx::AnyConnection::connect(admin_url)
+        .await
+        .map_err(|e| Error::Scenario(format!("cannot connect to {}: {e}", gateway::store::redact_url(admin_url))))?;
+    admin
+        .execute(format!("CREATE DATABASE {name}").as_str())
+        .await
+        .map_err(|e| Error::Scenario(format!("cannot create database {name}: {e}")))?;
+    let _ = admin.close().await;
+    let mut url = url_with_database(admin_url, &name);
+    if url.is_empty() {
+        url = admin_url.to_owned();
+    }
+    Ok(url)
+}
+
+fn url_with_database(url: &str, database: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let (authority, query) = match rest.split_once('?') {
+                Some((a, q)) => (a, Some(q)),
+                None => (rest, None),
+            };
+            let host = authority.split('/').next().unwrap_or(authority);
+            let mut out = format!("{scheme}://{host}/{database}");
+            if let Some(q) = query {
+                out.push('?');
+                out.push_str(q);
+            }
+            out
+        }
+        None => String::new(),
+    }
+}
+
+/// The table the command prints.
+pub fn table(outcomes: &[Outcome]) -> String {
+    let mut out = format!(
+        "{:<22} {:<10} {:>8} {:>10} {:>6} {:>9} {:>5}  {}\n",
+        "SCENARIO", "BACKEND", "SECONDS", "GAP (ms)", "PIDS", "COUNTER", "DUAL", "MEASURES"
+    );
+    for o in outcomes {
+        out.push_str(&format!(
+            "{:<22} {:<10} {:>8.2} {:>10} {:>6} {:>9} {:>5}  {}\n",
+            o.scenario,
+            o.backend,
+            o.seconds,
+            o.max_counter_gap_ms,
+            if o.pids_preserved { "same" } else { "CHANGED" },
+            if o.counter_continuous { "kept" } else { "RESET" },
+            o.dual_owner_violations,
+            o.measures
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn database_urls_keep_host_and_query() {
+        assert_eq!(
+            url_with_database("postgres://u@127.0.0.1:5432/postgres?sslmode=disable", "x"),
+            "postgres://u@127.0.0.1:5432/x?sslmode=disable"
+        );
+        assert_eq!(url_with_database("postgres://h", "x"), "postgres://h/x");
+    }
+}
