@@ -28,6 +28,10 @@ pub struct Settings {
     #[arg(long, env = "OPENSHELL_GATEWAY_LISTEN", default_value = "127.0.0.1:8443")]
     pub listen: String,
 
+    /// Plain-HTTP health port (/healthz, /readyz, /metrics). Unset: none.
+    #[arg(long, env = "OPENSHELL_GATEWAY_HEALTH_LISTEN")]
+    pub health_listen: Option<String>,
+
     /// Issuer of the tokens this gateway signs and verifies.
     #[arg(long, env = "OPENSHELL_GATEWAY_ISSUER", default_value = proto::trust::DEFAULT_ISSUER)]
     pub issuer: String,

@@ -8,6 +8,7 @@ pub mod config;
 pub mod coordinator;
 pub mod credentials;
 pub mod election;
+pub mod health;
 pub mod host;
 pub mod operator;
 pub mod placement;
@@ -128,6 +129,18 @@ pub async fn run(settings: Settings, listener: TcpListener, shutdown: Cancellati
         tokio::spawn(async move { status::print_every(&store, &holder, &lease, interval, &stop).await });
     }
 
+    if let Some(address) = &settings.health_listen {
+        let health = TcpListener::bind(address).await.map_err(|source| Error::Listen {
+            address: address.clone(),
+            source,
+        })?;
+        let (replica, lease, stop) = (replica.clone(), lease_rx.clone(), stop.clone());
+        tokio::spawn(async move {
+            if let Err(err) = health::serve(health, replica, lease, stop).await {
+                tracing::warn!(error = %err, "health port failed");
+            }
+        });
+    }
     let served = server::serve(listener, replica, shutdown.clone()).await;
     // The election releases the lease on its way out.
     let _ = election.await;

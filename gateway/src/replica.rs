@@ -42,7 +42,6 @@ pub struct Counters {
     pub acks_never_sent: AtomicU64,
     pub acks_regressed: AtomicU64,
     pub oversized_reports: AtomicU64,
-    pub superseded_messages: AtomicU64,
 }
 
 impl Counters {

@@ -352,9 +352,10 @@ impl Store {
 
     /// Every term ever granted, oldest first.
     pub async fn lease_history(&self) -> Result<Vec<TermRecord>> {
-        let rows = sqlx::query("SELECT term, holder, acquired_at_ms, started_at_ms FROM coordinator_terms ORDER BY term")
-            .fetch_all(&self.pool)
-            .await?;
+        let rows =
+            sqlx::query("SELECT term, holder, acquired_at_ms, started_at_ms FROM coordinator_terms ORDER BY term")
+                .fetch_all(&self.pool)
+                .await?;
         rows.iter()
             .map(|r| {
                 Ok(TermRecord {

@@ -85,7 +85,9 @@ pub async fn first_acquire_is_term_one_and_logged(db: &TestDb) {
     assert_eq!((history[0].term, history[0].holder.as_str()), (1, "gw-a/1"));
     assert_eq!(history[0].started_at_ms, None);
     db.store.write_fenced(&lease, &[FencedWrite::StartTerm]).await.unwrap();
-    let started = db.store.lease_history().await.unwrap()[0].started_at_ms.expect("recorded");
+    let started = db.store.lease_history().await.unwrap()[0]
+        .started_at_ms
+        .expect("recorded");
     assert!(started >= history[0].acquired_at_ms);
     // Acquiring again while holding keeps the term and logs nothing new.
     assert_eq!(acquire(&db.store, "gw-a/1", LONG).await.term, 1);

@@ -1,0 +1,125 @@
+//! The plain-HTTP health port: `/healthz` (the process serves), `/readyz`
+//! (it has read the pool from the store recently), `/metrics` (Prometheus).
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::pool::REFRESH_INTERVAL;
+use crate::replica::{Counters, Replica};
+use crate::store::Lease;
+
+#[derive(Clone)]
+struct Health {
+    replica: Arc<Replica>,
+    lease: watch::Receiver<Option<Lease>>,
+}
+
+/// Serve until `shutdown`.
+pub async fn serve(
+    listener: TcpListener,
+    replica: Arc<Replica>,
+    lease: watch::Receiver<Option<Lease>>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready))
+        .route("/metrics", get(metrics))
+        .with_state(Health { replica, lease });
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+}
+
+/// Ready once the pool view is fresh: the store answered within the last
+/// few refresh intervals.
+async fn ready(State(health): State<Health>) -> impl IntoResponse {
+    let view = health.replica.view.borrow().clone();
+    let stale = match health.replica.store.now_ms().await {
+        Ok(now) => view.now_ms == 0 || now - view.now_ms > (REFRESH_INTERVAL * 10).as_millis() as i64,
+        Err(_) => true,
+    };
+    if stale {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "pool view is stale or the store is unreachable\n",
+        )
+    } else {
+        (StatusCode::OK, "ready\n")
+    }
+}
+
+async fn metrics(State(health): State<Health>) -> impl IntoResponse {
+    let mut registry = Registry::with_prefix("openshell_gateway");
+    let view = health.replica.view.borrow().clone();
+    let gauge = |registry: &mut Registry, name: &str, help: &str, value: i64| {
+        let g: Gauge = Gauge::default();
+        g.set(value);
+        registry.register(name, help, g);
+    };
+    let coordinator = health.lease.borrow().as_ref().map_or(0, |l| l.term);
+    gauge(
+        &mut registry,
+        "coordinator_term",
+        "Coordinator term this replica holds (0: standby)",
+        coordinator,
+    );
+    let live = view.members.values().filter(|m| m.is_live(view.now_ms)).count();
+    gauge(
+        &mut registry,
+        "members_live",
+        "Pool members with a live membership record",
+        live as i64,
+    );
+    gauge(
+        &mut registry,
+        "instances_desired",
+        "Desired instances",
+        view.desired().len() as i64,
+    );
+    gauge(
+        &mut registry,
+        "assignments",
+        "Assigned instances",
+        view.assignments.len() as i64,
+    );
+    let streams = health.replica.sessions(|s| s.len());
+    gauge(
+        &mut registry,
+        "member_streams",
+        "Member streams this replica serves",
+        streams as i64,
+    );
+    let c = &health.replica.counters;
+    for (name, counter) in [
+        ("dropped_acks_never_sent", &c.acks_never_sent),
+        ("dropped_acks_regressed", &c.acks_regressed),
+        ("dropped_reports_oversized", &c.oversized_reports),
+    ] {
+        let value = i64::try_from(Counters::get(counter)).unwrap_or(i64::MAX);
+        gauge(&mut registry, name, "Member messages dropped since start", value);
+    }
+    let mut body = String::new();
+    match encode(&mut body, &registry) {
+        Ok(()) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        )
+            .into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
