@@ -21,66 +21,13 @@ use serde_json::json;
 const ISS: &str = tokens::DEFAULT_ISSUER;
 const LIFETIME: Duration = Duration::from_secs(3600);
 
-mod db {
-    //! A fresh SQLite file, or a fresh database on the PostgreSQL server of `DATABASE_URL`.
-    use gateway::store::{Options, Store};
-    use sqlx::{AnyConnection, Connection, Executor};
+#[path = "common/db.rs"]
+#[macro_use]
+mod support;
 
-    pub struct TestDb {
-        pub store: Store,
-        _dir: Option<tempfile::TempDir>,
-        cleanup: Option<(String, String)>,
-    }
-
-    impl TestDb {
-        pub async fn sqlite() -> Self {
-            let dir = tempfile::tempdir().unwrap();
-            let url = format!("sqlite://{}?mode=rwc", dir.path().join("store.db").display());
-            let store = Store::open(&url, &Options::default()).await.unwrap();
-            Self {
-                store,
-                _dir: Some(dir),
-                cleanup: None,
-            }
-        }
-
-        /// `None` (skipped) without `DATABASE_URL`, unless `REQUIRE_POSTGRES=1`.
-        pub async fn postgres() -> Option<Self> {
-            let Ok(admin_url) = std::env::var("DATABASE_URL") else {
-                assert!(
-                    std::env::var("REQUIRE_POSTGRES").as_deref() != Ok("1"),
-                    "REQUIRE_POSTGRES=1 but DATABASE_URL is unset"
-                );
-                eprintln!("skipped: DATABASE_URL is unset");
-                return None;
-            };
-            sqlx::any::install_default_drivers();
-            let name = format!("tokens_test_{}", uuid::Uuid::new_v4().simple());
-            let mut admin = AnyConnection::connect(&admin_url).await.unwrap();
-            admin.execute(format!("CREATE DATABASE {name}").as_str()).await.unwrap();
-            admin.close().await.unwrap();
-            let mut url = url::Url::parse(&admin_url).unwrap();
-            url.set_path(&format!("/{name}"));
-            let store = Store::open(url.as_str(), &Options::default()).await.unwrap();
-            Some(Self {
-                store,
-                _dir: None,
-                cleanup: Some((admin_url, name)),
-            })
-        }
-
-        pub async fn finish(self) {
-            self.store.close().await;
-            if let Some((admin_url, name)) = self.cleanup
-                && let Ok(mut admin) = AnyConnection::connect(&admin_url).await
-            {
-                let _ = admin
-                    .execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str())
-                    .await;
-                let _ = admin.close().await;
-            }
-        }
-    }
+/// The rotation tests, instantiated per backend by `on_both_backends!`.
+mod rotation {
+    pub use super::*;
 }
 
 async fn acquire(store: &Store, holder: &str) -> Lease {
@@ -121,7 +68,7 @@ fn claims_at(now: i64) -> serde_json::Value {
 
 #[tokio::test]
 async fn mint_and_verify_round_trip() {
-    let db = db::TestDb::sqlite().await;
+    let db = support::TestDb::sqlite().await;
     let (ring, now) = ready(&db.store).await;
     let minted = ring
         .mint_at(Kind::Supervisor, &pool_subject("main"), LIFETIME, &NoExtra {}, now)
@@ -144,7 +91,7 @@ async fn mint_and_verify_round_trip() {
 
 #[tokio::test]
 async fn expired_beyond_the_leeway_is_refused() {
-    let db = db::TestDb::sqlite().await;
+    let db = support::TestDb::sqlite().await;
     let (ring, now) = ready(&db.store).await;
     let minted = ring
         .mint_at(Kind::Supervisor, "pool:main", LIFETIME, &NoExtra {}, now)
@@ -161,7 +108,7 @@ async fn expired_beyond_the_leeway_is_refused() {
 
 #[tokio::test]
 async fn wrong_audience_and_wrong_issuer_are_refused() {
-    let db = db::TestDb::sqlite().await;
+    let db = support::TestDb::sqlite().await;
     let (ring, now) = ready(&db.store).await;
     let instance = ring
         .mint_at(
@@ -185,7 +132,7 @@ async fn wrong_audience_and_wrong_issuer_are_refused() {
 
 #[tokio::test]
 async fn unknown_and_missing_kid_are_refused() {
-    let db = db::TestDb::sqlite().await;
+    let db = support::TestDb::sqlite().await;
     let (ring, now) = ready(&db.store).await;
     // Signed by a key this gateway never stored.
     let stranger = Keyring::from_records(ISS, &[KeyPair::generate().unwrap().to_record().unwrap()]).unwrap();
@@ -208,7 +155,7 @@ async fn unknown_and_missing_kid_are_refused() {
 
 #[tokio::test]
 async fn alg_none_is_refused() {
-    let db = db::TestDb::sqlite().await;
+    let db = support::TestDb::sqlite().await;
     let (ring, now) = ready(&db.store).await;
     let kid = ring.signing_kid().unwrap();
     for alg in ["none", "None", "NONE"] {
@@ -222,7 +169,7 @@ async fn alg_none_is_refused() {
 
 #[tokio::test]
 async fn hs256_keyed_with_the_public_key_is_refused() {
-    let db = db::TestDb::sqlite().await;
+    let db = support::TestDb::sqlite().await;
     let (ring, now) = ready(&db.store).await;
     let kid = ring.signing_kid().unwrap().to_owned();
     let record = db.store.list_signing_keys().await.unwrap().remove(0);
@@ -245,7 +192,7 @@ async fn hs256_keyed_with_the_public_key_is_refused() {
 
 #[tokio::test]
 async fn tampered_payload_and_oversized_tokens_are_refused() {
-    let db = db::TestDb::sqlite().await;
+    let db = support::TestDb::sqlite().await;
     let (ring, now) = ready(&db.store).await;
     let token = supervisor_token(&ring, now);
     let parts: Vec<&str> = token.split('.').collect();
@@ -269,38 +216,14 @@ async fn tampered_payload_and_oversized_tokens_are_refused() {
 
 // ---- rotation (SQLite and PostgreSQL) ----------------------------------------------------
 
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let db = crate::db::TestDb::sqlite().await;
-                    crate::$name(&db.store).await;
-                    db.finish().await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let Some(db) = crate::db::TestDb::postgres().await else { return };
-                    crate::$name(&db.store).await;
-                    db.finish().await;
-                }
-            )*
-        }
-    };
-}
-
-on_both_backends!(
+on_both_backends!(rotation;
     first_key_is_created_through_write_fenced,
     rotation_keeps_old_tokens_verifiable_until_deletion,
     a_stale_coordinator_cannot_rotate,
 );
 
-async fn first_key_is_created_through_write_fenced(store: &Store) {
+pub async fn first_key_is_created_through_write_fenced(db: &support::TestDb) {
+    let store = &db.store;
     let lease = acquire(store, "gw-a/1").await;
     assert!(matches!(
         Keyring::load(store, ISS)
@@ -328,7 +251,8 @@ async fn first_key_is_created_through_write_fenced(store: &Store) {
     assert_eq!(store.list_signing_keys().await.unwrap().len(), 1);
 }
 
-async fn rotation_keeps_old_tokens_verifiable_until_deletion(store: &Store) {
+pub async fn rotation_keeps_old_tokens_verifiable_until_deletion(db: &support::TestDb) {
+    let store = &db.store;
     let policy = Policy::default();
     let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap();
     let lease = acquire(store, "gw-a/1").await;
@@ -399,7 +323,8 @@ async fn rotation_keeps_old_tokens_verifiable_until_deletion(store: &Store) {
     assert!(verify(&ring, &new.token, t2).is_ok(), "k2's tokens are unaffected");
 }
 
-async fn a_stale_coordinator_cannot_rotate(store: &Store) {
+pub async fn a_stale_coordinator_cannot_rotate(db: &support::TestDb) {
+    let store = &db.store;
     let stale = acquire(store, "gw-a/1").await;
     assert!(store.release_lease(&stale).await.unwrap());
     let current = acquire(store, "gw-b/1").await;
@@ -421,7 +346,7 @@ async fn a_stale_coordinator_cannot_rotate(store: &Store) {
 
 #[tokio::test]
 async fn delivery_replaces_files_atomically_and_keeps_the_token_private() {
-    let db = db::TestDb::sqlite().await;
+    let db = support::TestDb::sqlite().await;
     let (ring, now) = ready(&db.store).await;
     let dir = tempfile::tempdir().unwrap();
     let delivery = FileDelivery::new(dir.path().join("pool"));
@@ -473,7 +398,7 @@ async fn delivery_replaces_files_atomically_and_keeps_the_token_private() {
 
 #[tokio::test]
 async fn debug_output_never_shows_private_keys_or_tokens() {
-    let db = db::TestDb::sqlite().await;
+    let db = support::TestDb::sqlite().await;
     let (ring, now) = ready(&db.store).await;
     let record = db.store.list_signing_keys().await.unwrap().remove(0);
     let pem = String::from_utf8(record.private_pem.0.clone()).unwrap();
