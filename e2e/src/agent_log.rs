@@ -19,7 +19,8 @@ pub struct Observed {
 }
 
 fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    line.split_whitespace().find_map(|word| word.strip_prefix(key)?.strip_prefix('='))
+    line.split_whitespace()
+        .find_map(|word| word.strip_prefix(key)?.strip_prefix('='))
 }
 
 pub fn parse(log: &str) -> Observed {
@@ -93,7 +94,11 @@ mod tests {
         assert_eq!(observed.pid, Some(4242));
         assert_eq!(observed.accepted.len(), 4);
         assert_eq!(observed.max_gap_ms(0, 10_000), 1950);
-        assert_eq!(observed.max_gap_ms(3040, 10_000), 50, "only gaps overlapping the window");
+        assert_eq!(
+            observed.max_gap_ms(3040, 10_000),
+            50,
+            "only gaps overlapping the window"
+        );
         assert!(observed.continuous());
         assert_eq!(observed.dual_owner_violations(), 1, "term 1 answered after term 2");
         let reset = parse("accepted value=5 at_ms=1\naccepted value=1 at_ms=2\n");

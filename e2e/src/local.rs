@@ -52,7 +52,9 @@ pub fn ensure_binaries() -> Result<(), Error> {
     };
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut command = std::process::Command::new(cargo);
-    command.current_dir(&workspace).args(["build", "--quiet", "-p", "gateway", "-p", "supervisor", "-p", "sidecar"]);
+    command
+        .current_dir(&workspace)
+        .args(["build", "--quiet", "-p", "gateway", "-p", "supervisor", "-p", "sidecar"]);
     if binary_dir().ends_with("release") {
         command.arg("--release");
     }

@@ -16,7 +16,12 @@ use crate::agent_log::{self, Observed};
 use crate::local::{self, Config, LocalPool};
 
 /// The scenarios, in the order they run.
-pub const ALL: [&str; 4] = ["coordinator-failover", "coordinator-pause", "supervisor-crash", "paused-owner"];
+pub const ALL: [&str; 4] = [
+    "coordinator-failover",
+    "coordinator-pause",
+    "supervisor-crash",
+    "paused-owner",
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -71,8 +76,8 @@ pub async fn run(name: &str, setup: &Setup) -> Result<Outcome, Error> {
         lease_length_ms: 5000,
     };
     let mut pool = LocalPool::start(config).await?;
-    let url = database_url
-        .unwrap_or_else(|| format!("sqlite://{}?mode=rwc", pool.config.root.join("gateway.db").display()));
+    let url =
+        database_url.unwrap_or_else(|| format!("sqlite://{}?mode=rwc", pool.config.root.join("gateway.db").display()));
     let store = Store::open(&url, &Options::default()).await?;
     let outcome = async {
         steady(&pool, &store).await?;
@@ -81,7 +86,10 @@ pub async fn run(name: &str, setup: &Setup) -> Result<Outcome, Error> {
             "coordinator-pause" => coordinator(&mut pool, &store, Signal::SIGSTOP).await,
             "supervisor-crash" => owner(&mut pool, &store, Signal::SIGKILL).await,
             "paused-owner" => owner(&mut pool, &store, Signal::SIGSTOP).await,
-            other => Err(Error::Scenario(format!("unknown scenario {other}; known: {}", ALL.join(", ")))),
+            other => Err(Error::Scenario(format!(
+                "unknown scenario {other}; known: {}",
+                ALL.join(", ")
+            ))),
         }
     }
     .await;
@@ -89,7 +97,12 @@ pub async fn run(name: &str, setup: &Setup) -> Result<Outcome, Error> {
     pool.stop().await;
     let mut outcome = outcome?;
     outcome.scenario = name.to_owned();
-    outcome.backend = if setup.database_url.is_some() { "postgresql" } else { "sqlite" }.into();
+    outcome.backend = if setup.database_url.is_some() {
+        "postgresql"
+    } else {
+        "sqlite"
+    }
+    .into();
     Ok(outcome)
 }
 
@@ -112,7 +125,10 @@ where
             return Ok(value);
         }
         if tokio::time::Instant::now() > deadline {
-            return Err(Error::Scenario(format!("{what} did not happen within {} s", limit.as_secs())));
+            return Err(Error::Scenario(format!(
+                "{what} did not happen within {} s",
+                limit.as_secs()
+            )));
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -121,13 +137,26 @@ where
 /// Every sandbox's instance active, and every agent's reports accepted.
 async fn steady(pool: &LocalPool, store: &Store) -> Result<(), Error> {
     let expected = pool.sandboxes.len();
-    until("steady state (every instance active)", Duration::from_secs(60), || async {
-        let active = store.list_assignments().await?.iter().filter(|a| a.phase == AssignmentPhase::Active).count();
-        Ok((active == expected).then_some(()))
-    })
+    until(
+        "steady state (every instance active)",
+        Duration::from_secs(60),
+        || async {
+            let active = store
+                .list_assignments()
+                .await?
+                .iter()
+                .filter(|a| a.phase == AssignmentPhase::Active)
+                .count();
+            Ok((active == expected).then_some(()))
+        },
+    )
     .await?;
     until("every agent reporting", Duration::from_secs(30), || async {
-        Ok(pool.sandboxes.iter().all(|s| observe(pool, &s.name).accepted.len() > 5).then_some(()))
+        Ok(pool
+            .sandboxes
+            .iter()
+            .all(|s| observe(pool, &s.name).accepted.len() > 5)
+            .then_some(()))
     })
     .await
 }
@@ -155,7 +184,10 @@ async fn reported_pids(store: &Store, routes: &[String]) -> Result<Vec<u32>, Err
 /// Kill (or pause) the coordinator's gateway process; measure until the next
 /// term's coordinator made its first fenced write.
 async fn coordinator(pool: &mut LocalPool, store: &Store, signal: Signal) -> Result<Outcome, Error> {
-    let lease = store.read_lease().await?.ok_or_else(|| Error::Scenario("no coordinator".into()))?;
+    let lease = store
+        .read_lease()
+        .await?
+        .ok_or_else(|| Error::Scenario("no coordinator".into()))?;
     let name = lease.holder.split('/').next().unwrap_or_default().to_owned();
     let index = pool
         .gateways
@@ -166,10 +198,17 @@ async fn coordinator(pool: &mut LocalPool, store: &Store, signal: Signal) -> Res
     let pids_before = agent_pids(pool, &sandboxes);
     let injected = now_ms();
     pool.gateways[index].process.signal(signal)?;
-    let started = until("a new coordinator's first fenced write", Duration::from_secs(30), || async {
-        let history = store.lease_history().await?;
-        Ok(history.iter().find(|t| t.term > lease.term).and_then(|t| t.started_at_ms))
-    })
+    let started = until(
+        "a new coordinator's first fenced write",
+        Duration::from_secs(30),
+        || async {
+            let history = store.lease_history().await?;
+            Ok(history
+                .iter()
+                .find(|t| t.term > lease.term)
+                .and_then(|t| t.started_at_ms))
+        },
+    )
     .await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     if signal == Signal::SIGSTOP {
@@ -207,10 +246,16 @@ async fn owner(pool: &mut LocalPool, store: &Store, signal: Signal) -> Result<Ou
         .max_by_key(|(_, n)| **n)
         .map(|(m, _)| (*m).to_owned())
         .ok_or_else(|| Error::Scenario("no owner".into()))?;
-    let moved: Vec<(String, i64)> =
-        assignments.iter().filter(|a| a.member == victim).map(|a| (a.route.clone(), a.term)).collect();
+    let moved: Vec<(String, i64)> = assignments
+        .iter()
+        .filter(|a| a.member == victim)
+        .map(|a| (a.route.clone(), a.term))
+        .collect();
     let routes: Vec<String> = moved.iter().map(|(r, _)| r.clone()).collect();
-    let sandboxes: Vec<String> = routes.iter().map(|r| r.rsplit('/').next().unwrap_or(r).to_owned()).collect();
+    let sandboxes: Vec<String> = routes
+        .iter()
+        .map(|r| r.rsplit('/').next().unwrap_or(r).to_owned())
+        .collect();
     let pids_before = agent_pids(pool, &sandboxes);
     let index = pool
         .members
@@ -220,24 +265,31 @@ async fn owner(pool: &mut LocalPool, store: &Store, signal: Signal) -> Result<Ou
 
     let injected = now_ms();
     pool.members[index].process.signal(signal)?;
-    let activated = until("the instances active under a new owner", Duration::from_secs(90), || async {
-        let now = store.list_assignments().await?;
-        let done: Option<Vec<i64>> = moved
-            .iter()
-            .map(|(route, term)| {
-                now.iter()
-                    .find(|a| &a.route == route && a.member != victim && a.term > *term)
-                    .filter(|a| a.phase == AssignmentPhase::Active)
-                    .map(|a| a.updated_at_ms)
-            })
-            .collect();
-        Ok(done.and_then(|times| times.into_iter().max()))
-    })
+    let activated = until(
+        "the instances active under a new owner",
+        Duration::from_secs(90),
+        || async {
+            let now = store.list_assignments().await?;
+            let done: Option<Vec<i64>> = moved
+                .iter()
+                .map(|(route, term)| {
+                    now.iter()
+                        .find(|a| &a.route == route && a.member != victim && a.term > *term)
+                        .filter(|a| a.phase == AssignmentPhase::Active)
+                        .map(|a| a.updated_at_ms)
+                })
+                .collect();
+            Ok(done.and_then(|times| times.into_iter().max()))
+        },
+    )
     .await?;
     let end = u64::try_from(activated).unwrap_or(0);
     // Let the agents report through their new owners.
     until("every moved agent reporting again", Duration::from_secs(30), || async {
-        Ok(sandboxes.iter().all(|s| observe(pool, s).last_at_ms() > end + 500).then_some(()))
+        Ok(sandboxes
+            .iter()
+            .all(|s| observe(pool, s).last_at_ms() > end + 500)
+            .then_some(()))
     })
     .await?;
 
@@ -249,9 +301,14 @@ async fn owner(pool: &mut LocalPool, store: &Store, signal: Signal) -> Result<Ou
         // answer from its old term may reach a workload.
         tokio::time::sleep(Duration::from_secs(4)).await;
         let after = store.list_assignments().await?;
-        let back = after.iter().filter(|a| routes.contains(&a.route) && a.member == victim).count();
+        let back = after
+            .iter()
+            .filter(|a| routes.contains(&a.route) && a.member == victim)
+            .count();
         if back > 0 {
-            return Err(Error::Scenario(format!("{back} instance(s) went back to the resumed owner")));
+            return Err(Error::Scenario(format!(
+                "{back} instance(s) went back to the resumed owner"
+            )));
         }
         let late: usize = sandboxes
             .iter()
@@ -259,12 +316,19 @@ async fn owner(pool: &mut LocalPool, store: &Store, signal: Signal) -> Result<Ou
                 observe(pool, s)
                     .accepted
                     .iter()
-                    .filter(|a| a.at_ms > resumed && moved.iter().any(|(_, t)| a.term == Some(u64::try_from(*t).unwrap_or(0))))
+                    .filter(|a| {
+                        a.at_ms > resumed
+                            && moved
+                                .iter()
+                                .any(|(_, t)| a.term == Some(u64::try_from(*t).unwrap_or(0)))
+                    })
                     .count()
             })
             .sum();
         if late > 0 {
-            return Err(Error::Scenario(format!("{late} answer(s) from the paused owner's old term after it resumed")));
+            return Err(Error::Scenario(format!(
+                "{late} answer(s) from the paused owner's old term after it resumed"
+            )));
         }
         notes.push_str("; resumed owner fenced out (no answers from its old term, nothing moved back)");
     }
@@ -279,7 +343,11 @@ async fn owner(pool: &mut LocalPool, store: &Store, signal: Signal) -> Result<Ou
         pids_before,
         pids_after,
         counter_continuous: observed.iter().all(Observed::continuous),
-        max_counter_gap_ms: observed.iter().map(|o| o.max_gap_ms(injected, end + 500)).max().unwrap_or(0),
+        max_counter_gap_ms: observed
+            .iter()
+            .map(|o| o.max_gap_ms(injected, end + 500))
+            .max()
+            .unwrap_or(0),
         dual_owner_violations: observed.iter().map(Observed::dual_owner_violations).sum(),
         notes,
     })
@@ -290,9 +358,12 @@ async fn fresh_database(admin_url: &str, scenario: &str) -> Result<String, Error
     use sqlx::{Connection as _, Executor as _};
     sqlx::any::install_default_drivers();
     let name = format!("scenario_{}_{}", scenario.replace('-', "_"), now_ms());
-    let mut admin = sqlx::AnyConnection::connect(admin_url)
-        .await
-        .map_err(|e| Error::Scenario(format!("cannot connect to {}: {e}", gateway::store::redact_url(admin_url))))?;
+    let mut admin = sqlx::AnyConnection::connect(admin_url).await.map_err(|e| {
+        Error::Scenario(format!(
+            "cannot connect to {}: {e}",
+            gateway::store::redact_url(admin_url)
+        ))
+    })?;
     admin
         .execute(format!("CREATE DATABASE {name}").as_str())
         .await

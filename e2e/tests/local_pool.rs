@@ -23,17 +23,28 @@ async fn members_show_up_in_the_pool_status() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let status = loop {
         if let Ok(status) = pool.status().await {
-            let active = status.members.iter().filter(|m| m.state == MemberState::Active as i32).count();
+            let active = status
+                .members
+                .iter()
+                .filter(|m| m.state == MemberState::Active as i32)
+                .count();
             if active == 2 && status.coordinator.is_some() {
                 break status;
             }
         }
-        assert!(tokio::time::Instant::now() < deadline, "members never became active; logs in {}", pool.logs().display());
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "members never became active; logs in {}",
+            pool.logs().display()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let names: Vec<&str> = status.members.iter().map(|m| m.name.as_str()).collect();
     assert_eq!(names, vec!["supervisor-0", "supervisor-1"]);
     let rendered = e2e::status::render(&status);
-    assert!(rendered.contains("supervisor-0") && rendered.contains("coordinator: gateway-"), "{rendered}");
+    assert!(
+        rendered.contains("supervisor-0") && rendered.contains("coordinator: gateway-"),
+        "{rendered}"
+    );
     pool.stop().await;
 }
