@@ -37,9 +37,12 @@ impl Recovery {
         Self { replica }
     }
 
-    async fn instance(&self, route: &str) -> Result<InstanceRecord, Status> {
+    /// The registered instance of `route`; a withdrawn one only when
+    /// `withdrawn_too` (a reserved candidate still needs its grant to make
+    /// the sidecar accept the stop).
+    async fn instance(&self, route: &str, withdrawn_too: bool) -> Result<InstanceRecord, Status> {
         match self.replica.store.instance(route).await {
-            Ok(Some(instance)) if !instance.withdrawn => Ok(instance),
+            Ok(Some(instance)) if withdrawn_too || !instance.withdrawn => Ok(instance),
             Ok(_) => Err(Status::not_found("no such instance is registered")),
             Err(err) => Err(unavailable(err)),
         }
@@ -87,7 +90,7 @@ impl SupervisorRecovery for Recovery {
             ));
         }
         let term = i64::try_from(request.term).map_err(|_| Status::invalid_argument("term out of range"))?;
-        let instance = self.instance(&request.route).await?;
+        let instance = self.instance(&request.route, true).await?;
         let claims = GrantClaims {
             route: request.route.clone(),
             instance: claim(&instance),
@@ -142,7 +145,7 @@ impl SupervisorRecovery for Recovery {
         if grant.jti != receipt.grant_id || grant.extra.route != receipt.route || grant.extra.term != receipt.term {
             return Err(Status::failed_precondition("the receipt does not match its grant"));
         }
-        let instance = self.instance(&receipt.route).await?;
+        let instance = self.instance(&receipt.route, false).await?;
         if !same_instance(&receipt, &instance) {
             return Err(Status::failed_precondition("the receipt names another instance"));
         }

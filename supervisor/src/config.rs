@@ -115,6 +115,13 @@ impl Config {
             .collect()
     }
 
+    /// The gateway trust bundle file: `trust.jwks` beside the token file (the gateway delivers
+    /// both into one directory or Secret).
+    pub fn trust_bundle_file(&self) -> Option<PathBuf> {
+        let dir = self.token_file.as_ref()?.parent()?;
+        Some(dir.join(proto::trust::TRUST_BUNDLE_FILE))
+    }
+
     /// The runtime address published in Hello: the configured one, or derived from the bound
     /// runtime listener.
     pub fn runtime_address_for(&self, bound: SocketAddr) -> Result<String, ConfigError> {

@@ -1,20 +1,22 @@
-//! One pool member process: binds the runtime listener (so the advertised address is real),
-//! attaches to the gateway and hosts sessions until it leaves or is superseded.
+//! One pool member process: binds and serves the runtime listener (sidecar streams), attaches
+//! to the gateway and hosts sessions until it leaves or is superseded.
 
-use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use proto::runtime::v1::supervisor_runtime_server::{SupervisorRuntime, SupervisorRuntimeServer};
-use proto::runtime::v1::{SidecarMessage, SupervisorMessage};
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
 use crate::config::{Config, ConfigError};
-use crate::link::{Identity, Link, LinkError};
+use crate::gateway::Gateway;
+use crate::link::{Identity, LEAVE_BOUND, Link, LinkError};
+use crate::runtime::route::{Me, RouteTable};
+use crate::runtime::trust::TrustStore;
 use crate::sessions::SessionSet;
+use crate::sessions::session::Shared;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -53,49 +55,31 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
         || tracing::info!(runtime_address = %identity.runtime_address, capacity = identity.capacity, "member starting"),
     );
 
+    let endpoints: Vec<String> = config.endpoints().into_iter().map(str::to_owned).collect();
+    let gateway = Arc::new(Gateway::new(endpoints.clone(), config.token_file.clone()));
+    let me = Me {
+        member: identity.member.clone(),
+        process_id: identity.process_id.clone(),
+    };
+    let (table_tx, table) = watch::channel(Arc::new(RouteTable::default()));
+    let trust = TrustStore::new(config.trust_bundle_file(), Arc::clone(&gateway));
     let stop_runtime = CancellationToken::new();
-    tokio::spawn(serve_runtime(listener, stop_runtime.clone()).instrument(span.clone()));
+    let runtime = crate::runtime::serve(listener, me.clone(), trust, table.clone(), stop_runtime.clone());
+    tokio::spawn(runtime.instrument(span.clone()));
 
-    let mut sessions = SessionSet::new(&identity.member, identity.capacity);
-    let endpoints = config.endpoints().into_iter().map(str::to_owned).collect();
+    let shared = Arc::new(Shared { me, gateway, table });
+    let mut sessions = SessionSet::new(shared, identity.capacity, table_tx);
     let link = Link::new(identity, endpoints, config.token_file.clone(), shutdown);
     let result = link.run(&mut sessions).instrument(span.clone()).await;
-    sessions.abandon();
+    // Workloads keep running, except those already being stopped: their stop completes.
+    let exit_by = Instant::now() + LEAVE_BOUND;
+    for task in sessions.abandon() {
+        let _bounded = tokio::time::timeout_at(exit_by, task).await;
+    }
     stop_runtime.cancel();
     span.in_scope(|| match &result {
         Ok(()) => tracing::info!("member left the pool"),
         Err(err) => tracing::error!(%err, "member exiting"),
     });
     Ok(result?)
-}
-
-/// The sidecar-facing runtime.v1 service. The listener is real so the advertised address is;
-/// the protocol (attach, takeover, relay) arrives with the sidecar.
-async fn serve_runtime(listener: TcpListener, stop: CancellationToken) {
-    let service = SupervisorRuntimeServer::new(RuntimeService)
-        .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
-    let served = tonic::transport::Server::builder()
-        .add_service(service)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop.cancelled_owned())
-        .await;
-    if let Err(err) = served {
-        tracing::error!(%err, "runtime service failed");
-    }
-}
-
-struct RuntimeService;
-
-type SupervisorStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<SupervisorMessage, Status>> + Send>>;
-
-#[tonic::async_trait]
-impl SupervisorRuntime for RuntimeService {
-    type ConnectStream = SupervisorStream;
-
-    async fn connect(
-        &self,
-        _request: Request<Streaming<SidecarMessage>>,
-    ) -> Result<Response<Self::ConnectStream>, Status> {
-        Err(Status::unimplemented("this member does not serve runtime.v1 yet"))
-    }
 }

@@ -29,7 +29,8 @@ async fn hello_carries_identity_and_the_token_from_the_file() {
     assert!(hello.process_started_at_ms > 0);
     assert_eq!(connection.token.as_deref(), Some("token-one"));
 
-    // The advertised runtime address is real: the runtime service answers there.
+    // The advertised runtime address is real: the runtime service answers there (and wants a
+    // namespace token).
     assert!(
         hello.runtime_address.starts_with("http://127.0.0.1:"),
         "{}",
@@ -44,7 +45,7 @@ async fn hello_carries_identity_and_the_token_from_the_file() {
         .connect(tokio_stream::empty())
         .await
         .unwrap_err();
-    assert_eq!(refused.code(), Code::Unimplemented);
+    assert_eq!(refused.code(), Code::Unauthenticated);
 }
 
 #[tokio::test]

@@ -1,8 +1,13 @@
 //! The sessions a member hosts: the pure snapshot planner ([`plan`]) and the runtime side that
-//! executes its actions, one [`session`] task per instance, and builds status reports.
+//! executes its actions, one [`session`] task per instance (its [`takeover`] and [`relay`]),
+//! builds status reports and publishes the route table the runtime service routes sidecar
+//! streams with.
 
+pub mod material;
 pub mod plan;
+mod relay;
 pub mod session;
+mod takeover;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,29 +15,37 @@ use std::sync::Arc;
 use prost::Message;
 use proto::common::v1::InstancePhase;
 use proto::host::v1::{InstanceStatus, Snapshot, StatusReport};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
 
 use self::plan::{Action, Sessions};
-use self::session::{SessionEvent, SessionHandle};
+use self::session::{SessionEvent, SessionHandle, Shared};
+use crate::runtime::route::{Entry, RouteTable};
 
 /// The running sessions of one member process, owned by the host stream loop.
 pub(crate) struct SessionSet {
-    member: String,
+    shared: Arc<Shared>,
     capacity: usize,
     live: BTreeMap<String, SessionHandle>,
     /// Sessions told to stop or relinquish, kept until a report has shown their final phase.
     ending: Vec<(String, SessionHandle)>,
     changed: Arc<Notify>,
+    table: watch::Sender<Arc<RouteTable>>,
+    directory: Arc<BTreeMap<String, proto::common::v1::RouteDirectoryEntry>>,
+    recovery_deadline_ms: u64,
 }
 
 impl SessionSet {
-    pub(crate) fn new(member: &str, capacity: u32) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, capacity: u32, table: watch::Sender<Arc<RouteTable>>) -> Self {
         Self {
-            member: member.to_owned(),
+            shared,
             capacity: usize::try_from(capacity).unwrap_or(usize::MAX),
             live: BTreeMap::new(),
             ending: Vec::new(),
             changed: Arc::new(Notify::new()),
+            table,
+            directory: Arc::default(),
+            recovery_deadline_ms: 0,
         }
     }
 
@@ -50,16 +63,29 @@ impl SessionSet {
         self.live.len()
     }
 
-    /// Plans `snapshot` against the held sessions and executes the actions.
+    /// Plans `snapshot` against the held sessions, executes the actions and publishes the new
+    /// route table (sessions, directory, recovery deadline).
     pub(crate) fn apply(&mut self, snapshot: &Snapshot) {
         let held: Sessions = self
             .live
             .iter()
             .map(|(route, s)| (route.clone(), s.held().clone()))
             .collect();
+        // The deadline first: sessions read it when they answer a sidecar.
+        self.recovery_deadline_ms = snapshot.recovery_deadline_ms;
+        self.directory = Arc::new(
+            snapshot
+                .directory
+                .iter()
+                .filter(|e| !e.route.is_empty() && e.term >= 1)
+                .map(|e| (e.route.clone(), e.clone()))
+                .collect(),
+        );
+        self.publish_table();
         for action in plan::apply(&held, snapshot) {
             self.execute(action);
         }
+        self.publish_table();
     }
 
     fn execute(&mut self, action: Action) {
@@ -80,7 +106,8 @@ impl SessionSet {
                     tracing::warn!(%route, capacity = self.capacity, "snapshot exceeds capacity; not hosting");
                     return;
                 }
-                let session = SessionHandle::spawn(&self.member, &route, instance, assignment, self.changed());
+                let session =
+                    SessionHandle::spawn(Arc::clone(&self.shared), &route, instance, assignment, self.changed());
                 self.live.insert(route, session);
             }
         }
@@ -93,11 +120,32 @@ impl SessionSet {
         }
     }
 
+    /// Publishes which session serves which (route, instance): live sessions first, then
+    /// ending ones (an older generation still stopping keeps its sidecar).
+    fn publish_table(&self) {
+        let mut sessions: BTreeMap<String, Vec<Entry>> = BTreeMap::new();
+        let live = self.live.iter().map(|(r, s)| (r, s, true));
+        let ending = self.ending.iter().map(|(r, s)| (r, s, false));
+        for (route, session, live) in live.chain(ending) {
+            sessions.entry(route.clone()).or_default().push(Entry {
+                instance: session.held().instance.clone(),
+                live,
+                events: session.events(),
+            });
+        }
+        self.table.send_replace(Arc::new(RouteTable {
+            sessions,
+            directory: Arc::clone(&self.directory),
+            recovery_deadline_ms: self.recovery_deadline_ms,
+        }));
+    }
+
     /// The complete status of this process's instances, bounded to
     /// [`proto::MAX_STATUS_REPORT_BYTES`]. Ended sessions appear until one report has shown
     /// their final phase.
     pub(crate) fn report(&mut self, applied_revision: u64) -> StatusReport {
         let mut instances: Vec<InstanceStatus> = self.live.values().map(SessionHandle::status).collect();
+        let ending_before = self.ending.len();
         for (route, session) in std::mem::take(&mut self.ending) {
             // Judge the status that goes into this report, not a newer one.
             let status = session.status();
@@ -109,6 +157,11 @@ impl SessionSet {
                 self.ending.push((route, session));
             }
         }
+        if self.ending.len() != ending_before {
+            self.publish_table();
+            // The next report shows them gone; send it soon rather than in 10 s.
+            self.changed.notify_one();
+        }
         bounded(StatusReport {
             instances,
             applied_revision,
@@ -116,12 +169,12 @@ impl SessionSet {
     }
 
     /// Ends every session task without stopping or releasing anything (the member exits).
-    pub(crate) fn abandon(&mut self) {
-        for session in self.live.values().chain(self.ending.iter().map(|(_, s)| s)) {
-            session.abandon();
-        }
-        self.live.clear();
-        self.ending.clear();
+    /// Sessions already stopping complete their stop: await the returned tasks (bounded).
+    pub(crate) fn abandon(&mut self) -> Vec<JoinHandle<()>> {
+        let live = std::mem::take(&mut self.live).into_values();
+        let ending = std::mem::take(&mut self.ending).into_iter().map(|(_, s)| s);
+        // The route table keeps their entries: a stopping session's sidecar may reconnect.
+        live.chain(ending).map(SessionHandle::abandon).collect()
     }
 }
 

@@ -15,10 +15,11 @@
 //! Empty credentials never revoke held material: the assignment then carries `None`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 
 use proto::common::v1::InstanceRef;
 use proto::host::v1::{OwnershipPhase, Snapshot};
+
+pub use super::material::{Credentials, Grant};
 
 /// Whether a term is held as a pending takeover or activated (host.proto `OwnershipPhase`
 /// without UNSPECIFIED, which the planner treats as keep).
@@ -28,35 +29,14 @@ pub enum TermPhase {
     Active,
 }
 
-/// Launch material of one instance (`OwnedInstance.credentials`). A secret: redacted `Debug`,
-/// no `Display`.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Credentials(Vec<u8>);
-
-impl Credentials {
-    /// `None` for empty material ("keep what you hold").
-    pub fn from_wire(bytes: &[u8]) -> Option<Self> {
-        (!bytes.is_empty()).then(|| Self(bytes.to_vec()))
-    }
-
-    /// The material, for the session's takeover only.
-    pub fn expose(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Credentials(<redacted, {} bytes>)", self.0.len())
-    }
-}
-
-/// What a snapshot assigns to a route: a term, its phase and (when carried) the material.
+/// What a snapshot assigns to a route: a term, its phase and (when carried) the material and
+/// the recovery grant for a reserved term.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Assignment {
     pub term: u64,
     pub phase: TermPhase,
     pub credentials: Option<Credentials>,
+    pub grant: Option<Grant>,
 }
 
 /// What the member holds for one route.
@@ -66,6 +46,7 @@ pub struct Held {
     pub term: u64,
     pub phase: TermPhase,
     pub has_credentials: bool,
+    pub has_grant: bool,
 }
 
 /// The sessions a member holds, by route (sessions still running; ended ones are not held).
@@ -86,7 +67,7 @@ pub enum Action {
     },
     /// Move a held session to a higher term.
     Move { route: String, assignment: Assignment },
-    /// Same term: the phase became active, or material arrived for the first time.
+    /// Same term: the phase became active, or material or a grant arrived for the first time.
     Update { route: String, assignment: Assignment },
 }
 
@@ -128,6 +109,9 @@ pub fn apply(current: &Sessions, snapshot: &Snapshot) -> Vec<Action> {
             term: owned.term,
             phase,
             credentials: Credentials::from_wire(&owned.credentials),
+            grant: (phase == TermPhase::Reserved)
+                .then(|| Grant::from_snapshot(&owned.grant, owned.grant_expires_at_ms))
+                .flatten(),
         };
         let route = route.to_owned();
         match current.get(&route) {
@@ -148,7 +132,8 @@ pub fn apply(current: &Sessions, snapshot: &Snapshot) -> Vec<Action> {
             Some(held) if assignment.term == held.term => {
                 let activates = assignment.phase > held.phase;
                 let brings_material = assignment.credentials.is_some() && !held.has_credentials;
-                if activates || brings_material {
+                let brings_grant = assignment.grant.is_some() && !held.has_grant;
+                if activates || brings_material || brings_grant {
                     // Never step back from an activated term to a reserved one.
                     let assignment = Assignment {
                         phase: assignment.phase.max(held.phase),
@@ -207,6 +192,7 @@ mod tests {
             term,
             phase,
             has_credentials: true,
+            has_grant: false,
         };
         (route.to_owned(), held)
     }
@@ -226,6 +212,7 @@ mod tests {
             term,
             phase,
             credentials: credentials.and_then(Credentials::from_wire),
+            grant: None,
         }
     }
 
@@ -309,6 +296,39 @@ mod tests {
                 assignment: assignment(1, TermPhase::Reserved, Some(b"cred"))
             }]
         );
+    }
+
+    #[test]
+    fn a_snapshot_grant_reaches_the_session_of_a_reserved_term_once() {
+        let mut with_grant = owned("a", 3, OwnershipPhase::Reserved, b"cred");
+        with_grant.grant = "h.c.s".into();
+        with_grant.grant_expires_at_ms = 99;
+        let snap = snapshot(vec![with_grant.clone()], &[], &[]);
+        let expected = Assignment {
+            grant: Grant::from_snapshot("h.c.s", 99),
+            ..assignment(3, TermPhase::Reserved, Some(b"cred"))
+        };
+        let host = Action::Host {
+            route: "a".into(),
+            instance: instance("a", 1),
+            assignment: expected.clone(),
+        };
+        assert_eq!(apply(&Sessions::new(), &snap), vec![host]);
+
+        // The same term held without a grant: the grant is an update; held with one: nothing.
+        let mut current = Sessions::from([held("a", 3, TermPhase::Reserved)]);
+        let update = Action::Update {
+            route: "a".into(),
+            assignment: expected,
+        };
+        assert_eq!(apply(&current, &snap), vec![update]);
+        current.get_mut("a").unwrap().has_grant = true;
+        assert_eq!(apply(&current, &snap), vec![]);
+        // An active term never carries a grant.
+        with_grant.phase = OwnershipPhase::Active as i32;
+        let snap = snapshot(vec![with_grant], &[], &[]);
+        let host = apply(&Sessions::new(), &snap);
+        assert!(matches!(&host[0], Action::Host { assignment, .. } if assignment.grant.is_none()));
     }
 
     #[test]

@@ -1,6 +1,10 @@
-//! A fake `SupervisorHost` gateway replica scripted by the test (tonic on 127.0.0.1:0, real
-//! sockets), and helpers to run a member in-process.
+//! A fake gateway replica scripted by the test (`SupervisorHost` here, `SupervisorRecovery` in
+//! [`recovery`]; tonic on 127.0.0.1:0, real sockets), a fake sidecar ([`sidecar`]), and helpers
+//! to run a member in-process.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+pub mod recovery;
+pub mod sidecar;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -12,9 +16,10 @@ use proto::common::v1::{InstancePhase, InstanceRef};
 use proto::host::v1::member_message::Kind;
 use proto::host::v1::supervisor_host_server::{SupervisorHost, SupervisorHostServer};
 use proto::host::v1::{
-    GatewayMessage, HeartbeatAck, Hello, MemberMessage, OwnedInstance, OwnershipPhase, Snapshot, StatusReport,
-    gateway_message,
+    GatewayMessage, HeartbeatAck, Hello, InstanceStatus, MemberMessage, OwnedInstance, OwnershipPhase, Snapshot,
+    StatusReport, gateway_message,
 };
+use proto::recovery::v1::supervisor_recovery_server::SupervisorRecoveryServer;
 use tokio::net::TcpListener;
 use tokio::sync::{Mutex, mpsc};
 use tokio::task::JoinHandle;
@@ -81,11 +86,19 @@ impl Connection {
         within("a member message", self.messages.recv()).await
     }
 
+    /// The next non-heartbeat member message before `deadline`.
+    async fn next_before(&mut self, deadline: tokio::time::Instant, what: &str) -> Option<MemberMessage> {
+        tokio::time::timeout_at(deadline, self.messages.recv())
+            .await
+            .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+    }
+
     /// Waits for the Ack of `revision`, returning every ack seen on the way.
     pub async fn acks_until(&mut self, revision: u64) -> Vec<u64> {
+        let deadline = tokio::time::Instant::now() + WAIT;
         let mut acks = Vec::new();
         while acks.last() != Some(&revision) {
-            match self.next().await.expect("stream open").kind {
+            match self.next_before(deadline, "an ack").await.expect("stream open").kind {
                 Some(Kind::Ack(ack)) => acks.push(ack.revision),
                 _ => continue,
             }
@@ -95,8 +108,10 @@ impl Connection {
 
     /// Waits for a status report satisfying `accept`.
     pub async fn report_where(&mut self, accept: impl Fn(&StatusReport) -> bool) -> StatusReport {
+        let deadline = tokio::time::Instant::now() + WAIT;
         loop {
-            if let Some(Kind::StatusReport(report)) = self.next().await.expect("stream open").kind
+            let message = self.next_before(deadline, "a matching report").await;
+            if let Some(Kind::StatusReport(report)) = message.expect("stream open").kind
                 && accept(&report)
             {
                 return report;
@@ -110,10 +125,17 @@ pub struct FakeGateway {
     pub endpoint: String,
     connections: mpsc::UnboundedReceiver<Connection>,
     refuse: Arc<std::sync::Mutex<Option<Status>>>,
+    pub recovery: recovery::Recovery,
+    /// Every recovery call, in order.
+    pub calls: mpsc::UnboundedReceiver<recovery::Call>,
 }
 
 impl FakeGateway {
     pub async fn start() -> Self {
+        Self::start_with_keys(recovery::Keys::new(1, "gateway-key-1")).await
+    }
+
+    pub async fn start_with_keys(keys: recovery::Keys) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let endpoint = format!("http://{}", listener.local_addr().unwrap());
         let (tx, connections) = mpsc::unbounded_channel();
@@ -123,16 +145,27 @@ impl FakeGateway {
             refuse: Arc::clone(&refuse),
         })
         .max_decoding_message_size(proto::MAX_MESSAGE_BYTES);
+        let (recovery, calls) = recovery::Recovery::new(keys);
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(service)
+                .add_service(SupervisorRecoveryServer::new(recovery.clone()))
                 .serve_with_incoming(TcpListenerStream::new(listener)),
         );
         Self {
             endpoint,
             connections,
             refuse,
+            recovery,
+            calls,
         }
+    }
+
+    /// The next recovery call.
+    pub async fn next_call(&mut self) -> recovery::Call {
+        within("a recovery call", self.calls.recv())
+            .await
+            .expect("server running")
     }
 
     /// Refuses the next Attach call with `status` after reading its Hello.
@@ -248,6 +281,12 @@ impl Member {
         std::fs::write(&self.token_file, token).unwrap();
     }
 
+    /// Writes `trust.jwks` beside the token file.
+    pub fn write_trust(&self, bundle: &proto::trust::TrustBundle) {
+        let path = self.token_file.with_file_name(proto::trust::TRUST_BUNDLE_FILE);
+        std::fs::write(path, bundle.to_jwks()).unwrap();
+    }
+
     /// Waits for the member to exit.
     pub async fn exit(self) -> Result<(), supervisor::Error> {
         within("the member to exit", self.task)
@@ -315,4 +354,40 @@ pub fn entries(report: &StatusReport) -> Vec<(String, u64, InstancePhase)> {
 
 pub fn entry(route: &str, term: u64, phase: InstancePhase) -> (String, u64, InstancePhase) {
     (route.to_owned(), term, phase)
+}
+
+/// The member view of registration material for `instance` under `route`, carrying the
+/// workload's `token` credential.
+pub fn material(route: &str, instance: &InstanceRef, token: &str) -> Vec<u8> {
+    let binding = proto::registration::Binding {
+        route,
+        namespace: &instance.namespace,
+        name: &instance.name,
+        uid: &instance.uid,
+    };
+    let mut material = proto::registration::Material::new(&binding, &[7; 32]);
+    material.credentials.insert("token".into(), token.into());
+    material.for_member()
+}
+
+/// An owned instance carrying real registration material (workload token `token-<route>`).
+pub fn placed(route: &str, instance: &InstanceRef, term: u64, phase: OwnershipPhase) -> OwnedInstance {
+    OwnedInstance {
+        route: route.into(),
+        instance: Some(instance.clone()),
+        term,
+        phase: phase as i32,
+        credentials: material(route, instance, &format!("token-{route}")),
+        ..Default::default()
+    }
+}
+
+/// The status of `route` in a report.
+pub fn status<'a>(report: &'a StatusReport, route: &str) -> Option<&'a InstanceStatus> {
+    report.instances.iter().find(|s| s.route == route)
+}
+
+/// Whether `route` is reported at `term` in `phase`.
+pub fn shows(report: &StatusReport, route: &str, term: u64, phase: InstancePhase) -> bool {
+    status(report, route).is_some_and(|s| s.term == term && InstancePhase::from_wire(s.phase) == phase)
 }

@@ -1,0 +1,135 @@
+//! The member's client of the gateway's `recovery.v1.SupervisorRecovery` service: the
+//! single-use IssueGrant and Activate calls, and the trust bundle.
+//!
+//! Single use (recovery.proto "Retry rule"): a call is sent at most once. Only reaching a
+//! replica is retried (over the endpoints in turn, each bounded by
+//! [`timing::CONNECT_TIMEOUT`]), because nothing was sent yet; once the request is on the wire
+//! any error, including a lost response or [`CALL_TIMEOUT`], is final and the caller reports
+//! the instance FAILED for that term.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use proto::recovery::v1::supervisor_recovery_client::SupervisorRecoveryClient;
+use proto::recovery::v1::{
+    ActivateRequest, ActivationProof, IssueGrantRequest, IssueGrantResponse, TrustBundleRequest, TrustBundleResponse,
+};
+use proto::timing;
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::config::{self, TokenError};
+
+/// Bound on one recovery call once connected (request sent to response received).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error(transparent)]
+    Token(#[from] TokenError),
+    #[error("no gateway replica reachable: {0}")]
+    Unreachable(String),
+    #[error("no response within {0:?}")]
+    Timeout(Duration),
+    #[error("{code:?}: {message}", code = .0.code(), message = .0.message())]
+    Status(#[from] tonic::Status),
+    #[error("invalid answer: {0}")]
+    Invalid(&'static str),
+}
+
+/// The gateway replicas and the supervisor token file; shared by every session.
+#[derive(Debug)]
+pub(crate) struct Gateway {
+    endpoints: Vec<String>,
+    token_file: Option<PathBuf>,
+    next: AtomicUsize,
+}
+
+impl Gateway {
+    pub(crate) fn new(endpoints: Vec<String>, token_file: Option<PathBuf>) -> Self {
+        Self {
+            endpoints,
+            token_file,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// recovery.v1.IssueGrant, sent at most once.
+    pub(crate) async fn issue_grant(&self, request: IssueGrantRequest) -> Result<IssueGrantResponse, CallError> {
+        let (mut client, request) = self.prepare(request).await?;
+        let response = bounded(client.issue_grant(request)).await?;
+        if response.grant.is_empty() || response.grant.len() > proto::trust::MAX_TOKEN_BYTES {
+            return Err(CallError::Invalid("the grant is empty or oversized"));
+        }
+        Ok(response)
+    }
+
+    /// recovery.v1.Activate, sent at most once.
+    pub(crate) async fn activate(&self, request: ActivateRequest) -> Result<ActivationProof, CallError> {
+        let (mut client, request) = self.prepare(request).await?;
+        let activation = bounded(client.activate(request))
+            .await?
+            .activation
+            .ok_or(CallError::Invalid("no activation"))?;
+        if activation.proof.is_empty() || activation.proof.len() > proto::trust::MAX_TOKEN_BYTES {
+            return Err(CallError::Invalid("the activation proof is empty or oversized"));
+        }
+        Ok(activation)
+    }
+
+    /// recovery.v1.TrustBundle (idempotent, so the caller may ask again later).
+    pub(crate) async fn trust_bundle(&self) -> Result<TrustBundleResponse, CallError> {
+        let (mut client, request) = self.prepare(TrustBundleRequest {}).await?;
+        bounded(client.trust_bundle(request)).await
+    }
+
+    /// Reads the token and connects to the first reachable replica, starting after the one
+    /// used last. Nothing has been sent when this fails.
+    async fn prepare<T>(
+        &self,
+        message: T,
+    ) -> Result<(SupervisorRecoveryClient<Channel>, tonic::Request<T>), CallError> {
+        let mut request = tonic::Request::new(message);
+        request.set_timeout(CALL_TIMEOUT);
+        if let Some(path) = &self.token_file {
+            let token = config::read_token(path).await?;
+            // read_token admits printable ASCII only, which is always a valid metadata value.
+            let mut value = MetadataValue::try_from(proto::bearer_value(token.expose()))
+                .map_err(|_| CallError::Invalid("the token is not valid metadata"))?;
+            value.set_sensitive(true);
+            request.metadata_mut().insert(proto::AUTHORIZATION_METADATA_KEY, value);
+        }
+        let mut last_error = String::from("no gateway endpoints");
+        for _ in 0..self.endpoints.len() {
+            let index = self.next.fetch_add(1, Ordering::Relaxed) % self.endpoints.len();
+            let endpoint = &self.endpoints[index];
+            let connect = async {
+                Endpoint::from_shared(endpoint.clone())?
+                    .connect_timeout(timing::CONNECT_TIMEOUT)
+                    .connect()
+                    .await
+            };
+            match tokio::time::timeout(timing::CONNECT_TIMEOUT, connect).await {
+                Ok(Ok(channel)) => {
+                    // Stay on a replica that answers.
+                    self.next.store(index, Ordering::Relaxed);
+                    let client = SupervisorRecoveryClient::new(channel)
+                        .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
+                        .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
+                    return Ok((client, request));
+                }
+                Ok(Err(err)) => last_error = format!("{endpoint}: {err}"),
+                Err(_) => last_error = format!("{endpoint}: no connection within {:?}", timing::CONNECT_TIMEOUT),
+            }
+        }
+        Err(CallError::Unreachable(last_error))
+    }
+}
+
+async fn bounded<T>(call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>) -> Result<T, CallError> {
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(response) => Ok(response?.into_inner()),
+        Err(_) => Err(CallError::Timeout(CALL_TIMEOUT)),
+    }
+}

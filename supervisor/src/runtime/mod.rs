@@ -1,0 +1,194 @@
+//! The member side of `runtime.v1.SupervisorRuntime.Connect` (runtime.proto is the
+//! specification): authenticate the sidecar's namespace token ([`trust`]), read and validate
+//! its first message ([`stream`]), then route the stream ([`route`]): to the session of its
+//! instance, a Redirect to the owner named by the route directory, a refusal, or a parked
+//! stream (heartbeats) until a newer snapshot allows a decision.
+
+pub mod route;
+pub mod stream;
+pub mod trust;
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use proto::runtime::v1::supervisor_message::Kind;
+use proto::runtime::v1::supervisor_runtime_server::{SupervisorRuntime, SupervisorRuntimeServer};
+use proto::runtime::v1::{SidecarMessage, SupervisorMessage, sidecar_message};
+use proto::timing;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
+
+use self::route::{Decision, Me, RouteTable};
+use self::stream::{OUTBOUND_CAPACITY, Opening, SidecarStream};
+use self::trust::{AuthError, TrustStore};
+use crate::sessions::session::SessionEvent;
+
+/// Longest a stream stays parked before it is ended with UNAVAILABLE (the sidecar reconnects).
+pub const PARK_BOUND: Duration = Duration::from_secs(30);
+/// Most streams parked at once; more are refused with UNAVAILABLE.
+pub const MAX_PARKED: usize = 1024;
+
+/// Serves the runtime service on `listener` until `stop`.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    me: Me,
+    trust: TrustStore,
+    table: watch::Receiver<Arc<RouteTable>>,
+    stop: CancellationToken,
+) {
+    let service = RuntimeService {
+        me: Arc::new(me),
+        trust: Arc::new(trust),
+        table,
+        parked: Arc::new(Semaphore::new(MAX_PARKED)),
+        stop: stop.clone(),
+    };
+    let service = SupervisorRuntimeServer::new(service)
+        .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
+    let served = tonic::transport::Server::builder()
+        .add_service(service)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop.cancelled_owned())
+        .await;
+    if let Err(err) = served {
+        tracing::error!(%err, "runtime service failed");
+    }
+}
+
+struct RuntimeService {
+    me: Arc<Me>,
+    trust: Arc<TrustStore>,
+    table: watch::Receiver<Arc<RouteTable>>,
+    parked: Arc<Semaphore>,
+    stop: CancellationToken,
+}
+
+type SupervisorStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<SupervisorMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl SupervisorRuntime for RuntimeService {
+    type ConnectStream = SupervisorStream;
+
+    async fn connect(
+        &self,
+        request: Request<Streaming<SidecarMessage>>,
+    ) -> Result<Response<Self::ConnectStream>, Status> {
+        let namespace = {
+            let token = proto::bearer_token_from_metadata(request.metadata())
+                .ok_or_else(|| Status::unauthenticated("a bearer namespace token is required"))?;
+            self.trust.namespace_of(token).await.map_err(|err| match err {
+                AuthError::Unavailable(_) => Status::unavailable(err.to_string()),
+                AuthError::Token(_) | AuthError::NotNamespace => Status::unauthenticated(err.to_string()),
+            })?
+        };
+        let mut inbound = request.into_inner();
+        let first = tokio::time::timeout(timing::RUNTIME_SILENCE_TIMEOUT, inbound.message())
+            .await
+            .map_err(|_| Status::invalid_argument("no Attach or RecoveryHello within the silence timeout"))??;
+        let opening = Opening::parse(first)?;
+        if opening.instance.namespace != namespace {
+            return Err(Status::permission_denied(format!(
+                "the namespace token is for namespace {namespace}, not the instance's {}",
+                opening.instance.namespace
+            )));
+        }
+        let (outbound, queue) = mpsc::channel(OUTBOUND_CAPACITY);
+        let stream = SidecarStream::new(opening, inbound, outbound);
+        let span = tracing::info_span!(
+            "sidecar",
+            route = %stream.opening.route,
+            instance = %stream.opening.instance,
+            fence_term = stream.opening.fence_term,
+            stream = stream.id,
+        );
+        let router = Router {
+            me: Arc::clone(&self.me),
+            table: self.table.clone(),
+            parked: Arc::clone(&self.parked),
+            stop: self.stop.clone(),
+        };
+        tokio::spawn(router.run(stream).instrument(span));
+        Ok(Response::new(Box::pin(ReceiverStream::new(queue))))
+    }
+}
+
+struct Router {
+    me: Arc<Me>,
+    table: watch::Receiver<Arc<RouteTable>>,
+    parked: Arc<Semaphore>,
+    stop: CancellationToken,
+}
+
+impl Router {
+    /// Decides, and re-decides on every table change while parked.
+    async fn run(mut self, mut stream: SidecarStream) {
+        let mut permit = None;
+        let park_until = Instant::now() + PARK_BOUND;
+        let mut heartbeat = tokio::time::interval(timing::RUNTIME_HEARTBEAT_INTERVAL);
+        heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            let decision = self.table.borrow_and_update().decide(&stream.opening, &self.me);
+            match decision {
+                Decision::Session(events) => match events.send(SessionEvent::Sidecar(Box::new(stream))) {
+                    Ok(()) => return,
+                    // The session ended meanwhile: wait for the table to say so.
+                    Err(mpsc::error::SendError(event)) => {
+                        let SessionEvent::Sidecar(back) = event else { return };
+                        stream = *back;
+                    }
+                },
+                Decision::Redirect(redirect) => {
+                    tracing::info!(owner = %redirect.member, term = redirect.term, "redirecting the sidecar");
+                    stream.send(Kind::Redirect(redirect));
+                    return; // Dropping the stream ends it with OK.
+                }
+                Decision::Refuse(status) => {
+                    tracing::info!(reason = status.message(), "refusing the sidecar");
+                    return stream.end(status);
+                }
+                Decision::Park => {}
+            }
+            if permit.is_none() {
+                match Arc::clone(&self.parked).try_acquire_owned() {
+                    Ok(acquired) => permit = Some(acquired),
+                    Err(_) => return stream.end(Status::unavailable("too many parked streams; retry")),
+                }
+                tracing::debug!("parking the sidecar stream until a snapshot decides");
+            }
+            let silent_at = stream.silent_at();
+            tokio::select! {
+                changed = self.table.changed() => if changed.is_err() {
+                    return stream.end(Status::unavailable("the member is shutting down"));
+                },
+                _ = heartbeat.tick() => if !stream.heartbeat() {
+                    return;
+                },
+                message = stream.next() => match message {
+                    Ok(Some(sidecar_message::Kind::RecoveryHello(hello))) => {
+                        // The sidecar's fence may have moved (another owner activated a term).
+                        stream.opening.fence_term = hello.fence_term;
+                        stream.opening.relinquished = hello.relinquished;
+                    }
+                    Ok(Some(_)) => {} // Nothing else is meaningful before a decision.
+                    Ok(None) | Err(_) => return,
+                },
+                () = tokio::time::sleep_until(silent_at) => {
+                    tracing::debug!("parked sidecar went silent");
+                    return;
+                }
+                () = tokio::time::sleep_until(park_until) => {
+                    return stream.end(Status::unavailable("parked too long without an owner decision; reconnect"));
+                }
+                () = self.stop.cancelled() => {
+                    return stream.end(Status::unavailable("the member is shutting down"));
+                }
+            }
+        }
+    }
+}

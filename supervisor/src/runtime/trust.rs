@@ -1,0 +1,157 @@
+//! Authenticating sidecars: their namespace token (a gateway-signed JWT, `Kind::Instance`) is
+//! verified against the gateway trust bundle, and its subject names the namespace.
+//!
+//! The bundle comes from the file `trust.jwks` beside the supervisor token file (the gateway
+//! delivers both into one directory or Secret), re-read when its modification time or size
+//! changes and at once on an unknown `kid`. Without a token file, or while that file cannot be
+//! read, it comes from the gateway (`recovery.v1.TrustBundle`), fetched again after the
+//! bundle's `refresh_after_ms` and on an unknown `kid` (at most once per
+//! [`MIN_FORCED_REFRESH`]).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use proto::trust::{self, Claims, Expectation, Kind, TrustBundle};
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+use crate::gateway::Gateway;
+
+/// Fastest re-fetch of the gateway bundle forced by an unknown `kid`: a stream of tokens with
+/// made-up key ids must not turn into a stream of gateway calls.
+pub const MIN_FORCED_REFRESH: Duration = Duration::from_secs(1);
+
+/// Why a sidecar was not authenticated; the message is safe to return to it.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    #[error("namespace token refused: {0}")]
+    Token(#[from] trust::Error),
+    #[error("namespace token has no namespace subject")]
+    NotNamespace,
+    #[error("the gateway trust bundle is unavailable: {0}")]
+    Unavailable(String),
+}
+
+pub(crate) struct TrustStore {
+    file: Option<PathBuf>,
+    gateway: Arc<Gateway>,
+    cached: Mutex<Option<Cached>>,
+}
+
+struct Cached {
+    bundle: Arc<TrustBundle>,
+    origin: Origin,
+    loaded: Instant,
+}
+
+#[derive(PartialEq, Eq)]
+enum Origin {
+    /// Read from the file with this (modification time, size).
+    File(Option<SystemTime>, u64),
+    /// Fetched from the gateway; fetch again after this long.
+    Gateway(Duration),
+}
+
+impl TrustStore {
+    /// `file`: the `trust.jwks` path, when a token file is configured.
+    pub(crate) fn new(file: Option<PathBuf>, gateway: Arc<Gateway>) -> Self {
+        Self {
+            file,
+            gateway,
+            cached: Mutex::new(None),
+        }
+    }
+
+    /// Verifies a namespace token and returns the namespace it is for.
+    pub(crate) async fn namespace_of(&self, token: &str) -> Result<String, AuthError> {
+        let bundle = self.bundle(false).await?;
+        let claims = match verify(&bundle, token) {
+            Err(trust::Error::UnknownKid(_)) => verify(self.bundle(true).await?.as_ref(), token)?,
+            other => other?,
+        };
+        trust::namespace_of(&claims.sub)
+            .map(str::to_owned)
+            .ok_or(AuthError::NotNamespace)
+    }
+
+    async fn bundle(&self, unknown_kid: bool) -> Result<Arc<TrustBundle>, AuthError> {
+        let mut cached = self.cached.lock().await;
+        let mut file_error = None;
+        if let Some(path) = &self.file {
+            match file_stamp(path).await {
+                Ok(stamp) => {
+                    if let Some(c) = cached.as_ref().filter(|c| c.origin == stamp && !unknown_kid) {
+                        return Ok(Arc::clone(&c.bundle));
+                    }
+                    let load_path = path.clone();
+                    match tokio::task::spawn_blocking(move || TrustBundle::load(&load_path)).await {
+                        Ok(Ok(bundle)) => return Ok(store(&mut cached, bundle, stamp)),
+                        Ok(Err(err)) => file_error = Some(err.to_string()),
+                        Err(err) => file_error = Some(err.to_string()),
+                    }
+                }
+                Err(err) => file_error = Some(format!("cannot read {}: {err}", path.display())),
+            }
+        }
+        if let Some(c) = cached.as_ref()
+            && let Origin::Gateway(refresh_after) = c.origin
+        {
+            let age = c.loaded.elapsed();
+            let fresh = if unknown_kid {
+                age < MIN_FORCED_REFRESH
+            } else {
+                age < refresh_after
+            };
+            if fresh {
+                return Ok(Arc::clone(&c.bundle));
+            }
+        }
+        match self.fetch().await {
+            Ok((bundle, refresh_after)) => Ok(store(&mut cached, bundle, Origin::Gateway(refresh_after))),
+            Err(fetch_error) => {
+                if let Some(file_error) = &file_error {
+                    tracing::warn!(%file_error, %fetch_error, "no trust bundle");
+                }
+                Err(AuthError::Unavailable(fetch_error))
+            }
+        }
+    }
+
+    async fn fetch(&self) -> Result<(TrustBundle, Duration), String> {
+        let response = self.gateway.trust_bundle().await.map_err(|e| e.to_string())?;
+        // The JWKS normally names its issuer; the response's issuer field is authoritative.
+        let mut set: serde_json::Value =
+            serde_json::from_str(&response.jwks_json).map_err(|_| "the gateway's JWKS is not JSON".to_owned())?;
+        if !response.issuer.is_empty()
+            && let Some(object) = set.as_object_mut()
+        {
+            object.insert("issuer".into(), response.issuer.clone().into());
+        }
+        let bundle = TrustBundle::from_jwks(set.to_string().as_bytes()).map_err(|e| e.to_string())?;
+        let refresh_after = match response.refresh_after_ms {
+            0 => Duration::from_secs(60),
+            ms => Duration::from_millis(ms),
+        };
+        Ok((bundle, refresh_after))
+    }
+}
+
+fn verify(bundle: &TrustBundle, token: &str) -> Result<Claims, trust::Error> {
+    bundle.verify(token, &Expectation::kind(Kind::Instance, &bundle.issuer))
+}
+
+fn store(cached: &mut Option<Cached>, bundle: TrustBundle, origin: Origin) -> Arc<TrustBundle> {
+    let bundle = Arc::new(bundle);
+    *cached = Some(Cached {
+        bundle: Arc::clone(&bundle),
+        origin,
+        loaded: Instant::now(),
+    });
+    bundle
+}
+
+async fn file_stamp(path: &std::path::Path) -> std::io::Result<Origin> {
+    let metadata = tokio::fs::metadata(path).await?;
+    Ok(Origin::File(metadata.modified().ok(), metadata.len()))
+}

@@ -1,0 +1,81 @@
+//! The workload's relayed requests (runtime.proto step 4): each WorkloadRequest gets exactly
+//! one WorkloadResponse. Progress is recorded in the session's counters, the credential comes
+//! from the instance's own launch material, liveness is answered Alive. Requests are answered
+//! only on the stream relaying the active term and not while stopping; otherwise Rejected.
+
+use proto::runtime::v1::supervisor_message::Kind;
+use proto::runtime::v1::workload_request::Kind as Request;
+use proto::runtime::v1::workload_response::Kind as Response;
+use proto::runtime::v1::{Alive, Credential, ProgressAccepted, Rejected, WorkloadRequest, WorkloadResponse};
+
+use super::material::OPAQUE_CREDENTIAL_LIFETIME;
+use super::session::{Session, now_ms};
+use super::takeover::Stage;
+
+impl Session {
+    pub(super) fn on_request(&mut self, request: WorkloadRequest) {
+        let answer = match self.refusal() {
+            Some(reason) => rejected(reason),
+            None => self.answer(request.kind),
+        };
+        self.counters.requests_relayed += 1;
+        if matches!(answer, Response::Rejected(_)) {
+            self.counters.requests_rejected += 1;
+        }
+        let response = WorkloadResponse {
+            request_id: request.request_id,
+            kind: Some(answer),
+        };
+        if let Some(sidecar) = &self.sidecar
+            && !sidecar.stream.send(Kind::WorkloadResponse(response))
+        {
+            tracing::debug!("the sidecar is not reading; the stream will be dropped");
+        }
+    }
+
+    fn refusal(&self) -> Option<&'static str> {
+        let relaying = matches!(self.stage, Stage::Active { .. }) && self.sidecar.as_ref().is_some_and(|s| s.attached);
+        if self.stop.is_some() {
+            Some("the instance is stopping")
+        } else if !relaying {
+            Some("this member does not relay for the instance's active term on this stream")
+        } else {
+            None
+        }
+    }
+
+    fn answer(&mut self, request: Option<Request>) -> Response {
+        match request {
+            Some(Request::ReportProgress(progress)) => {
+                self.counters.last_progress_value = progress.value;
+                self.counters.last_progress_at_ms = now_ms();
+                Response::ProgressAccepted(ProgressAccepted { value: progress.value })
+            }
+            Some(Request::FetchCredential(_)) => {
+                let credential = self
+                    .credentials
+                    .as_ref()
+                    .ok_or("no launch material for this instance yet")
+                    .and_then(|c| c.workload_credential(&self.route, &self.instance));
+                match credential {
+                    Ok(credential) => Response::Credential(Credential {
+                        token: credential.token,
+                        expires_at_ms: credential.expires_at_ms.unwrap_or_else(|| {
+                            let lifetime = i64::try_from(OPAQUE_CREDENTIAL_LIFETIME.as_millis()).unwrap_or(i64::MAX);
+                            now_ms().saturating_add(lifetime)
+                        }),
+                    }),
+                    Err(reason) => rejected(reason),
+                }
+            }
+            Some(Request::Liveness(_)) => Response::Alive(Alive {}),
+            None => rejected("unknown request"),
+        }
+    }
+}
+
+fn rejected(reason: &str) -> Response {
+    Response::Rejected(Rejected {
+        reason: reason.to_owned(),
+    })
+}

@@ -1,0 +1,337 @@
+//! The takeover of a reserved term (runtime.proto steps 1a and 2-3, recovery.proto): the grant
+//! (from the snapshot, or recovery.v1.IssueGrant sent once) is presented to the sidecar, its
+//! Receipt goes to recovery.v1.Activate (sent once), and the activation proof is confirmed to
+//! the sidecar. A lost or failed IssueGrant or Activate is never retried: the instance is
+//! reported FAILED for the term and the coordinator reserves a new one.
+//!
+//! The same state machine answers a sidecar of an already active term (Attached), refuses a
+//! fence above the term, re-presents the grant on a new stream of the same sidecar (it answers
+//! the same receipt) and, when a stop is pending, releases instead of activating.
+
+use std::time::Duration;
+
+use proto::recovery::v1::{ActivateRequest, ActivationProof, IssueGrantRequest, IssueGrantResponse, Receipt};
+use proto::runtime::v1::supervisor_message::Kind;
+use proto::runtime::v1::{ActivationConfirm, Attached, GrantPresentation};
+use proto::timing;
+use tokio::time::Instant;
+
+use super::plan::{Assignment, Grant};
+use super::session::{Session, now_ms};
+use crate::gateway::CallError;
+
+/// Where the session is with its current term.
+#[derive(Debug)]
+pub(super) enum Stage {
+    /// The term is reserved for this process; `asked`: IssueGrant was sent for it.
+    Reserved { asked: bool },
+    /// Activate is in flight.
+    Activating,
+    /// The term is active: activated by this session (with its proof), or adopted from a
+    /// snapshot that listed it ACTIVE (no proof).
+    Active { activation: Option<Activation> },
+    /// This process cannot run the term; waits for a higher one.
+    Failed(String),
+}
+
+/// The activation proof (a bearer-like token: redacted `Debug`).
+#[derive(Clone)]
+pub(super) struct Activation {
+    proof: String,
+    activated_at_ms: i64,
+}
+
+impl std::fmt::Debug for Activation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Activation(<redacted>, activated_at_ms: {})", self.activated_at_ms)
+    }
+}
+
+/// The completion of the one gateway call in flight.
+pub(crate) enum CallOutcome {
+    Grant(Result<IssueGrantResponse, CallError>),
+    Activation(Result<ActivationProof, CallError>),
+}
+
+/// The next step the state allows.
+enum Step {
+    Attach,
+    Present,
+    Issue,
+    Fail(String),
+    Wait,
+}
+
+impl Session {
+    /// Takes every step the current state allows; called after each wake of the task.
+    pub(super) fn advance(&mut self) {
+        if self.ended.is_some() {
+            return;
+        }
+        match self.next_step() {
+            Step::Attach => self.attach(),
+            Step::Present => self.present(),
+            Step::Issue => self.issue(),
+            Step::Fail(reason) => self.fail(reason),
+            Step::Wait => {}
+        }
+        self.deliver_release();
+    }
+
+    fn next_step(&self) -> Step {
+        let Some(sidecar) = &self.sidecar else {
+            return Step::Wait;
+        };
+        let fence = sidecar.stream.opening.fence_term;
+        match &self.stage {
+            Stage::Failed(_) | Stage::Activating => Step::Wait,
+            Stage::Active { .. } if fence == self.term => {
+                // A relinquished term is never re-attached: only a higher term ends that
+                // recovery.
+                if sidecar.attached || sidecar.stream.opening.relinquished {
+                    Step::Wait
+                } else {
+                    Step::Attach
+                }
+            }
+            Stage::Active { activation: Some(_) } if self.grant.is_some() => {
+                // Activated by us, but this stream has not seen the confirm: present the same
+                // grant again (same receipt), then confirm with the proof held.
+                if sidecar.presented { Step::Wait } else { Step::Present }
+            }
+            Stage::Active { .. } => Step::Fail(format!(
+                "term {} is active but this member process holds no activation proof for it",
+                self.term
+            )),
+            Stage::Reserved { .. } if fence >= self.term => Step::Wait,
+            Stage::Reserved { .. } if self.grant.is_some() => {
+                if sidecar.presented {
+                    Step::Wait
+                } else {
+                    Step::Present
+                }
+            }
+            Stage::Reserved { asked: false } if self.credentials.is_some() || self.stop.is_some() => Step::Issue,
+            Stage::Reserved { .. } => Step::Wait,
+        }
+    }
+
+    /// Applies a snapshot's assignment: a higher term starts over (the sidecar stream stays),
+    /// the same term may bring material, a grant or the ACTIVE phase.
+    pub(super) fn on_ownership(&mut self, assignment: Assignment) {
+        if let Some(credentials) = assignment.credentials {
+            self.credentials = Some(credentials);
+        }
+        if assignment.term > self.term {
+            if self.term != 0 {
+                tracing::info!(from = self.term, to = assignment.term, "moving to a higher term");
+            }
+            tracing::Span::current().record("term", assignment.term);
+            self.term = assignment.term;
+            self.stage = assignment.phase.initial_stage();
+            self.call = None;
+            self.grant = None;
+            self.grant_deadline = None;
+            self.counters = Default::default();
+            self.lost_at_active = false;
+            if let Some(sidecar) = &mut self.sidecar {
+                sidecar.presented = false;
+                sidecar.receipted = false;
+                sidecar.attached = false;
+            }
+        } else if assignment.term < self.term {
+            return;
+        }
+        if let Stage::Reserved { asked: false } = self.stage
+            && self.grant.is_none()
+        {
+            if assignment.phase == super::plan::TermPhase::Active {
+                // Activated without this process asking: adopt it (an Attach at this term
+                // is answered; a lower fence cannot be confirmed and fails).
+                self.stage = Stage::Active { activation: None };
+            } else if let Some(grant) = assignment.grant {
+                self.take_grant(grant);
+            }
+        }
+    }
+
+    fn take_grant(&mut self, grant: Grant) {
+        let left_ms = if grant.expires_at_ms == 0 {
+            u64::try_from(timing::MAX_GRANT_LIFETIME.as_millis()).unwrap_or(u64::MAX)
+        } else {
+            u64::try_from(grant.expires_at_ms.saturating_sub(now_ms())).unwrap_or(0)
+        };
+        let left = Duration::from_millis(left_ms).min(timing::MAX_GRANT_LIFETIME + timing::MAX_CLOCK_SKEW);
+        self.grant_deadline = Some(Instant::now() + left);
+        self.grant = Some(grant);
+    }
+
+    fn issue(&mut self) {
+        self.stage = Stage::Reserved { asked: true };
+        let request = IssueGrantRequest {
+            route: self.route.clone(),
+            term: self.term,
+            member: self.shared.me.member.clone(),
+            process_id: self.shared.me.process_id.clone(),
+        };
+        tracing::info!("requesting the recovery grant (sent once)");
+        let gateway = std::sync::Arc::clone(&self.shared.gateway);
+        self.call = Some(Box::pin(async move {
+            CallOutcome::Grant(gateway.issue_grant(request).await)
+        }));
+    }
+
+    fn present(&mut self) {
+        let (Some(sidecar), Some(grant)) = (&mut self.sidecar, &self.grant) else {
+            return;
+        };
+        let presentation = GrantPresentation {
+            grant: grant.token.clone(),
+            member: self.shared.me.member.clone(),
+            process_id: self.shared.me.process_id.clone(),
+        };
+        if sidecar.stream.send(Kind::GrantPresentation(presentation)) {
+            tracing::info!(stream = sidecar.stream.id, "grant presented");
+            sidecar.presented = true;
+        }
+    }
+
+    fn attach(&mut self) {
+        let recovery_deadline_ms = self.recovery_deadline_ms();
+        let Some(sidecar) = &mut self.sidecar else { return };
+        let attached = Attached {
+            route: self.route.clone(),
+            term: self.term,
+            member: self.shared.me.member.clone(),
+            process_id: self.shared.me.process_id.clone(),
+            recovery_deadline_ms,
+        };
+        if sidecar.stream.send(Kind::Attached(attached)) {
+            tracing::info!(stream = sidecar.stream.id, "sidecar attached at the active term");
+            sidecar.attached = true;
+            self.lost_at_active = false;
+        }
+    }
+
+    /// The sidecar's answer to this session's presentation on the current stream.
+    pub(super) fn on_receipt(&mut self, receipt: Receipt) {
+        let Some(sidecar) = &mut self.sidecar else { return };
+        let grant_id = self.grant.as_ref().and_then(|g| g.id.as_deref());
+        let matches = sidecar.presented
+            && receipt.route == self.route
+            && receipt.term == self.term
+            && receipt.instance.as_ref() == Some(&self.instance)
+            && grant_id.is_none_or(|id| id == receipt.grant_id);
+        if !matches {
+            tracing::warn!(
+                term = receipt.term,
+                "ignoring a receipt that does not answer this session's grant"
+            );
+            return;
+        }
+        sidecar.receipted = true;
+        self.grant_deadline = None;
+        self.note_workload(receipt.workload.as_ref().map_or(0, |w| w.pid));
+        tracing::info!(fenced_term = receipt.fenced_term, "receipt received");
+        match &self.stage {
+            // Stop wins: the receipt lets the sidecar accept our Release; nothing is activated.
+            Stage::Reserved { .. } if self.stop.is_some() => {}
+            Stage::Reserved { .. } => self.activate(receipt),
+            Stage::Active {
+                activation: Some(activation),
+            } if self.stop.is_none() => {
+                let activation = activation.clone();
+                self.confirm(&activation);
+            }
+            _ => {}
+        }
+    }
+
+    fn activate(&mut self, receipt: Receipt) {
+        let Some(grant) = &self.grant else { return };
+        let request = ActivateRequest {
+            receipt: Some(receipt),
+            grant: grant.token.clone(),
+        };
+        self.stage = Stage::Activating;
+        tracing::info!("activating the term (sent once)");
+        let gateway = std::sync::Arc::clone(&self.shared.gateway);
+        self.call = Some(Box::pin(async move {
+            CallOutcome::Activation(gateway.activate(request).await)
+        }));
+    }
+
+    fn confirm(&mut self, activation: &Activation) {
+        let recovery_deadline_ms = self.recovery_deadline_ms();
+        let Some(sidecar) = self.sidecar.as_mut().filter(|s| s.receipted) else {
+            return; // A new stream: the grant is presented again first.
+        };
+        let confirm = ActivationConfirm {
+            term: self.term,
+            proof: activation.proof.clone(),
+            activated_at_ms: activation.activated_at_ms,
+            recovery_deadline_ms,
+        };
+        if sidecar.stream.send(Kind::ActivationConfirm(confirm)) {
+            tracing::info!(stream = sidecar.stream.id, "activation confirmed to the sidecar");
+            sidecar.attached = true;
+            sidecar.stream.opening.fence_term = self.term;
+            sidecar.stream.opening.relinquished = false;
+            self.lost_at_active = false;
+        }
+    }
+
+    pub(super) fn on_call(&mut self, outcome: CallOutcome) {
+        match outcome {
+            CallOutcome::Grant(Ok(response)) => {
+                if response.instance.as_ref().is_some_and(|i| *i != self.instance) {
+                    return self.fail(format!("IssueGrant for term {} named another instance", self.term));
+                }
+                tracing::info!(grant_id = %response.grant_id, "grant issued");
+                self.take_grant(Grant {
+                    token: response.grant,
+                    id: Some(response.grant_id),
+                    expires_at_ms: response.expires_at_ms,
+                });
+            }
+            CallOutcome::Grant(Err(err)) => {
+                self.fail(format!("IssueGrant for term {} failed (not retried): {err}", self.term));
+            }
+            CallOutcome::Activation(Ok(proof)) => {
+                if proof.term != self.term || proof.route != self.route {
+                    return self.fail(format!(
+                        "Activate for term {} answered another term or route",
+                        self.term
+                    ));
+                }
+                tracing::info!(activated_at_ms = proof.activated_at_ms, "term activated");
+                let activation = Activation {
+                    proof: proof.proof,
+                    activated_at_ms: proof.activated_at_ms,
+                };
+                self.stage = Stage::Active {
+                    activation: Some(activation.clone()),
+                };
+                if self.stop.is_none() {
+                    self.confirm(&activation);
+                }
+            }
+            CallOutcome::Activation(Err(err)) => {
+                self.fail(format!("Activate for term {} failed (not retried): {err}", self.term));
+            }
+        }
+    }
+
+    /// The STARTING message: what the takeover waits for.
+    pub(super) fn starting_detail(&self) -> &'static str {
+        let presented = self.sidecar.as_ref().is_some_and(|s| s.presented);
+        match (&self.stage, &self.sidecar) {
+            (Stage::Activating, _) => "activating the term",
+            (_, _) if self.credentials.is_none() && self.stop.is_none() => "waiting for launch material",
+            (_, None) => "waiting for the sidecar to connect",
+            _ if self.call.is_some() => "requesting the recovery grant",
+            _ if presented => "grant presented; waiting for the sidecar's receipt",
+            _ => "waiting for the sidecar to leave its current term",
+        }
+    }
+}
