@@ -176,6 +176,7 @@ fn pool_status_round_trips() -> TestResult {
             last_report_at_ms: 1_700_000_000_000,
             message: String::new(),
             workload_pid: 42,
+            progress: 7,
         }],
         operations: vec![Operation {
             id: "op-1".into(),
