@@ -1,0 +1,202 @@
+//! The sidecar's configuration: command-line flags, each also read from an `OPENSHELL_*`
+//! environment variable (the webhook injects them in Kubernetes; the local launcher sets them).
+//! Holds no secret: the namespace token is read from `supervision_dir` when it is needed.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Clone, Debug, Parser)]
+#[command(
+    name = "sidecar",
+    version,
+    about = "Shared-supervision sidecar: fence, relay and recovery clock of one workload"
+)]
+pub struct Config {
+    /// Supervisor runtime addresses to dial, comma-separated (in Kubernetes one Service URL;
+    /// locally the members' runtime addresses: any member answers or redirects).
+    #[arg(long, env = "OPENSHELL_SUPERVISOR_ROUTE", value_delimiter = ',', required = true)]
+    pub supervisor_route: Vec<String>,
+    /// Gateway gRPC endpoints for the instance registry, comma-separated.
+    #[arg(long, env = "OPENSHELL_GATEWAY_ENDPOINTS", value_delimiter = ',', required = true)]
+    pub gateway_endpoints: Vec<String>,
+    /// Namespace of the workload Pod (local mode: the launcher's namespace, e.g. "default").
+    #[arg(long, env = "OPENSHELL_POD_NAMESPACE")]
+    pub namespace: String,
+    /// Name of the workload Pod.
+    #[arg(long, env = "OPENSHELL_POD_NAME")]
+    pub name: String,
+    /// UID of the workload Pod (local mode: a fresh UUID per workload start).
+    #[arg(long, env = "OPENSHELL_POD_UID")]
+    pub uid: String,
+    /// Route of the instance; defaults to "<namespace>/<name>".
+    #[arg(long, env = "OPENSHELL_ROUTE")]
+    pub route: Option<String>,
+    /// Directory holding `token` (the namespace token) and `trust.jwks` (the gateway's keys);
+    /// both are re-read when they change.
+    #[arg(long, env = "OPENSHELL_SUPERVISION_DIR")]
+    pub supervision_dir: PathBuf,
+    /// Unix socket path of the workload endpoint.
+    #[arg(long, env = "OPENSHELL_SIDECAR_SOCKET")]
+    pub socket: PathBuf,
+    /// Directory where the fence state persists (an emptyDir in Kubernetes).
+    #[arg(long, env = "OPENSHELL_SIDECAR_STATE_DIR")]
+    pub state_dir: PathBuf,
+    /// Expected `iss` of grants and activation proofs.
+    #[arg(long, env = "OPENSHELL_GATEWAY_ISSUER", default_value = proto::trust::DEFAULT_ISSUER)]
+    pub issuer: String,
+    /// Seconds between SIGTERM and SIGKILL when the sidecar stops the workload.
+    #[arg(long, env = "OPENSHELL_SIDECAR_STOP_GRACE_SECONDS", default_value_t = 10)]
+    pub stop_grace_seconds: u64,
+    /// Log format.
+    #[arg(long, env = "OPENSHELL_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Workload command to start and supervise (local mode), after `--`. Without it the
+    /// workload is the first process that connects to the socket (Kubernetes).
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0} is empty (set {1})")]
+    Missing(&'static str, &'static str),
+    #[error("the route must be 1..={max} bytes of printable ASCII without whitespace", max = proto::MAX_ROUTE_BYTES)]
+    Route,
+    #[error("{0} is not an http:// or https:// URI: {1}")]
+    Address(&'static str, String),
+}
+
+impl Config {
+    /// The instance's route: the configured one, or "<namespace>/<name>".
+    pub fn route(&self) -> String {
+        self.route
+            .clone()
+            .unwrap_or_else(|| format!("{}/{}", self.namespace, self.name))
+    }
+
+    pub fn stop_grace(&self) -> Duration {
+        Duration::from_secs(self.stop_grace_seconds)
+    }
+
+    /// Checks what clap cannot: non-empty identity, a valid route, dialable addresses.
+    pub fn validate(&self) -> Result<(), Error> {
+        let required = [
+            (&self.namespace, "namespace", "OPENSHELL_POD_NAMESPACE"),
+            (&self.name, "name", "OPENSHELL_POD_NAME"),
+            (&self.uid, "uid", "OPENSHELL_POD_UID"),
+        ];
+        for (value, what, env) in required {
+            if value.is_empty() {
+                return Err(Error::Missing(what, env));
+            }
+        }
+        if !valid_route(&self.route()) {
+            return Err(Error::Route);
+        }
+        let lists = [
+            (&self.supervisor_route, "OPENSHELL_SUPERVISOR_ROUTE"),
+            (&self.gateway_endpoints, "OPENSHELL_GATEWAY_ENDPOINTS"),
+        ];
+        for (list, env) in lists {
+            if list.iter().all(|a| a.trim().is_empty()) {
+                return Err(Error::Missing("address list", env));
+            }
+            if let Some(bad) = list.iter().find(|a| !a.trim().is_empty() && !valid_address(a.trim())) {
+                return Err(Error::Address(env, bad.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The non-empty supervisor route addresses.
+    pub fn route_addresses(&self) -> Vec<String> {
+        addresses(&self.supervisor_route)
+    }
+
+    /// The non-empty gateway endpoints.
+    pub fn gateway_addresses(&self) -> Vec<String> {
+        addresses(&self.gateway_endpoints)
+    }
+}
+
+fn addresses(list: &[String]) -> Vec<String> {
+    list.iter()
+        .map(|a| a.trim().to_owned())
+        .filter(|a| !a.is_empty())
+        .collect()
+}
+
+/// Routes are printable ASCII without whitespace, bounded (common.proto).
+pub fn valid_route(route: &str) -> bool {
+    !route.is_empty() && route.len() <= proto::MAX_ROUTE_BYTES && route.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// An address the sidecar may dial (configured, or named by a Redirect).
+pub fn valid_address(address: &str) -> bool {
+    const MAX_ADDRESS_BYTES: usize = 2048;
+    address.len() <= MAX_ADDRESS_BYTES
+        && (address.starts_with("http://") || address.starts_with("https://"))
+        && address.bytes().all(|b| b.is_ascii_graphic())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Config {
+        let base = [
+            "sidecar",
+            "--supervisor-route",
+            "http://127.0.0.1:1,http://127.0.0.1:2",
+            "--gateway-endpoints",
+            "http://127.0.0.1:3",
+            "--namespace",
+            "team-a",
+            "--name",
+            "agent",
+            "--uid",
+            "u-1",
+            "--supervision-dir",
+            "/s",
+            "--socket",
+            "/s/sock",
+            "--state-dir",
+            "/state",
+        ];
+        Config::try_parse_from(base.iter().chain(args)).unwrap()
+    }
+
+    #[test]
+    fn defaults_route_lists_and_command() {
+        let c = parse(&["--", "sleep", "600"]);
+        assert_eq!(c.route(), "team-a/agent");
+        assert_eq!(c.route_addresses().len(), 2);
+        assert_eq!(c.stop_grace(), Duration::from_secs(10));
+        assert_eq!(c.issuer, proto::trust::DEFAULT_ISSUER);
+        assert_eq!(c.command, ["sleep", "600"]);
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn validation_refuses_bad_routes_and_addresses() {
+        let mut c = parse(&[]);
+        c.route = Some("has space".into());
+        assert!(matches!(c.validate(), Err(Error::Route)));
+        let mut c = parse(&[]);
+        c.supervisor_route = vec!["127.0.0.1:5".into()];
+        assert!(matches!(c.validate(), Err(Error::Address(..))));
+        let mut c = parse(&[]);
+        c.uid.clear();
+        assert!(matches!(c.validate(), Err(Error::Missing("uid", _))));
+    }
+}

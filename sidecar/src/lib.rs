@@ -1,0 +1,181 @@
+//! The shared-supervision sidecar, injected beside every workload. It holds the runtime
+//! **fence** of its instance (the highest activated term: control from any lower term is
+//! refused forever), relays the workload's supervision traffic to the current owner, verifies
+//! recovery grants and issues receipts, and enforces the recovery deadline. Contracts:
+//! `proto/…/runtime/v1/runtime.proto` (sidecar ⇄ member), `recovery.proto` (grants, proofs,
+//! receipts) and `registry.proto` (sidecar → gateway).
+//!
+//! [`run`] is the whole sidecar; `main.rs` only parses the configuration and signals.
+
+pub mod codec;
+pub mod config;
+mod engine;
+pub mod fence;
+pub mod identity;
+pub mod link;
+pub mod process;
+pub mod receipt;
+pub mod recovery;
+pub mod registry;
+pub mod store;
+pub mod supervision;
+pub mod workload;
+
+use std::sync::Arc;
+
+use proto::registration::{Binding, Material};
+use proto::registry::v1::RegisterRequest;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+pub use config::Config;
+use engine::{Engine, Inputs, Pinned};
+use process::{Exit, Process};
+use registry::Registry;
+use store::{State, StateFile};
+use tokio::sync::oneshot;
+
+/// How [`run`] ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The owner released the instance: the workload was stopped and deregistered.
+    Released,
+    /// The workload process ended on its own; the instance was deregistered.
+    Exited,
+    /// The recovery deadline passed: the workload was stopped and `ReportRecoveryFailed` sent.
+    RecoveryFailed,
+    /// The sidecar was asked to shut down (the instance stays registered).
+    Shutdown,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Config(#[from] config::Error),
+    #[error(transparent)]
+    Store(#[from] store::Error),
+    #[error(transparent)]
+    Socket(#[from] workload::Error),
+    #[error(transparent)]
+    Process(#[from] process::Error),
+    #[error("cannot observe the workload process: {0}")]
+    Identity(String),
+}
+
+/// Runs the sidecar until the instance ends or `shutdown` is cancelled (graceful: streams are
+/// closed, a workload the sidecar started is stopped, the instance stays registered).
+pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome, Error> {
+    config.validate()?;
+    let cfg = Arc::new(config);
+    let route = cfg.route();
+    let file = StateFile::new(&cfg.state_dir);
+    let mut state = match file.load()? {
+        Some(state) if state.uid == cfg.uid && state.route == route => state,
+        Some(_) => {
+            warn!("the state directory belongs to another instance; starting a fresh fence");
+            State::new(&route, &cfg.uid)
+        }
+        None => State::new(&route, &cfg.uid),
+    };
+    if let Some(ended) = &state.ended {
+        info!(%ended, "this instance already ended; waiting for shutdown");
+        shutdown.cancelled().await;
+        return Ok(Outcome::Shutdown);
+    }
+    let listener = workload::bind(&cfg.socket)?;
+    let (pinned, exit) = start_workload(&cfg, &mut state).await?;
+    // The receipt key is durable before it is registered.
+    file.save(&state)?;
+
+    let registry = Arc::new(Registry::new(cfg.gateway_addresses(), cfg.supervision_dir.clone()));
+    let material = Material::new(
+        &Binding {
+            route: &route,
+            namespace: &cfg.namespace,
+            name: &cfg.name,
+            uid: &cfg.uid,
+        },
+        state.receipt_key.as_bytes(),
+    );
+    let register = RegisterRequest {
+        route: route.clone(),
+        instance: Some(proto::common::v1::InstanceRef {
+            namespace: cfg.namespace.clone(),
+            name: cfg.name.clone(),
+            uid: cfg.uid.clone(),
+            generation: state.generation,
+        }),
+        registration_material: material.encode(),
+        workload: pinned.as_ref().map(|p| p.identity.clone()),
+    };
+    let (registered_tx, registered) = mpsc::channel(1);
+    let registration = tokio::spawn({
+        let registry = registry.clone();
+        async move {
+            let response = registry.register(register).await;
+            let _ = registered_tx.send(response).await;
+        }
+    });
+    let (workload_tx, workload_rx) = mpsc::channel(64);
+    let serving = CancellationToken::new();
+    let server = tokio::spawn(workload::serve(listener, workload_tx, serving.clone()));
+    let (link_tx, links) = mpsc::channel(256);
+
+    info!(%route, uid = %cfg.uid, fence = state.fence.activated, "sidecar started");
+    let mut engine = Engine::new(cfg.clone(), state, file, pinned, link_tx);
+    let inputs = Inputs {
+        links,
+        workload: workload_rx,
+        registered,
+        exit,
+    };
+    let (ending, exit) = engine.run(inputs, shutdown).await;
+    registration.abort();
+    serving.cancel();
+    let outcome = engine.finish(ending, exit, &registry).await;
+    let _ = server.await;
+    let _ = std::fs::remove_file(&cfg.socket);
+    info!(?outcome, "sidecar finished");
+    Ok(outcome)
+}
+
+/// Starts the configured command, or finds the workload pinned before a restart.
+async fn start_workload(
+    cfg: &Config,
+    state: &mut State,
+) -> Result<(Option<Pinned>, Option<oneshot::Receiver<Exit>>), Error> {
+    if !cfg.command.is_empty() {
+        let child = process::spawn(&cfg.command, &cfg.socket)?;
+        let pid = child.id().unwrap_or(0);
+        let (control, exit) = process::watch(Process::Child(child));
+        let observed = tokio::task::spawn_blocking(move || identity::observe(pid)).await;
+        let identity = match observed {
+            Ok(Ok(identity)) => identity,
+            Ok(Err(err)) => {
+                control.stop(cfg.stop_grace());
+                return Err(Error::Identity(err.to_string()));
+            }
+            Err(err) => {
+                control.stop(cfg.stop_grace());
+                return Err(Error::Identity(err.to_string()));
+            }
+        };
+        info!(pid, "workload started");
+        state.workload = Some((&identity).into());
+        return Ok((Some(Pinned { identity, control }), Some(exit)));
+    }
+    let previous = state.workload.take().map(proto::common::v1::WorkloadIdentity::from);
+    match previous {
+        Some(identity) if identity::is_running(&identity) => {
+            info!(
+                pid = identity.pid,
+                "still pinned to the workload process from before the restart"
+            );
+            state.workload = Some((&identity).into());
+            let (control, exit) = process::watch(Process::Foreign(identity.clone()));
+            Ok((Some(Pinned { identity, control }), Some(exit)))
+        }
+        _ => Ok((None, None)),
+    }
+}

@@ -1,0 +1,167 @@
+//! The gateway's instance registry (registry.v1), called with the namespace token. Every call
+//! is bounded in time and retried with backoff over the gateway endpoints in turn (the three
+//! RPCs are idempotent): Register until it succeeds, Deregister and ReportRecoveryFailed a
+//! bounded number of times.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use proto::registry::v1::instance_registry_client::InstanceRegistryClient;
+use proto::registry::v1::{DeregisterRequest, RecoveryFailedRequest, RegisterRequest, RegisterResponse};
+use proto::timing::{CONNECT_TIMEOUT, reconnect_backoff};
+use tokio::time::timeout;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::transport::{Channel, Endpoint};
+use tracing::warn;
+
+use crate::supervision::read_token;
+
+/// Bound on one registry call (connect excluded).
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Attempts for Deregister and ReportRecoveryFailed before giving up.
+pub const FINAL_CALL_ATTEMPTS: u32 = 8;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid gateway endpoint {0}")]
+    Endpoint(String),
+    #[error("cannot connect to {0}: {1}")]
+    Connect(String, String),
+    #[error("{0}")]
+    Token(#[from] crate::supervision::Error),
+    #[error("{0} timed out")]
+    Timeout(&'static str),
+    #[error("{0} refused: {1:?} {2}")]
+    Status(&'static str, tonic::Code, String),
+    #[error("gave up after {0} attempts, last: {1}")]
+    GaveUp(u32, Box<Error>),
+}
+
+#[derive(Debug)]
+pub struct Registry {
+    endpoints: Vec<String>,
+    supervision_dir: PathBuf,
+    cursor: AtomicUsize,
+}
+
+#[derive(Debug, Clone)]
+enum Call {
+    Register(RegisterRequest),
+    Deregister(DeregisterRequest),
+    RecoveryFailed(RecoveryFailedRequest),
+}
+
+impl Call {
+    fn name(&self) -> &'static str {
+        match self {
+            Call::Register(_) => "Register",
+            Call::Deregister(_) => "Deregister",
+            Call::RecoveryFailed(_) => "ReportRecoveryFailed",
+        }
+    }
+}
+
+impl Registry {
+    pub fn new(endpoints: Vec<String>, supervision_dir: PathBuf) -> Self {
+        Self {
+            endpoints,
+            supervision_dir,
+            cursor: AtomicUsize::new(0),
+        }
+    }
+
+    /// Registers until the gateway answers (the caller bounds it by cancelling).
+    pub async fn register(&self, request: RegisterRequest) -> RegisterResponse {
+        let call = Call::Register(request);
+        let mut attempt = 0u32;
+        loop {
+            match self.once(&call).await {
+                Ok(Some(response)) => return response,
+                Ok(None) => {}
+                Err(err) => warn!(%err, attempt, "registration failed; retrying"),
+            }
+            tokio::time::sleep(reconnect_backoff(attempt)).await;
+            attempt = attempt.saturating_add(1);
+        }
+    }
+
+    pub async fn deregister(&self, request: DeregisterRequest) -> Result<(), Error> {
+        self.bounded(Call::Deregister(request)).await
+    }
+
+    pub async fn report_recovery_failed(&self, request: RecoveryFailedRequest) -> Result<(), Error> {
+        self.bounded(Call::RecoveryFailed(request)).await
+    }
+
+    async fn bounded(&self, call: Call) -> Result<(), Error> {
+        let mut last = None;
+        for attempt in 0..FINAL_CALL_ATTEMPTS {
+            match self.once(&call).await {
+                Ok(_) => return Ok(()),
+                Err(err) => {
+                    warn!(%err, attempt, call = call.name(), "registry call failed");
+                    last = Some(err);
+                }
+            }
+            tokio::time::sleep(reconnect_backoff(attempt)).await;
+        }
+        let last = last.unwrap_or(Error::Timeout("registry call"));
+        Err(Error::GaveUp(FINAL_CALL_ATTEMPTS, Box::new(last)))
+    }
+
+    /// One attempt against the next endpoint; `Some` carries a Register answer.
+    async fn once(&self, call: &Call) -> Result<Option<RegisterResponse>, Error> {
+        let mut client = self.client().await?;
+        let bearer = read_token(&self.supervision_dir)?.bearer()?;
+        let name = call.name();
+        let status = |s: tonic::Status| Error::Status(name, s.code(), s.message().chars().take(256).collect());
+        let call = async {
+            match call.clone() {
+                Call::Register(r) => client
+                    .register(authorized(r, &bearer))
+                    .await
+                    .map(|r| Some(r.into_inner()))
+                    .map_err(status),
+                Call::Deregister(r) => client
+                    .deregister(authorized(r, &bearer))
+                    .await
+                    .map(|_| None)
+                    .map_err(status),
+                Call::RecoveryFailed(r) => client
+                    .report_recovery_failed(authorized(r, &bearer))
+                    .await
+                    .map(|_| None)
+                    .map_err(status),
+            }
+        };
+        timeout(CALL_TIMEOUT, call).await.map_err(|_| Error::Timeout(name))?
+    }
+
+    async fn client(&self) -> Result<InstanceRegistryClient<Channel>, Error> {
+        if self.endpoints.is_empty() {
+            return Err(Error::Endpoint("(none configured)".into()));
+        }
+        let index = self.cursor.fetch_add(1, Ordering::Relaxed) % self.endpoints.len();
+        let address = &self.endpoints[index];
+        let endpoint = Endpoint::from_shared(address.clone())
+            .map_err(|_| Error::Endpoint(address.clone()))?
+            .connect_timeout(CONNECT_TIMEOUT);
+        let channel = timeout(CONNECT_TIMEOUT, endpoint.connect())
+            .await
+            .map_err(|_| Error::Connect(address.clone(), "timed out".into()))?
+            .map_err(|e| Error::Connect(address.clone(), e.to_string()))?;
+        Ok(InstanceRegistryClient::new(channel)
+            .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(proto::MAX_MESSAGE_BYTES))
+    }
+}
+
+fn authorized<T>(message: T, bearer: &MetadataValue<Ascii>) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert(proto::AUTHORIZATION_METADATA_KEY, bearer.clone());
+    request.set_timeout(CALL_TIMEOUT);
+    request
+}

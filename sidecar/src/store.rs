@@ -1,0 +1,167 @@
+//! The persisted state: the fence, the receipt key, the instance's generation and the pinned
+//! workload identity, as one JSON file in the state directory. Written atomically (temporary
+//! file, fsync, rename, fsync of the directory) BEFORE anything that depends on it is sent,
+//! so a restarted sidecar never accepts what it already fenced. Contains the receipt key:
+//! mode 0600, never logged (`Debug` redacts the key).
+
+use std::fs::{self, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::codec::Identity;
+use crate::fence::Fence;
+use crate::receipt::ReceiptKey;
+
+pub const STATE_FILE: &str = "fence.json";
+/// Largest state file read.
+pub const MAX_STATE_BYTES: u64 = 64 * 1024;
+const VERSION: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot {action} the fence state {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the fence state {0} is corrupt or of another version; refusing to start without it")]
+    Corrupt(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct State {
+    pub v: u32,
+    pub route: String,
+    pub uid: String,
+    /// Registry-assigned generation, 0 until the first registration.
+    pub generation: u64,
+    pub receipt_key: ReceiptKey,
+    pub fence: Fence,
+    /// The workload process the sidecar is pinned to.
+    pub workload: Option<Identity>,
+    /// Wall-clock deadline (Unix ms) of the running recovery episode: a restart does not
+    /// extend it.
+    pub recovery_deadline_at_ms: Option<i64>,
+    /// Set once the instance ended (released, exited, recovery failed): nothing more to do.
+    pub ended: Option<String>,
+}
+
+impl State {
+    /// Fresh state with a new receipt key.
+    pub fn new(route: &str, uid: &str) -> Self {
+        Self {
+            v: VERSION,
+            route: route.to_owned(),
+            uid: uid.to_owned(),
+            generation: 0,
+            receipt_key: ReceiptKey::generate(),
+            fence: Fence::default(),
+            workload: None,
+            recovery_deadline_at_ms: None,
+            ended: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct StateFile {
+    dir: PathBuf,
+    path: PathBuf,
+}
+
+impl StateFile {
+    pub fn new(dir: &Path) -> Self {
+        Self {
+            dir: dir.to_owned(),
+            path: dir.join(STATE_FILE),
+        }
+    }
+
+    pub fn load(&self) -> Result<Option<State>, Error> {
+        let file = match fs::File::open(&self.path) {
+            Ok(file) => file,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(self.io("read", source)),
+        };
+        let mut bytes = Vec::new();
+        file.take(MAX_STATE_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|source| self.io("read", source))?;
+        match serde_json::from_slice::<State>(&bytes) {
+            Ok(state) if state.v == VERSION && bytes.len() as u64 <= MAX_STATE_BYTES => Ok(Some(state)),
+            _ => Err(Error::Corrupt(self.path.display().to_string())),
+        }
+    }
+
+    pub fn save(&self, state: &State) -> Result<(), Error> {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.dir)
+            .map_err(|source| self.io("create the directory of", source))?;
+        let bytes = serde_json::to_vec(state).map_err(|e| self.io("encode", std::io::Error::other(e)))?;
+        let tmp = self.dir.join(format!("{STATE_FILE}.tmp"));
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|source| self.io("write", source))?;
+        file.write_all(&bytes)
+            .and_then(|()| file.sync_all())
+            .map_err(|source| self.io("write", source))?;
+        fs::rename(&tmp, &self.path).map_err(|source| self.io("replace", source))?;
+        fs::File::open(&self.dir)
+            .and_then(|dir| dir.sync_all())
+            .map_err(|source| self.io("sync the directory of", source))
+    }
+
+    fn io(&self, action: &'static str, source: std::io::Error) -> Error {
+        Error::Io {
+            action,
+            path: self.path.display().to_string(),
+            source,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn round_trips_atomically_with_private_permissions() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = StateFile::new(&dir.path().join("state"));
+        assert_eq!(file.load().unwrap(), None);
+        let mut state = State::new("team-a/agent", "u-1");
+        state.fence.activated = 4;
+        state.fence.floor = 5;
+        state.generation = 9;
+        file.save(&state).unwrap();
+        assert_eq!(file.load().unwrap(), Some(state.clone()));
+        let mode = fs::metadata(dir.path().join("state").join(STATE_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert!(!dir.path().join("state").join("fence.json.tmp").exists());
+        let shown = format!("{state:?}");
+        let key = serde_json::to_string(&state.receipt_key).unwrap();
+        assert!(!shown.contains(key.trim_matches('"')), "Debug must not show the key");
+    }
+
+    #[test]
+    fn a_corrupt_state_refuses_to_load() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join(STATE_FILE), b"{\"v\":1,").unwrap();
+        assert!(matches!(StateFile::new(dir.path()).load(), Err(Error::Corrupt(_))));
+    }
+}
