@@ -554,7 +554,17 @@ impl Engine {
             return;
         };
         let answer = match response.kind {
-            Some(Kind::ProgressAccepted(p)) => Answer::Progress { value: p.value },
+            Some(Kind::ProgressAccepted(p)) => Answer::Progress {
+                value: p.value,
+                term: self.state.fence.activated,
+                member: self
+                    .state
+                    .fence
+                    .owner
+                    .as_ref()
+                    .map(|o| o.member.clone())
+                    .unwrap_or_default(),
+            },
             Some(Kind::Credential(c)) => Answer::Credential {
                 token: Token::new(c.token),
                 expires_at_ms: c.expires_at_ms,

@@ -47,8 +47,16 @@ pub enum Op {
 /// The answer to one request.
 #[derive(Debug)]
 pub enum Answer {
-    Progress { value: u64 },
-    Credential { token: Token, expires_at_ms: i64 },
+    /// Accepted by the owner of `term` (`member`): lets a workload see who supervises it.
+    Progress {
+        value: u64,
+        term: u64,
+        member: String,
+    },
+    Credential {
+        token: Token,
+        expires_at_ms: i64,
+    },
     Alive,
     Refused(String),
 }
@@ -245,7 +253,9 @@ pub fn parse(line: &str) -> Result<(Option<Value>, Op), String> {
 /// Renders one answer line (without the newline).
 pub fn render(id: Option<&Value>, answer: &Answer) -> String {
     let mut out = match answer {
-        Answer::Progress { value } => json!({"ok": true, "op": "progress", "value": value}),
+        Answer::Progress { value, term, member } => {
+            json!({"ok": true, "op": "progress", "value": value, "term": term, "member": member})
+        }
         Answer::Credential { token, expires_at_ms } => {
             json!({"ok": true, "op": "credential", "token": token.expose(), "expires_at_ms": expires_at_ms})
         }
@@ -294,8 +304,19 @@ mod tests {
 
     #[test]
     fn renders_answers_with_the_echoed_id() {
-        let v: Value = serde_json::from_str(&render(Some(&json!(7)), &Answer::Progress { value: 3 })).unwrap();
-        assert_eq!(v, json!({"ok": true, "op": "progress", "value": 3, "id": 7}));
+        let v: Value = serde_json::from_str(&render(
+            Some(&json!(7)),
+            &Answer::Progress {
+                value: 3,
+                term: 2,
+                member: "m".into(),
+            },
+        ))
+        .unwrap();
+        assert_eq!(
+            v,
+            json!({"ok": true, "op": "progress", "value": 3, "term": 2, "member": "m", "id": 7})
+        );
         let v: Value = serde_json::from_str(&render(None, &Answer::Refused("no".into()))).unwrap();
         assert_eq!(v, json!({"ok": false, "error": "no"}));
         let credential = Answer::Credential {
