@@ -103,7 +103,7 @@ async fn first_placement_receipt_activation_and_relay() {
     .await;
     assert_eq!(
         agent.answer().await,
-        json!({"ok": true, "op": "progress", "value": 1, "id": "a"})
+        json!({"ok": true, "op": "progress", "value": 1, "term": 1, "member": "m1", "id": "a"})
     );
 
     agent.send(json!({"op": "credential"})).await;
@@ -202,7 +202,15 @@ async fn takeover_fences_the_silent_owner_and_its_later_messages() {
         workload_response::Kind::ProgressAccepted(ProgressAccepted { value: 11 }),
     ))
     .await;
-    assert_eq!(agent.answer().await["value"], 11);
+    let answer = agent.answer().await;
+    assert_eq!(
+        (
+            answer["value"].as_u64(),
+            answer["term"].as_u64(),
+            answer["member"].as_str()
+        ),
+        (Some(11), Some(2), Some("m2"))
+    );
 
     // m2 goes away; the stale owner m1 resumes and answers the recovery at its old term.
     m2.end();

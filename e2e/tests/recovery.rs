@@ -1,0 +1,48 @@
+//! Recovery with real processes: a supervisor killed, a supervisor paused
+//! and resumed, and the coordinator killed — each on a local pool of
+//! gateways, supervisors, sidecars and counting agents. The workloads must
+//! keep their PIDs and their in-memory counters, and no answer may come from
+//! a fenced owner. Durations are measured and printed (by the `scenarios`
+//! command), never asserted.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use e2e::scenarios::{self, Outcome, Setup};
+
+/// One pool at a time: each is a dozen processes on a small machine.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn run(name: &str) -> Outcome {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let root = tempfile::tempdir().unwrap();
+    let setup = Setup {
+        root: root.path().to_path_buf(),
+        database_url: None,
+    };
+    let outcome = scenarios::run(name, &setup).await.unwrap_or_else(|err| panic!("{name}: {err}"));
+    eprintln!("{}", scenarios::table(std::slice::from_ref(&outcome)));
+    outcome
+}
+
+fn assert_workloads_survived(outcome: &Outcome) {
+    assert!(outcome.pids_preserved, "PIDs {:?} -> {:?}", outcome.pids_before, outcome.pids_after);
+    assert!(outcome.counter_continuous, "an agent's counter went backwards");
+    assert_eq!(outcome.dual_owner_violations, 0, "an answer came from a fenced owner");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_owners_workloads_move_without_restarting() {
+    assert_workloads_survived(&run("supervisor-crash").await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_owner_is_replaced_and_fenced_out_when_it_resumes() {
+    let outcome = run("paused-owner").await;
+    assert_workloads_survived(&outcome);
+    assert!(outcome.notes.contains("fenced out"), "{}", outcome.notes);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_coordinator_is_replaced_without_touching_workloads() {
+    assert_workloads_survived(&run("coordinator-failover").await);
+}
