@@ -80,6 +80,8 @@ enum Mode {
 #[derive(Debug)]
 struct Stream {
     link: Link,
+    /// The runtime address dialed.
+    address: String,
     open: bool,
     /// The member process whose grant the sidecar receipted on this stream.
     presenter: Option<Presenter>,
@@ -359,7 +361,8 @@ impl Engine {
                 self.dial.failures = 0;
             }
             LinkEvent::Closed { opened, reason } => {
-                if self.owner == Some(id) {
+                let lost_owner = self.owner == Some(id);
+                if lost_owner {
                     warn!(stream = id, %reason, "lost the owner's stream");
                 } else {
                     debug!(stream = id, %reason, "runtime stream closed");
@@ -369,6 +372,15 @@ impl Engine {
                     self.dial.next_at = Instant::now() + reconnect_backoff(0);
                 } else {
                     self.dial.backoff();
+                }
+                // A lost owner is likely dead or hung: try the other members first.
+                let n = self.addresses.len();
+                if lost_owner
+                    && n > 1
+                    && let Some(stream) = self.streams.get(&id)
+                    && self.addresses[self.dial.cursor % n] == stream.address
+                {
+                    self.dial.cursor = self.dial.cursor.wrapping_add(1);
                 }
                 self.close_stream(id);
             }
@@ -812,11 +824,12 @@ impl Engine {
         let id = self.next_stream;
         self.next_stream += 1;
         debug!(stream = id, %address, "dialing the supervisor route");
-        let link = Link::spawn(id, address, first, token, self.link_tx.clone());
+        let link = Link::spawn(id, address.clone(), first, token, self.link_tx.clone());
         self.streams.insert(
             id,
             Stream {
                 link,
+                address,
                 open: false,
                 presenter: None,
                 next_request: 0,

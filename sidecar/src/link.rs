@@ -160,7 +160,8 @@ async fn drive(
     let mut client = SupervisorRuntimeClient::new(channel)
         .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
-    let mut inbound = timeout(RUNTIME_SILENCE_TIMEOUT, client.connect(request))
+    // A live member answers the first message at once; a hung one never.
+    let mut inbound = timeout(CONNECT_TIMEOUT, client.connect(request))
         .await
         .map_err(|_| Error::Silent)??
         .into_inner();

@@ -209,7 +209,7 @@ async fn takeover_fences_the_silent_owner_and_its_later_messages() {
             answer["term"].as_u64(),
             answer["member"].as_str()
         ),
-        (Some(11), Some(2), Some("m2"))
+        (Some(11), Some(3), Some("m2"))
     );
 
     // m2 goes away; the stale owner m1 resumes and answers the recovery at its old term.

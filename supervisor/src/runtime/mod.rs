@@ -29,6 +29,10 @@ use self::stream::{OUTBOUND_CAPACITY, Opening, SidecarStream};
 use self::trust::{AuthError, TrustStore};
 use crate::sessions::session::SessionEvent;
 
+/// How long a recovering sidecar's stream waits for a snapshot before it is
+/// redirected to the owner of the very term it lost.
+const REDIRECT_GRACE: std::time::Duration = timing::RECOVERY_HELLO_INTERVAL;
+
 /// Longest a stream stays parked before it is ended with UNAVAILABLE (the sidecar reconnects).
 pub const PARK_BOUND: Duration = Duration::from_secs(30);
 /// Most streams parked at once; more are refused with UNAVAILABLE.
@@ -130,6 +134,11 @@ impl Router {
     async fn run(mut self, mut stream: SidecarStream) {
         let mut permit = None;
         let park_until = Instant::now() + PARK_BOUND;
+        // A recovering sidecar just lost the owner of its fence term; our
+        // directory may still name that owner only because the snapshot that
+        // moves the route has not arrived yet. Wait for it a little before
+        // sending the sidecar back to an owner that is probably gone.
+        let redirect_after = Instant::now() + REDIRECT_GRACE;
         let mut heartbeat = tokio::time::interval(timing::RUNTIME_HEARTBEAT_INTERVAL);
         heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
@@ -143,6 +152,10 @@ impl Router {
                         stream = *back;
                     }
                 },
+                Decision::Redirect(redirect)
+                    if stream.opening.recovering
+                        && redirect.term == stream.opening.fence_term
+                        && Instant::now() < redirect_after => {}
                 Decision::Redirect(redirect) => {
                     tracing::info!(owner = %redirect.member, term = redirect.term, "redirecting the sidecar");
                     stream.send(Kind::Redirect(redirect));
@@ -182,6 +195,7 @@ impl Router {
                     tracing::debug!("parked sidecar went silent");
                     return;
                 }
+                () = tokio::time::sleep_until(redirect_after), if Instant::now() < redirect_after => {}
                 () = tokio::time::sleep_until(park_until) => {
                     return stream.end(Status::unavailable("parked too long without an owner decision; reconnect"));
                 }
