@@ -19,13 +19,19 @@ async fn run(name: &str) -> Outcome {
         root: root.path().to_path_buf(),
         database_url: None,
     };
-    let outcome = scenarios::run(name, &setup).await.unwrap_or_else(|err| panic!("{name}: {err}"));
+    let outcome = scenarios::run(name, &setup)
+        .await
+        .unwrap_or_else(|err| panic!("{name}: {err}"));
     eprintln!("{}", scenarios::table(std::slice::from_ref(&outcome)));
     outcome
 }
 
 fn assert_workloads_survived(outcome: &Outcome) {
-    assert!(outcome.pids_preserved, "PIDs {:?} -> {:?}", outcome.pids_before, outcome.pids_after);
+    assert!(
+        outcome.pids_preserved,
+        "PIDs {:?} -> {:?}",
+        outcome.pids_before, outcome.pids_after
+    );
     assert!(outcome.counter_continuous, "an agent's counter went backwards");
     assert_eq!(outcome.dual_owner_violations, 0, "an answer came from a fenced owner");
 }
