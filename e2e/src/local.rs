@@ -43,18 +43,29 @@ pub fn binary_dir() -> PathBuf {
     }
 }
 
-/// When launched through cargo (`cargo run -p e2e …`), build the other
-/// binaries of the workspace with the same profile first: cargo builds only
-/// the binaries of the package it runs.
+/// When launched through cargo (`cargo run -p e2e --bin …`), build the
+/// other binaries the pool runs with the same profile first: cargo builds
+/// only the binary it runs.
 pub fn ensure_binaries() -> Result<(), Error> {
     let Ok(cargo) = std::env::var("CARGO") else {
         return Ok(());
     };
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut command = std::process::Command::new(cargo);
-    command
-        .current_dir(&workspace)
-        .args(["build", "--quiet", "-p", "gateway", "-p", "supervisor", "-p", "sidecar"]);
+    command.current_dir(&workspace).args([
+        "build",
+        "--quiet",
+        "-p",
+        "gateway",
+        "-p",
+        "supervisor",
+        "-p",
+        "sidecar",
+        "-p",
+        "e2e",
+        "--bin",
+        "agent",
+    ]);
     if binary_dir().ends_with("release") {
         command.arg("--release");
     }

@@ -45,9 +45,10 @@ async fn main() -> anyhow::Result<()> {
         lease_length_ms: 5000,
     };
     println!(
-        "starting {} gateway replicas and {} supervisor members in {} ...",
+        "starting {} gateway replicas, {} supervisor members and {} sandboxes in {} ...",
         args.gateways,
         args.members,
+        args.sandboxes,
         args.dir.display()
     );
     let pool = LocalPool::start(config).await?;
