@@ -6,6 +6,7 @@
 #[macro_use]
 mod support;
 
+mod errors;
 mod postgres_locks;
 mod suite;
 

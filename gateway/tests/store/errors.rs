@@ -1,0 +1,58 @@
+//! Opening a store fails with one clear error, never a panic, and never
+//! shows a password.
+
+use gateway::store::{Error, Options, Store};
+
+async fn open(url: &str) -> Error {
+    Store::open(url, &Options::default())
+        .await
+        .expect_err("opening must fail")
+}
+
+#[tokio::test]
+async fn a_bad_url_names_what_is_wrong() {
+    let err = open("mysql://root:hunter2@db/app").await;
+    assert!(matches!(err, Error::Url { .. }), "{err:?}");
+    let line = err.to_string();
+    assert!(
+        line.contains("expected a postgres://") && !line.contains("hunter2"),
+        "{line}"
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_database_is_one_line_without_the_password() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let line = open(&format!("postgres://app:hunter2@127.0.0.1:{port}/app"))
+        .await
+        .to_string();
+    assert!(
+        line.starts_with("cannot connect to database postgres://app:***@127.0.0.1"),
+        "{line}"
+    );
+    assert!(!line.contains("hunter2") && !line.contains('\n'), "{line}");
+}
+
+#[tokio::test]
+async fn a_failing_migration_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("taken.db");
+    // A table of the same name with another shape makes the first migration fail.
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    {
+        use sqlx::{Connection, Executor};
+        sqlx::any::install_default_drivers();
+        let mut conn = sqlx::AnyConnection::connect(&url).await.unwrap();
+        conn.execute("CREATE TABLE coordinator_lease (x INTEGER)")
+            .await
+            .unwrap();
+        conn.close().await.unwrap();
+    }
+    let err = open(&url).await;
+    assert!(matches!(err, Error::Migrate { .. }), "{err:?}");
+    assert!(err.to_string().contains("cannot apply database migrations"), "{err}");
+}
