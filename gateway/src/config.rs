@@ -54,6 +54,16 @@ pub struct Settings {
     )]
     pub namespaces: Vec<String>,
 
+    /// Kubernetes mode: follow labelled namespaces and supervised Pods, keep the token
+    /// Secrets, record Events (in-cluster config or KUBECONFIG).
+    #[arg(long, env = "OPENSHELL_GATEWAY_KUBERNETES", default_value_t = false)]
+    pub kubernetes: bool,
+
+    /// Kubernetes mode: the namespace the pool is installed in (its Secrets for the
+    /// supervisor members and the operator go there).
+    #[arg(long, env = "OPENSHELL_POD_NAMESPACE", default_value = "openshell-supervision")]
+    pub install_namespace: String,
+
     /// Recovery deadline offered to sidecars, in milliseconds.
     #[arg(long, env = "OPENSHELL_SUPERVISOR_POOL_RECOVERY_TIMEOUT_MS", default_value_t = 60_000,
           value_parser = clap::value_parser!(u64).range(1_000..=3_600_000))]

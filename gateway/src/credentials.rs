@@ -63,10 +63,7 @@ pub async fn run(
                 let keyring = replica.keys.keyring();
                 if let (Some(_), Some(delivery)) = (&held, &delivery) {
                     let now_ms = trust::unix_ms(std::time::SystemTime::now());
-                    let due = delivered
-                        .as_ref()
-                        .is_none_or(|m| m.needs_renewal(now_ms) || Some(m.kid.as_str()) != keyring.signing_kid());
-                    if due {
+                    if is_due(delivered.as_ref(), &keyring, now_ms) {
                         match deliver(&keyring, delivery).await {
                             Ok(minted) => {
                                 info!(kid = %minted.kid, dir = %delivery.dir.display(), "delivered tokens");
@@ -87,37 +84,59 @@ pub async fn run(
     }
 }
 
-/// Mint and write every local token; returns the supervisor token's record.
-async fn deliver(keyring: &Keyring, delivery: &LocalDelivery) -> Result<Minted, crate::tokens::Error> {
-    let bundle = keyring.trust_bundle();
+/// Who a delivered token is for.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Target {
+    /// The pool's members (one token for the pool).
+    Supervisor,
+    /// The local operator (platform admin).
+    Operator,
+    /// The sidecars of one namespace.
+    Namespace(String),
+}
+
+/// Mint the token `target` gets, valid for [`SUPERVISOR_TOKEN_LIFETIME`].
+pub fn mint(keyring: &Keyring, target: &Target, pool: &str) -> Result<Minted, crate::tokens::Error> {
     let lifetime = SUPERVISOR_TOKEN_LIFETIME;
-    let supervisor = keyring.mint(
-        Kind::Supervisor,
-        &trust::pool_subject(&delivery.pool),
-        lifetime,
-        &NoExtra {},
-    )?;
-    FileDelivery::new(delivery.dir.join("supervisor"))
-        .deliver(&Delivered::new(&supervisor, bundle))
-        .await?;
-    let roles = OperatorClaims {
-        roles: vec![PLATFORM_ADMIN.into()],
-    };
-    let operator = keyring.mint(Kind::Operator, "local-operator", lifetime, &roles)?;
-    FileDelivery::new(delivery.dir.join("operator"))
-        .deliver(&Delivered::new(&operator, bundle))
-        .await?;
-    for namespace in &delivery.namespaces {
-        let instance = keyring.mint(
+    match target {
+        Target::Supervisor => keyring.mint(Kind::Supervisor, &trust::pool_subject(pool), lifetime, &NoExtra {}),
+        Target::Operator => {
+            let roles = OperatorClaims {
+                roles: vec![PLATFORM_ADMIN.into()],
+            };
+            keyring.mint(Kind::Operator, "local-operator", lifetime, &roles)
+        }
+        Target::Namespace(namespace) => keyring.mint(
             Kind::Instance,
             &trust::namespace_subject(namespace),
             lifetime,
             &NoExtra {},
-        )?;
-        let dir = delivery.dir.join("namespaces").join(namespace);
-        FileDelivery::new(dir)
-            .deliver(&Delivered::new(&instance, bundle))
-            .await?;
+        ),
     }
-    Ok(supervisor)
+}
+
+/// Whether a token delivered earlier must be replaced: it is due for renewal,
+/// or another key signs now.
+pub fn is_due(delivered: Option<&Minted>, keyring: &Keyring, now_ms: i64) -> bool {
+    delivered.is_none_or(|m| m.needs_renewal(now_ms) || Some(m.kid.as_str()) != keyring.signing_kid())
+}
+
+/// Mint and write every local token; returns the supervisor token's record.
+async fn deliver(keyring: &Keyring, delivery: &LocalDelivery) -> Result<Minted, crate::tokens::Error> {
+    let bundle = keyring.trust_bundle();
+    let mut targets = vec![(Target::Supervisor, delivery.dir.join("supervisor"))];
+    targets.push((Target::Operator, delivery.dir.join("operator")));
+    for namespace in &delivery.namespaces {
+        let dir = delivery.dir.join("namespaces").join(namespace);
+        targets.push((Target::Namespace(namespace.clone()), dir));
+    }
+    let mut supervisor = None;
+    for (target, dir) in targets {
+        let minted = mint(keyring, &target, &delivery.pool)?;
+        FileDelivery::new(dir).deliver(&Delivered::new(&minted, bundle)).await?;
+        if target == Target::Supervisor {
+            supervisor = Some(minted);
+        }
+    }
+    supervisor.ok_or_else(|| crate::tokens::Error::NoSigningKey)
 }

@@ -10,6 +10,7 @@ pub mod credentials;
 pub mod election;
 pub mod health;
 pub mod host;
+pub mod kubernetes;
 pub mod operator;
 pub mod placement;
 pub mod pool;
@@ -51,6 +52,8 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Kubernetes(#[from] kubernetes::Error),
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
 }
@@ -71,6 +74,25 @@ pub async fn bind(settings: &Settings) -> Result<TcpListener, Error> {
 /// shutdown, member streams are told to reconnect elsewhere and a held lease
 /// is released.
 pub async fn run(settings: Settings, listener: TcpListener, shutdown: CancellationToken) -> Result<(), Error> {
+    if !settings.kubernetes {
+        return run_with::<kubernetes::Recording>(settings, listener, shutdown, None).await;
+    }
+    let scope = kubernetes::Scope::new(settings.install_namespace.clone());
+    let (integration, watches) = kubernetes::Integration::connect(scope, &settings.replica, &shutdown).await?;
+    let outcome = run_with(settings, listener, shutdown, Some(integration)).await;
+    for watch in watches {
+        watch.abort();
+    }
+    outcome
+}
+
+/// [`run`] with a given Kubernetes integration (tests pass a recording one), or none.
+pub async fn run_with<C: kubernetes::Cluster>(
+    settings: Settings,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+    kubernetes: Option<kubernetes::Integration<C>>,
+) -> Result<(), Error> {
     let url = settings.database_url()?;
     let store = store::Store::open(&url, &settings.store_options()).await?;
     let holder = election::holder_id(&settings.replica, &store);
@@ -100,7 +122,7 @@ pub async fn run(settings: Settings, listener: TcpListener, shutdown: Cancellati
 
     // Background work stops with `stop`, after the server drained.
     let stop = CancellationToken::new();
-    let tasks = [
+    let mut tasks = vec![
         tokio::spawn(pool::refresh(
             store.clone(),
             view_tx,
@@ -116,6 +138,9 @@ pub async fn run(settings: Settings, listener: TcpListener, shutdown: Cancellati
             stop.clone(),
         )),
     ];
+    if let Some(integration) = kubernetes {
+        tasks.push(integration.spawn_writer(replica.clone(), settings.pool.clone(), lease_rx.clone(), stop.clone()));
+    }
     let election = tokio::spawn(election::run(
         store.clone(),
         holder.clone(),

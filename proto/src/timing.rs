@@ -53,6 +53,14 @@ pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(5);
 /// Supervisor tokens live this long and are renewed at half their lifetime.
 pub const SUPERVISOR_TOKEN_LIFETIME: Duration = Duration::from_secs(3600);
 
+/// Kubernetes: how long a registered instance may go without its Pod in the gateway's Pod
+/// watch before the gateway takes the Pod for gone and withdraws the instance (covers the
+/// watch's lag behind a sidecar that registers right after its Pod was created).
+pub const UNSEEN_POD_GRACE: Duration = Duration::from_secs(30);
+
+/// Kubernetes: how often the coordinator re-checks token Secrets and retries failed writes.
+pub const SECRET_RECHECK_INTERVAL: Duration = Duration::from_secs(5);
+
 /// The worst case for a member to reconnect past an unresponsive replica and
 /// be refreshed by another: notice the silence, spend every attempt (each
 /// bounded by the connect timeout, with the largest backoff between them),

@@ -1,0 +1,186 @@
+//! What this replica knows of the cluster, fed by the watches: the namespaces that opted in
+//! (label `supervision.openshell.ai/shared=enabled`) and the supervised Pods. Plain data with
+//! synchronous `apply`/`delete`/`reset` methods — no Kubernetes types, no I/O — so tests drive
+//! it directly. Every replica keeps one; only the coordinator's writer acts on it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A supervised Pod, as much of it as the gateway needs.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Pod {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Index {
+    /// Namespaces labelled now.
+    labelled: BTreeSet<String>,
+    /// Namespaces seen labelled and then unlabelled (or deleted): their Secret must go.
+    unlabelled: BTreeSet<String>,
+    /// Supervised Pods by uid.
+    pods: BTreeMap<String, Pod>,
+    /// Whether each watch has completed its first list (before that, an absent Pod proves
+    /// nothing).
+    namespaces_synced: bool,
+    pods_synced: bool,
+    /// Bumped on every change, so the writer can tell whether to look again.
+    version: u64,
+}
+
+impl Index {
+    pub fn apply_namespace(&mut self, name: &str) {
+        if self.labelled.insert(name.to_owned()) {
+            self.version += 1;
+        }
+        self.unlabelled.remove(name);
+    }
+
+    /// The namespace lost the label or was deleted (a label-selector watch reports both as
+    /// a deletion).
+    pub fn delete_namespace(&mut self, name: &str) {
+        if self.labelled.remove(name) {
+            self.unlabelled.insert(name.to_owned());
+            self.version += 1;
+        }
+    }
+
+    /// A (re)list of the labelled namespaces: the watch restarted, so anything not in it
+    /// was unlabelled meanwhile.
+    pub fn reset_namespaces(&mut self, names: impl IntoIterator<Item = String>) {
+        let names: BTreeSet<String> = names.into_iter().collect();
+        for gone in self.labelled.difference(&names) {
+            self.unlabelled.insert(gone.clone());
+        }
+        for name in &names {
+            self.unlabelled.remove(name);
+        }
+        self.labelled = names;
+        self.namespaces_synced = true;
+        self.version += 1;
+    }
+
+    pub fn apply_pod(&mut self, pod: Pod) {
+        if self.pods.get(&pod.uid) != Some(&pod) {
+            self.pods.insert(pod.uid.clone(), pod);
+            self.version += 1;
+        }
+    }
+
+    pub fn delete_pod(&mut self, uid: &str) {
+        if self.pods.remove(uid).is_some() {
+            self.version += 1;
+        }
+    }
+
+    pub fn reset_pods(&mut self, pods: impl IntoIterator<Item = Pod>) {
+        self.pods = pods.into_iter().map(|p| (p.uid.clone(), p)).collect();
+        self.pods_synced = true;
+        self.version += 1;
+    }
+
+    /// The Secret of `namespace` was removed: stop asking for it.
+    pub fn forget_unlabelled(&mut self, namespace: &str) {
+        self.unlabelled.remove(namespace);
+    }
+
+    pub fn labelled(&self) -> &BTreeSet<String> {
+        &self.labelled
+    }
+
+    pub fn unlabelled(&self) -> &BTreeSet<String> {
+        &self.unlabelled
+    }
+
+    pub fn namespaces_synced(&self) -> bool {
+        self.namespaces_synced
+    }
+
+    pub fn pods_synced(&self) -> bool {
+        self.pods_synced
+    }
+
+    pub fn has_pod(&self, uid: &str) -> bool {
+        self.pods.contains_key(uid)
+    }
+
+    pub fn pods(&self) -> impl Iterator<Item = &Pod> {
+        self.pods.values()
+    }
+
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(uid: &str) -> Pod {
+        Pod {
+            namespace: "team-a".into(),
+            name: format!("agent-{uid}"),
+            uid: uid.into(),
+        }
+    }
+
+    #[test]
+    fn a_namespace_that_loses_its_label_is_remembered_until_its_secret_is_gone() {
+        let mut index = Index::default();
+        index.apply_namespace("team-a");
+        index.apply_namespace("team-b");
+        index.delete_namespace("team-b");
+        assert_eq!(index.labelled().iter().collect::<Vec<_>>(), ["team-a"]);
+        assert_eq!(index.unlabelled().iter().collect::<Vec<_>>(), ["team-b"]);
+        index.forget_unlabelled("team-b");
+        assert!(index.unlabelled().is_empty());
+    }
+
+    #[test]
+    fn relabelling_cancels_the_removal() {
+        let mut index = Index::default();
+        index.apply_namespace("team-b");
+        index.delete_namespace("team-b");
+        index.apply_namespace("team-b");
+        assert!(index.unlabelled().is_empty());
+        assert!(index.labelled().contains("team-b"));
+    }
+
+    #[test]
+    fn a_relist_unlabels_what_it_no_longer_contains() {
+        let mut index = Index::default();
+        index.apply_namespace("team-a");
+        index.apply_namespace("team-b");
+        assert!(!index.namespaces_synced());
+        index.reset_namespaces(["team-a".to_owned(), "team-c".to_owned()]);
+        assert!(index.namespaces_synced());
+        assert_eq!(index.labelled().iter().collect::<Vec<_>>(), ["team-a", "team-c"]);
+        assert_eq!(index.unlabelled().iter().collect::<Vec<_>>(), ["team-b"]);
+    }
+
+    #[test]
+    fn a_namespace_never_labelled_is_not_removed() {
+        let mut index = Index::default();
+        index.delete_namespace("team-z");
+        assert!(index.unlabelled().is_empty());
+        assert_eq!(index.version(), 0);
+    }
+
+    #[test]
+    fn pods_are_keyed_by_uid_and_changes_bump_the_version() {
+        let mut index = Index::default();
+        index.apply_pod(pod("1"));
+        let v = index.version();
+        index.apply_pod(pod("1"));
+        assert_eq!(index.version(), v, "the same Pod again changes nothing");
+        index.apply_pod(pod("2"));
+        index.delete_pod("1");
+        assert!(!index.has_pod("1"));
+        assert!(index.has_pod("2"));
+        index.reset_pods([pod("3")]);
+        assert!(index.pods_synced());
+        assert_eq!(index.pods().map(|p| p.uid.as_str()).collect::<Vec<_>>(), ["3"]);
+    }
+}

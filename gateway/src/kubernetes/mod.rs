@@ -1,0 +1,91 @@
+//! Kubernetes integration (only with `--kubernetes`): the watches feed an in-memory
+//! [`index`] on every replica; the coordinator's [`writer`] turns it and the pool view into
+//! token Secrets in every labelled namespace, withdrawals of instances whose Pod is gone, and
+//! events.k8s.io Events ([`notice`]). Decisions ([`plan`], [`notice`]) are pure; the API is
+//! behind [`cluster::Cluster`].
+//!
+//! | module | owns |
+//! | --- | --- |
+//! | `index` | labelled namespaces and supervised Pods, plain data |
+//! | `watch` | the namespace and Pod watches that feed the index |
+//! | `plan` | which Secrets to write or remove, which instances to withdraw |
+//! | `notice` | which Events a change of the pool view makes |
+//! | `cluster` | the API calls (kube-rs) and a recording stand-in for tests |
+//! | `writer` | carries out the plan while the lease is held |
+
+pub mod cluster;
+pub mod index;
+pub mod notice;
+pub mod plan;
+pub mod watch;
+pub mod writer;
+
+use std::sync::Arc;
+
+use tokio::sync::watch as channel;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::replica::Replica;
+use crate::store::Lease;
+
+pub use cluster::{Cluster, Kube, Recording};
+pub use plan::Scope;
+pub use watch::Shared;
+
+/// Why the integration could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot reach the Kubernetes API (in-cluster config or KUBECONFIG): {0}")]
+    Client(#[from] kube::Error),
+}
+
+/// The connection to a cluster: what writes and the index it reads.
+pub struct Integration<C> {
+    pub cluster: C,
+    pub shared: Shared,
+    pub scope: Scope,
+}
+
+impl Integration<Kube> {
+    /// Connect with the in-cluster configuration (or `KUBECONFIG`) and start following
+    /// namespaces and Pods; the watches stop with `shutdown`.
+    pub async fn connect(
+        scope: Scope,
+        instance: &str,
+        shutdown: &CancellationToken,
+    ) -> Result<(Self, Vec<JoinHandle<()>>), Error> {
+        let client = kube::Client::try_default().await?;
+        let shared = Shared::default();
+        let tasks = vec![
+            tokio::spawn(watch::namespaces(client.clone(), shared.clone(), shutdown.clone())),
+            tokio::spawn(watch::pods(client.clone(), shared.clone(), shutdown.clone())),
+        ];
+        let integration = Self {
+            cluster: Kube::new(client, instance),
+            shared,
+            scope,
+        };
+        Ok((integration, tasks))
+    }
+}
+
+impl<C: Cluster> Integration<C> {
+    /// Spawn the writer: it acts while `lease` is held.
+    pub fn spawn_writer(
+        self,
+        replica: Arc<Replica>,
+        pool: String,
+        lease: channel::Receiver<Option<Lease>>,
+        shutdown: CancellationToken,
+    ) -> JoinHandle<()> {
+        let writer = writer::Writer {
+            cluster: self.cluster,
+            shared: self.shared,
+            replica,
+            scope: self.scope,
+            pool,
+        };
+        tokio::spawn(writer.run(lease, shutdown))
+    }
+}

@@ -1,0 +1,313 @@
+//! What users see of the pool in `kubectl get events`: the coordinator compares two
+//! consecutive pool views and names what changed, on the object concerned (the workload's Pod
+//! for an instance, the supervisor Pod for a member). Pure; the writer publishes them.
+
+use crate::pool::View;
+use crate::store::{AssignmentPhase, OperationKind, OperationPhase};
+
+pub const REASON_PLACED: &str = "InstancePlaced";
+pub const REASON_RECOVERED: &str = "InstanceRecovered";
+pub const REASON_RECOVERY_FAILED: &str = "RecoveryFailed";
+pub const REASON_MEMBER_JOINED: &str = "MemberJoined";
+pub const REASON_MEMBER_LOST: &str = "MemberLost";
+
+/// The object an event is about: always a Pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Regarding {
+    pub namespace: String,
+    pub name: String,
+    /// Known for workload Pods (from their registration), not for members.
+    pub uid: Option<String>,
+}
+
+/// One event to record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    pub regarding: Regarding,
+    pub warning: bool,
+    pub reason: &'static str,
+    pub action: &'static str,
+    pub note: String,
+}
+
+/// The events between `before` and `after`. Members are Pods of `install_namespace` named
+/// by their member name.
+pub fn diff(before: &View, after: &View, install_namespace: &str) -> Vec<Notice> {
+    let mut notices = Vec::new();
+    members(before, after, install_namespace, &mut notices);
+    assignments(before, after, &mut notices);
+    failed_recoveries(before, after, &mut notices);
+    notices
+}
+
+fn members(before: &View, after: &View, install_namespace: &str, out: &mut Vec<Notice>) {
+    let member_pod = |name: &str| Regarding {
+        namespace: install_namespace.to_owned(),
+        name: name.to_owned(),
+        uid: None,
+    };
+    for m in after.members.values() {
+        if m.is_live(after.now_ms) && before.live_member(&m.member).is_none() {
+            out.push(Notice {
+                regarding: member_pod(&m.member),
+                warning: false,
+                reason: REASON_MEMBER_JOINED,
+                action: "Join",
+                note: format!("member {} joined the pool (capacity {})", m.member, m.capacity),
+            });
+        }
+    }
+    for m in before.members.values() {
+        if m.is_live(before.now_ms) && after.live_member(&m.member).is_none() {
+            let how = if m.leaving {
+                "left the pool"
+            } else {
+                "stopped answering"
+            };
+            out.push(Notice {
+                regarding: member_pod(&m.member),
+                warning: !m.leaving,
+                reason: REASON_MEMBER_LOST,
+                action: "Leave",
+                note: format!("member {} {how}; its instances move to other members", m.member),
+            });
+        }
+    }
+}
+
+fn assignments(before: &View, after: &View, out: &mut Vec<Notice>) {
+    for a in after.assignments.values() {
+        if a.phase != AssignmentPhase::Active {
+            continue;
+        }
+        let seen = before
+            .assignments
+            .get(&a.route)
+            .is_some_and(|b| b.phase == AssignmentPhase::Active && b.term == a.term);
+        let Some(instance) = after.instances.get(&a.route).filter(|i| !i.withdrawn) else {
+            continue;
+        };
+        if seen {
+            continue;
+        }
+        let (reason, action, verb) = if a.term <= 1 {
+            (REASON_PLACED, "Place", "placed on")
+        } else {
+            (REASON_RECOVERED, "Recover", "recovered by")
+        };
+        out.push(Notice {
+            regarding: Regarding {
+                namespace: instance.namespace.clone(),
+                name: instance.name.clone(),
+                uid: Some(instance.uid.clone()).filter(|u| !u.is_empty()),
+            },
+            warning: false,
+            reason,
+            action,
+            note: format!(
+                "instance {}/{} {verb} member {} (term {})",
+                instance.namespace, instance.name, a.member, a.term
+            ),
+        });
+    }
+}
+
+fn failed_recoveries(before: &View, after: &View, out: &mut Vec<Notice>) {
+    for op in &after.operations {
+        if op.kind != OperationKind::Recover || op.phase != OperationPhase::Failed {
+            continue;
+        }
+        let already = before
+            .operations
+            .iter()
+            .any(|b| b.id == op.id && b.phase == OperationPhase::Failed);
+        let Some(instance) = after.instances.get(&op.target) else {
+            continue;
+        };
+        if already {
+            continue;
+        }
+        out.push(Notice {
+            regarding: Regarding {
+                namespace: instance.namespace.clone(),
+                name: instance.name.clone(),
+                uid: Some(instance.uid.clone()).filter(|u| !u.is_empty()),
+            },
+            warning: true,
+            reason: REASON_RECOVERY_FAILED,
+            action: "Recover",
+            note: format!(
+                "instance {}/{} could not be recovered: {}",
+                instance.namespace, instance.name, op.message
+            ),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Assignment, InstanceRecord, MemberRecord, Operation, SecretBytes};
+
+    fn member(name: &str, expires_at_ms: i64, leaving: bool) -> MemberRecord {
+        MemberRecord {
+            member: name.into(),
+            process_id: format!("{name}-p"),
+            epoch: 1,
+            runtime_address: "127.0.0.1:1".into(),
+            capacity: 8,
+            served_by: "gw".into(),
+            leaving,
+            expires_at_ms,
+            updated_at_ms: 0,
+        }
+    }
+
+    fn instance(route: &str) -> InstanceRecord {
+        InstanceRecord {
+            route: route.into(),
+            namespace: "team-a".into(),
+            name: "agent-a".into(),
+            uid: "944be8f4-4199-442a-af17-50c1bb811f7c".into(),
+            generation: 1,
+            material: SecretBytes::default(),
+            registered_at_ms: 0,
+            withdrawn: false,
+        }
+    }
+
+    fn assignment(route: &str, member: &str, term: i64, phase: AssignmentPhase) -> Assignment {
+        Assignment {
+            route: route.into(),
+            member: member.into(),
+            process_id: format!("{member}-p"),
+            term,
+            phase,
+            coordinator_term: 1,
+            updated_at_ms: 0,
+        }
+    }
+
+    fn view(now_ms: i64) -> View {
+        View {
+            now_ms,
+            ..View::default()
+        }
+    }
+
+    #[test]
+    fn members_joining_and_lost_are_noticed_once() {
+        let before = view(1_000);
+        let mut after = view(2_000);
+        after
+            .members
+            .insert("supervisor-1".into(), member("supervisor-1", 10_000, false));
+        let joined = diff(&before, &after, "shared-supervision");
+        assert_eq!(joined.len(), 1);
+        assert_eq!(joined[0].reason, REASON_MEMBER_JOINED);
+        assert_eq!(joined[0].regarding.namespace, "shared-supervision");
+        assert_eq!(joined[0].regarding.name, "supervisor-1");
+        assert!(diff(&after, &after, "shared-supervision").is_empty());
+
+        let mut expired = after.clone();
+        expired.now_ms = 20_000;
+        let lost = diff(&after, &expired, "shared-supervision");
+        assert_eq!(lost.len(), 1);
+        assert_eq!(lost[0].reason, REASON_MEMBER_LOST);
+        assert!(lost[0].warning, "a member that stopped answering is a warning");
+    }
+
+    #[test]
+    fn a_member_that_leaves_on_purpose_is_not_a_warning() {
+        let mut before = view(1_000);
+        before.members.insert("m".into(), member("m", 10_000, true));
+        let after = view(2_000);
+        let lost = diff(&before, &after, "ns");
+        assert_eq!(lost.len(), 1);
+        assert!(!lost[0].warning);
+    }
+
+    #[test]
+    fn first_activation_is_a_placement_and_a_later_term_a_recovery() {
+        let mut before = view(1);
+        before.instances.insert("r".into(), instance("r"));
+        before.assignments.insert(
+            "r".into(),
+            assignment("r", "supervisor-1", 1, AssignmentPhase::Reserved),
+        );
+        let mut placed = before.clone();
+        placed
+            .assignments
+            .insert("r".into(), assignment("r", "supervisor-1", 1, AssignmentPhase::Active));
+        let notices = diff(&before, &placed, "ns");
+        assert_eq!(notices.len(), 1);
+        assert_eq!(notices[0].reason, REASON_PLACED);
+        assert_eq!(
+            notices[0].regarding.uid.as_deref(),
+            Some("944be8f4-4199-442a-af17-50c1bb811f7c")
+        );
+        assert!(
+            diff(&placed, &placed, "ns").is_empty(),
+            "an unchanged view says nothing"
+        );
+
+        let mut recovered = placed.clone();
+        recovered
+            .assignments
+            .insert("r".into(), assignment("r", "supervisor-2", 3, AssignmentPhase::Active));
+        let notices = diff(&placed, &recovered, "ns");
+        assert_eq!(notices.len(), 1);
+        assert_eq!(notices[0].reason, REASON_RECOVERED);
+        assert_eq!(
+            notices[0].note,
+            "instance team-a/agent-a recovered by member supervisor-2 (term 3)"
+        );
+    }
+
+    #[test]
+    fn withdrawn_instances_and_reserved_terms_say_nothing() {
+        let before = view(1);
+        let mut after = view(2);
+        let mut gone = instance("r");
+        gone.withdrawn = true;
+        after.instances.insert("r".into(), gone);
+        after
+            .assignments
+            .insert("r".into(), assignment("r", "m", 2, AssignmentPhase::Active));
+        after.instances.insert("s".into(), instance("s"));
+        after
+            .assignments
+            .insert("s".into(), assignment("s", "m", 2, AssignmentPhase::Reserved));
+        assert!(diff(&before, &after, "ns").is_empty());
+    }
+
+    #[test]
+    fn a_failed_recovery_is_a_warning_on_the_pod() {
+        let mut before = view(1);
+        before.instances.insert("r".into(), instance("r"));
+        let op = Operation {
+            id: "op-1".into(),
+            kind: OperationKind::Recover,
+            target: "r".into(),
+            phase: OperationPhase::Running,
+            message: String::new(),
+            attempts: 1,
+            moves: 0,
+            deadline_at_ms: Some(60_000),
+            max_parallel: 1,
+            requested_by: "coordinator".into(),
+            created_at_ms: 0,
+            updated_at_ms: 0,
+        };
+        before.operations.push(op.clone());
+        let mut after = before.clone();
+        after.operations[0].phase = OperationPhase::Failed;
+        after.operations[0].message = "the recovery deadline passed".into();
+        let notices = diff(&before, &after, "ns");
+        assert_eq!(notices.len(), 1);
+        assert_eq!(notices[0].reason, REASON_RECOVERY_FAILED);
+        assert!(notices[0].warning);
+        assert!(notices[0].note.ends_with("the recovery deadline passed"));
+        assert!(diff(&after, &after, "ns").is_empty());
+    }
+}

@@ -1,0 +1,237 @@
+//! The coordinator's decisions about the cluster, as plain data: which token Secrets to
+//! write or remove, and which instances lost their Pod. Pure over the index, the pool view
+//! and what was delivered; the writer carries them out.
+
+use std::time::Duration;
+
+use proto::timing::UNSEEN_POD_GRACE;
+
+use super::index::Index;
+use crate::credentials::Target;
+use crate::pool::View;
+
+/// Secret of every labelled namespace, mounted read-only by the injected sidecars.
+pub const NAMESPACE_SECRET: &str = "openshell-supervision-token";
+/// Secret of the install namespace mounted by the supervisor Pods.
+pub const SUPERVISOR_SECRET: &str = "openshell-supervisor-token";
+/// Secret of the install namespace holding an operator (platform admin) token.
+pub const OPERATOR_SECRET: &str = "openshell-operator-token";
+/// Namespaces the gateway never writes into, whatever their labels say.
+pub const SYSTEM_NAMESPACES: [&str; 3] = ["kube-system", "kube-public", "kube-node-lease"];
+
+/// One intended write.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Write {
+    /// Write Secret `name` in `namespace` with a fresh token for `target`.
+    Secret {
+        namespace: String,
+        name: &'static str,
+        target: Target,
+    },
+    /// Remove the token Secret of a namespace that is no longer labelled.
+    RemoveSecret { namespace: String },
+    /// The instance's Pod is gone: it is no longer desired.
+    Withdraw { route: String, uid: String },
+}
+
+/// What the writer has delivered so far: per target, whether it is due again.
+pub trait Due {
+    fn is_due(&self, target: &Target) -> bool;
+}
+
+impl<F: Fn(&Target) -> bool> Due for F {
+    fn is_due(&self, target: &Target) -> bool {
+        self(target)
+    }
+}
+
+/// Where the pool runs.
+#[derive(Debug, Clone)]
+pub struct Scope {
+    pub install_namespace: String,
+    /// How long a registered instance may be missing from the Pod watch
+    /// ([`UNSEEN_POD_GRACE`] by default).
+    pub unseen_pod_grace: Duration,
+}
+
+impl Scope {
+    pub fn new(install_namespace: impl Into<String>) -> Self {
+        Self {
+            install_namespace: install_namespace.into(),
+            unseen_pod_grace: UNSEEN_POD_GRACE,
+        }
+    }
+}
+
+impl Scope {
+    /// Whether sidecars of `namespace` may get a token.
+    pub fn admits(&self, namespace: &str) -> bool {
+        namespace != self.install_namespace && !SYSTEM_NAMESPACES.contains(&namespace)
+    }
+}
+
+/// The writes that bring the cluster in line with `index` and `view`.
+pub fn plan(scope: &Scope, index: &Index, view: &View, due: &impl Due) -> Vec<Write> {
+    let mut writes = Vec::new();
+    let install = &scope.install_namespace;
+    for (target, name) in [
+        (Target::Supervisor, SUPERVISOR_SECRET),
+        (Target::Operator, OPERATOR_SECRET),
+    ] {
+        if due.is_due(&target) {
+            writes.push(Write::Secret {
+                namespace: install.clone(),
+                name,
+                target,
+            });
+        }
+    }
+    for namespace in index.labelled().iter().filter(|ns| scope.admits(ns)) {
+        let target = Target::Namespace(namespace.clone());
+        if due.is_due(&target) {
+            writes.push(Write::Secret {
+                namespace: namespace.clone(),
+                name: NAMESPACE_SECRET,
+                target,
+            });
+        }
+    }
+    for namespace in index.unlabelled().iter().filter(|ns| scope.admits(ns)) {
+        writes.push(Write::RemoveSecret {
+            namespace: namespace.clone(),
+        });
+    }
+    writes.extend(orphans(index, view, scope.unseen_pod_grace));
+    writes
+}
+
+/// Desired instances whose Pod the (synced) Pod watch does not have, registered long enough
+/// ago that the watch would have shown it.
+fn orphans(index: &Index, view: &View, grace: Duration) -> Vec<Write> {
+    if !index.pods_synced() || view.now_ms == 0 {
+        return Vec::new();
+    }
+    let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
+    view.instances
+        .values()
+        .filter(|i| !i.withdrawn && !i.uid.is_empty() && !index.has_pod(&i.uid))
+        .filter(|i| view.now_ms.saturating_sub(i.registered_at_ms) >= grace_ms)
+        .map(|i| Write::Withdraw {
+            route: i.route.clone(),
+            uid: i.uid.clone(),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kubernetes::index::Pod;
+    use crate::store::{InstanceRecord, SecretBytes};
+
+    fn scope() -> Scope {
+        Scope::new("shared-supervision")
+    }
+
+    fn nothing_due(_: &Target) -> bool {
+        false
+    }
+
+    fn all_due(_: &Target) -> bool {
+        true
+    }
+
+    fn instance(route: &str, uid: &str, registered_at_ms: i64) -> InstanceRecord {
+        InstanceRecord {
+            route: route.into(),
+            namespace: "team-a".into(),
+            name: format!("agent-{route}"),
+            uid: uid.into(),
+            generation: 1,
+            material: SecretBytes::default(),
+            registered_at_ms,
+            withdrawn: false,
+        }
+    }
+
+    #[test]
+    fn due_targets_get_their_secret_and_system_namespaces_never_do() {
+        let mut index = Index::default();
+        for ns in ["team-a", "kube-system", "shared-supervision"] {
+            index.apply_namespace(ns);
+        }
+        let writes = plan(&scope(), &index, &View::default(), &all_due);
+        assert_eq!(
+            writes,
+            [
+                Write::Secret {
+                    namespace: "shared-supervision".into(),
+                    name: SUPERVISOR_SECRET,
+                    target: Target::Supervisor
+                },
+                Write::Secret {
+                    namespace: "shared-supervision".into(),
+                    name: OPERATOR_SECRET,
+                    target: Target::Operator
+                },
+                Write::Secret {
+                    namespace: "team-a".into(),
+                    name: NAMESPACE_SECRET,
+                    target: Target::Namespace("team-a".into())
+                },
+            ]
+        );
+        assert!(plan(&scope(), &index, &View::default(), &nothing_due).is_empty());
+    }
+
+    #[test]
+    fn an_unlabelled_namespace_loses_its_secret() {
+        let mut index = Index::default();
+        index.apply_namespace("team-b");
+        index.delete_namespace("team-b");
+        let writes = plan(&scope(), &index, &View::default(), &nothing_due);
+        assert_eq!(
+            writes,
+            [Write::RemoveSecret {
+                namespace: "team-b".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn instances_without_a_pod_are_withdrawn_after_the_grace_only_once_synced() {
+        let grace = i64::try_from(UNSEEN_POD_GRACE.as_millis()).unwrap_or(0);
+        let mut view = View {
+            now_ms: 100_000,
+            ..View::default()
+        };
+        view.instances
+            .insert("old".into(), instance("old", "uid-old", 100_000 - grace));
+        view.instances
+            .insert("new".into(), instance("new", "uid-new", 100_000 - 1));
+        view.instances.insert("seen".into(), instance("seen", "uid-seen", 0));
+        let mut gone = instance("gone", "uid-gone", 0);
+        gone.withdrawn = true;
+        view.instances.insert("gone".into(), gone);
+
+        let mut index = Index::default();
+        index.apply_pod(Pod {
+            namespace: "team-a".into(),
+            name: "agent-seen".into(),
+            uid: "uid-seen".into(),
+        });
+        assert!(
+            plan(&scope(), &index, &view, &nothing_due).is_empty(),
+            "nothing is withdrawn before the first list completed"
+        );
+        let seen: Vec<Pod> = index.pods().cloned().collect();
+        index.reset_pods(seen);
+        assert_eq!(
+            plan(&scope(), &index, &view, &nothing_due),
+            [Write::Withdraw {
+                route: "old".into(),
+                uid: "uid-old".into()
+            }]
+        );
+    }
+}

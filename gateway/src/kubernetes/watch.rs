@@ -1,0 +1,133 @@
+//! The two watches that feed the [`Index`]: labelled namespaces and supervised Pods, both
+//! through kube-runtime's watcher (re-list on `410 Expired`, backoff on errors). Every replica
+//! runs them, so a new coordinator starts with a warm index.
+
+use std::sync::{Arc, Mutex};
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use super::index::{self, Index};
+
+/// Namespaces opt in with this label…
+pub const SHARED_LABEL: &str = "supervision.openshell.ai/shared";
+/// …set to this value.
+pub const SHARED_ENABLED: &str = "enabled";
+/// The webhook marks the Pods it injected with this label (value `true`).
+pub const SUPERVISED_LABEL: &str = "supervision.openshell.ai/supervised";
+
+/// Shared between the watches (writers) and the coordinator's writer (reader).
+#[derive(Clone, Default)]
+pub struct Shared {
+    index: Arc<Mutex<Index>>,
+    /// Wakes the writer after a change.
+    pub changed: Arc<Notify>,
+}
+
+impl Shared {
+    /// Run `f` on the index (never held across an await).
+    pub fn with<T>(&self, f: impl FnOnce(&mut Index) -> T) -> T {
+        let mut guard = self.index.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let before = guard.version();
+        let out = f(&mut guard);
+        let changed = guard.version() != before;
+        drop(guard);
+        if changed {
+            self.changed.notify_one();
+        }
+        out
+    }
+}
+
+/// Follow the labelled namespaces until `shutdown`.
+pub async fn namespaces(client: Client, shared: Shared, shutdown: CancellationToken) {
+    let config = watcher::Config::default().labels(&format!("{SHARED_LABEL}={SHARED_ENABLED}"));
+    let events = watcher(Api::<Namespace>::all(client), config).default_backoff();
+    follow(events, shared, shutdown, "namespaces", |index, event| match event {
+        Change::Apply(ns) => index.apply_namespace(&ns.name_any()),
+        Change::Delete(ns) => index.delete_namespace(&ns.name_any()),
+        Change::Reset(all) => index.reset_namespaces(all.iter().map(ResourceExt::name_any)),
+    })
+    .await;
+}
+
+/// Follow the supervised Pods of every namespace until `shutdown`.
+pub async fn pods(client: Client, shared: Shared, shutdown: CancellationToken) {
+    let config = watcher::Config::default().labels(&format!("{SUPERVISED_LABEL}=true"));
+    let events = watcher(Api::<Pod>::all(client), config).default_backoff();
+    follow(events, shared, shutdown, "pods", |index, event| match event {
+        Change::Apply(pod) => {
+            if let Some(pod) = pod_of(&pod) {
+                index.apply_pod(pod);
+            }
+        }
+        Change::Delete(pod) => {
+            if let Some(uid) = pod.uid() {
+                index.delete_pod(&uid);
+            }
+        }
+        Change::Reset(all) => index.reset_pods(all.iter().filter_map(pod_of)),
+    })
+    .await;
+}
+
+/// The index's view of a Pod; `None` for one without name, namespace or uid.
+pub fn pod_of(pod: &Pod) -> Option<index::Pod> {
+    Some(index::Pod {
+        namespace: pod.namespace()?,
+        name: pod.metadata.name.clone()?,
+        uid: pod.uid()?,
+    })
+}
+
+/// A watcher event with the initial list gathered into one reset.
+pub enum Change<K> {
+    Apply(K),
+    Delete(K),
+    Reset(Vec<K>),
+}
+
+/// Feed `events` into the index: `Init…InitDone` becomes one [`Change::Reset`].
+pub async fn follow<K>(
+    events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+    shared: Shared,
+    shutdown: CancellationToken,
+    what: &'static str,
+    apply: impl Fn(&mut Index, Change<K>),
+) {
+    let mut events = std::pin::pin!(events);
+    let mut listing: Option<Vec<K>> = None;
+    loop {
+        let event = tokio::select! {
+            () = shutdown.cancelled() => return,
+            event = events.next() => event,
+        };
+        let change = match event {
+            None => return,
+            Some(Err(err)) => {
+                warn!(watch = what, error = %err, "watch failed; retrying with backoff");
+                continue;
+            }
+            Some(Ok(watcher::Event::Init)) => {
+                listing = Some(Vec::new());
+                continue;
+            }
+            Some(Ok(watcher::Event::InitApply(object))) => {
+                listing.get_or_insert_with(Vec::new).push(object);
+                continue;
+            }
+            Some(Ok(watcher::Event::InitDone)) => Change::Reset(listing.take().unwrap_or_default()),
+            Some(Ok(watcher::Event::Apply(object))) => Change::Apply(object),
+            Some(Ok(watcher::Event::Delete(object))) => Change::Delete(object),
+        };
+        if let Change::Reset(all) = &change {
+            debug!(watch = what, objects = all.len(), "listed");
+        }
+        shared.with(|index| apply(index, change));
+    }
+}

@@ -1,0 +1,152 @@
+//! The coordinator's hands on the cluster: while this replica holds the lease, it carries out
+//! the [`plan`] (token Secrets, withdrawals) and publishes the [`notice`]s of each new pool
+//! view. It talks to the API only while the lease is held, checked before every call; a
+//! replica that loses the lease stops at once and the next coordinator starts over (it
+//! re-delivers every token once, and publishes nothing about what happened before it).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use proto::timing::SECRET_RECHECK_INTERVAL;
+use proto::trust;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::cluster::Cluster;
+use super::notice;
+use super::plan::{self, Scope, Write};
+use super::watch::Shared;
+use crate::credentials::{self, Target};
+use crate::replica::Replica;
+use crate::store::Lease;
+use crate::tokens::{Delivered, Minted};
+
+/// Everything the writer needs.
+pub struct Writer<C> {
+    pub cluster: C,
+    pub shared: Shared,
+    pub replica: Arc<Replica>,
+    pub scope: Scope,
+    /// Pool name (subject of the supervisor token).
+    pub pool: String,
+}
+
+impl<C: Cluster> Writer<C> {
+    /// Act whenever this replica holds the lease, until `shutdown`.
+    pub async fn run(self, mut lease: watch::Receiver<Option<Lease>>, shutdown: CancellationToken) {
+        loop {
+            while lease.borrow_and_update().is_none() {
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    changed = lease.changed() => if changed.is_err() { return },
+                }
+            }
+            info!("coordinator: writing to the cluster");
+            self.while_held(&mut lease, &shutdown).await;
+            if shutdown.is_cancelled() {
+                return;
+            }
+        }
+    }
+
+    async fn while_held(&self, lease: &mut watch::Receiver<Option<Lease>>, shutdown: &CancellationToken) {
+        let held = |lease: &watch::Receiver<Option<Lease>>| lease.borrow().is_some();
+        let mut view_rx = self.replica.view.clone();
+        // What happened before this term is not ours to report.
+        let mut before = view_rx.borrow_and_update().clone();
+        let mut sent: BTreeMap<Target, Minted> = BTreeMap::new();
+        let mut failed: HashMap<Write, Instant> = HashMap::new();
+        loop {
+            if !held(lease) {
+                return;
+            }
+            let keyring = self.replica.keys.keyring();
+            let now_ms = trust::unix_ms(SystemTime::now());
+            let view = view_rx.borrow_and_update().clone();
+            let due = |target: &Target| {
+                keyring.signing_kid().is_some() && credentials::is_due(sent.get(target), &keyring, now_ms)
+            };
+            let writes = self.shared.with(|index| plan::plan(&self.scope, index, &view, &due));
+            let notices = if before.now_ms == 0 {
+                Vec::new()
+            } else {
+                notice::diff(&before, &view, &self.scope.install_namespace)
+            };
+            before = view;
+            failed.retain(|_, at| at.elapsed() < SECRET_RECHECK_INTERVAL);
+            for write in writes {
+                if !held(lease) {
+                    return;
+                }
+                if failed.contains_key(&write) {
+                    continue;
+                }
+                if let Err(err) = self.execute(&write, &keyring, &mut sent).await {
+                    warn!(?write, error = %err, "cannot write to the cluster; retrying later");
+                    failed.insert(write, Instant::now());
+                }
+            }
+            for notice in notices {
+                if !held(lease) {
+                    return;
+                }
+                if let Err(err) = self.cluster.publish(&notice).await {
+                    warn!(reason = notice.reason, error = %err, "cannot record an event");
+                }
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = lease.changed() => {}
+                () = self.shared.changed.notified() => {}
+                _ = view_rx.changed() => {}
+                () = tokio::time::sleep(SECRET_RECHECK_INTERVAL) => {}
+            }
+        }
+    }
+
+    async fn execute(
+        &self,
+        write: &Write,
+        keyring: &crate::tokens::Keyring,
+        sent: &mut BTreeMap<Target, Minted>,
+    ) -> Result<(), Error> {
+        match write {
+            Write::Secret {
+                namespace,
+                name,
+                target,
+            } => {
+                let minted = credentials::mint(keyring, target, &self.pool)?;
+                let delivered = Delivered::new(&minted, keyring.trust_bundle());
+                self.cluster.apply_secret(namespace, name, &delivered).await?;
+                info!(%namespace, secret = name, kid = %minted.kid, "delivered token");
+                sent.insert(target.clone(), minted);
+            }
+            Write::RemoveSecret { namespace } => {
+                self.cluster.delete_secret(namespace, plan::NAMESPACE_SECRET).await?;
+                info!(%namespace, "namespace left shared supervision: removed its token Secret");
+                self.shared.with(|index| index.forget_unlabelled(namespace));
+            }
+            Write::Withdraw { route, uid } => {
+                if self.replica.store.withdraw_instance(route, uid).await? {
+                    info!(%route, %uid, "the instance's Pod is gone: withdrawn");
+                    self.replica.wake.notify_one();
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Cluster(#[from] super::cluster::Error),
+    #[error(transparent)]
+    Token(#[from] crate::tokens::Error),
+    #[error(transparent)]
+    Store(#[from] crate::store::Error),
+}
