@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use gateway::kubernetes::{Integration, Recording};
 use gateway::registration::{Binding, Material};
 use gateway::store::Store;
 use proto::common::v1::{InstancePhase, InstanceRef};
@@ -45,7 +46,18 @@ impl Replica {
 
 /// Start a replica named `name` on `url`, writing local credentials to `credentials`.
 pub async fn start_replica(name: &str, url: &str, credentials: &std::path::Path) -> Replica {
-    let settings = gateway::Settings::parse_from([
+    let dir = credentials.to_str().expect("utf-8 path");
+    start_replica_with(name, url, &["--credentials-dir", dir], None).await
+}
+
+/// Start a replica with extra arguments and, optionally, a (recording) Kubernetes integration.
+pub async fn start_replica_with(
+    name: &str,
+    url: &str,
+    extra: &[&str],
+    kubernetes: Option<Integration<Recording>>,
+) -> Replica {
+    let mut args = vec![
         "gateway",
         "--database-url",
         url,
@@ -57,15 +69,17 @@ pub async fn start_replica(name: &str, url: &str, credentials: &std::path::Path)
         "0",
         "--lease-length-ms",
         "2000",
-        "--credentials-dir",
-        credentials.to_str().expect("utf-8 path"),
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let settings = gateway::Settings::parse_from(args);
     let listener = gateway::bind(&settings).await.expect("bind");
     let address = listener.local_addr().expect("address");
     let stop = CancellationToken::new();
     let shutdown = stop.clone();
     let task = tokio::spawn(async move {
-        gateway::run(settings, listener, shutdown).await.expect("replica runs");
+        gateway::run_with(settings, listener, shutdown, kubernetes)
+            .await
+            .expect("replica runs");
     });
     Replica {
         name: name.into(),

@@ -9,6 +9,7 @@
 mod support;
 
 mod cluster;
+mod kubernetes;
 mod scenarios;
 
 on_both_backends!(scenarios;
@@ -22,3 +23,9 @@ on_both_backends!(scenarios;
     streams_without_a_valid_token_or_identity_are_refused,
     grants_are_single_use_and_activation_checks_receipt_and_process,
 );
+
+mod with_kubernetes {
+    on_both_backends!(kubernetes;
+        secrets_follow_labels_and_pods_decide_desired_instances,
+    );
+}

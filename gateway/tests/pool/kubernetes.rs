@@ -1,0 +1,145 @@
+//! The Kubernetes integration end to end inside a real gateway replica (real database, real
+//! gRPC): the test drives the index as the watches would and reads the writes the
+//! coordinator intends off the recording cluster's channel. The API calls themselves are
+//! tested against captured responses in `tests/kube_api.rs`.
+
+use std::time::Duration;
+
+use gateway::kubernetes::cluster::Call;
+use gateway::kubernetes::index::Pod;
+use gateway::kubernetes::notice::REASON_MEMBER_JOINED;
+use gateway::kubernetes::plan::{NAMESPACE_SECRET, OPERATOR_SECRET, SUPERVISOR_SECRET};
+use gateway::kubernetes::{Integration, Recording, Scope, Shared};
+use proto::trust::{Claims, DEFAULT_ISSUER, Expectation, Kind, TrustBundle};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::cluster::{Behaviour, Identity, Member, register, start_replica_with};
+use crate::support::{TestDb, wait_for};
+
+const INSTALL: &str = "openshell-supervision";
+
+/// The next call matching `want`, skipping others; fails after 20 s.
+async fn next_call(calls: &mut UnboundedReceiver<Call>, what: &str, want: impl Fn(&Call) -> bool) -> Call {
+    let found = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(call) = calls.recv().await {
+            if want(&call) {
+                return Some(call);
+            }
+        }
+        None
+    })
+    .await;
+    match found {
+        Ok(Some(call)) => call,
+        _ => panic!("no call where {what}"),
+    }
+}
+
+fn applied(call: &Call, namespace: &str, name: &str) -> Option<(String, String)> {
+    match call {
+        Call::ApplySecret {
+            namespace: ns,
+            name: n,
+            delivered,
+        } if ns == namespace && n == name => Some((delivered.token.clone(), delivered.trust_jwks.clone())),
+        _ => None,
+    }
+}
+
+/// Secrets follow the namespace labels, the delivered tokens work, and an instance whose
+/// Pod is gone is withdrawn.
+pub async fn secrets_follow_labels_and_pods_decide_desired_instances(db: &TestDb) {
+    let shared = Shared::default();
+    let (cluster, mut calls) = Recording::new();
+    let scope = Scope {
+        unseen_pod_grace: Duration::ZERO,
+        ..Scope::new(INSTALL)
+    };
+    let integration = Integration {
+        cluster,
+        shared: shared.clone(),
+        scope,
+    };
+    let replica = start_replica_with("gw-k", &db.url, &[], Some(integration)).await;
+
+    // As coordinator it writes the install namespace's Secrets first.
+    let call = next_call(&mut calls, "the supervisor Secret", |c| {
+        applied(c, INSTALL, SUPERVISOR_SECRET).is_some()
+    })
+    .await;
+    let (supervisor_token, jwks) = applied(&call, INSTALL, SUPERVISOR_SECRET).unwrap();
+    let bundle = TrustBundle::from_jwks(jwks.as_bytes()).expect("the Secret's trust.jwks parses");
+    let claims: Claims = bundle
+        .verify(&supervisor_token, &Expectation::kind(Kind::Supervisor, DEFAULT_ISSUER))
+        .expect("the supervisor token verifies against the delivered bundle");
+    assert_eq!(claims.sub, proto::trust::pool_subject("default"));
+    next_call(&mut calls, "the operator Secret", |c| {
+        applied(c, INSTALL, OPERATOR_SECRET).is_some()
+    })
+    .await;
+
+    // A namespace is labelled: its Secret appears; system namespaces never get one.
+    shared.with(|index| index.reset_namespaces(["kube-system".to_owned(), "default".to_owned()]));
+    let call = next_call(
+        &mut calls,
+        "the namespace Secret",
+        |c| matches!(c, Call::ApplySecret { namespace, .. } if namespace != INSTALL),
+    )
+    .await;
+    let (instance_token, _) = applied(&call, "default", NAMESPACE_SECRET).expect("only default gets a Secret");
+
+    // A member joins: an Event on its Pod in the install namespace.
+    let supervisor = Identity {
+        member: "supervisor-0".into(),
+        process_id: "p1".into(),
+        epoch: 1,
+        capacity: 8,
+    };
+    let _member = Member::attach(&replica.endpoint(), &supervisor_token, supervisor, Behaviour::Healthy)
+        .await
+        .expect("the delivered supervisor token is accepted");
+    let call = next_call(
+        &mut calls,
+        "MemberJoined",
+        |c| matches!(c, Call::Publish(n) if n.reason == REASON_MEMBER_JOINED),
+    )
+    .await;
+    let Call::Publish(notice) = call else { unreachable!() };
+    assert_eq!(
+        (notice.regarding.namespace.as_str(), notice.regarding.name.as_str()),
+        (INSTALL, "supervisor-0")
+    );
+
+    // The namespace token registers an instance (now that a member can take it).
+    register(&replica.endpoint(), &instance_token, "agent-0")
+        .await
+        .expect("the delivered namespace token is accepted");
+
+    // The Pod watch lists: agent-0's Pod is not among them, so it is withdrawn.
+    let other = Pod {
+        namespace: "default".into(),
+        name: "agent-1".into(),
+        uid: "uid-agent-1".into(),
+    };
+    shared.with(|index| index.reset_pods([other]));
+    wait_for("agent-0 withdrawn", 2000, || async {
+        let instance = db.store.instance("default/agent-0").await.ok()??;
+        instance.withdrawn.then_some(())
+    })
+    .await;
+
+    // The label goes: the Secret goes.
+    shared.with(|index| index.delete_namespace("default"));
+    let call = next_call(&mut calls, "the Secret removed", |c| {
+        matches!(c, Call::DeleteSecret { .. })
+    })
+    .await;
+    assert_eq!(
+        call,
+        Call::DeleteSecret {
+            namespace: "default".into(),
+            name: NAMESPACE_SECRET.into()
+        }
+    );
+    replica.stop().await;
+}
