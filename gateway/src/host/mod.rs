@@ -171,7 +171,7 @@ impl SupervisorHost for Host {
             served_by: self.replica.name.clone(),
             leaving: false,
         };
-        if let Err(err) = self.replica.store.refresh_member(&record, timing::MEMBERSHIP_TTL).await {
+        if let Err(err) = self.replica.store.record_member(&record, timing::MEMBERSHIP_TTL).await {
             self.end_session(&identity, stream_id);
             return Err(Status::unavailable(format!("cannot record membership: {err}")));
         }
@@ -283,8 +283,13 @@ impl Session {
                     }
                 }
                 _ = refresh.tick() => {
-                    if let Err(err) = replica.store.refresh_member(&self.record, timing::MEMBERSHIP_TTL).await {
-                        warn!(error = %err, "cannot refresh membership");
+                    match replica.store.refresh_member(&self.record, timing::MEMBERSHIP_TTL).await {
+                        Ok(Some(_)) => {}
+                        Ok(None) => {
+                            self.close(Status::aborted("superseded by a newer stream of this member")).await;
+                            break End::Handover;
+                        }
+                        Err(err) => warn!(error = %err, "cannot refresh membership"),
                     }
                 }
                 why = async { superseded.wait_for(Option::is_some).await.ok().and_then(|w| *w) } => {
@@ -366,8 +371,11 @@ impl Session {
             Some(MemberKind::Leaving(leaving)) => {
                 info!(reason = %leaving.reason.chars().take(256).collect::<String>(), "member announced it is leaving");
                 self.record.leaving = true;
-                if let Err(err) = replica.store.refresh_member(&self.record, timing::MEMBERSHIP_TTL).await {
-                    warn!(error = %err, "cannot record the leaving announcement");
+                match replica.store.refresh_member(&self.record, timing::MEMBERSHIP_TTL).await {
+                    Ok(Some(_)) => {}
+                    // A newer stream owns the record; the view check ends this one.
+                    Ok(None) => info!("leaving announcement of a superseded stream ignored"),
+                    Err(err) => warn!(error = %err, "cannot record the leaving announcement"),
                 }
                 replica.wake.notify_one();
             }

@@ -386,15 +386,39 @@ impl Store {
 
     // ---- membership (any replica) -----------------------------------------
 
-    /// Insert or refresh a member record; it expires at database now + `ttl`.
-    pub async fn refresh_member(&self, m: &MemberUpdate, ttl: Duration) -> Result<MemberRecord> {
+    /// Record a member process that was just admitted (replacing whatever record the member
+    /// had); it expires at database now + `ttl`.
+    pub async fn record_member(&self, m: &MemberUpdate, ttl: Duration) -> Result<MemberRecord> {
+        self.upsert_member(m, ttl, false)
+            .await?
+            .ok_or_else(|| Error::Invalid("an unconditional member upsert returned no row".into()))
+    }
+
+    /// Extend (and update) the record of a member stream, only if the record still names its
+    /// process at its connection epoch, or the member has no record. `None`: a newer stream
+    /// of the member owns the record, and this one must end.
+    pub async fn refresh_member(&self, m: &MemberUpdate, ttl: Duration) -> Result<Option<MemberRecord>> {
+        self.upsert_member(m, ttl, true).await
+    }
+
+    async fn upsert_member(
+        &self,
+        m: &MemberUpdate,
+        ttl: Duration,
+        only_same_stream: bool,
+    ) -> Result<Option<MemberRecord>> {
+        let condition = if only_same_stream {
+            " WHERE members.process_id = excluded.process_id AND members.epoch = excluded.epoch"
+        } else {
+            ""
+        };
         let sql = format!(
             "INSERT INTO members (member, process_id, epoch, runtime_address, capacity, served_by, leaving, expires_at_ms, updated_at_ms) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, ({clock}) + $8, ({clock})) \
              ON CONFLICT (member) DO UPDATE SET process_id = excluded.process_id, epoch = excluded.epoch, \
                runtime_address = excluded.runtime_address, capacity = excluded.capacity, served_by = excluded.served_by, \
-               leaving = excluded.leaving, expires_at_ms = excluded.expires_at_ms, updated_at_ms = excluded.updated_at_ms \
-             RETURNING {MEMBER_COLUMNS}",
+               leaving = excluded.leaving, expires_at_ms = excluded.expires_at_ms, updated_at_ms = excluded.updated_at_ms\
+             {condition} RETURNING {MEMBER_COLUMNS}",
             clock = self.backend.clock_expr()
         );
         let row = sqlx::query(&sql)
@@ -406,9 +430,9 @@ impl Store {
             .bind(&m.served_by)
             .bind(m.leaving)
             .bind(millis(ttl))
-            .fetch_one(&self.pool)
+            .fetch_optional(&self.pool)
             .await?;
-        member_from_row(&row)
+        row.as_ref().map(member_from_row).transpose()
     }
 
     /// Remove a member record, only if it still names `process_id` at

@@ -669,14 +669,14 @@ fn member(name: &str, process: &str) -> MemberUpdate {
 pub async fn members_expire_by_ttl(db: &TestDb) {
     let live = db
         .store
-        .refresh_member(&member("m1", "p1"), Duration::from_secs(15))
+        .record_member(&member("m1", "p1"), Duration::from_secs(15))
         .await
         .unwrap();
     let now = db.store.now_ms().await.unwrap();
     assert!(live.is_live(now) && live.expires_at_ms <= now + 15_000);
     let short = db
         .store
-        .refresh_member(&member("m2", "p2"), Duration::from_millis(200))
+        .record_member(&member("m2", "p2"), Duration::from_millis(200))
         .await
         .unwrap();
     wait_until_db_time(&db.store, short.expires_at_ms).await;
@@ -689,20 +689,20 @@ pub async fn members_expire_by_ttl(db: &TestDb) {
         leaving: true,
         ..member("m2", "p2")
     };
-    let back = db.store.refresh_member(&back, Duration::from_secs(15)).await.unwrap();
+    let back = db.store.record_member(&back, Duration::from_secs(15)).await.unwrap();
     assert!(back.is_live(db.store.now_ms().await.unwrap()));
     assert_eq!((back.epoch, back.leaving), (2, true));
 }
 
 pub async fn member_removal_needs_the_same_process(db: &TestDb) {
-    db.store.refresh_member(&member("m1", "p1"), LONG).await.unwrap();
+    db.store.record_member(&member("m1", "p1"), LONG).await.unwrap();
     // A new process of m1 replaced the record: the old process's removal is a no-op.
-    db.store.refresh_member(&member("m1", "p2"), LONG).await.unwrap();
+    db.store.record_member(&member("m1", "p2"), LONG).await.unwrap();
     assert!(!db.store.remove_member("m1", "p1", 1).await.unwrap());
     assert_eq!(db.store.list_members().await.unwrap().1[0].process_id, "p2");
     // So is the removal by an older epoch of the same process.
     db.store
-        .refresh_member(
+        .record_member(
             &MemberUpdate {
                 epoch: 2,
                 ..member("m1", "p2")
@@ -714,6 +714,34 @@ pub async fn member_removal_needs_the_same_process(db: &TestDb) {
     assert!(!db.store.remove_member("m1", "p2", 1).await.unwrap());
     assert!(db.store.remove_member("m1", "p2", 2).await.unwrap());
     assert!(db.store.list_members().await.unwrap().1.is_empty());
+}
+
+pub async fn a_superseded_stream_cannot_refresh_over_the_newer_record(db: &TestDb) {
+    // The member's own stream refreshes (and may insert when the record is gone).
+    let first = db.store.refresh_member(&member("m1", "p1"), LONG).await.unwrap();
+    assert_eq!(first.map(|m| m.process_id), Some("p1".into()));
+    // A new process is admitted elsewhere: the old stream's refresh changes nothing.
+    db.store.record_member(&member("m1", "p2"), LONG).await.unwrap();
+    assert_eq!(db.store.refresh_member(&member("m1", "p1"), LONG).await.unwrap(), None);
+    // Nor does a refresh from an older epoch of the new process.
+    let newer = MemberUpdate {
+        epoch: 2,
+        ..member("m1", "p2")
+    };
+    db.store.record_member(&newer, LONG).await.unwrap();
+    assert_eq!(db.store.refresh_member(&member("m1", "p2"), LONG).await.unwrap(), None);
+    let (_, members) = db.store.list_members().await.unwrap();
+    assert_eq!(
+        members
+            .iter()
+            .map(|m| (m.process_id.as_str(), m.epoch))
+            .collect::<Vec<_>>(),
+        [("p2", 2)]
+    );
+    // The current stream still refreshes, leaving flag included.
+    let leaving = MemberUpdate { leaving: true, ..newer };
+    let refreshed = db.store.refresh_member(&leaving, LONG).await.unwrap().unwrap();
+    assert!(refreshed.leaving);
 }
 
 pub async fn registration_assigns_generations_and_withdrawal_sticks(db: &TestDb) {
