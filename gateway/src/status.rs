@@ -15,6 +15,7 @@ pub struct View {
     pub holder: String,
     pub lease: Option<LeaseView>,
     pub live_members: usize,
+    /// Desired (not withdrawn) instances.
     pub instances: usize,
     pub assignments: usize,
     pub open_operations: usize,
@@ -46,7 +47,7 @@ pub async fn read(store: &Store, holder: &str) -> store::Result<View> {
         holder: holder.to_owned(),
         lease,
         live_members: members.iter().filter(|m| m.is_live(now_ms)).count(),
-        instances: store.list_instances().await?.len(),
+        instances: store.list_instances().await?.iter().filter(|i| !i.withdrawn).count(),
         assignments: store.list_assignments().await?.len(),
         open_operations: store
             .list_operations()
