@@ -28,6 +28,15 @@ pub struct Settings {
     #[arg(long, env = "OPENSHELL_GATEWAY_LISTEN", default_value = "127.0.0.1:8443")]
     pub listen: String,
 
+    /// PEM certificate (chain) of the gRPC port; with --tls-key the port speaks TLS only.
+    /// Re-read when the file changes.
+    #[arg(long, env = "OPENSHELL_GATEWAY_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "OPENSHELL_GATEWAY_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
     /// Plain-HTTP health port (/healthz, /readyz, /metrics). Unset: none.
     #[arg(long, env = "OPENSHELL_GATEWAY_HEALTH_LISTEN")]
     pub health_listen: Option<String>,

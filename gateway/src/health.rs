@@ -15,6 +15,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use proto::tls::CertStore;
+
 use crate::pool::REFRESH_INTERVAL;
 use crate::replica::{Counters, Replica};
 use crate::store::Lease;
@@ -23,6 +25,8 @@ use crate::store::Lease;
 struct Health {
     replica: Arc<Replica>,
     lease: watch::Receiver<Option<Lease>>,
+    /// The gRPC port's certificate, when it speaks TLS.
+    certificate: Option<Arc<CertStore>>,
 }
 
 /// Serve until `shutdown`.
@@ -30,21 +34,29 @@ pub async fn serve(
     listener: TcpListener,
     replica: Arc<Replica>,
     lease: watch::Receiver<Option<Lease>>,
+    certificate: Option<Arc<CertStore>>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let app = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
-        .with_state(Health { replica, lease });
+        .with_state(Health {
+            replica,
+            lease,
+            certificate,
+        });
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
 }
 
-/// Ready once the pool view is fresh: the store answered within the last
-/// few refresh intervals.
+/// Ready once the pool view is fresh (the store answered within the last
+/// few refresh intervals) and, with TLS, a certificate is loaded.
 async fn ready(State(health): State<Health>) -> impl IntoResponse {
+    if health.certificate.as_ref().is_some_and(|c| !c.is_loaded()) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "no serving certificate loaded yet\n");
+    }
     let view = health.replica.view.borrow().clone();
     let stale = match health.replica.store.now_ms().await {
         Ok(now) => view.now_ms == 0 || now - view.now_ms > (REFRESH_INTERVAL * 10).as_millis() as i64,

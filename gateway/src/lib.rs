@@ -54,6 +54,8 @@ pub enum Error {
     },
     #[error(transparent)]
     Kubernetes(#[from] kubernetes::Error),
+    #[error(transparent)]
+    Tls(#[from] proto::tls::TlsError),
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
 }
@@ -154,19 +156,39 @@ pub async fn run_with<C: kubernetes::Cluster>(
         tokio::spawn(async move { status::print_every(&store, &holder, &lease, interval, &stop).await });
     }
 
+    let certificate =
+        match (&settings.tls_cert, &settings.tls_key) {
+            (Some(cert), Some(key)) => {
+                let store = Arc::new(proto::tls::CertStore::new(cert.clone(), key.clone()));
+                // Not loadable yet (a Secret still being issued): not ready, retried by the watch.
+                store.reload_in_background().await;
+                let stop = stop.clone();
+                tokio::spawn(store.clone().watch(proto::tls::RELOAD_INTERVAL, |_| {}, async move {
+                    stop.cancelled().await
+                }));
+                Some(store)
+            }
+            _ => None,
+        };
+    let tls = match &certificate {
+        Some(store) => Some(proto::tls::server_config(store.clone(), &[b"h2"])?),
+        None => None,
+    };
+
     if let Some(address) = &settings.health_listen {
         let health = TcpListener::bind(address).await.map_err(|source| Error::Listen {
             address: address.clone(),
             source,
         })?;
         let (replica, lease, stop) = (replica.clone(), lease_rx.clone(), stop.clone());
+        let certificate = certificate.clone();
         tokio::spawn(async move {
-            if let Err(err) = health::serve(health, replica, lease, stop).await {
+            if let Err(err) = health::serve(health, replica, lease, certificate, stop).await {
                 tracing::warn!(error = %err, "health port failed");
             }
         });
     }
-    let served = server::serve(listener, replica, shutdown.clone()).await;
+    let served = server::serve(listener, replica, tls, shutdown.clone()).await;
     // The election releases the lease on its way out.
     let _ = election.await;
     stop.cancel();

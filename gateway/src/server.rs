@@ -19,9 +19,11 @@ use crate::registry::Registry;
 use crate::replica::Replica;
 
 /// Serve until `shutdown`; open streams are told to reconnect elsewhere.
+/// With `tls`, connections are TLS (handshakes off the accept loop); without, plaintext.
 pub async fn serve(
     listener: TcpListener,
     replica: Arc<Replica>,
+    tls: Option<rustls::ServerConfig>,
     shutdown: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
     let max = proto::MAX_MESSAGE_BYTES;
@@ -37,14 +39,24 @@ pub async fn serve(
     let operator = SupervisorPoolServer::new(Operator::new(replica))
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
-    tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(proto::timing::SILENCE_TIMEOUT))
         .tcp_nodelay(true)
         .add_service(host)
         .add_service(registry)
         .add_service(recovery)
-        .add_service(operator)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled_owned())
-        .await
+        .add_service(operator);
+    match tls {
+        Some(tls) => {
+            router
+                .serve_with_incoming_shutdown(proto::tls::incoming(listener, tls), shutdown.cancelled_owned())
+                .await
+        }
+        None => {
+            router
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled_owned())
+                .await
+        }
+    }
 }

@@ -25,6 +25,7 @@
 
 pub mod registration;
 pub mod timing;
+pub mod tls;
 pub mod trust;
 
 use std::fmt;

@@ -319,17 +319,19 @@ pub async fn run_with_state(
             .into_future(),
     );
 
-    {
-        let store = Arc::clone(&state.store);
+    // Initial load (a missing certificate is not fatal: not ready, retried by the watcher).
+    tls::record(&state.metrics, state.store.reload_in_background().await);
+    let watcher = {
         let metrics = Arc::clone(&state.metrics);
-        // Initial load (a missing certificate is not fatal: not ready, retried by the watcher).
-        let _ = tokio::task::spawn_blocking(move || store.reload_logged(&metrics)).await;
-    }
-    let watcher = tokio::spawn(Arc::clone(&state.store).watch(
-        config.cert_reload_interval(),
-        Arc::clone(&state.metrics),
-        stop_rx.clone(),
-    ));
+        let mut stop = stop_rx.clone();
+        tokio::spawn(Arc::clone(&state.store).watch(
+            config.cert_reload_interval(),
+            move |logged| tls::record(&metrics, logged),
+            async move {
+                let _ = stop.wait_for(|stop| *stop).await;
+            },
+        ))
+    };
 
     let listener = listeners.webhook;
     let webhook_addr = listener.local_addr()?;
