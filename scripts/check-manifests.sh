@@ -2,7 +2,11 @@
 # Render every kustomization (manifests/, kustomize/base, kustomize/overlays/*) with
 # `kubectl kustomize`, validate every rendered resource offline against the Kubernetes
 # OpenAPI schemas (PyPI package kubernetes-validate, strict mode, Kubernetes 1.28 and 1.37),
-# and check the install's own rules (restricted Pods, probes, webhook registration, RBAC).
+# and check the install's own rules (restricted Pods, probes on declared ports, webhook
+# registration, RBAC without wildcards and with secrets restricted by name, no https:// address
+# (in-cluster gRPC is plaintext for now), and every env variable of the gateway, supervisor and
+# webhook containers one their binary reads — names found in <crate>/src — plus the ones each
+# needs in a cluster).
 #
 # Needs kubectl (with its built-in kustomize) and python3. Installs kubernetes-validate from
 # PyPI into .local/check-manifests-venv on first use (or with pip --user if venv is missing).
@@ -66,16 +70,50 @@ for target in "${targets[@]}"; do
 done
 
 # --- Validate --------------------------------------------------------------------------------
-"$PYTHON" - "$K8S_VERSIONS" "${rendered[@]}" <<'PY' || failed=1
+"$PYTHON" - "$ROOT" "$K8S_VERSIONS" "${rendered[@]}" <<'PY' || failed=1
+import glob
+import os
+import re
 import sys
 import yaml
 import kubernetes_validate
 from kubernetes_validate.utils import SchemaNotFoundError, InvalidSchemaError, ValidationError
 
-versions = sys.argv[1].split()
-targets = [arg.split("=", 1) for arg in sys.argv[2:]]
+root = sys.argv[1]
+versions = sys.argv[2].split()
+targets = [arg.split("=", 1) for arg in sys.argv[3:]]
 errors = []
 skipped = set()
+notes = set()
+
+# Which crate each install container runs, and the variables each must set (what the binary
+# needs in a cluster; the webhook's injected sidecar env is checked by webhook/tests/patch.rs).
+CRATES = {"gateway": "gateway", "supervisor": "supervisor", "webhook": "webhook"}
+REQUIRED_ENV = {
+    "gateway": {"DATABASE_URL", "OPENSHELL_GATEWAY_KUBERNETES", "OPENSHELL_GATEWAY_REPLICA",
+                "OPENSHELL_POD_NAMESPACE", "OPENSHELL_GATEWAY_LISTEN", "OPENSHELL_GATEWAY_HEALTH_LISTEN"},
+    "supervisor": {"OPENSHELL_SUPERVISOR_POOL_MEMBER", "OPENSHELL_GATEWAY_ENDPOINTS",
+                   "OPENSHELL_SUPERVISOR_TOKEN_FILE", "OPENSHELL_SUPERVISOR_RUNTIME_LISTEN",
+                   "OPENSHELL_SUPERVISOR_POOL_RUNTIME_ADDRESS", "OPENSHELL_SUPERVISOR_HEALTH_LISTEN"},
+    "webhook": {"OPENSHELL_WEBHOOK_SIDECAR_IMAGE", "OPENSHELL_WEBHOOK_SUPERVISOR_ROUTE",
+                "OPENSHELL_WEBHOOK_GATEWAY_ENDPOINTS", "OPENSHELL_WEBHOOK_INSTALL_NAMESPACE"},
+}
+# Read by the gateway's Kubernetes integration, which is being written separately: reported
+# as a note (not an error) until the gateway's source names them.
+PENDING_ENV = {"gateway": {"OPENSHELL_GATEWAY_KUBERNETES", "OPENSHELL_POD_NAMESPACE"}}
+ALWAYS_KNOWN_ENV = {"RUST_LOG"}
+ENV_NAME = re.compile(r'"((?:OPENSHELL|DATABASE)_[A-Z0-9_]+)"')
+
+
+def env_names_read_by(crate):
+    names = set()
+    for path in glob.glob(os.path.join(root, crate, "src", "**", "*.rs"), recursive=True):
+        with open(path) as f:
+            names |= set(ENV_NAME.findall(f.read()))
+    return names
+
+
+KNOWN_ENV = {container: env_names_read_by(crate) for container, crate in CRATES.items()}
 
 SYSTEM_NAMESPACES = {"kube-system", "kube-public", "kube-node-lease", "openshell-supervision"}
 WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job", "ReplicaSet"}
@@ -120,6 +158,52 @@ def check_pod(target, res, spec):
     for flag in ("hostNetwork", "hostPID", "hostIPC"):
         if spec.get(flag):
             err(target, res, f"{flag} is set")
+    volumes = {v.get("name"): v for v in spec.get("volumes") or []}
+    for c in containers:
+        check_container(target, res, c, volumes)
+
+
+def check_container(target, res, c, volumes):
+    name = c.get("name")
+    # Probes name ports the container declares.
+    ports = {p.get("name") for p in c.get("ports") or []}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        port = ((c.get(probe) or {}).get("httpGet") or {}).get("port")
+        if isinstance(port, str) and port not in ports:
+            err(target, res, f"container {name}: {probe} uses port {port!r}, which it does not declare")
+    env = {e.get("name"): e for e in c.get("env") or []}
+    for var, e in env.items():
+        value = e.get("value") or ""
+        # gRPC in the cluster is plaintext for now: an https:// address would not connect.
+        if value.startswith("https://"):
+            err(target, res, f"container {name}: {var}={value}: must be http:// (TLS is not implemented)")
+    if name not in CRATES:
+        return
+    # Every variable is one the binary reads (or one another variable expands with $(NAME)).
+    expanded = set()
+    for e in env.values():
+        expanded |= set(re.findall(r"\$\(([A-Za-z0-9_]+)\)", e.get("value") or ""))
+    known = KNOWN_ENV[name] | ALWAYS_KNOWN_ENV | expanded
+    pending = PENDING_ENV.get(name, set())
+    for var in env:
+        if var in known:
+            continue
+        if var in pending:
+            notes.add(f"container {name}: {var} is not read by the {CRATES[name]} binary yet (pending its Kubernetes integration)")
+        else:
+            err(target, res, f"container {name}: {var} is not read by the {CRATES[name]} binary")
+    for var in sorted(REQUIRED_ENV.get(name, set()) - set(env)):
+        err(target, res, f"container {name}: missing {var}")
+    if name == "gateway" and (env.get("OPENSHELL_GATEWAY_KUBERNETES") or {}).get("value") != "true":
+        err(target, res, "container gateway: OPENSHELL_GATEWAY_KUBERNETES must be \"true\"")
+    if name == "supervisor":
+        # The token file lives in the mounted openshell-supervisor-token Secret.
+        token_file = (env.get("OPENSHELL_SUPERVISOR_TOKEN_FILE") or {}).get("value") or ""
+        mounts = [m for m in c.get("volumeMounts") or []
+                  if ((volumes.get(m.get("name")) or {}).get("secret") or {}).get("secretName")
+                  == "openshell-supervisor-token"]
+        if not any(os.path.dirname(token_file) == m.get("mountPath", "").rstrip("/") for m in mounts):
+            err(target, res, "container supervisor: OPENSHELL_SUPERVISOR_TOKEN_FILE must be in the openshell-supervisor-token Secret mount")
 
 
 def check_webhook(target, res):
@@ -159,6 +243,10 @@ def check_rbac(target, res):
         for field in ("apiGroups", "resources", "verbs"):
             if "*" in (rule.get(field) or []):
                 err(target, res, f"wildcard in {field}")
+        # Secrets: only create may be unrestricted (RBAC cannot restrict it by name).
+        if "secrets" in (rule.get("resources") or []):
+            if set(rule.get("verbs") or []) - {"create"} and not rule.get("resourceNames"):
+                err(target, res, "secrets other than create must be restricted by resourceNames")
 
 
 for target, path in targets:
@@ -215,6 +303,8 @@ for target, path in targets:
         errors.append(f"{target}: missing MutatingWebhookConfiguration")
     print(f"validated {target}: {len(docs)} resources against Kubernetes {', '.join(versions)} (strict)")
 
+for note in sorted(notes):
+    print(f"note: {note}")
 for note in sorted(skipped):
     print(f"note: skipped schema validation of custom resource {note} (no built-in schema; needs cert-manager's CRDs)")
 if errors:

@@ -16,6 +16,7 @@ pub const CAPACITY_ENV: &str = "OPENSHELL_SUPERVISOR_POOL_CAPACITY";
 pub const RUNTIME_LISTEN_ENV: &str = "OPENSHELL_SUPERVISOR_RUNTIME_LISTEN";
 pub const GATEWAY_ENDPOINTS_ENV: &str = "OPENSHELL_GATEWAY_ENDPOINTS";
 pub const TOKEN_FILE_ENV: &str = "OPENSHELL_SUPERVISOR_TOKEN_FILE";
+pub const HEALTH_LISTEN_ENV: &str = "OPENSHELL_SUPERVISOR_HEALTH_LISTEN";
 
 /// Longest member name (DNS-1123 subdomain) and runtime address, in bytes (host.proto Hello).
 const MAX_MEMBER_BYTES: usize = 253;
@@ -49,10 +50,16 @@ pub struct Config {
     #[arg(long, env = GATEWAY_ENDPOINTS_ENV, value_delimiter = ',', required = true)]
     pub gateway_endpoints: Vec<String>,
 
-    /// File holding the supervisor token (a JWT), re-read before every (re)connect. Unset:
-    /// connect without a token (only useful against a gateway without authentication).
+    /// File holding the supervisor token (a JWT), re-read before every (re)connect; while it
+    /// is missing or empty the member keeps retrying (in Kubernetes the Secret volume fills in
+    /// once the gateway has written it). Unset: connect without a token (only useful against a
+    /// gateway without authentication).
     #[arg(long, env = TOKEN_FILE_ENV)]
     pub token_file: Option<PathBuf>,
+
+    /// Plain-HTTP health port (/healthz, /readyz), e.g. 0.0.0.0:9090. Unset: none.
+    #[arg(long, env = HEALTH_LISTEN_ENV)]
+    pub health_listen: Option<SocketAddr>,
 
     /// Log format.
     #[arg(long, env = "OPENSHELL_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -259,6 +266,19 @@ mod tests {
         config.validate().unwrap();
         assert_eq!(config.capacity, 256);
         assert_eq!(config.runtime_listen.to_string(), "127.0.0.1:0");
+        assert_eq!(config.health_listen, None);
+        let config = parse(&["--member", "m", "--health-listen", "0.0.0.0:9090"]);
+        assert_eq!(config.health_listen, Some("0.0.0.0:9090".parse().unwrap()));
+        assert!(
+            Config::try_parse_from([
+                "supervisor",
+                "--gateway-endpoints",
+                "http://g:1",
+                "--health-listen",
+                "nope"
+            ])
+            .is_err()
+        );
         let bound: SocketAddr = "127.0.0.1:4711".parse().unwrap();
         assert_eq!(config.runtime_address_for(bound).unwrap(), "http://127.0.0.1:4711");
     }

@@ -9,10 +9,13 @@
 //! - [`sessions`]: the pure snapshot planner and the per-instance session tasks (takeover,
 //!   relay, relinquish, release).
 //! - `gateway`: the recovery.v1 client (single-use IssueGrant and Activate, trust bundle).
-//! - `member`: [`run`], the entry point the binary and the tests call.
+//! - [`health`]: the plain-HTTP health port (`/healthz`, `/readyz`).
+//! - `member`: [`run`], the entry point the binary calls ([`Listeners`] and [`run_on`] for
+//!   callers that bind first, such as tests on port 0).
 
 pub mod config;
 mod gateway;
+pub mod health;
 mod link;
 mod member;
 mod runtime;
@@ -20,4 +23,4 @@ pub mod sessions;
 
 pub use config::Config;
 pub use link::{LEAVE_BOUND, LinkError};
-pub use member::{Error, run};
+pub use member::{Error, Listeners, run, run_on};

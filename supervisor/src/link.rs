@@ -10,6 +10,7 @@
 //! A closed stream never stops or releases a session by itself.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use proto::host::v1::member_message::Kind;
@@ -25,6 +26,7 @@ use tonic::transport::Endpoint;
 use tonic::{Code, Status, Streaming};
 
 use crate::config::{self, TokenError};
+use crate::health::Readiness;
 use crate::sessions::SessionSet;
 
 /// host.proto: a StatusReport "at least every 10 s".
@@ -84,6 +86,8 @@ pub(crate) struct Link {
     next_endpoint: usize,
     /// Set by the first shutdown signal: hosting continues until then at most.
     leave_by: Option<Instant>,
+    /// Attached (a gateway message arrived on the current stream) or not, for `/readyz`.
+    readiness: Arc<Readiness>,
 }
 
 impl Link {
@@ -92,6 +96,7 @@ impl Link {
         endpoints: Vec<String>,
         token_file: Option<PathBuf>,
         shutdown: CancellationToken,
+        readiness: Arc<Readiness>,
     ) -> Self {
         Self {
             identity,
@@ -102,6 +107,7 @@ impl Link {
             epoch: 0,
             next_endpoint: 0,
             leave_by: None,
+            readiness,
         }
     }
 
@@ -117,7 +123,9 @@ impl Link {
             let flow = match self.attach(&endpoint).await {
                 Ok((outbound, inbound)) => {
                     tracing::info!(%endpoint, epoch = self.epoch, "attached to gateway");
-                    self.serve(outbound, inbound, sessions).await?
+                    let served = self.serve(outbound, inbound, sessions).await;
+                    self.readiness.set_gateway_attached(false);
+                    served?
                 }
                 Err(AttemptError::Status(status)) => self.on_status(&status, false)?,
                 Err(err) => Flow::Reconnect {
@@ -230,6 +238,9 @@ impl Link {
                 message = inbound.message() => match message {
                     Ok(Some(message)) => {
                         last_heard = Instant::now();
+                        if !heard {
+                            self.readiness.set_gateway_attached(true);
+                        }
                         heard = true;
                         if let Some(gateway_message::Kind::Snapshot(snapshot)) = message.kind {
                             if snapshot.revision <= applied {

@@ -1,6 +1,7 @@
 //! One pool member process: binds and serves the runtime listener (sidecar streams), attaches
 //! to the gateway and hosts sessions until it leaves or is superseded.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -12,6 +13,7 @@ use tracing::Instrument;
 
 use crate::config::{Config, ConfigError};
 use crate::gateway::Gateway;
+use crate::health::{self, Readiness};
 use crate::link::{Identity, LEAVE_BOUND, Link, LinkError};
 use crate::runtime::route::{Me, RouteTable};
 use crate::runtime::trust::TrustStore;
@@ -24,23 +26,80 @@ pub enum Error {
     Config(#[from] ConfigError),
     #[error("cannot listen for sidecars on {address} (OPENSHELL_SUPERVISOR_RUNTIME_LISTEN): {source}")]
     Listen { address: String, source: std::io::Error },
+    #[error("cannot listen for health checks on {address} (OPENSHELL_SUPERVISOR_HEALTH_LISTEN): {source}")]
+    HealthListen { address: String, source: std::io::Error },
     #[error(transparent)]
     Link(#[from] LinkError),
+}
+
+/// The member's sockets, bound before it starts: the runtime listener (sidecar streams) and,
+/// when configured, the health port.
+#[derive(Debug)]
+pub struct Listeners {
+    pub runtime: TcpListener,
+    pub health: Option<TcpListener>,
+}
+
+impl Listeners {
+    /// Binds `--runtime-listen` and `--health-listen` (when set).
+    pub async fn bind(config: &Config) -> Result<Self, Error> {
+        let runtime = TcpListener::bind(config.runtime_listen)
+            .await
+            .map_err(|source| Error::Listen {
+                address: config.runtime_listen.to_string(),
+                source,
+            })?;
+        let health = match config.health_listen {
+            Some(address) => Some(TcpListener::bind(address).await.map_err(|source| Error::HealthListen {
+                address: address.to_string(),
+                source,
+            })?),
+            None => None,
+        };
+        Ok(Self { runtime, health })
+    }
+
+    /// The bound health address, if any.
+    pub fn health_addr(&self) -> Option<SocketAddr> {
+        self.health.as_ref().and_then(|l| l.local_addr().ok())
+    }
 }
 
 /// Runs a member until it has left the pool. The first cancellation of `shutdown` is the
 /// graceful shutdown: the member announces Leaving and keeps hosting until the gateway's
 /// snapshot omits its instances or [`LEAVE_BOUND`](crate::LEAVE_BOUND) passes. Exiting never
-/// stops a workload. Errors: invalid configuration (naming the setting), a refused hello,
-/// or another process taking this member's name.
+/// stops a workload. Errors: invalid configuration (naming the setting), a port that cannot be
+/// bound, a refused hello, or another process taking this member's name.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Error> {
     config.validate()?;
+    let listeners = Listeners::bind(&config).await?;
+    run_on(config, listeners, shutdown).await
+}
+
+/// [`run`] on listeners the caller has bound.
+pub async fn run_on(config: Config, listeners: Listeners, shutdown: CancellationToken) -> Result<(), Error> {
+    config.validate()?;
+    let Listeners {
+        runtime: listener,
+        health,
+    } = listeners;
     let listen_error = |source| Error::Listen {
         address: config.runtime_listen.to_string(),
         source,
     };
-    let listener = TcpListener::bind(config.runtime_listen).await.map_err(listen_error)?;
     let bound = listener.local_addr().map_err(listen_error)?;
+    let readiness = Arc::new(Readiness::new(shutdown.clone()));
+    let stop_health = CancellationToken::new();
+    if let Some(health) = health {
+        let address = health.local_addr().map_or_else(|_| "?".to_owned(), |a| a.to_string());
+        tracing::info!(%address, "health port serving /healthz and /readyz");
+        let (readiness, stop) = (Arc::clone(&readiness), stop_health.clone());
+        tokio::spawn(async move {
+            if let Err(err) = health::serve(health, readiness, stop).await {
+                tracing::warn!(error = %err, "health port failed");
+            }
+        });
+    }
     let identity = Identity {
         member: config.member.clone(),
         process_id: uuid::Uuid::new_v4().to_string(),
@@ -66,10 +125,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     let stop_runtime = CancellationToken::new();
     let runtime = crate::runtime::serve(listener, me.clone(), trust, table.clone(), stop_runtime.clone());
     tokio::spawn(runtime.instrument(span.clone()));
+    readiness.set_runtime_serving(true);
 
     let shared = Arc::new(Shared { me, gateway, table });
     let mut sessions = SessionSet::new(shared, identity.capacity, table_tx);
-    let link = Link::new(identity, endpoints, config.token_file.clone(), shutdown);
+    let link = Link::new(
+        identity,
+        endpoints,
+        config.token_file.clone(),
+        shutdown,
+        Arc::clone(&readiness),
+    );
     let result = link.run(&mut sessions).instrument(span.clone()).await;
     // Workloads keep running, except those already being stopped: their stop completes.
     let exit_by = Instant::now() + LEAVE_BOUND;
@@ -77,6 +143,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
         let _bounded = tokio::time::timeout_at(exit_by, task).await;
     }
     stop_runtime.cancel();
+    readiness.set_runtime_serving(false);
+    stop_health.cancel();
     span.in_scope(|| match &result {
         Ok(()) => tracing::info!("member left the pool"),
         Err(err) => tracing::error!(%err, "member exiting"),

@@ -6,12 +6,41 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use crate::inject::{InjectConfig, SidecarMode, SidecarResources};
+use crate::inject::{DEFAULT_GATEWAY_ENDPOINT, DEFAULT_SUPERVISOR_ROUTE, InjectConfig, SidecarMode, SidecarResources};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
     Json,
     Text,
+}
+
+/// A setting the sidecars could not use.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("{0} is empty: give at least one address")]
+    Empty(&'static str),
+    #[error(
+        "{0}: {1:?} is not an http://host:port address (gRPC to the gateway and the supervisor \
+         pool is plaintext; TLS is not implemented yet)"
+    )]
+    Address(&'static str, String),
+}
+
+/// Trimmed, non-empty entries.
+fn addresses(list: &[String]) -> Vec<String> {
+    list.iter()
+        .map(|a| a.trim().to_owned())
+        .filter(|a| !a.is_empty())
+        .collect()
+}
+
+/// `http://` followed by a host, printable ASCII without whitespace.
+fn plaintext_grpc_address(address: &str) -> bool {
+    address
+        .strip_prefix("http://")
+        .is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/'))
+        && address.len() <= 2048
+        && address.bytes().all(|b| b.is_ascii_graphic())
 }
 
 /// OpenShell shared-supervision mutating admission webhook.
@@ -68,21 +97,20 @@ pub struct Config {
     #[arg(long, env = "OPENSHELL_WEBHOOK_SIDECAR_MODE", value_enum, default_value = "native")]
     pub sidecar_mode: SidecarMode,
 
-    /// Supervisor pool address given to sidecars and workloads.
-    #[arg(
-        long,
-        env = "OPENSHELL_WEBHOOK_SUPERVISOR_ROUTE",
-        default_value = "https://openshell-supervisor.openshell-supervision.svc:7443"
-    )]
+    /// Supervisor pool address given to sidecars and workloads (`OPENSHELL_SUPERVISOR_ROUTE`):
+    /// the supervisor Service, plaintext gRPC (`http://`; TLS is not implemented yet).
+    #[arg(long, env = "OPENSHELL_WEBHOOK_SUPERVISOR_ROUTE", default_value = DEFAULT_SUPERVISOR_ROUTE)]
     pub supervisor_route: String,
 
-    /// Gateway endpoint given to sidecars.
+    /// Gateway gRPC endpoints given to sidecars (`OPENSHELL_GATEWAY_ENDPOINTS`),
+    /// comma-separated, plaintext (`http://`).
     #[arg(
         long,
-        env = "OPENSHELL_WEBHOOK_GATEWAY_ENDPOINT",
-        default_value = "https://openshell-gateway.openshell-supervision.svc:8443"
+        env = "OPENSHELL_WEBHOOK_GATEWAY_ENDPOINTS",
+        value_delimiter = ',',
+        default_value = DEFAULT_GATEWAY_ENDPOINT
     )]
-    pub gateway_endpoint: String,
+    pub gateway_endpoints: Vec<String>,
 
     /// The install namespace (never mutated).
     #[arg(
@@ -148,7 +176,7 @@ impl Config {
             image_pull_policy: self.sidecar_image_pull_policy.clone(),
             default_mode: self.sidecar_mode,
             supervisor_route: self.supervisor_route.clone(),
-            gateway_endpoint: self.gateway_endpoint.clone(),
+            gateway_endpoints: addresses(&self.gateway_endpoints),
             install_namespace: self.install_namespace.clone(),
             resources: SidecarResources {
                 cpu_request: self.sidecar_cpu_request.clone(),
@@ -159,6 +187,24 @@ impl Config {
             run_as_user: self.sidecar_run_as_user,
             version: env!("CARGO_PKG_VERSION").into(),
         }
+    }
+
+    /// Checks what clap cannot: the addresses given to sidecars must be dialable by them.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let route: Vec<String> = self.supervisor_route.split(',').map(str::to_owned).collect();
+        for (list, env) in [
+            (&route, "OPENSHELL_WEBHOOK_SUPERVISOR_ROUTE"),
+            (&self.gateway_endpoints, "OPENSHELL_WEBHOOK_GATEWAY_ENDPOINTS"),
+        ] {
+            let list = addresses(list);
+            if list.is_empty() {
+                return Err(ConfigError::Empty(env));
+            }
+            if let Some(bad) = list.iter().find(|a| !plaintext_grpc_address(a)) {
+                return Err(ConfigError::Address(env, bad.clone()));
+            }
+        }
+        Ok(())
     }
 
     pub fn cert_reload_interval(&self) -> Duration {
@@ -175,5 +221,66 @@ impl Config {
 
     pub fn drain_timeout(&self) -> Duration {
         Duration::from_millis(self.drain_timeout_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, clap::Error> {
+        Config::try_parse_from(std::iter::once("webhook").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn defaults_are_plaintext_service_addresses() -> Result<(), Box<dyn std::error::Error>> {
+        let config = parse(&[])?;
+        config.validate()?;
+        let inject = config.inject_config();
+        assert_eq!(
+            inject.supervisor_route,
+            "http://openshell-supervisor.openshell-supervision.svc:7443"
+        );
+        assert_eq!(
+            inject.gateway_endpoints,
+            ["http://openshell-gateway.openshell-supervision.svc:8443"]
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn gateway_endpoints_are_a_comma_separated_list() -> Result<(), Box<dyn std::error::Error>> {
+        let config = parse(&["--gateway-endpoints", "http://gw-0:8443, http://gw-1:8443,"])?;
+        config.validate()?;
+        assert_eq!(
+            config.inject_config().gateway_endpoints,
+            ["http://gw-0:8443", "http://gw-1:8443"]
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn unusable_addresses_are_refused_naming_the_variable() -> Result<(), Box<dyn std::error::Error>> {
+        for (args, expected) in [
+            (
+                vec!["--gateway-endpoints", " , "],
+                ConfigError::Empty("OPENSHELL_WEBHOOK_GATEWAY_ENDPOINTS"),
+            ),
+            (
+                vec!["--gateway-endpoints", "https://gw:8443"],
+                ConfigError::Address("OPENSHELL_WEBHOOK_GATEWAY_ENDPOINTS", "https://gw:8443".into()),
+            ),
+            (
+                vec!["--supervisor-route", "openshell-supervisor:7443"],
+                ConfigError::Address("OPENSHELL_WEBHOOK_SUPERVISOR_ROUTE", "openshell-supervisor:7443".into()),
+            ),
+            (
+                vec!["--supervisor-route", "http://"],
+                ConfigError::Address("OPENSHELL_WEBHOOK_SUPERVISOR_ROUTE", "http://".into()),
+            ),
+        ] {
+            assert_eq!(parse(&args)?.validate(), Err(expected), "{args:?}");
+        }
+        Ok(())
     }
 }

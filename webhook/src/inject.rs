@@ -24,14 +24,38 @@ pub const SIDECAR_MODE_ANNOTATION: &str = "supervision.openshell.ai/sidecar-mode
 pub const INJECT_LABEL: &str = "supervision.openshell.ai/inject";
 /// Value of [`INJECT_LABEL`] that opts a Pod out.
 pub const INJECT_DISABLED: &str = "disabled";
-/// The token/trust Secret the gateway keeps in every labelled namespace.
+/// Label put on every injected Pod, so the gateway can follow supervised Pods cluster-wide
+/// with the label selector `supervision.openshell.ai/supervised=true`.
+pub const SUPERVISED_LABEL: &str = "supervision.openshell.ai/supervised";
+/// Value of [`SUPERVISED_LABEL`].
+pub const SUPERVISED_VALUE: &str = "true";
+/// The token/trust Secret the gateway keeps in every labelled namespace (keys
+/// `token` and `trust.jwks`).
 pub const TOKEN_SECRET: &str = "openshell-supervision-token";
 /// Name of the Pod volume holding [`TOKEN_SECRET`].
 pub const TOKEN_VOLUME: &str = "openshell-supervision-token";
-/// Where the sidecar sees the token Secret (read-only).
+/// Where the sidecar sees the token Secret (read-only): its `OPENSHELL_SUPERVISION_DIR`.
 pub const SUPERVISION_DIR: &str = "/var/run/openshell/supervision";
-/// The sidecar's local endpoint for the workload.
-pub const SIDECAR_ADDR: &str = "127.0.0.1:7071";
+/// Name of the in-memory `emptyDir` holding the sidecar's workload socket; mounted in the
+/// sidecar and in every workload container.
+pub const SOCKET_VOLUME: &str = "openshell-sidecar";
+/// Where [`SOCKET_VOLUME`] is mounted (sidecar and workload containers).
+pub const SOCKET_DIR: &str = "/var/run/openshell/sidecar";
+/// The sidecar's workload endpoint: a Unix socket in [`SOCKET_DIR`] (`OPENSHELL_SIDECAR_SOCKET`).
+pub const SIDECAR_SOCKET: &str = "/var/run/openshell/sidecar/sidecar.sock";
+/// Size limit of [`SOCKET_VOLUME`] (it holds one socket).
+pub const SOCKET_VOLUME_SIZE: &str = "1Mi";
+/// Name of the `emptyDir` holding the sidecar's fence state; mounted in the sidecar only.
+pub const STATE_VOLUME: &str = "openshell-sidecar-state";
+/// Where [`STATE_VOLUME`] is mounted in the sidecar (`OPENSHELL_SIDECAR_STATE_DIR`).
+pub const STATE_DIR: &str = "/var/run/openshell/sidecar-state";
+/// Size limit of [`STATE_VOLUME`] (it holds one small JSON file).
+pub const STATE_VOLUME_SIZE: &str = "1Mi";
+/// Default supervisor route: the pool's Service in the default install namespace (plaintext
+/// gRPC: TLS between sidecars and the pool is not implemented yet).
+pub const DEFAULT_SUPERVISOR_ROUTE: &str = "http://openshell-supervisor.openshell-supervision.svc:7443";
+/// Default gateway endpoint: the gateway's Service in the default install namespace.
+pub const DEFAULT_GATEWAY_ENDPOINT: &str = "http://openshell-gateway.openshell-supervision.svc:8443";
 /// Namespaces that are never mutated, whatever the webhook's selectors say.
 pub const SYSTEM_NAMESPACES: [&str; 3] = ["kube-system", "kube-public", "kube-node-lease"];
 
@@ -96,8 +120,11 @@ pub struct InjectConfig {
     pub sidecar_image: String,
     pub image_pull_policy: String,
     pub default_mode: SidecarMode,
+    /// Supervisor runtime address(es) given to sidecars and workloads (`OPENSHELL_SUPERVISOR_ROUTE`;
+    /// the sidecar accepts a comma-separated list).
     pub supervisor_route: String,
-    pub gateway_endpoint: String,
+    /// Gateway gRPC endpoints given to sidecars (`OPENSHELL_GATEWAY_ENDPOINTS`, joined with `,`).
+    pub gateway_endpoints: Vec<String>,
     pub install_namespace: String,
     pub resources: SidecarResources,
     /// `runAsUser` for the sidecar. `None` leaves it to the Pod's `securityContext.runAsUser`
@@ -114,8 +141,8 @@ impl Default for InjectConfig {
             sidecar_image: "openshell/sidecar:0.1.0".into(),
             image_pull_policy: "IfNotPresent".into(),
             default_mode: SidecarMode::Native,
-            supervisor_route: "https://openshell-supervisor.openshell-supervision.svc:7443".into(),
-            gateway_endpoint: "https://openshell-gateway.openshell-supervision.svc:8443".into(),
+            supervisor_route: DEFAULT_SUPERVISOR_ROUTE.into(),
+            gateway_endpoints: vec![DEFAULT_GATEWAY_ENDPOINT.into()],
             install_namespace: "openshell-supervision".into(),
             resources: SidecarResources::default(),
             run_as_user: None,
@@ -136,6 +163,7 @@ pub enum SkipReason {
     HostPid,
     AlreadyInjected,
     VolumeConflict,
+    MountConflict,
 }
 
 impl SkipReason {
@@ -150,6 +178,7 @@ impl SkipReason {
             SkipReason::HostPid => "host_pid",
             SkipReason::AlreadyInjected => "already_injected",
             SkipReason::VolumeConflict => "volume_conflict",
+            SkipReason::MountConflict => "mount_conflict",
         }
     }
 }
@@ -211,8 +240,9 @@ pub struct Injector {
     config: InjectConfig,
     sidecar_native: Value,
     sidecar_container: Value,
-    volume: Value,
+    volumes: Vec<Value>,
     workload_env: Vec<Value>,
+    workload_mount: Value,
 }
 
 #[derive(Serialize)]
@@ -221,8 +251,11 @@ struct InjectedRecord<'a> {
     mode: &'static str,
     sidecar: &'a str,
     image: &'a str,
-    volume: &'a str,
+    volumes: [&'static str; 3],
+    /// Workload containers that got at least one env var.
     env: Vec<&'a str>,
+    /// Workload containers that got the socket mount.
+    mounts: Vec<&'a str>,
 }
 
 fn env_value(name: &str, value: &str) -> Value {
@@ -240,11 +273,8 @@ fn string_at<'a>(map: Option<&'a Value>, key: &str) -> Option<&'a str> {
 }
 
 fn has_named(list: Option<&Value>, name: &str) -> bool {
-    list.and_then(Value::as_array).is_some_and(|items| {
-        items
-            .iter()
-            .any(|item| item.get("name").and_then(Value::as_str) == Some(name))
-    })
+    list.and_then(Value::as_array)
+        .is_some_and(|items| has_named_in(items, name))
 }
 
 /// `Some(array)` if present as an array, `None` if absent or null, an error otherwise.
@@ -256,17 +286,81 @@ fn array_or_absent<'a>(value: Option<&'a Value>, path: &str) -> Result<Option<&'
     }
 }
 
+/// `Some(map)` if present as an object, `None` if absent or null, an error otherwise.
+fn object_or_absent<'a>(value: Option<&'a Value>, path: &str) -> Result<Option<&'a Map<String, Value>>, InjectError> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(map)) => Ok(Some(map)),
+        Some(_) => Err(InjectError::WrongType(path.to_string(), "an object")),
+    }
+}
+
+/// Is an existing Pod volume with one of our names the volume we would add? Ours are
+/// recognised by their source: the token Secret, or an `emptyDir` for the sidecar's socket
+/// and state.
+fn is_our_volume(name: &str, existing: &Value) -> bool {
+    if name == TOKEN_VOLUME {
+        existing.pointer("/secret/secretName").and_then(Value::as_str) == Some(TOKEN_SECRET)
+    } else {
+        existing.get("emptyDir").is_some_and(Value::is_object)
+    }
+}
+
+/// The same directory, ignoring trailing slashes (`/a/b/` and `/a/b`).
+fn same_dir(a: &str, b: &str) -> bool {
+    a.trim_end_matches('/') == b.trim_end_matches('/')
+}
+
+/// Appends `items` to the array at `path`, or creates it with one `add` when it is missing.
+fn push_all(patch: &mut Vec<PatchOp>, path: &str, existing: Option<&Vec<Value>>, items: Vec<Value>) {
+    if items.is_empty() {
+        return;
+    }
+    match existing {
+        Some(_) => {
+            for item in items {
+                patch.push(PatchOp::add(format!("{path}/-"), item));
+            }
+        }
+        None => patch.push(PatchOp::add(path.to_string(), Value::Array(items))),
+    }
+}
+
+/// Sets `key` in the map at `path` (creating the map with one `add` when it is missing).
+/// Nothing is emitted when the map already holds exactly `value`.
+fn put_key(patch: &mut Vec<PatchOp>, path: &str, existing: Option<&Map<String, Value>>, key: &str, value: Value) {
+    match existing {
+        Some(map) if map.get(key) == Some(&value) => {}
+        Some(_) => patch.push(PatchOp::add(format!("{path}/{}", escape_pointer_token(key)), value)),
+        None => {
+            let mut map = Map::new();
+            map.insert(key.to_string(), value);
+            patch.push(PatchOp::add(path.to_string(), Value::Object(map)));
+        }
+    }
+}
+
 impl Injector {
     pub fn new(config: InjectConfig) -> Self {
-        let mut env = vec![
+        let gateway_endpoints = config
+            .gateway_endpoints
+            .iter()
+            .map(|e| e.trim())
+            .filter(|e| !e.is_empty())
+            .collect::<Vec<_>>()
+            .join(",");
+        // Exactly what the sidecar binary reads (sidecar/src/config.rs).
+        let env = vec![
             env_value("OPENSHELL_SUPERVISOR_ROUTE", &config.supervisor_route),
-            env_value("OPENSHELL_GATEWAY_ENDPOINT", &config.gateway_endpoint),
+            env_value("OPENSHELL_GATEWAY_ENDPOINTS", &gateway_endpoints),
             env_field("OPENSHELL_POD_NAME", "metadata.name"),
             env_field("OPENSHELL_POD_NAMESPACE", "metadata.namespace"),
             env_field("OPENSHELL_POD_UID", "metadata.uid"),
             env_value("OPENSHELL_SUPERVISION_DIR", SUPERVISION_DIR),
+            env_value("OPENSHELL_SIDECAR_SOCKET", SIDECAR_SOCKET),
+            env_value("OPENSHELL_SIDECAR_STATE_DIR", STATE_DIR),
+            env_value("OPENSHELL_LOG_FORMAT", "json"),
         ];
-        env.push(env_value("OPENSHELL_SIDECAR_ADDR", SIDECAR_ADDR));
 
         let mut limits = Map::new();
         if let Some(cpu) = &config.resources.cpu_limit {
@@ -300,7 +394,9 @@ impl Injector {
             },
             "securityContext": security,
             "volumeMounts": [
-                { "name": TOKEN_VOLUME, "mountPath": SUPERVISION_DIR, "readOnly": true }
+                { "name": TOKEN_VOLUME, "mountPath": SUPERVISION_DIR, "readOnly": true },
+                { "name": SOCKET_VOLUME, "mountPath": SOCKET_DIR },
+                { "name": STATE_VOLUME, "mountPath": STATE_DIR },
             ],
             "terminationMessagePolicy": "FallbackToLogsOnError",
         });
@@ -309,20 +405,35 @@ impl Injector {
             map.insert("restartPolicy".into(), Value::from("Always"));
         }
 
-        let volume = json!({
-            "name": TOKEN_VOLUME,
-            "secret": { "secretName": TOKEN_SECRET, "defaultMode": 0o440 },
-        });
+        let volumes = vec![
+            // World-readable inside the Pod: the sidecar runs as the workload's user (or the
+            // image's), which is unknown here and not in the Secret volume's group unless the
+            // Pod sets fsGroup. Only the sidecar mounts it.
+            json!({
+                "name": TOKEN_VOLUME,
+                "secret": { "secretName": TOKEN_SECRET, "defaultMode": 0o444 },
+            }),
+            json!({
+                "name": SOCKET_VOLUME,
+                "emptyDir": { "medium": "Memory", "sizeLimit": SOCKET_VOLUME_SIZE },
+            }),
+            json!({
+                "name": STATE_VOLUME,
+                "emptyDir": { "sizeLimit": STATE_VOLUME_SIZE },
+            }),
+        ];
         let workload_env = vec![
             env_value("OPENSHELL_SUPERVISOR_ROUTE", &config.supervisor_route),
-            env_value("OPENSHELL_SIDECAR_ADDR", SIDECAR_ADDR),
+            env_value("OPENSHELL_SIDECAR_SOCKET", SIDECAR_SOCKET),
         ];
+        let workload_mount = json!({ "name": SOCKET_VOLUME, "mountPath": SOCKET_DIR });
         Self {
             config,
             sidecar_native,
             sidecar_container,
-            volume,
+            volumes,
             workload_env,
+            workload_mount,
         }
     }
 
@@ -338,14 +449,20 @@ impl Injector {
         }
     }
 
-    /// The token Secret volume this injector adds.
-    pub fn volume(&self) -> &Value {
-        &self.volume
+    /// The volumes this injector adds (token Secret, socket and state `emptyDir`s), each
+    /// unless the Pod already has it.
+    pub fn volumes(&self) -> &[Value] {
+        &self.volumes
     }
 
     /// The env vars added to each workload container (unless it sets the same name).
     pub fn workload_env(&self) -> &[Value] {
         &self.workload_env
+    }
+
+    /// The socket volume mount added to each workload container.
+    pub fn workload_mount(&self) -> &Value {
+        &self.workload_mount
     }
 
     /// Is `namespace` one that must never be mutated?
@@ -395,14 +512,8 @@ impl Injector {
         };
         let init_containers = array_or_absent(spec.get("initContainers"), "spec.initContainers")?;
         let volumes = array_or_absent(spec.get("volumes"), "spec.volumes")?;
-
-        let annotation_map = match annotations {
-            None | Some(Value::Null) => None,
-            Some(Value::Object(map)) => Some(map),
-            Some(_) => {
-                return Err(InjectError::WrongType("metadata.annotations".into(), "an object"));
-            }
-        };
+        let annotation_map = object_or_absent(annotations, "metadata.annotations")?;
+        let label_map = object_or_absent(labels, "metadata.labels")?;
 
         // Idempotency: a Pod that carries our annotation or our container is done.
         if annotation_map.is_some_and(|m| m.contains_key(INJECTED_ANNOTATION))
@@ -412,17 +523,19 @@ impl Injector {
             return Ok(Decision::Skip(SkipReason::AlreadyInjected));
         }
 
-        // A volume with our name: reuse it if it is our Secret, otherwise leave the Pod alone
-        // rather than mount someone else's volume into the sidecar.
-        let mut add_volume = true;
-        if let Some(existing) = volumes.and_then(|vols| {
-            vols.iter()
-                .find(|v| v.get("name").and_then(Value::as_str) == Some(TOKEN_VOLUME))
-        }) {
-            if existing.pointer("/secret/secretName").and_then(Value::as_str) == Some(TOKEN_SECRET) {
-                add_volume = false;
-            } else {
-                return Ok(Decision::Skip(SkipReason::VolumeConflict));
+        // A volume with one of our names: reuse it if it is what we would add, otherwise
+        // leave the Pod alone rather than mount someone else's volume into the sidecar.
+        let mut new_volumes = Vec::with_capacity(self.volumes.len());
+        for volume in &self.volumes {
+            let name = volume.get("name").and_then(Value::as_str).unwrap_or("");
+            let existing = volumes.and_then(|vols| {
+                vols.iter()
+                    .find(|v| v.get("name").and_then(Value::as_str) == Some(name))
+            });
+            match existing {
+                None => new_volumes.push(volume.clone()),
+                Some(existing) if is_our_volume(name, existing) => {}
+                Some(_) => return Ok(Decision::Skip(SkipReason::VolumeConflict)),
             }
         }
 
@@ -442,7 +555,7 @@ impl Injector {
             },
         };
 
-        let mut patch = Vec::with_capacity(containers.len() + 6);
+        let mut patch = Vec::with_capacity(2 * containers.len() + 8);
 
         // 1. The sidecar.
         match mode {
@@ -464,76 +577,97 @@ impl Injector {
             )),
         }
 
-        // 2. The supervisor route and sidecar address on every workload container.
+        // 2. On every workload container: the supervisor route and the socket path (never
+        //    overriding a variable the container sets), and the socket directory.
         let mut env_containers = Vec::with_capacity(containers.len());
+        let mut mount_containers = Vec::with_capacity(containers.len());
         for (index, container) in containers.iter().enumerate() {
             let Some(container) = container.as_object() else {
                 return Err(InjectError::WrongType(format!("spec.containers[{index}]"), "an object"));
             };
             let name = container.get("name").and_then(Value::as_str).unwrap_or("");
+
             let env_path = format!("spec.containers[{index}].env");
-            match array_or_absent(container.get("env"), &env_path)? {
-                None => {
-                    patch.push(PatchOp::add(
-                        format!("/spec/containers/{index}/env"),
-                        Value::Array(self.workload_env.clone()),
-                    ));
-                    env_containers.push(name);
+            let env = array_or_absent(container.get("env"), &env_path)?;
+            let missing: Vec<Value> = self
+                .workload_env
+                .iter()
+                .filter(|var| {
+                    let var_name = var.get("name").and_then(Value::as_str).unwrap_or("");
+                    env.is_none_or(|existing| !has_named_in(existing, var_name))
+                })
+                .cloned()
+                .collect();
+            if !missing.is_empty() {
+                env_containers.push(name);
+            }
+            push_all(&mut patch, &format!("/spec/containers/{index}/env"), env, missing);
+
+            let mounts_path = format!("spec.containers[{index}].volumeMounts");
+            let mounts = array_or_absent(container.get("volumeMounts"), &mounts_path)?;
+            let mut add_mount = true;
+            for mount in mounts.into_iter().flatten() {
+                if mount.get("name").and_then(Value::as_str) == Some(SOCKET_VOLUME) {
+                    // Already mounted (our volume: a foreign one was refused above).
+                    add_mount = false;
+                } else if mount
+                    .get("mountPath")
+                    .and_then(Value::as_str)
+                    .is_some_and(|path| same_dir(path, SOCKET_DIR))
+                {
+                    // Something else at the socket's path: a second mount there is invalid.
+                    return Ok(Decision::Skip(SkipReason::MountConflict));
                 }
-                Some(existing) => {
-                    let mut added = false;
-                    for var in &self.workload_env {
-                        let var_name = var.get("name").and_then(Value::as_str).unwrap_or("");
-                        if !has_named_in(existing, var_name) {
-                            patch.push(PatchOp::add(format!("/spec/containers/{index}/env/-"), var.clone()));
-                            added = true;
-                        }
-                    }
-                    if added {
-                        env_containers.push(name);
-                    }
-                }
+            }
+            if add_mount {
+                mount_containers.push(name);
+                push_all(
+                    &mut patch,
+                    &format!("/spec/containers/{index}/volumeMounts"),
+                    mounts,
+                    vec![self.workload_mount.clone()],
+                );
             }
         }
 
-        // 3. The token Secret volume.
-        if add_volume {
-            match volumes {
-                Some(_) => patch.push(PatchOp::add("/spec/volumes/-".into(), self.volume.clone())),
-                None => patch.push(PatchOp::add(
-                    "/spec/volumes".into(),
-                    Value::Array(vec![self.volume.clone()]),
-                )),
-            }
-        }
+        // 3. The volumes.
+        push_all(&mut patch, "/spec/volumes", volumes, new_volumes);
 
         // 4. A shared process namespace so the sidecar can see and stop the workload.
         if spec.get("shareProcessNamespace").and_then(Value::as_bool) != Some(true) {
             patch.push(PatchOp::add("/spec/shareProcessNamespace".into(), Value::Bool(true)));
         }
 
-        // 5. The record of what was injected.
+        // 5. The supervised label (the gateway follows Pods by it) and the record of what was
+        //    injected. Each missing map is created exactly once.
         let record = InjectedRecord {
             version: &self.config.version,
             mode: mode.as_str(),
             sidecar: SIDECAR_NAME,
             image: &self.config.sidecar_image,
-            volume: TOKEN_VOLUME,
+            volumes: [TOKEN_VOLUME, SOCKET_VOLUME, STATE_VOLUME],
             env: env_containers,
+            mounts: mount_containers,
         };
         let record = Value::String(serde_json::to_string(&record).unwrap_or_default());
-        match (metadata, annotation_map) {
-            (_, Some(_)) => patch.push(PatchOp::add(
-                format!("/metadata/annotations/{}", escape_pointer_token(INJECTED_ANNOTATION)),
-                record,
-            )),
-            (Some(Value::Object(_)), None) => patch.push(PatchOp::add(
-                "/metadata/annotations".into(),
-                json!({ INJECTED_ANNOTATION: record }),
-            )),
+        let label = Value::String(SUPERVISED_VALUE.into());
+        match metadata {
+            Some(Value::Object(_)) => {
+                put_key(&mut patch, "/metadata/labels", label_map, SUPERVISED_LABEL, label);
+                put_key(
+                    &mut patch,
+                    "/metadata/annotations",
+                    annotation_map,
+                    INJECTED_ANNOTATION,
+                    record,
+                );
+            }
             _ => patch.push(PatchOp::add(
                 "/metadata".into(),
-                json!({ "annotations": { INJECTED_ANNOTATION: record } }),
+                json!({
+                    "labels": { SUPERVISED_LABEL: label },
+                    "annotations": { INJECTED_ANNOTATION: record },
+                }),
             )),
         }
 
@@ -599,6 +733,14 @@ mod tests {
             (
                 json!({ "metadata": 7, "spec": { "containers": [] } }),
                 InjectError::WrongType("metadata".into(), "an object"),
+            ),
+            (
+                json!({ "metadata": { "labels": "x" }, "spec": { "containers": [] } }),
+                InjectError::WrongType("metadata.labels".into(), "an object"),
+            ),
+            (
+                json!({ "spec": { "containers": [ { "name": "a", "volumeMounts": 3 } ] } }),
+                InjectError::WrongType("spec.containers[0].volumeMounts".into(), "an array"),
             ),
         ] {
             assert_eq!(injector.mutate_pod(&pod, "team-a"), Err(expected));

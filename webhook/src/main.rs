@@ -25,6 +25,7 @@ async fn main() -> anyhow::Result<()> {
         LogFormat::Text => tracing_subscriber::fmt().with_env_filter(filter).init(),
     }
     tracing::info!(version = env!("CARGO_PKG_VERSION"), ?config, "starting");
+    config.validate().context("invalid configuration")?;
 
     let listeners = Listeners::bind(&config)
         .await

@@ -10,8 +10,9 @@ use common::{POD_FIXTURES, fixture, fixture_bytes, fixtures_dir};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 use webhook::inject::{
-    INJECT_LABEL, INJECTED_ANNOTATION, InjectConfig, Injector, SIDECAR_MODE_ANNOTATION, SIDECAR_NAME, SUPERVISION_DIR,
-    SidecarMode, SkipReason, TOKEN_SECRET, TOKEN_VOLUME,
+    INJECT_LABEL, INJECTED_ANNOTATION, InjectConfig, Injector, SIDECAR_MODE_ANNOTATION, SIDECAR_NAME, SIDECAR_SOCKET,
+    SOCKET_DIR, SOCKET_VOLUME, STATE_DIR, STATE_VOLUME, SUPERVISED_LABEL, SUPERVISION_DIR, SidecarMode, SkipReason,
+    TOKEN_SECRET, TOKEN_VOLUME,
 };
 use webhook::review::{FailReason, Outcome, mutate, mutate_bytes};
 
@@ -47,6 +48,16 @@ fn env_names(container: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The variables the webhook adds to workload containers.
+const WORKLOAD_ENV: [&str; 2] = ["OPENSHELL_SUPERVISOR_ROUTE", "OPENSHELL_SIDECAR_SOCKET"];
+
+fn mount_names(container: &Value) -> Vec<String> {
+    container["volumeMounts"]
+        .as_array()
+        .map(|m| m.iter().map(|v| v["name"].as_str().unwrap().to_string()).collect())
+        .unwrap_or_default()
+}
+
 /// Remove exactly what the webhook adds; the remainder must equal the original Pod.
 fn strip_injection(patched: &Value, original: &Value) -> Value {
     let mut pod = patched.clone();
@@ -61,21 +72,31 @@ fn strip_injection(patched: &Value, original: &Value) -> Value {
     }
     if let Some(containers) = spec.get_mut("containers").and_then(Value::as_array_mut) {
         for (i, c) in containers.iter_mut().enumerate() {
-            let had: Vec<String> = env_names(&original["spec"]["containers"][i]);
+            let before = &original["spec"]["containers"][i];
+            let had_env = env_names(before);
+            let had_mounts = mount_names(before);
             let obj = c.as_object_mut().unwrap();
             if let Some(env) = obj.get_mut("env").and_then(Value::as_array_mut) {
                 env.retain(|v| {
                     let n = v["name"].as_str().unwrap();
-                    had.iter().any(|h| h == n) || !(n == "OPENSHELL_SUPERVISOR_ROUTE" || n == "OPENSHELL_SIDECAR_ADDR")
+                    had_env.iter().any(|h| h == n) || !WORKLOAD_ENV.contains(&n)
                 });
             }
-            if original["spec"]["containers"][i].get("env").is_none() {
-                obj.remove("env");
+            if let Some(mounts) = obj.get_mut("volumeMounts").and_then(Value::as_array_mut) {
+                mounts.retain(|m| {
+                    let n = m["name"].as_str().unwrap();
+                    had_mounts.iter().any(|h| h == n) || n != SOCKET_VOLUME
+                });
+            }
+            for key in ["env", "volumeMounts"] {
+                if before.get(key).is_none() {
+                    obj.remove(key);
+                }
             }
         }
     }
     if let Some(volumes) = spec.get_mut("volumes").and_then(Value::as_array_mut) {
-        volumes.retain(|v| v["name"] != TOKEN_VOLUME);
+        volumes.retain(|v| ![TOKEN_VOLUME, SOCKET_VOLUME, STATE_VOLUME].contains(&v["name"].as_str().unwrap()));
     }
     if original["spec"].get("volumes").is_none() {
         spec.remove("volumes");
@@ -84,11 +105,13 @@ fn strip_injection(patched: &Value, original: &Value) -> Value {
         spec.remove("shareProcessNamespace");
     }
     let metadata = pod["metadata"].as_object_mut().unwrap();
-    if let Some(annotations) = metadata.get_mut("annotations").and_then(Value::as_object_mut) {
-        annotations.remove(INJECTED_ANNOTATION);
-    }
-    if original["metadata"].get("annotations").is_none() {
-        metadata.remove("annotations");
+    for (map, key) in [("annotations", INJECTED_ANNOTATION), ("labels", SUPERVISED_LABEL)] {
+        if let Some(items) = metadata.get_mut(map).and_then(Value::as_object_mut) {
+            items.remove(key);
+        }
+        if original["metadata"].get(map).is_none() {
+            metadata.remove(map);
+        }
     }
     pod
 }
@@ -119,18 +142,21 @@ fn assert_injected(pod: &Pod, mode: SidecarMode, original: &Value) {
             last
         }
     };
-    // Environment: route, gateway, downward-API identity, supervision dir.
+    // Environment: route, gateway, downward-API identity, supervision dir, socket, state.
     let env = sidecar.env.as_ref().unwrap();
     let get = |name: &str| env.iter().find(|e| e.name == name).unwrap_or_else(|| panic!("{name}"));
     assert_eq!(
         get("OPENSHELL_SUPERVISOR_ROUTE").value.as_deref(),
-        Some("https://openshell-supervisor.openshell-supervision.svc:7443")
+        Some("http://openshell-supervisor.openshell-supervision.svc:7443")
     );
     assert_eq!(
-        get("OPENSHELL_GATEWAY_ENDPOINT").value.as_deref(),
-        Some("https://openshell-gateway.openshell-supervision.svc:8443")
+        get("OPENSHELL_GATEWAY_ENDPOINTS").value.as_deref(),
+        Some("http://openshell-gateway.openshell-supervision.svc:8443")
     );
     assert_eq!(get("OPENSHELL_SUPERVISION_DIR").value.as_deref(), Some(SUPERVISION_DIR));
+    assert_eq!(get("OPENSHELL_SIDECAR_SOCKET").value.as_deref(), Some(SIDECAR_SOCKET));
+    assert_eq!(get("OPENSHELL_SIDECAR_STATE_DIR").value.as_deref(), Some(STATE_DIR));
+    assert!(SIDECAR_SOCKET.starts_with(&format!("{SOCKET_DIR}/")));
     for (name, field) in [
         ("OPENSHELL_POD_NAME", "metadata.name"),
         ("OPENSHELL_POD_NAMESPACE", "metadata.namespace"),
@@ -143,22 +169,36 @@ fn assert_injected(pod: &Pod, mode: SidecarMode, original: &Value) {
             .unwrap_or_else(|| panic!("{name} is a fieldRef"));
         assert_eq!(field_ref.field_path, field);
     }
-    // Read-only token mount backed by the namespace's Secret.
+    // Read-only token mount backed by the namespace's Secret; socket and state directories.
     let mounts = sidecar.volume_mounts.as_ref().unwrap();
-    let mount = mounts.iter().find(|m| m.name == TOKEN_VOLUME).unwrap();
-    assert_eq!(mount.mount_path, SUPERVISION_DIR);
-    assert_eq!(mount.read_only, Some(true));
-    let volume = spec
-        .volumes
-        .as_ref()
-        .unwrap()
-        .iter()
-        .find(|v| v.name == TOKEN_VOLUME)
-        .unwrap();
-    assert_eq!(
-        volume.secret.as_ref().unwrap().secret_name.as_deref(),
-        Some(TOKEN_SECRET)
-    );
+    let mount_of = |name: &str| {
+        mounts
+            .iter()
+            .find(|m| m.name == name)
+            .unwrap_or_else(|| panic!("{name}"))
+    };
+    assert_eq!(mount_of(TOKEN_VOLUME).mount_path, SUPERVISION_DIR);
+    assert_eq!(mount_of(TOKEN_VOLUME).read_only, Some(true));
+    assert_eq!(mount_of(SOCKET_VOLUME).mount_path, SOCKET_DIR);
+    assert_eq!(mount_of(STATE_VOLUME).mount_path, STATE_DIR);
+    assert_eq!(mounts.len(), 3);
+    let volume_of = |name: &str| {
+        spec.volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == name)
+            .unwrap_or_else(|| panic!("volume {name}"))
+    };
+    let secret = volume_of(TOKEN_VOLUME).secret.as_ref().unwrap();
+    assert_eq!(secret.secret_name.as_deref(), Some(TOKEN_SECRET));
+    assert_eq!(secret.optional, None, "the Pod waits for the gateway's Secret");
+    // Readable by whatever non-root user the sidecar runs as (no fsGroup is assumed).
+    assert_eq!(secret.default_mode, Some(0o444));
+    let socket = volume_of(SOCKET_VOLUME).empty_dir.as_ref().expect("socket emptyDir");
+    assert_eq!(socket.medium.as_deref(), Some("Memory"));
+    assert!(socket.size_limit.is_some());
+    let state = volume_of(STATE_VOLUME).empty_dir.as_ref().expect("state emptyDir");
+    assert!(state.size_limit.is_some());
     // Restricted security context and resources.
     let sc = sidecar.security_context.as_ref().unwrap();
     assert_eq!(sc.run_as_non_root, Some(true));
@@ -174,10 +214,11 @@ fn assert_injected(pod: &Pod, mode: SidecarMode, original: &Value) {
     assert!(resources.limits.as_ref().unwrap().contains_key("memory"));
     // Shared process namespace.
     assert_eq!(spec.share_process_namespace, Some(true));
-    // Workload containers find the supervisor and the sidecar.
+    // Workload containers find the supervisor and the sidecar's socket (mounted once; the
+    // state directory is the sidecar's alone).
     for c in spec.containers.iter().filter(|c| c.name != SIDECAR_NAME) {
         let env = c.env.as_ref().unwrap();
-        for name in ["OPENSHELL_SUPERVISOR_ROUTE", "OPENSHELL_SIDECAR_ADDR"] {
+        for name in WORKLOAD_ENV {
             assert_eq!(
                 env.iter().filter(|e| e.name == name).count(),
                 1,
@@ -185,9 +226,30 @@ fn assert_injected(pod: &Pod, mode: SidecarMode, original: &Value) {
                 c.name
             );
         }
-        let addr = env.iter().find(|e| e.name == "OPENSHELL_SIDECAR_ADDR").unwrap();
-        assert_eq!(addr.value.as_deref(), Some("127.0.0.1:7071"));
+        let socket = env.iter().find(|e| e.name == "OPENSHELL_SIDECAR_SOCKET").unwrap();
+        assert_eq!(socket.value.as_deref(), Some(SIDECAR_SOCKET));
+        assert!(env.iter().all(|e| e.name != "OPENSHELL_SIDECAR_ADDR"));
+        let mounts = c.volume_mounts.as_ref().unwrap();
+        let socket_mounts: Vec<_> = mounts.iter().filter(|m| m.name == SOCKET_VOLUME).collect();
+        assert_eq!(socket_mounts.len(), 1, "socket mounted once in {}", c.name);
+        assert_eq!(socket_mounts[0].mount_path, SOCKET_DIR);
+        assert!(mounts.iter().all(|m| m.name != STATE_VOLUME && m.name != TOKEN_VOLUME));
     }
+    // Mount paths stay unique per container (the API server rejects duplicates).
+    for c in spec.containers.iter().chain(spec.init_containers.iter().flatten()) {
+        let mut paths: Vec<&str> = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| m.mount_path.as_str())
+            .collect();
+        let all = paths.len();
+        paths.sort_unstable();
+        paths.dedup();
+        assert_eq!(paths.len(), all, "duplicate mountPath in {}", c.name);
+    }
+    // The sidecar's env is exactly what the sidecar binary reads, and it parses and validates.
+    assert_sidecar_accepts(sidecar, pod);
     // Every volumeMount names an existing volume (the API server rejects the Pod otherwise,
     // see api-errors/patch-produces-invalid-pod.status.json).
     let volume_names: Vec<&str> = spec.volumes.iter().flatten().map(|v| v.name.as_str()).collect();
@@ -196,11 +258,69 @@ fn assert_injected(pod: &Pod, mode: SidecarMode, original: &Value) {
             assert!(volume_names.contains(&m.name.as_str()), "mount {} has a volume", m.name);
         }
     }
+    // The supervised label, which the gateway selects Pods by.
+    let labels = pod.metadata.labels.as_ref().expect("labels");
+    assert_eq!(labels.get(SUPERVISED_LABEL).map(String::as_str), Some("true"));
     // The annotation records version and mode.
     let annotations = pod.metadata.annotations.as_ref().unwrap();
     let record: Value = serde_json::from_str(&annotations[INJECTED_ANNOTATION]).unwrap();
     assert_eq!(record["version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(record["mode"], mode.as_str());
+    assert_eq!(record["volumes"], json!([TOKEN_VOLUME, SOCKET_VOLUME, STATE_VOLUME]));
+}
+
+/// Resolves the sidecar container's env as the kubelet would (downward API from `pod`, with a
+/// UID since admission runs before one is set), then parses it with the sidecar binary's own
+/// clap definition, flag by flag, and validates it. Every variable the sidecar requires must be
+/// there, and every `OPENSHELL_*` variable injected must be one the sidecar reads.
+fn assert_sidecar_accepts(sidecar: &k8s_openapi::api::core::v1::Container, pod: &Pod) {
+    use clap::{CommandFactory as _, Parser as _};
+    let command = sidecar::Config::command();
+    let by_env: std::collections::HashMap<String, &clap::Arg> = command
+        .get_arguments()
+        .filter_map(|arg| Some((arg.get_env()?.to_str()?.to_owned(), arg)))
+        .collect();
+    let mut args = vec!["sidecar".to_owned()];
+    let mut injected = Vec::new();
+    for var in sidecar.env.iter().flatten() {
+        let value = match (&var.value, &var.value_from) {
+            (Some(value), None) => value.clone(),
+            (None, Some(from)) => {
+                let field = &from.field_ref.as_ref().expect("only fieldRefs are injected").field_path;
+                match field.as_str() {
+                    "metadata.name" => pod
+                        .metadata
+                        .name
+                        .clone()
+                        .or_else(|| pod.metadata.generate_name.as_ref().map(|g| format!("{g}x1y2z")))
+                        .unwrap(),
+                    "metadata.namespace" => pod.metadata.namespace.clone().unwrap_or_else(|| "team-a".into()),
+                    "metadata.uid" => "5f0c1d9e-7c1a-4a57-9a52-3f1b0a4c2d11".into(),
+                    other => panic!("unexpected fieldRef {other}"),
+                }
+            }
+            other => panic!("{}: unexpected env source {other:?}", var.name),
+        };
+        let arg = by_env
+            .get(&var.name)
+            .unwrap_or_else(|| panic!("the sidecar does not read {}", var.name));
+        args.push(format!("--{}={value}", arg.get_long().expect("a long flag")));
+        injected.push(var.name.clone());
+    }
+    for (env, arg) in &by_env {
+        if arg.is_required_set() {
+            assert!(
+                injected.contains(env),
+                "the sidecar requires {env}, which is not injected"
+            );
+        }
+    }
+    let config = sidecar::Config::try_parse_from(&args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    config.validate().unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    assert!(
+        config.command.is_empty(),
+        "in a Pod the workload connects to the socket"
+    );
 }
 
 fn inject_fixture(name: &str, injector: &Injector) -> (Value, Value, Value) {
@@ -254,21 +374,42 @@ fn existing_init_containers_run_after_the_native_sidecar() {
             "POD_NAME",
             "SETTING",
             "OPENSHELL_SUPERVISOR_ROUTE",
-            "OPENSHELL_SIDECAR_ADDR"
+            "OPENSHELL_SIDECAR_SOCKET"
         ]
     );
     assert_eq!(
         env_names(&containers[1]),
-        ["SIDECAR_MODE", "OPENSHELL_SUPERVISOR_ROUTE", "OPENSHELL_SIDECAR_ADDR"]
+        ["SIDECAR_MODE", "OPENSHELL_SUPERVISOR_ROUTE", "OPENSHELL_SIDECAR_SOCKET"]
     );
-    // The user's volumes keep their order; ours comes last.
+    // Existing mounts are intact and first; the socket directory is appended.
+    assert_eq!(
+        mount_names(&containers[0]),
+        ["work", "config", "kube-api-access-bvwqd", SOCKET_VOLUME]
+    );
+    assert_eq!(
+        mount_names(&containers[1]),
+        ["work", "kube-api-access-bvwqd", SOCKET_VOLUME]
+    );
+    // The Pod's own init container gets neither env nor mount.
+    assert_eq!(init[1], object["spec"]["initContainers"][0]);
+    // The user's volumes keep their order; ours come last.
     let volumes: Vec<&str> = patched["spec"]["volumes"]
         .as_array()
         .unwrap()
         .iter()
         .map(|v| v["name"].as_str().unwrap())
         .collect();
-    assert_eq!(volumes, ["work", "config", "kube-api-access-bvwqd", TOKEN_VOLUME]);
+    assert_eq!(
+        volumes,
+        [
+            "work",
+            "config",
+            "kube-api-access-bvwqd",
+            TOKEN_VOLUME,
+            SOCKET_VOLUME,
+            STATE_VOLUME
+        ]
+    );
 }
 
 #[test]
@@ -303,8 +444,10 @@ fn missing_volumes_array_is_created_not_appended_to() {
         .collect();
     assert_eq!(volume_ops.len(), 1);
     assert_eq!(volume_ops[0]["path"], "/spec/volumes");
-    assert_eq!(volume_ops[0]["value"].as_array().unwrap().len(), 1);
+    assert_eq!(volume_ops[0]["value"].as_array().unwrap().len(), 3);
     assert_eq!(patched["spec"]["volumes"][0]["name"], TOKEN_VOLUME);
+    assert_eq!(patched["spec"]["volumes"][1]["name"], SOCKET_VOLUME);
+    assert_eq!(patched["spec"]["volumes"][2]["name"], STATE_VOLUME);
     // The container had no env: one add creating it with both variables.
     let env_ops: Vec<&Value> = ops
         .iter()
@@ -312,10 +455,26 @@ fn missing_volumes_array_is_created_not_appended_to() {
         .collect();
     assert_eq!(env_ops.len(), 1);
     assert_eq!(env_ops[0]["path"], "/spec/containers/0/env");
-    // No annotations and no initContainers before: each created once.
-    for path in ["/metadata/annotations", "/spec/initContainers"] {
+    // No labels, annotations, initContainers or volumeMounts before: each created once, and
+    // nothing appended to them.
+    for path in [
+        "/metadata/labels",
+        "/metadata/annotations",
+        "/spec/initContainers",
+        "/spec/containers/0/volumeMounts",
+    ] {
         assert_eq!(ops.iter().filter(|op| op["path"] == path).count(), 1, "{path}");
+        let nested = format!("{path}/");
+        assert!(
+            !ops.iter().any(|op| op["path"].as_str().unwrap().starts_with(&nested)),
+            "{path}"
+        );
     }
+    assert_eq!(patched["metadata"]["labels"], json!({ SUPERVISED_LABEL: "true" }));
+    assert_eq!(
+        patched["spec"]["containers"][0]["volumeMounts"],
+        json!([{ "name": SOCKET_VOLUME, "mountPath": SOCKET_DIR }])
+    );
     // automountServiceAccountToken: false is untouched.
     assert_eq!(patched["spec"]["automountServiceAccountToken"], false);
 }
@@ -327,7 +486,227 @@ fn appending_to_existing_arrays_uses_dash_not_replacement() {
     // plain has volumes (kube-api-access) → append; never a wholesale replacement of them.
     assert!(ops.iter().any(|op| op["path"] == "/spec/volumes/-"));
     assert!(!ops.iter().any(|op| op["path"] == "/spec/volumes"));
+    // Its container has volumeMounts (the ServiceAccount token) and env is absent.
+    assert!(ops.iter().any(|op| op["path"] == "/spec/containers/0/volumeMounts/-"));
+    assert!(!ops.iter().any(|op| op["path"] == "/spec/containers/0/volumeMounts"));
     assert!(ops.iter().all(|op| op["op"] == "add"));
+}
+
+/// The JSON Patch operations of `review` (which must be injected).
+fn ops_of(review: &Value, injector: &Injector) -> Vec<Value> {
+    let reviewed = mutate(review, injector);
+    assert!(
+        matches!(reviewed.outcome, Outcome::Injected(_)),
+        "{:?}",
+        reviewed.outcome
+    );
+    patch_of(&reviewed).unwrap().as_array().unwrap().clone()
+}
+
+#[test]
+fn supervised_label_is_added_under_an_escaped_key_or_as_a_new_map() {
+    let injector = injector();
+    let escaped = "/metadata/labels/supervision.openshell.ai~1supervised";
+
+    // Existing labels: one add of the escaped key, the others kept.
+    let review = fixture("pod-create-kubectl-run.json");
+    let ops = ops_of(&review, &injector);
+    let label_ops: Vec<&Value> = ops
+        .iter()
+        .filter(|op| op["path"].as_str().unwrap().starts_with("/metadata/labels"))
+        .collect();
+    assert_eq!(label_ops.len(), 1);
+    assert_eq!(label_ops[0]["path"], escaped);
+    assert_eq!(label_ops[0]["value"], "true");
+    let patched = apply(&review["request"]["object"], &Value::Array(ops)).unwrap();
+    assert_eq!(
+        patched["metadata"]["labels"],
+        json!({ "run": "via-kubectl-run", SUPERVISED_LABEL: "true" })
+    );
+
+    // No labels: the map is created once, holding only ours.
+    let review = fixture("pod-create-plain.json");
+    let ops = ops_of(&review, &injector);
+    let label_ops: Vec<&Value> = ops
+        .iter()
+        .filter(|op| op["path"].as_str().unwrap().starts_with("/metadata/labels"))
+        .collect();
+    assert_eq!(label_ops.len(), 1);
+    assert_eq!(label_ops[0]["path"], "/metadata/labels");
+    assert_eq!(label_ops[0]["value"], json!({ SUPERVISED_LABEL: "true" }));
+
+    // A different value is replaced (the gateway selects on "true"); "true" is left as is.
+    let mut review = fixture("pod-create-kubectl-run.json");
+    review["request"]["object"]["metadata"]["labels"][SUPERVISED_LABEL] = json!("false");
+    let ops = ops_of(&review, &injector);
+    let patched = apply(&review["request"]["object"], &Value::Array(ops)).unwrap();
+    assert_eq!(patched["metadata"]["labels"][SUPERVISED_LABEL], "true");
+    assert_eq!(patched["metadata"]["labels"]["run"], "via-kubectl-run");
+    review["request"]["object"]["metadata"]["labels"][SUPERVISED_LABEL] = json!("true");
+    let ops = ops_of(&review, &injector);
+    assert!(
+        !ops.iter()
+            .any(|op| op["path"].as_str().unwrap().starts_with("/metadata/labels"))
+    );
+
+    // No metadata at all: one add creating it with the label and the annotation.
+    let pod = json!({ "spec": { "containers": [ { "name": "app", "image": "x" } ] } });
+    let Ok(webhook::inject::Decision::Inject(injection)) = injector.mutate_pod(&pod, "team-a") else {
+        panic!("expected an injection");
+    };
+    let ops = serde_json::to_value(&injection.patch).unwrap();
+    let metadata_ops: Vec<&Value> = ops
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|op| op["path"].as_str().unwrap().starts_with("/metadata"))
+        .collect();
+    assert_eq!(metadata_ops.len(), 1);
+    assert_eq!(metadata_ops[0]["path"], "/metadata");
+    let patched = apply(&pod, &ops).unwrap();
+    assert_eq!(patched["metadata"]["labels"], json!({ SUPERVISED_LABEL: "true" }));
+    assert!(patched["metadata"]["annotations"][INJECTED_ANNOTATION].is_string());
+
+    // Labels of the wrong type are refused, never overwritten.
+    let mut review = fixture("pod-create-plain.json");
+    review["request"]["object"]["metadata"]["labels"] = json!(["x"]);
+    let reviewed = mutate(&review, &injector);
+    assert_eq!(reviewed.outcome, Outcome::Failed(FailReason::InvalidPod));
+    assert!(
+        reviewed
+            .response
+            .status
+            .as_ref()
+            .unwrap()
+            .message
+            .contains("metadata.labels"),
+        "{:?}",
+        reviewed.response.status
+    );
+}
+
+#[test]
+fn our_volumes_already_present_are_reused_and_foreign_ones_leave_the_pod_alone() {
+    let injector = injector();
+    for (name, ours, foreign) in [
+        (
+            SOCKET_VOLUME,
+            json!({ "name": SOCKET_VOLUME, "emptyDir": { "medium": "Memory" } }),
+            json!({ "name": SOCKET_VOLUME, "configMap": { "name": "app" } }),
+        ),
+        (
+            STATE_VOLUME,
+            json!({ "name": STATE_VOLUME, "emptyDir": {} }),
+            json!({ "name": STATE_VOLUME, "hostPath": { "path": "/var/lib/state" } }),
+        ),
+        (
+            TOKEN_VOLUME,
+            json!({ "name": TOKEN_VOLUME, "secret": { "secretName": TOKEN_SECRET } }),
+            json!({ "name": TOKEN_VOLUME, "secret": { "secretName": "someone-elses" } }),
+        ),
+    ] {
+        // Ours: reused, not added a second time; the other two are still added.
+        let mut review = fixture("pod-create-plain.json");
+        review["request"]["object"]["spec"]["volumes"]
+            .as_array_mut()
+            .unwrap()
+            .push(ours.clone());
+        let ops = ops_of(&review, &injector);
+        let patched = apply(&review["request"]["object"], &Value::Array(ops)).unwrap();
+        let volumes = patched["spec"]["volumes"].as_array().unwrap();
+        for ours_too in [TOKEN_VOLUME, SOCKET_VOLUME, STATE_VOLUME] {
+            assert_eq!(
+                volumes.iter().filter(|v| v["name"] == ours_too).count(),
+                1,
+                "{name}: {ours_too} once"
+            );
+        }
+        assert!(volumes.contains(&ours), "{name}: the Pod's own definition is kept");
+        let pod: Pod = serde_json::from_value(patched).unwrap();
+        assert_eq!(pod.spec.unwrap().volumes.unwrap().len(), 4);
+
+        // Someone else's volume under our name: no patch at all.
+        let mut review = fixture("pod-create-plain.json");
+        review["request"]["object"]["spec"]["volumes"]
+            .as_array_mut()
+            .unwrap()
+            .push(foreign);
+        let reviewed = mutate(&review, &injector);
+        assert_eq!(reviewed.outcome, Outcome::Skipped(SkipReason::VolumeConflict), "{name}");
+        assert!(reviewed.response.allowed);
+        assert_eq!(reviewed.response.patch, None);
+    }
+}
+
+#[test]
+fn the_socket_mount_is_added_once_and_a_foreign_mount_at_its_path_leaves_the_pod_alone() {
+    let injector = injector();
+    // The second container already mounts our (emptyDir) socket volume: it is not mounted
+    // again there, the first container gets it.
+    let mut review = fixture("pod-create-with-volumes.json");
+    let object = &mut review["request"]["object"];
+    object["spec"]["volumes"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({ "name": SOCKET_VOLUME, "emptyDir": { "medium": "Memory", "sizeLimit": "1Mi" } }));
+    object["spec"]["containers"][1]["volumeMounts"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({ "name": SOCKET_VOLUME, "mountPath": SOCKET_DIR }));
+    let ops = ops_of(&review, &injector);
+    assert!(ops.iter().any(|op| op["path"] == "/spec/containers/0/volumeMounts/-"));
+    assert!(!ops.iter().any(|op| {
+        op["path"]
+            .as_str()
+            .unwrap()
+            .starts_with("/spec/containers/1/volumeMounts")
+    }));
+    let patched = apply(&review["request"]["object"], &Value::Array(ops)).unwrap();
+    let pod: Pod = serde_json::from_value(patched.clone()).unwrap();
+    assert_injected(&pod, SidecarMode::Native, &review["request"]["object"]);
+    let record: Value = serde_json::from_str(
+        patched["metadata"]["annotations"][INJECTED_ANNOTATION]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(record["mounts"], json!(["app"]));
+
+    // Another volume mounted at the socket directory (with or without a trailing slash): a
+    // second mount there would make the Pod invalid, so the Pod is left alone.
+    for path in [SOCKET_DIR.to_string(), format!("{SOCKET_DIR}/")] {
+        let mut review = fixture("pod-create-with-volumes.json");
+        review["request"]["object"]["spec"]["containers"][1]["volumeMounts"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({ "name": "work", "mountPath": path }));
+        let reviewed = mutate(&review, &injector);
+        assert_eq!(reviewed.outcome, Outcome::Skipped(SkipReason::MountConflict), "{path}");
+        assert!(reviewed.response.allowed);
+        assert_eq!(reviewed.response.patch, None);
+    }
+
+    // volumeMounts of the wrong type are an error, not a panic or a blind append.
+    let mut review = fixture("pod-create-plain.json");
+    review["request"]["object"]["spec"]["containers"][0]["volumeMounts"] = json!({});
+    let reviewed = mutate(&review, &injector);
+    assert_eq!(reviewed.outcome, Outcome::Failed(FailReason::InvalidPod));
+}
+
+#[test]
+fn gateway_endpoints_reach_the_sidecar_as_one_comma_separated_variable() {
+    let injector = Injector::new(InjectConfig {
+        gateway_endpoints: vec!["http://gw-a:8443".into(), " http://gw-b:8443 ".into(), String::new()],
+        ..InjectConfig::default()
+    });
+    let env = injector.sidecar(SidecarMode::Native)["env"].as_array().unwrap().clone();
+    let endpoints: Vec<&Value> = env
+        .iter()
+        .filter(|e| e["name"] == "OPENSHELL_GATEWAY_ENDPOINTS")
+        .collect();
+    assert_eq!(endpoints.len(), 1);
+    assert_eq!(endpoints[0]["value"], "http://gw-a:8443,http://gw-b:8443");
+    assert!(!env.iter().any(|e| e["name"] == "OPENSHELL_GATEWAY_ENDPOINT"));
 }
 
 #[test]
@@ -432,7 +811,7 @@ fn existing_env_with_our_names_is_not_overridden() {
         .collect();
     assert_eq!(routes.len(), 1);
     assert_eq!(routes[0]["value"], "https://custom:1");
-    assert!(env.iter().any(|e| e["name"] == "OPENSHELL_SIDECAR_ADDR"));
+    assert!(env.iter().any(|e| e["name"] == "OPENSHELL_SIDECAR_SOCKET"));
 }
 
 #[test]

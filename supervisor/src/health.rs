@@ -1,0 +1,97 @@
+//! The plain-HTTP health port (`--health-listen`), the supervisor's counterpart of the
+//! gateway's: `/healthz` answers 200 while the process serves; `/readyz` answers 200 only while
+//! the runtime listener serves sidecars **and** the member is attached to a gateway replica
+//! (a gateway message arrived on the current host stream), and not once it is leaving the
+//! pool; 503 with the reason otherwise. In Kubernetes the readiness gate keeps a member out of
+//! the supervisor Service until sidecars routed to it can be served.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// What `/readyz` reports, updated by the member as it starts, attaches and leaves.
+#[derive(Debug)]
+pub struct Readiness {
+    runtime_serving: AtomicBool,
+    gateway_attached: AtomicBool,
+    /// The member's shutdown token: cancelled once it is leaving the pool.
+    leaving: CancellationToken,
+}
+
+impl Readiness {
+    /// Not ready: no runtime listener serving, no gateway attached. `leaving` is the member's
+    /// shutdown token.
+    pub fn new(leaving: CancellationToken) -> Self {
+        Self {
+            runtime_serving: AtomicBool::new(false),
+            gateway_attached: AtomicBool::new(false),
+            leaving,
+        }
+    }
+
+    pub(crate) fn set_runtime_serving(&self, serving: bool) {
+        self.runtime_serving.store(serving, Ordering::Release);
+    }
+
+    pub(crate) fn set_gateway_attached(&self, attached: bool) {
+        self.gateway_attached.store(attached, Ordering::Release);
+    }
+
+    /// `Ok` when ready, else why not.
+    pub fn check(&self) -> Result<(), &'static str> {
+        if self.leaving.is_cancelled() {
+            Err("leaving the pool")
+        } else if !self.runtime_serving.load(Ordering::Acquire) {
+            Err("the runtime listener is not serving")
+        } else if !self.gateway_attached.load(Ordering::Acquire) {
+            Err("not attached to a gateway")
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// Serves `/healthz` and `/readyz` on `listener` until `stop`.
+pub async fn serve(listener: TcpListener, readiness: Arc<Readiness>, stop: CancellationToken) -> std::io::Result<()> {
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready))
+        .with_state(readiness);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(stop.cancelled_owned())
+        .await
+}
+
+async fn ready(State(readiness): State<Arc<Readiness>>) -> (StatusCode, String) {
+    match readiness.check() {
+        Ok(()) => (StatusCode::OK, "ready\n".to_owned()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_needs_the_runtime_and_a_gateway_and_not_leaving() {
+        let leaving = CancellationToken::new();
+        let readiness = Readiness::new(leaving.clone());
+        assert_eq!(readiness.check(), Err("the runtime listener is not serving"));
+        readiness.set_gateway_attached(true);
+        assert_eq!(readiness.check(), Err("the runtime listener is not serving"));
+        readiness.set_runtime_serving(true);
+        assert_eq!(readiness.check(), Ok(()));
+        readiness.set_gateway_attached(false);
+        assert_eq!(readiness.check(), Err("not attached to a gateway"));
+        readiness.set_gateway_attached(true);
+        leaving.cancel();
+        assert_eq!(readiness.check(), Err("leaving the pool"));
+    }
+}
