@@ -37,6 +37,12 @@ pub struct Settings {
     #[arg(long, env = "OPENSHELL_GATEWAY_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
 
+    /// PEM CA bundle that verifies the pool's gateway and supervisor certificates; delivered
+    /// as `ca.crt` beside every token (files locally, Secrets in Kubernetes). Re-read on
+    /// every delivery round.
+    #[arg(long, env = "OPENSHELL_GATEWAY_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+
     /// Plain-HTTP health port (/healthz, /readyz, /metrics). Unset: none.
     #[arg(long, env = "OPENSHELL_GATEWAY_HEALTH_LISTEN")]
     pub health_listen: Option<String>,

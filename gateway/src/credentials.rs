@@ -3,7 +3,7 @@
 //! delivers tokens: locally as files members and sidecars re-read; in
 //! Kubernetes as Secrets (later).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,6 +33,19 @@ pub struct LocalDelivery {
     pub pool: String,
     /// Namespaces whose sidecars get an instance token.
     pub namespaces: Vec<String>,
+    /// CA bundle delivered as `ca.crt` beside each token.
+    pub ca: Option<PathBuf>,
+}
+
+/// The CA bundle to deliver, read fresh (it may rotate); `None` without a path.
+pub async fn read_ca(path: Option<&Path>) -> Result<Option<String>, proto::tls::TlsError> {
+    match path {
+        Some(path) => {
+            let pem = proto::tls::read_ca(path).await?;
+            Ok(Some(String::from_utf8_lossy(&pem).into_owned()))
+        }
+        None => Ok(None),
+    }
 }
 
 pub async fn run(
@@ -43,6 +56,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let mut delivered: Option<Minted> = None;
+    let mut delivered_ca: Option<String> = None;
     loop {
         let held = lease.borrow_and_update().clone();
         if let Some(held) = &held {
@@ -63,11 +77,19 @@ pub async fn run(
                 let keyring = replica.keys.keyring();
                 if let (Some(_), Some(delivery)) = (&held, &delivery) {
                     let now_ms = trust::unix_ms(std::time::SystemTime::now());
-                    if is_due(delivered.as_ref(), &keyring, now_ms) {
-                        match deliver(&keyring, delivery).await {
+                    let ca = match read_ca(delivery.ca.as_deref()).await {
+                        Ok(ca) => ca,
+                        Err(err) => {
+                            warn!(error = %err, "cannot read the CA bundle to deliver; keeping the last one");
+                            delivered_ca.clone()
+                        }
+                    };
+                    if is_due(delivered.as_ref(), &keyring, now_ms) || ca != delivered_ca {
+                        match deliver(&keyring, delivery, ca.as_ref()).await {
                             Ok(minted) => {
                                 info!(kid = %minted.kid, dir = %delivery.dir.display(), "delivered tokens");
                                 delivered = Some(minted);
+                                delivered_ca = ca;
                             }
                             Err(err) => warn!(error = %err, "cannot deliver tokens"),
                         }
@@ -122,7 +144,11 @@ pub fn is_due(delivered: Option<&Minted>, keyring: &Keyring, now_ms: i64) -> boo
 }
 
 /// Mint and write every local token; returns the supervisor token's record.
-async fn deliver(keyring: &Keyring, delivery: &LocalDelivery) -> Result<Minted, crate::tokens::Error> {
+async fn deliver(
+    keyring: &Keyring,
+    delivery: &LocalDelivery,
+    ca: Option<&String>,
+) -> Result<Minted, crate::tokens::Error> {
     let bundle = keyring.trust_bundle();
     let mut targets = vec![(Target::Supervisor, delivery.dir.join("supervisor"))];
     targets.push((Target::Operator, delivery.dir.join("operator")));
@@ -133,7 +159,8 @@ async fn deliver(keyring: &Keyring, delivery: &LocalDelivery) -> Result<Minted, 
     let mut supervisor = None;
     for (target, dir) in targets {
         let minted = mint(keyring, &target, &delivery.pool)?;
-        FileDelivery::new(dir).deliver(&Delivered::new(&minted, bundle)).await?;
+        let delivered = Delivered::new(&minted, bundle).with_ca(ca.cloned());
+        FileDelivery::new(dir).deliver(&delivered).await?;
         if target == Target::Supervisor {
             supervisor = Some(minted);
         }

@@ -79,7 +79,10 @@ pub async fn run(settings: Settings, listener: TcpListener, shutdown: Cancellati
     if !settings.kubernetes {
         return run_with::<kubernetes::Recording>(settings, listener, shutdown, None).await;
     }
-    let scope = kubernetes::Scope::new(settings.install_namespace.clone());
+    let scope = kubernetes::Scope {
+        ca_file: settings.tls_ca.clone(),
+        ..kubernetes::Scope::new(settings.install_namespace.clone())
+    };
     let (integration, watches) = kubernetes::Integration::connect(scope, &settings.replica, &shutdown).await?;
     let outcome = run_with(settings, listener, shutdown, Some(integration)).await;
     for watch in watches {
@@ -120,6 +123,7 @@ pub async fn run_with<C: kubernetes::Cluster>(
         dir,
         pool: settings.pool.clone(),
         namespaces: settings.namespaces.clone(),
+        ca: settings.tls_ca.clone(),
     });
 
     // Background work stops with `stop`, after the server drained.

@@ -2,6 +2,7 @@
 //! write or remove, and which instances lost their Pod. Pure over the index, the pool view
 //! and what was delivered; the writer carries them out.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use proto::timing::UNSEEN_POD_GRACE;
@@ -52,6 +53,8 @@ pub struct Scope {
     /// How long a registered instance may be missing from the Pod watch
     /// ([`UNSEEN_POD_GRACE`] by default).
     pub unseen_pod_grace: Duration,
+    /// CA bundle delivered as `ca.crt` in every token Secret.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Scope {
@@ -59,6 +62,7 @@ impl Scope {
         Self {
             install_namespace: install_namespace.into(),
             unseen_pod_grace: UNSEEN_POD_GRACE,
+            ca_file: None,
         }
     }
 }

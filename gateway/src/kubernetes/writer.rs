@@ -59,9 +59,23 @@ impl<C: Cluster> Writer<C> {
         let mut before = view_rx.borrow_and_update().clone();
         let mut sent: BTreeMap<Target, Minted> = BTreeMap::new();
         let mut failed: HashMap<Write, Instant> = HashMap::new();
+        let mut ca: Option<String> = None;
+        let mut ca_read: Option<Instant> = None;
         loop {
             if !held(lease) {
                 return;
+            }
+            if ca_read.is_none_or(|at| at.elapsed() >= SECRET_RECHECK_INTERVAL) {
+                ca_read = Some(Instant::now());
+                match credentials::read_ca(self.scope.ca_file.as_deref()).await {
+                    // A new CA bundle: every Secret gets it.
+                    Ok(fresh) if fresh != ca => {
+                        ca = fresh;
+                        sent.clear();
+                    }
+                    Ok(_) => {}
+                    Err(err) => warn!(error = %err, "cannot read the CA bundle to deliver; keeping the last one"),
+                }
             }
             let keyring = self.replica.keys.keyring();
             let now_ms = trust::unix_ms(SystemTime::now());
@@ -84,7 +98,7 @@ impl<C: Cluster> Writer<C> {
                 if failed.contains_key(&write) {
                     continue;
                 }
-                if let Err(err) = self.execute(&write, &keyring, &mut sent).await {
+                if let Err(err) = self.execute(&write, &keyring, ca.as_ref(), &mut sent).await {
                     warn!(?write, error = %err, "cannot write to the cluster; retrying later");
                     failed.insert(write, Instant::now());
                 }
@@ -111,6 +125,7 @@ impl<C: Cluster> Writer<C> {
         &self,
         write: &Write,
         keyring: &crate::tokens::Keyring,
+        ca: Option<&String>,
         sent: &mut BTreeMap<Target, Minted>,
     ) -> Result<(), Error> {
         match write {
@@ -120,7 +135,7 @@ impl<C: Cluster> Writer<C> {
                 target,
             } => {
                 let minted = credentials::mint(keyring, target, &self.pool)?;
-                let delivered = Delivered::new(&minted, keyring.trust_bundle());
+                let delivered = Delivered::new(&minted, keyring.trust_bundle()).with_ca(ca.cloned());
                 self.cluster.apply_secret(namespace, name, &delivered).await?;
                 info!(%namespace, secret = name, kid = %minted.kid, "delivered token");
                 sent.insert(target.clone(), minted);

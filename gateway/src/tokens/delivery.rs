@@ -9,6 +9,7 @@ use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use proto::tls::CA_FILE;
 use proto::trust::{TOKEN_FILE, TRUST_BUNDLE_FILE, TrustBundle};
 
 use super::Error;
@@ -21,6 +22,8 @@ pub struct Delivered {
     pub expires_at_ms: i64,
     /// The trust bundle as JWKS JSON.
     pub trust_jwks: String,
+    /// PEM CA bundle that verifies the pool's TLS certificates (`ca.crt`), when configured.
+    pub ca_pem: Option<String>,
 }
 
 impl Delivered {
@@ -29,7 +32,12 @@ impl Delivered {
             token: token.token.clone(),
             expires_at_ms: token.expires_at_ms,
             trust_jwks: bundle.to_jwks(),
+            ca_pem: None,
         }
+    }
+
+    pub fn with_ca(self, ca_pem: Option<String>) -> Self {
+        Self { ca_pem, ..self }
     }
 }
 
@@ -39,6 +47,7 @@ impl fmt::Debug for Delivered {
             .field("token", &"<redacted>")
             .field("expires_at_ms", &self.expires_at_ms)
             .field("trust_jwks_bytes", &self.trust_jwks.len())
+            .field("ca_bytes", &self.ca_pem.as_ref().map(String::len))
             .finish()
     }
 }
@@ -81,6 +90,9 @@ impl Delivery for FileDelivery {
                 .create(&dir)
                 .map_err(|source| write_error(&dir, source))?;
             write_atomic(&dir, TRUST_BUNDLE_FILE, delivered.trust_jwks.as_bytes(), 0o644)?;
+            if let Some(ca) = &delivered.ca_pem {
+                write_atomic(&dir, CA_FILE, ca.as_bytes(), 0o644)?;
+            }
             write_atomic(&dir, TOKEN_FILE, delivered.token.as_bytes(), 0o600)
         })
         .await

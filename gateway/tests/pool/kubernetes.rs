@@ -51,8 +51,16 @@ fn applied(call: &Call, namespace: &str, name: &str) -> Option<(String, String)>
 pub async fn secrets_follow_labels_and_pods_decide_desired_instances(db: &TestDb) {
     let shared = Shared::default();
     let (cluster, mut calls) = Recording::new();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = rcgen::generate_simple_self_signed(vec!["ca".to_owned()])
+        .unwrap()
+        .cert
+        .pem();
+    let ca_file = dir.path().join("ca.crt");
+    std::fs::write(&ca_file, &ca).unwrap();
     let scope = Scope {
         unseen_pod_grace: Duration::ZERO,
+        ca_file: Some(ca_file),
         ..Scope::new(INSTALL)
     };
     let integration = Integration {
@@ -87,6 +95,14 @@ pub async fn secrets_follow_labels_and_pods_decide_desired_instances(db: &TestDb
     )
     .await;
     let (instance_token, _) = applied(&call, "default", NAMESPACE_SECRET).expect("only default gets a Secret");
+    let Call::ApplySecret { delivered, .. } = &call else {
+        unreachable!()
+    };
+    assert_eq!(
+        delivered.ca_pem.as_deref(),
+        Some(ca.as_str()),
+        "the CA bundle rides along as ca.crt"
+    );
 
     // A member joins: an Event on its Pod in the install namespace.
     let supervisor = Identity {

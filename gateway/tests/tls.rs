@@ -1,0 +1,112 @@
+//! The gateway's gRPC port over real TLS: a client that trusts the pool's CA gets through, one
+//! with another CA or without TLS does not, and the CA is delivered beside the tokens.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use clap::Parser;
+use proto::pool::v1::GetSupervisorPoolStatusRequest;
+use proto::pool::v1::supervisor_pool_client::SupervisorPoolClient;
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+use tokio_util::sync::CancellationToken;
+
+/// A CA and a server certificate it signed for localhost; returns (CA PEM, cert PEM, key PEM).
+fn pki() -> (String, String, String) {
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    (ca.pem(), leaf.pem(), key.serialize_pem())
+}
+
+fn write(dir: &Path, name: &str, contents: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, contents).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+async fn status(url: &str, ca: Option<&Path>, token: &str) -> Result<(), String> {
+    let endpoint = proto::tls::endpoint(url, ca, None).await.map_err(|e| e.to_string())?;
+    let channel = endpoint
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .map_err(|e| format!("connect: {e:?}"))?;
+    let mut request = tonic::Request::new(GetSupervisorPoolStatusRequest::default());
+    request
+        .metadata_mut()
+        .insert("authorization", proto::bearer_value(token).parse().unwrap());
+    SupervisorPoolClient::new(channel)
+        .get_supervisor_pool_status(request)
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("call: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grpc_port_speaks_tls_with_the_pool_ca_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = pki();
+    let (other_ca, _, _) = pki();
+    let ca_file = write(dir.path(), "ca.crt", &ca);
+    let other_ca_file = write(dir.path(), "other-ca.crt", &other_ca);
+    let credentials = dir.path().join("credentials");
+    let settings = gateway::Settings::parse_from([
+        "gateway",
+        "--database-url",
+        &format!("sqlite://{}?mode=rwc", dir.path().join("store.db").display()),
+        "--listen",
+        "127.0.0.1:0",
+        "--status-interval-ms",
+        "0",
+        "--tls-cert",
+        &write(dir.path(), "tls.crt", &cert),
+        "--tls-key",
+        &write(dir.path(), "tls.key", &key),
+        "--tls-ca",
+        &ca_file,
+        "--credentials-dir",
+        credentials.to_str().unwrap(),
+    ]);
+    let listener = gateway::bind(&settings).await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(gateway::run(settings, listener, shutdown.clone()));
+
+    // The coordinator delivers the CA beside every token.
+    let operator = credentials.join("operator");
+    let mut token = None;
+    for _ in 0..2000 {
+        if let (Ok(t), Ok(delivered_ca)) = (
+            std::fs::read_to_string(operator.join("token")),
+            std::fs::read_to_string(operator.join("ca.crt")),
+        ) {
+            assert_eq!(delivered_ca, ca, "the delivered ca.crt is the configured bundle");
+            token = Some(t);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let token = token.expect("the operator token and ca.crt are delivered");
+
+    let url = format!("https://localhost:{port}");
+    status(&url, Some(Path::new(&ca_file)), &token)
+        .await
+        .expect("a client trusting the pool CA is served");
+    let wrong = status(&url, Some(Path::new(&other_ca_file)), &token).await;
+    assert!(wrong.is_err(), "a client trusting another CA must be refused");
+    let plain = status(&format!("http://127.0.0.1:{port}"), None, &token).await;
+    assert!(plain.is_err(), "plaintext must not be served on a TLS port");
+    let no_ca = status(&url, None, &token).await.unwrap_err();
+    assert!(no_ca.contains("no CA bundle"), "{no_ca}");
+
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
