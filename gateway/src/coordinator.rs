@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::operations;
 use crate::placement::{self, Decision};
 use crate::pool::View;
 use crate::replica::Replica;
@@ -83,7 +84,11 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
         .collect();
     let mut batches = Vec::new();
     let mut still_unplaced = BTreeSet::new();
-    let decisions = placement::plan(&view.desired(), &view.owners(), &view.candidates(&BTreeSet::new()));
+    let decisions = placement::plan(
+        &view.desired(),
+        &view.owners(),
+        &view.candidates(&operations::drained(view)),
+    );
     for decision in decisions {
         match decision {
             Decision::Place { route, to } => {
@@ -122,6 +127,7 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
                         ),
                         max_parallel: 1,
                         requested_by: "coordinator".into(),
+                        cancel_requested: false,
                         created_at_ms: 0,
                         updated_at_ms: 0,
                     },
@@ -156,6 +162,10 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
         if let Some(settled) = settle(view, op) {
             batches.push(vec![FencedWrite::PutOperation(settled)]);
         }
+    }
+    // Planned moves only when placement and recovery had nothing to do this round.
+    if batches.is_empty() {
+        batches = operations::plan(view);
     }
     batches
 }
@@ -285,6 +295,7 @@ mod tests {
             deadline_at_ms: Some(12_345),
             max_parallel: 1,
             requested_by: "coordinator".into(),
+            cancel_requested: false,
             created_at_ms: 1,
             updated_at_ms: 1,
         };
@@ -314,6 +325,7 @@ mod tests {
             deadline_at_ms: Some(50_000),
             max_parallel: 1,
             requested_by: "coordinator".into(),
+            cancel_requested: false,
             created_at_ms: 1,
             updated_at_ms: 1,
         };

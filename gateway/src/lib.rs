@@ -11,6 +11,7 @@ pub mod election;
 pub mod health;
 pub mod host;
 pub mod kubernetes;
+pub mod operations;
 pub mod operator;
 pub mod placement;
 pub mod pool;

@@ -1,8 +1,14 @@
-//! The operator API (`pool.v1.SupervisorPool`): pool status for now; drain
-//! and rebalance operations come with the operations issue. Authenticated
-//! with an operator token carrying the platform-admin role.
+//! The operator API (`pool.v1.SupervisorPool`): pool status, and drain and
+//! rebalance operations (recorded here by any replica, run by the coordinator:
+//! see `operations`). Authenticated with an operator token carrying the
+//! platform-admin role.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
+
+use proto::timing::{DEFAULT_OPERATION_TIMEOUT, MAX_OPERATION_TIMEOUT};
+use tracing::info;
 
 use proto::pool::v1::supervisor_pool_server::SupervisorPool;
 use proto::pool::v1::{
@@ -48,6 +54,13 @@ impl Operator {
 
 /// Build the status answer from a view and the lease row. Pure.
 pub fn status(view: &View, lease: Option<&LeaseView>, served_by: &str) -> GetSupervisorPoolStatusResponse {
+    let drains: BTreeMap<&str, OperationPhase> = view
+        .operations
+        .iter()
+        .filter(|op| op.kind == OperationKind::Drain && !op.cancel_requested)
+        .filter(|op| !op.phase.is_finished() || op.phase == OperationPhase::Succeeded)
+        .map(|op| (op.target.as_str(), op.phase))
+        .collect();
     let members = view
         .members
         .values()
@@ -58,6 +71,12 @@ pub fn status(view: &View, lease: Option<&LeaseView>, served_by: &str) -> GetSup
                 MemberState::Gone
             } else if m.leaving {
                 MemberState::Leaving
+            } else if let Some(phase) = drains.get(m.member.as_str()) {
+                if *phase == OperationPhase::Succeeded {
+                    MemberState::Drained
+                } else {
+                    MemberState::Draining
+                }
             } else {
                 MemberState::Active
             } as i32,
@@ -161,19 +180,137 @@ impl SupervisorPool for Operator {
         &self,
         request: Request<StartSupervisorPoolOperationRequest>,
     ) -> Result<Response<StartSupervisorPoolOperationResponse>, Status> {
-        self.authorize(&request).await?;
-        Err(Status::unimplemented(
-            "drain and rebalance operations are not available yet",
-        ))
+        let requested_by = self.authorize(&request).await?;
+        let request = request.into_inner();
+        let view = self.replica.view.borrow().clone();
+        let op = request_to_operation(&request, &requested_by, &view)?;
+        let (operation, created) = self
+            .replica
+            .store
+            .request_operation(&op)
+            .await
+            .map_err(|err| Status::unavailable(format!("cannot record the operation: {err}")))?;
+        if created {
+            info!(id = %operation.id, kind = ?operation.kind, target = %operation.target, %requested_by,
+                  max_parallel = operation.max_parallel, "operation requested");
+            self.replica.wake.notify_one();
+        }
+        Ok(Response::new(StartSupervisorPoolOperationResponse {
+            operation: Some(self::operation(&operation)),
+            created,
+        }))
     }
 
     async fn cancel_supervisor_pool_operation(
         &self,
         request: Request<CancelSupervisorPoolOperationRequest>,
     ) -> Result<Response<CancelSupervisorPoolOperationResponse>, Status> {
-        self.authorize(&request).await?;
-        Err(Status::unimplemented(
-            "drain and rebalance operations are not available yet",
-        ))
+        let requested_by = self.authorize(&request).await?;
+        let id = request.into_inner().id;
+        if id.is_empty() || id.len() > 64 {
+            return Err(Status::invalid_argument("the operation id is empty or too long"));
+        }
+        let store = &self.replica.store;
+        let unavailable = |err: store::Error| Status::unavailable(format!("cannot cancel: {err}"));
+        let op = store
+            .request_cancel(&id)
+            .await
+            .map_err(unavailable)?
+            .ok_or_else(|| Status::not_found(format!("no operation {id}")))?;
+        if !op.cancel_requested {
+            return Err(Status::failed_precondition(format!(
+                "operation {id} already finished ({:?}); only open operations and succeeded drains can be cancelled",
+                op.phase
+            )));
+        }
+        info!(%id, %requested_by, "operation cancellation requested");
+        self.replica.wake.notify_one();
+        // The coordinator applies it within a round or two; answer with what it wrote.
+        let mut view = self.replica.view.clone();
+        let applied = tokio::time::timeout(CANCEL_WAIT, async {
+            loop {
+                if let Ok(Some(now)) = store.operation(&id).await
+                    && now.phase == OperationPhase::Cancelled
+                {
+                    return now;
+                }
+                if view.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        })
+        .await
+        .unwrap_or(op);
+        Ok(Response::new(CancelSupervisorPoolOperationResponse {
+            operation: Some(operation(&applied)),
+        }))
     }
+}
+
+/// How long a cancellation waits for the coordinator to apply it before answering with the
+/// operation as recorded (its phase still open, `cancel_requested` set).
+pub const CANCEL_WAIT: Duration = Duration::from_secs(3);
+
+/// Validate a start request into the operation to record. Pure.
+pub fn request_to_operation(
+    request: &StartSupervisorPoolOperationRequest,
+    requested_by: &str,
+    view: &View,
+) -> Result<store::Operation, Status> {
+    use proto::pool::v1::OperationKind as K;
+    let max_parallel = request.effective_max_parallel().ok_or_else(|| {
+        Status::invalid_argument(format!(
+            "max_parallel {} is above {}",
+            request.max_parallel,
+            proto::MAX_MAX_PARALLEL
+        ))
+    })?;
+    let kind = match K::try_from(request.kind) {
+        Ok(K::Drain) => {
+            if request.target.is_empty() {
+                return Err(Status::invalid_argument("a drain names the member to drain"));
+            }
+            if !view.members.contains_key(&request.target) {
+                return Err(Status::not_found(format!("no pool member {}", request.target)));
+            }
+            OperationKind::Drain
+        }
+        Ok(K::Rebalance) => {
+            if !request.target.is_empty() {
+                return Err(Status::invalid_argument("a rebalance takes no target"));
+            }
+            OperationKind::Rebalance
+        }
+        _ => {
+            return Err(Status::invalid_argument(
+                "only DRAIN and REBALANCE operations can be started",
+            ));
+        }
+    };
+    let timeout = match request.timeout_ms {
+        0 => DEFAULT_OPERATION_TIMEOUT,
+        ms => Duration::from_millis(ms),
+    };
+    if timeout > MAX_OPERATION_TIMEOUT {
+        return Err(Status::invalid_argument(format!(
+            "timeout_ms is above {} ms",
+            MAX_OPERATION_TIMEOUT.as_millis()
+        )));
+    }
+    Ok(store::Operation {
+        id: uuid::Uuid::new_v4().to_string(),
+        kind,
+        target: request.target.clone(),
+        phase: OperationPhase::Pending,
+        message: "requested".into(),
+        attempts: 0,
+        moves: 0,
+        // The store turns the budget into a deadline on the database clock.
+        deadline_at_ms: Some(i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX)),
+        max_parallel: i64::from(max_parallel),
+        requested_by: requested_by.chars().take(256).collect(),
+        cancel_requested: false,
+        created_at_ms: 0,
+        updated_at_ms: 0,
+    })
 }

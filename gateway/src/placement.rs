@@ -127,7 +127,7 @@ pub fn plan(desired: &BTreeSet<String>, owners: &BTreeMap<String, Owner>, live: 
 }
 
 /// The eligible member with the fewest instances (ties by name), or why none is.
-fn least_loaded<'a>(live: &'a [Candidate], load: &BTreeMap<String, usize>) -> Result<&'a Candidate, String> {
+pub(crate) fn least_loaded<'a>(live: &'a [Candidate], load: &BTreeMap<String, usize>) -> Result<&'a Candidate, String> {
     if live.is_empty() {
         return Err("no live pool members".into());
     }

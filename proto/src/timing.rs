@@ -50,6 +50,11 @@ pub const MAX_GRANT_LIFETIME: Duration = Duration::from_secs(30);
 /// Clock skew verifiers tolerate on `iat`/`exp` of tokens, grants and proofs.
 pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(5);
 
+/// Time budget of a drain or rebalance whose request gives none.
+pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(600);
+/// The largest time budget an operator may give an operation.
+pub const MAX_OPERATION_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
 /// Supervisor tokens live this long and are renewed at half their lifetime.
 pub const SUPERVISOR_TOKEN_LIFETIME: Duration = Duration::from_secs(3600);
 

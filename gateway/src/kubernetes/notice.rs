@@ -296,6 +296,7 @@ mod tests {
             deadline_at_ms: Some(60_000),
             max_parallel: 1,
             requested_by: "coordinator".into(),
+            cancel_requested: false,
             created_at_ms: 0,
             updated_at_ms: 0,
         };

@@ -766,32 +766,115 @@ impl Store {
     }
 
     pub async fn list_operations(&self) -> Result<Vec<Operation>> {
-        let rows = sqlx::query(
-            "SELECT id, kind, target, phase, message, attempts, moves, deadline_at_ms, max_parallel, requested_by, \
-               created_at_ms, updated_at_ms FROM operations ORDER BY created_at_ms, id",
-        )
+        let rows = sqlx::query(&format!(
+            "SELECT {OPERATION_COLUMNS} FROM operations ORDER BY created_at_ms, id"
+        ))
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(Operation {
-                    id: r.try_get("id")?,
-                    kind: parse(r, "kind", "operations")?,
-                    target: r.try_get("target")?,
-                    phase: parse(r, "phase", "operations")?,
-                    message: r.try_get("message")?,
-                    attempts: r.try_get("attempts")?,
-                    moves: r.try_get("moves")?,
-                    deadline_at_ms: r.try_get("deadline_at_ms")?,
-                    max_parallel: r.try_get("max_parallel")?,
-                    requested_by: r.try_get("requested_by")?,
-                    created_at_ms: r.try_get("created_at_ms")?,
-                    updated_at_ms: r.try_get("updated_at_ms")?,
-                })
-            })
-            .collect()
+        rows.iter().map(operation_from_row).collect()
     }
 
+    /// One operation by id.
+    pub async fn operation(&self, id: &str) -> Result<Option<Operation>> {
+        let row = sqlx::query(&format!("SELECT {OPERATION_COLUMNS} FROM operations WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(operation_from_row).transpose()
+    }
+
+    /// Record an operator's request (any replica; the coordinator admits it with a fenced
+    /// write). An equivalent operation — an open one of the same kind and target, or a
+    /// drain of the member that succeeded and was not cancelled — is returned instead:
+    /// `(operation, created)`. The new operation is `Pending`; `op.deadline_at_ms` is taken
+    /// as its time budget from now (database clock), which the store turns into the deadline.
+    pub async fn request_operation(&self, op: &Operation) -> Result<(Operation, bool)> {
+        let equivalent = || async {
+            let row = sqlx::query(&format!(
+                "SELECT {OPERATION_COLUMNS} FROM operations WHERE kind = $1 AND target = $2 \
+                   AND (phase IN ('pending', 'running') \
+                        OR (kind = 'drain' AND phase = 'succeeded' AND cancel_requested_at_ms IS NULL)) \
+                 ORDER BY created_at_ms DESC LIMIT 1"
+            ))
+            .bind(op.kind.as_str())
+            .bind(&op.target)
+            .fetch_optional(&self.pool)
+            .await?;
+            row.as_ref().map(operation_from_row).transpose()
+        };
+        if let Some(existing) = equivalent().await? {
+            return Ok((existing, false));
+        }
+        let inserted = sqlx::query(&format!(
+            "INSERT INTO operations (id, kind, target, phase, message, attempts, moves, deadline_at_ms, max_parallel, \
+               requested_by, coordinator_term, created_at_ms, updated_at_ms) \
+             VALUES ($1, $2, $3, $4, $5, 0, 0, ({clock}) + $6, $7, $8, 0, ({clock}), ({clock})) \
+             ON CONFLICT DO NOTHING",
+            clock = self.backend.clock_expr()
+        ))
+        .bind(&op.id)
+        .bind(op.kind.as_str())
+        .bind(&op.target)
+        .bind(OperationPhase::Pending.as_str())
+        .bind(&op.message)
+        .bind(op.deadline_at_ms)
+        .bind(op.max_parallel)
+        .bind(&op.requested_by)
+        .execute(&self.pool)
+        .await?;
+        if inserted.rows_affected() == 0 {
+            // Another replica recorded an equivalent one first.
+            let existing = equivalent().await?;
+            return existing
+                .map(|e| (e, false))
+                .ok_or_else(|| Error::Invalid("an operation request conflicted with nothing".into()));
+        }
+        let created = self
+            .operation(&op.id)
+            .await?
+            .ok_or_else(|| Error::Invalid("a recorded operation cannot be read back".into()))?;
+        Ok((created, true))
+    }
+
+    /// Record an operator's cancellation of an open operation (or of a drain that
+    /// succeeded: the member returns to service); the coordinator applies it. Returns the
+    /// operation as stored, `None` for an unknown id.
+    pub async fn request_cancel(&self, id: &str) -> Result<Option<Operation>> {
+        sqlx::query(&format!(
+            "UPDATE operations SET cancel_requested_at_ms = COALESCE(cancel_requested_at_ms, ({clock})) \
+             WHERE id = $1 AND (phase IN ('pending', 'running') OR (kind = 'drain' AND phase = 'succeeded'))",
+            clock = self.backend.clock_expr()
+        ))
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        self.operation(id).await
+    }
+}
+
+const OPERATION_COLUMNS: &str = "id, kind, target, phase, message, attempts, moves, deadline_at_ms, max_parallel, \
+     requested_by, created_at_ms, updated_at_ms, cancel_requested_at_ms";
+
+fn operation_from_row(r: &sqlx::any::AnyRow) -> Result<Operation> {
+    let cancel: Option<i64> = r.try_get("cancel_requested_at_ms")?;
+    Ok(Operation {
+        id: r.try_get("id")?,
+        kind: parse(r, "kind", "operations")?,
+        target: r.try_get("target")?,
+        phase: parse(r, "phase", "operations")?,
+        message: r.try_get("message")?,
+        attempts: r.try_get("attempts")?,
+        moves: r.try_get("moves")?,
+        deadline_at_ms: r.try_get("deadline_at_ms")?,
+        max_parallel: r.try_get("max_parallel")?,
+        requested_by: r.try_get("requested_by")?,
+        created_at_ms: r.try_get("created_at_ms")?,
+        updated_at_ms: r.try_get("updated_at_ms")?,
+        cancel_requested: cancel.is_some(),
+    })
+}
+
+impl Store {
     pub async fn list_signing_keys(&self) -> Result<Vec<SigningKey>> {
         let rows = sqlx::query(
             "SELECT kid, algorithm, public_pem, private_pem, created_at_ms, retired_at_ms FROM signing_keys \

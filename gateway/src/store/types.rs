@@ -262,6 +262,8 @@ pub struct Operation {
     pub deadline_at_ms: Option<i64>,
     pub max_parallel: i64,
     pub requested_by: String,
+    /// An operator asked to cancel it; the coordinator applies that.
+    pub cancel_requested: bool,
     /// Set by the store on first insert from the database clock.
     pub created_at_ms: i64,
     /// Set by the store on every write from the database clock.

@@ -10,6 +10,7 @@ mod support;
 
 mod cluster;
 mod kubernetes;
+mod operations;
 mod scenarios;
 
 on_both_backends!(scenarios;
@@ -27,5 +28,11 @@ on_both_backends!(scenarios;
 mod with_kubernetes {
     on_both_backends!(kubernetes;
         secrets_follow_labels_and_pods_decide_desired_instances,
+    );
+}
+
+mod with_operations {
+    on_both_backends!(operations;
+        drain_and_rebalance_move_instances_at_term_plus_one,
     );
 }

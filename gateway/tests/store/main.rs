@@ -29,6 +29,7 @@ on_both_backends!(suite;
     members_expire_by_ttl,
     member_removal_needs_the_same_process,
     a_superseded_stream_cannot_refresh_over_the_newer_record,
+    operation_requests_are_idempotent_and_cancels_wait_for_the_coordinator,
     registration_assigns_generations_and_withdrawal_sticks,
     reports_never_regress_in_term,
     migrations_are_idempotent_across_replicas,

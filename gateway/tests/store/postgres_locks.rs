@@ -25,6 +25,7 @@ fn operation() -> Operation {
         deadline_at_ms: None,
         max_parallel: 1,
         requested_by: "test".into(),
+        cancel_requested: false,
         created_at_ms: 0,
         updated_at_ms: 0,
     }

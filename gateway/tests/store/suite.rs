@@ -36,6 +36,7 @@ fn operation(id: &str) -> Operation {
         deadline_at_ms: Some(1_000_000),
         max_parallel: 1,
         requested_by: "admin@example".into(),
+        cancel_requested: false,
         created_at_ms: 0,
         updated_at_ms: 0,
     }
@@ -834,4 +835,83 @@ pub async fn migrations_are_idempotent_across_replicas(db: &TestDb) {
     for store in stores {
         store.close().await;
     }
+}
+
+pub async fn operation_requests_are_idempotent_and_cancels_wait_for_the_coordinator(db: &TestDb) {
+    // Two replicas record the same drain at once: one operation.
+    let other = db.replica().await;
+    let (one, two) = (operation("op-1"), operation("op-2"));
+    let (a, b) = tokio::join!(db.store.request_operation(&one), other.request_operation(&two));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a.0.id, b.0.id, "one of them got the other's operation");
+    assert!(a.1 != b.1, "exactly one created it");
+    let recorded = a.0;
+    assert_eq!(recorded.phase, OperationPhase::Pending);
+    let now = db.store.now_ms().await.unwrap();
+    let deadline = recorded.deadline_at_ms.unwrap();
+    assert!(
+        deadline > now && deadline <= now + 1_000_000,
+        "the budget became a deadline on the database clock"
+    );
+    // A rebalance is another operation.
+    let rebalance = Operation {
+        kind: OperationKind::Rebalance,
+        target: String::new(),
+        ..operation("op-3")
+    };
+    assert!(db.store.request_operation(&rebalance).await.unwrap().1);
+
+    // A cancellation is recorded, not applied: the coordinator writes the phase.
+    let cancelled = db.store.request_cancel(&recorded.id).await.unwrap().unwrap();
+    assert!(cancelled.cancel_requested);
+    assert_eq!(cancelled.phase, OperationPhase::Pending);
+    assert_eq!(db.store.request_cancel("unknown").await.unwrap(), None);
+    // The coordinator's own writes keep the request.
+    let lease = acquire(&db.store, "coordinator", LONG).await;
+    let running = Operation {
+        phase: OperationPhase::Running,
+        ..cancelled.clone()
+    };
+    db.store
+        .write_fenced(&lease, &[FencedWrite::PutOperation(running)])
+        .await
+        .unwrap();
+    assert!(
+        db.store
+            .operation(&recorded.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .cancel_requested
+    );
+    // A finished operation cannot be cancelled.
+    let failed = Operation {
+        phase: OperationPhase::Failed,
+        ..rebalance.clone()
+    };
+    let stored = db.store.list_operations().await.unwrap();
+    let rebalance_id = stored
+        .iter()
+        .find(|o| o.kind == OperationKind::Rebalance)
+        .unwrap()
+        .id
+        .clone();
+    db.store
+        .write_fenced(
+            &lease,
+            &[FencedWrite::PutOperation(Operation {
+                id: rebalance_id.clone(),
+                ..failed
+            })],
+        )
+        .await
+        .unwrap();
+    assert!(
+        !db.store
+            .request_cancel(&rebalance_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .cancel_requested
+    );
 }
