@@ -15,6 +15,7 @@ pub mod operations;
 pub mod operator;
 pub mod placement;
 pub mod pool;
+pub mod poolctl;
 pub mod recovery;
 pub mod registry;
 pub mod replica;

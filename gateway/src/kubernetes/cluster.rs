@@ -97,7 +97,7 @@ impl Kube {
     pub fn new(client: Client, instance: &str) -> Self {
         let reporter = Reporter {
             controller: REPORTING_CONTROLLER.to_owned(),
-            instance: Some(instance.to_owned()),
+            instance: None,
         };
         Self {
             recorder: Recorder::new(client.clone(), reporter),
