@@ -11,10 +11,11 @@ use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client};
+use proto::tls::CA_FILE;
 use proto::trust::{TOKEN_FILE, TRUST_BUNDLE_FILE};
 use tokio::sync::mpsc;
 
-use super::notice::Notice;
+use super::notice::{Notice, Regarding};
 use crate::tokens::Delivered;
 
 /// Field manager of the gateway's server-side applies.
@@ -49,16 +50,19 @@ pub trait Cluster: Send + Sync + 'static {
     fn publish(&self, notice: &Notice) -> impl Future<Output = Result<(), Error>> + Send;
 }
 
-/// The Secret as the gateway writes it: the token and the trust bundle under the file names
-/// the sidecar and the supervisor read from the mount.
+/// The Secret as the gateway writes it: the token, the trust bundle and (when configured) the
+/// CA bundle under the file names the sidecar and the supervisor read from the mount.
 pub fn secret(namespace: &str, name: &str, delivered: &Delivered) -> Secret {
-    let data = BTreeMap::from([
+    let mut data = BTreeMap::from([
         (TOKEN_FILE.to_owned(), ByteString(delivered.token.as_bytes().to_vec())),
         (
             TRUST_BUNDLE_FILE.to_owned(),
             ByteString(delivered.trust_jwks.as_bytes().to_vec()),
         ),
     ]);
+    if let Some(ca) = &delivered.ca_pem {
+        data.insert(CA_FILE.to_owned(), ByteString(ca.as_bytes().to_vec()));
+    }
     Secret {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
@@ -72,14 +76,14 @@ pub fn secret(namespace: &str, name: &str, delivered: &Delivered) -> Secret {
     }
 }
 
-/// The Pod an event is about.
-pub fn reference(notice: &Notice) -> ObjectReference {
+/// A reference to the Pod `pod`.
+pub fn reference(pod: &Regarding) -> ObjectReference {
     ObjectReference {
         api_version: Some("v1".to_owned()),
         kind: Some("Pod".to_owned()),
-        namespace: Some(notice.regarding.namespace.clone()),
-        name: Some(notice.regarding.name.clone()),
-        uid: notice.regarding.uid.clone(),
+        namespace: Some(pod.namespace.clone()),
+        name: Some(pod.name.clone()),
+        uid: pod.uid.clone(),
         ..ObjectReference::default()
     }
 }
@@ -97,7 +101,7 @@ impl Kube {
     pub fn new(client: Client, instance: &str) -> Self {
         let reporter = Reporter {
             controller: REPORTING_CONTROLLER.to_owned(),
-            instance: None,
+            instance: Some(instance.to_owned()),
         };
         Self {
             recorder: Recorder::new(client.clone(), reporter),
@@ -141,9 +145,9 @@ impl Cluster for Kube {
             reason: notice.reason.to_owned(),
             note: Some(notice.note.clone()),
             action: notice.action.to_owned(),
-            secondary: None,
+            secondary: notice.related.as_ref().map(reference),
         };
-        bounded(self.recorder.publish(&event, &reference(notice))).await
+        bounded(self.recorder.publish(&event, &reference(&notice.regarding))).await
     }
 }
 

@@ -24,6 +24,10 @@ pub struct Regarding {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Notice {
     pub regarding: Regarding,
+    /// The member an instance event involves (its supervisor Pod): Kubernetes' `related`.
+    /// Repeats of an event count as one series only for the same regarding, reason and
+    /// related object, so a recovery by another member is a new Event with its own note.
+    pub related: Option<Regarding>,
     pub warning: bool,
     pub reason: &'static str,
     pub action: &'static str,
@@ -35,21 +39,18 @@ pub struct Notice {
 pub fn diff(before: &View, after: &View, install_namespace: &str) -> Vec<Notice> {
     let mut notices = Vec::new();
     members(before, after, install_namespace, &mut notices);
-    assignments(before, after, &mut notices);
+    assignments(before, after, install_namespace, &mut notices);
     failed_recoveries(before, after, &mut notices);
     notices
 }
 
 fn members(before: &View, after: &View, install_namespace: &str, out: &mut Vec<Notice>) {
-    let member_pod = |name: &str| Regarding {
-        namespace: install_namespace.to_owned(),
-        name: name.to_owned(),
-        uid: None,
-    };
+    let member_pod = |name: &str| member_pod(install_namespace, name);
     for m in after.members.values() {
         if m.is_live(after.now_ms) && before.live_member(&m.member).is_none() {
             out.push(Notice {
                 regarding: member_pod(&m.member),
+                related: None,
                 warning: false,
                 reason: REASON_MEMBER_JOINED,
                 action: "Join",
@@ -66,6 +67,7 @@ fn members(before: &View, after: &View, install_namespace: &str, out: &mut Vec<N
             };
             out.push(Notice {
                 regarding: member_pod(&m.member),
+                related: None,
                 warning: !m.leaving,
                 reason: REASON_MEMBER_LOST,
                 action: "Leave",
@@ -75,7 +77,15 @@ fn members(before: &View, after: &View, install_namespace: &str, out: &mut Vec<N
     }
 }
 
-fn assignments(before: &View, after: &View, out: &mut Vec<Notice>) {
+fn member_pod(install_namespace: &str, member: &str) -> Regarding {
+    Regarding {
+        namespace: install_namespace.to_owned(),
+        name: member.to_owned(),
+        uid: None,
+    }
+}
+
+fn assignments(before: &View, after: &View, install_namespace: &str, out: &mut Vec<Notice>) {
     for a in after.assignments.values() {
         if a.phase != AssignmentPhase::Active {
             continue;
@@ -101,6 +111,7 @@ fn assignments(before: &View, after: &View, out: &mut Vec<Notice>) {
                 name: instance.name.clone(),
                 uid: Some(instance.uid.clone()).filter(|u| !u.is_empty()),
             },
+            related: Some(member_pod(install_namespace, &a.member)),
             warning: false,
             reason,
             action,
@@ -133,6 +144,7 @@ fn failed_recoveries(before: &View, after: &View, out: &mut Vec<Notice>) {
                 name: instance.name.clone(),
                 uid: Some(instance.uid.clone()).filter(|u| !u.is_empty()),
             },
+            related: None,
             warning: true,
             reason: REASON_RECOVERY_FAILED,
             action: "Recover",

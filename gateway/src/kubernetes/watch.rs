@@ -68,7 +68,7 @@ pub async fn pods(client: Client, shared: Shared, shutdown: CancellationToken) {
         }
         Change::Delete(pod) => {
             if let Some(uid) = pod.uid() {
-                let _ = uid;
+                index.delete_pod(&uid);
             }
         }
         Change::Reset(all) => index.reset_pods(all.iter().filter_map(pod_of)),
