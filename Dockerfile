@@ -31,14 +31,17 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked \
  && mkdir -p /out \
- && cp target/release/gateway target/release/supervisor target/release/sidecar \
+ && cp target/release/gateway target/release/poolctl target/release/supervisor target/release/sidecar \
        target/release/webhook target/release/agent /out/
 
 FROM ${RUNTIME_IMAGE} AS runtime
 USER 65532:65532
 
+# The gateway image also carries poolctl, the operator CLI:
+#   kubectl -n openshell-supervision exec deploy/openshell-gateway -- poolctl status
 FROM runtime AS gateway
 COPY --from=build /out/gateway /usr/local/bin/gateway
+COPY --from=build /out/poolctl /usr/local/bin/poolctl
 EXPOSE 8443 9090
 ENTRYPOINT ["/usr/local/bin/gateway"]
 
