@@ -314,6 +314,9 @@ if errors:
     sys.exit(1)
 PY
 
+# --- The certificate script (without cert-manager), against a fake kubectl ---------------------
+bash "$ROOT/scripts/check-pool-certs.sh" || failed=1
+
 if [ "$failed" -ne 0 ]; then
   echo "check-manifests: FAILED" >&2
   exit 1
