@@ -3,10 +3,13 @@
 # `kubectl kustomize`, validate every rendered resource offline against the Kubernetes
 # OpenAPI schemas (PyPI package kubernetes-validate, strict mode, Kubernetes 1.28 and 1.37),
 # and check the install's own rules (restricted Pods, probes on declared ports, webhook
-# registration, RBAC without wildcards and with secrets restricted by name, no https:// address
-# (in-cluster gRPC is plaintext for now), and every env variable of the gateway, supervisor and
-# webhook containers one their binary reads — names found in <crate>/src — plus the ones each
-# needs in a cluster).
+# registration, RBAC without wildcards and with secrets restricted by name, every gRPC URL
+# https://, every TLS file variable pointing into the component's mounted TLS Secret, those
+# Secrets written by kustomize/pool-certs.sh and — where the cert-manager component is used —
+# by a Certificate with the Service's names, and every env variable of the gateway, supervisor
+# and webhook containers one their binary reads — names found in <crate>/src — plus the ones
+# each needs in a cluster). Then runs scripts/check-pool-certs.sh (the certificate script
+# against a fake kubectl).
 #
 # Needs kubectl (with its built-in kustomize) and python3. Installs kubernetes-validate from
 # PyPI into .local/check-manifests-venv on first use (or with pip --user if venv is missing).
@@ -91,16 +94,39 @@ notes = set()
 CRATES = {"gateway": "gateway", "supervisor": "supervisor", "webhook": "webhook"}
 REQUIRED_ENV = {
     "gateway": {"DATABASE_URL", "OPENSHELL_GATEWAY_KUBERNETES", "OPENSHELL_GATEWAY_REPLICA",
-                "OPENSHELL_POD_NAMESPACE", "OPENSHELL_GATEWAY_LISTEN", "OPENSHELL_GATEWAY_HEALTH_LISTEN"},
+                "OPENSHELL_POD_NAMESPACE", "OPENSHELL_GATEWAY_LISTEN", "OPENSHELL_GATEWAY_HEALTH_LISTEN",
+                "OPENSHELL_GATEWAY_TLS_CERT", "OPENSHELL_GATEWAY_TLS_KEY", "OPENSHELL_GATEWAY_TLS_CA"},
     "supervisor": {"OPENSHELL_SUPERVISOR_POOL_MEMBER", "OPENSHELL_GATEWAY_ENDPOINTS",
                    "OPENSHELL_SUPERVISOR_TOKEN_FILE", "OPENSHELL_SUPERVISOR_RUNTIME_LISTEN",
-                   "OPENSHELL_SUPERVISOR_POOL_RUNTIME_ADDRESS", "OPENSHELL_SUPERVISOR_HEALTH_LISTEN"},
+                   "OPENSHELL_SUPERVISOR_POOL_RUNTIME_ADDRESS", "OPENSHELL_SUPERVISOR_HEALTH_LISTEN",
+                   "OPENSHELL_SUPERVISOR_TLS_CERT", "OPENSHELL_SUPERVISOR_TLS_KEY", "OPENSHELL_TLS_CA"},
     "webhook": {"OPENSHELL_WEBHOOK_SIDECAR_IMAGE", "OPENSHELL_WEBHOOK_SUPERVISOR_ROUTE",
-                "OPENSHELL_WEBHOOK_GATEWAY_ENDPOINTS", "OPENSHELL_WEBHOOK_INSTALL_NAMESPACE"},
+                "OPENSHELL_WEBHOOK_GATEWAY_ENDPOINTS", "OPENSHELL_WEBHOOK_INSTALL_NAMESPACE",
+                "OPENSHELL_WEBHOOK_TLS_CERT", "OPENSHELL_WEBHOOK_TLS_KEY"},
 }
-# Read by the gateway's Kubernetes integration, which is being written separately: reported
-# as a note (not an error) until the gateway's source names them.
-PENDING_ENV = {"gateway": {"OPENSHELL_GATEWAY_KUBERNETES", "OPENSHELL_POD_NAMESPACE"}}
+# Read by code that lands in the same merge as these manifests (reported as a note, not an
+# error, until the crate's source names them). Exactly the TLS settings fixed for the
+# supervisor and the gateway when TLS was added to the pool; remove a name once its crate
+# reads it (the note disappears by itself).
+PENDING_ENV = {
+    "gateway": {"OPENSHELL_GATEWAY_TLS_CERT", "OPENSHELL_GATEWAY_TLS_KEY", "OPENSHELL_GATEWAY_TLS_CA"},
+    "supervisor": {"OPENSHELL_SUPERVISOR_TLS_CERT", "OPENSHELL_SUPERVISOR_TLS_KEY", "OPENSHELL_TLS_CA",
+                   "OPENSHELL_GATEWAY_TLS_NAME"},
+}
+# Variables whose value is a gRPC URL (or a comma-separated list of them): https:// only.
+GRPC_URL_ENV = {"OPENSHELL_GATEWAY_ENDPOINTS", "OPENSHELL_SUPERVISOR_POOL_RUNTIME_ADDRESS",
+                "OPENSHELL_SUPERVISOR_ROUTE", "OPENSHELL_WEBHOOK_SUPERVISOR_ROUTE",
+                "OPENSHELL_WEBHOOK_GATEWAY_ENDPOINTS"}
+# Each component's TLS Secret (type kubernetes.io/tls: tls.crt, tls.key, ca.crt), and the
+# Service its certificate is for.
+TLS_SECRET = {"gateway": "openshell-gateway-tls", "supervisor": "openshell-supervisor-tls",
+              "webhook": "openshell-webhook-tls"}
+TLS_SERVICE = {"openshell-gateway-tls": "openshell-gateway", "openshell-supervisor-tls": "openshell-supervisor",
+               "openshell-webhook-tls": "openshell-webhook"}
+INSTALL_NAMESPACE = "openshell-supervision"
+# A variable naming a TLS file, and the Secret key that file must be.
+TLS_FILE_ENV = re.compile(r"^OPENSHELL_(?:[A-Z]+_)?TLS_(CERT|KEY|CA)$")
+TLS_FILE_KEY = {"CERT": "tls.crt", "KEY": "tls.key", "CA": "ca.crt"}
 ALWAYS_KNOWN_ENV = {"RUST_LOG"}
 ENV_NAME = re.compile(r'"((?:OPENSHELL|DATABASE)_[A-Z0-9_]+)"')
 
@@ -121,6 +147,38 @@ WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job", "ReplicaSet"}
 
 def err(target, res, msg):
     errors.append(f"{target}: {res.get('kind')}/{res.get('metadata', {}).get('name')}: {msg}")
+
+
+def service_names(service, namespace=INSTALL_NAMESPACE):
+    host = f"{service}.{namespace}.svc"
+    return [service, f"{service}.{namespace}", host, f"{host}.cluster.local"]
+
+
+def pool_certs_secrets():
+    """service -> Secret, as kustomize/pool-certs.sh writes them."""
+    with open(os.path.join(root, "kustomize", "pool-certs.sh")) as f:
+        return dict(re.findall(r'"(openshell-[a-z]+):(openshell-[a-z-]+-tls)"', f.read()))
+
+
+POOL_CERTS = pool_certs_secrets()
+
+
+def secret_file(c, volumes, path):
+    """(secretName, key) of the Secret file `path` in container `c`, or None."""
+    for m in c.get("volumeMounts") or []:
+        secret = (volumes.get(m.get("name")) or {}).get("secret")
+        mount = (m.get("mountPath") or "").rstrip("/")
+        if not secret or not mount or os.path.dirname(path) != mount:
+            continue
+        name = os.path.basename(path)
+        items = secret.get("items")
+        if items is not None:
+            keys = [i.get("key") for i in items if i.get("path") == name]
+            if not keys:
+                return None
+            name = keys[0]
+        return secret.get("secretName"), name, m, secret
+    return None
 
 
 def check_pod(target, res, spec):
@@ -172,13 +230,40 @@ def check_container(target, res, c, volumes):
         if isinstance(port, str) and port not in ports:
             err(target, res, f"container {name}: {probe} uses port {port!r}, which it does not declare")
     env = {e.get("name"): e for e in c.get("env") or []}
-    for var, e in env.items():
-        value = e.get("value") or ""
-        # gRPC in the cluster is plaintext for now: an https:// address would not connect.
-        if value.startswith("https://"):
-            err(target, res, f"container {name}: {var}={value}: must be http:// (TLS is not implemented)")
     if name not in CRATES:
         return
+    # gRPC inside the install is TLS: every gRPC URL is https://, and no plaintext URL is set.
+    for var, e in env.items():
+        value = e.get("value") or ""
+        if var in GRPC_URL_ENV:
+            urls = [u.strip() for u in value.split(",") if u.strip()]
+            if not urls:
+                err(target, res, f"container {name}: {var} holds no URL")
+            for url in urls:
+                if not re.fullmatch(r"https://[^/\s,]+(:[0-9]+)?/?", url) and not re.fullmatch(
+                        r"https://\$\([A-Z0-9_]+\):[0-9]+", url):
+                    err(target, res, f"container {name}: {var}={url}: gRPC URLs must be https://host:port")
+        elif "http://" in value:
+            err(target, res, f"container {name}: {var}={value}: plaintext URL (in-cluster gRPC is TLS)")
+    # Every TLS file is a key of the component's own TLS Secret, mounted read-only, not optional.
+    for var, e in env.items():
+        kind = TLS_FILE_ENV.match(var)
+        if not kind:
+            continue
+        value = e.get("value") or ""
+        found = secret_file(c, volumes, value) if value.startswith("/") else None
+        if found is None:
+            err(target, res, f"container {name}: {var}={value!r} is not a file of a mounted Secret")
+            continue
+        secret_name, key, mount, secret = found
+        if secret_name != TLS_SECRET[name]:
+            err(target, res, f"container {name}: {var} reads Secret {secret_name}, not {TLS_SECRET[name]}")
+        if key != TLS_FILE_KEY[kind.group(1)]:
+            err(target, res, f"container {name}: {var} reads key {key}, want {TLS_FILE_KEY[kind.group(1)]}")
+        if mount.get("readOnly") is not True:
+            err(target, res, f"container {name}: the mount of {secret_name} must be readOnly")
+        if secret.get("optional"):
+            err(target, res, f"container {name}: Secret {secret_name} must not be optional (the Pod waits for its certificate)")
     # Every variable is one the binary reads (or one another variable expands with $(NAME)).
     expanded = set()
     for e in env.values():
@@ -189,13 +274,25 @@ def check_container(target, res, c, volumes):
         if var in known:
             continue
         if var in pending:
-            notes.add(f"container {name}: {var} is not read by the {CRATES[name]} binary yet (pending its Kubernetes integration)")
+            notes.add(f"container {name}: {var} is not read by the {CRATES[name]} binary yet (pending: lands in the same merge)")
         else:
             err(target, res, f"container {name}: {var} is not read by the {CRATES[name]} binary")
     for var in sorted(REQUIRED_ENV.get(name, set()) - set(env)):
         err(target, res, f"container {name}: missing {var}")
     if name == "gateway" and (env.get("OPENSHELL_GATEWAY_KUBERNETES") or {}).get("value") != "true":
         err(target, res, "container gateway: OPENSHELL_GATEWAY_KUBERNETES must be \"true\"")
+    for var in ("OPENSHELL_GATEWAY_TLS_CERT", "OPENSHELL_SUPERVISOR_TLS_CERT", "OPENSHELL_WEBHOOK_TLS_CERT"):
+        if var in env and not var.startswith(f"OPENSHELL_{name.upper()}_"):
+            err(target, res, f"container {name}: sets {var}, another component's certificate")
+    if name == "supervisor":
+        runtime = (env.get("OPENSHELL_SUPERVISOR_POOL_RUNTIME_ADDRESS") or {}).get("value") or ""
+        if runtime != "https://$(OPENSHELL_POD_IP):7443":
+            err(target, res, "container supervisor: OPENSHELL_SUPERVISOR_POOL_RUNTIME_ADDRESS must be https://$(OPENSHELL_POD_IP):7443")
+    if name == "webhook":
+        # Sidecars verify members' certificates against this name: it must be in them.
+        tls_name = (env.get("OPENSHELL_WEBHOOK_SUPERVISOR_TLS_NAME") or {}).get("value")
+        if tls_name is not None and tls_name not in service_names("openshell-supervisor"):
+            err(target, res, f"container webhook: OPENSHELL_WEBHOOK_SUPERVISOR_TLS_NAME={tls_name} is not a name of the supervisor certificate")
     if name == "supervisor":
         # The token file lives in the mounted openshell-supervisor-token Secret.
         token_file = (env.get("OPENSHELL_SUPERVISOR_TOKEN_FILE") or {}).get("value") or ""
@@ -301,6 +398,32 @@ for target, path in targets:
             errors.append(f"{target}: Service {name} must expose port {port}")
     if not kinds.get("MutatingWebhookConfiguration"):
         errors.append(f"{target}: missing MutatingWebhookConfiguration")
+    # The TLS Secrets: written by pool-certs.sh, and by cert-manager where its component is used.
+    for secret, service in TLS_SERVICE.items():
+        if POOL_CERTS.get(service) != secret:
+            errors.append(f"{target}: kustomize/pool-certs.sh does not write Secret {secret} for {service}")
+    certificates = {c["spec"].get("secretName"): c for c in kinds.get("Certificate", [])}
+    if certificates:
+        issuers = {i["metadata"]["name"]: i for i in kinds.get("Issuer", [])}
+        ca_secrets = {c["spec"].get("secretName") for c in certificates.values() if c["spec"].get("isCA")}
+        for secret, service in TLS_SERVICE.items():
+            cert = certificates.get(secret)
+            if cert is None:
+                errors.append(f"{target}: no cert-manager Certificate writes Secret {secret}")
+                continue
+            missing = set(service_names(service)) - set(cert["spec"].get("dnsNames") or [])
+            if missing:
+                err(target, cert, f"dnsNames lack {sorted(missing)}")
+            if "server auth" not in (cert["spec"].get("usages") or []):
+                err(target, cert, "usages must include server auth")
+            issuer = issuers.get((cert["spec"].get("issuerRef") or {}).get("name")) or {}
+            if ((issuer.get("spec") or {}).get("ca") or {}).get("secretName") not in ca_secrets:
+                err(target, cert, "must be issued by the CA Issuer (one CA for the pool)")
+        webhook_cert = certificates.get("openshell-webhook-tls")
+        for wh in kinds.get("MutatingWebhookConfiguration", []):
+            inject = (wh["metadata"].get("annotations") or {}).get("cert-manager.io/inject-ca-from")
+            if webhook_cert and inject != f"{INSTALL_NAMESPACE}/{webhook_cert['metadata']['name']}":
+                err(target, wh, f"cert-manager.io/inject-ca-from must name Certificate {webhook_cert['metadata']['name']}")
     print(f"validated {target}: {len(docs)} resources against Kubernetes {', '.join(versions)} (strict)")
 
 for note in sorted(notes):
@@ -313,6 +436,9 @@ if errors:
         print(f"  - {e}", file=sys.stderr)
     sys.exit(1)
 PY
+
+# --- The certificate script (without cert-manager), against a fake kubectl ---------------------
+bash "$ROOT/scripts/check-pool-certs.sh" || failed=1
 
 if [ "$failed" -ne 0 ]; then
   echo "check-manifests: FAILED" >&2

@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use crate::inject::{DEFAULT_GATEWAY_ENDPOINT, DEFAULT_SUPERVISOR_ROUTE, InjectConfig, SidecarMode, SidecarResources};
+use crate::inject::{
+    DEFAULT_GATEWAY_ENDPOINT, DEFAULT_SUPERVISOR_ROUTE, DEFAULT_SUPERVISOR_TLS_NAME, InjectConfig, SidecarMode,
+    SidecarResources,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
@@ -19,11 +22,10 @@ pub enum LogFormat {
 pub enum ConfigError {
     #[error("{0} is empty: give at least one address")]
     Empty(&'static str),
-    #[error(
-        "{0}: {1:?} is not an http://host:port address (gRPC to the gateway and the supervisor \
-         pool is plaintext; TLS is not implemented yet)"
-    )]
+    #[error("{0}: {1:?} is not an https://host:port (or plaintext http://host:port) address")]
     Address(&'static str, String),
+    #[error("{0}: {1:?} is not a DNS name or IP address to verify certificates against")]
+    TlsName(&'static str, String),
 }
 
 /// Trimmed, non-empty entries.
@@ -34,13 +36,19 @@ fn addresses(list: &[String]) -> Vec<String> {
         .collect()
 }
 
-/// `http://` followed by a host, printable ASCII without whitespace.
-fn plaintext_grpc_address(address: &str) -> bool {
+/// `https://` (or plaintext `http://`) followed by a host, printable ASCII without whitespace.
+fn grpc_address(address: &str) -> bool {
     address
-        .strip_prefix("http://")
+        .strip_prefix("https://")
+        .or_else(|| address.strip_prefix("http://"))
         .is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/'))
         && address.len() <= 2048
         && address.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// A name rustls can verify a certificate against (a DNS name or an IP address).
+fn tls_server_name(name: &str) -> bool {
+    rustls::pki_types::ServerName::try_from(name).is_ok()
 }
 
 /// OpenShell shared-supervision mutating admission webhook.
@@ -98,12 +106,12 @@ pub struct Config {
     pub sidecar_mode: SidecarMode,
 
     /// Supervisor pool address given to sidecars and workloads (`OPENSHELL_SUPERVISOR_ROUTE`):
-    /// the supervisor Service, plaintext gRPC (`http://`; TLS is not implemented yet).
+    /// the supervisor Service, gRPC over TLS (`https://`; `http://` for a plaintext pool).
     #[arg(long, env = "OPENSHELL_WEBHOOK_SUPERVISOR_ROUTE", default_value = DEFAULT_SUPERVISOR_ROUTE)]
     pub supervisor_route: String,
 
     /// Gateway gRPC endpoints given to sidecars (`OPENSHELL_GATEWAY_ENDPOINTS`),
-    /// comma-separated, plaintext (`http://`).
+    /// comma-separated (`https://`; `http://` for a plaintext gateway).
     #[arg(
         long,
         env = "OPENSHELL_WEBHOOK_GATEWAY_ENDPOINTS",
@@ -111,6 +119,16 @@ pub struct Config {
         default_value = DEFAULT_GATEWAY_ENDPOINT
     )]
     pub gateway_endpoints: Vec<String>,
+
+    /// Server name sidecars verify supervisor certificates against
+    /// (`OPENSHELL_SUPERVISOR_TLS_NAME`): the name in the members' certificates, since
+    /// sidecars reach members by Pod IP. An empty value injects nothing.
+    #[arg(
+        long,
+        env = "OPENSHELL_WEBHOOK_SUPERVISOR_TLS_NAME",
+        default_value = DEFAULT_SUPERVISOR_TLS_NAME
+    )]
+    pub supervisor_tls_name: String,
 
     /// The install namespace (never mutated).
     #[arg(
@@ -177,6 +195,7 @@ impl Config {
             default_mode: self.sidecar_mode,
             supervisor_route: self.supervisor_route.clone(),
             gateway_endpoints: addresses(&self.gateway_endpoints),
+            supervisor_tls_name: Some(self.supervisor_tls_name.trim().to_owned()).filter(|n| !n.is_empty()),
             install_namespace: self.install_namespace.clone(),
             resources: SidecarResources {
                 cpu_request: self.sidecar_cpu_request.clone(),
@@ -200,9 +219,16 @@ impl Config {
             if list.is_empty() {
                 return Err(ConfigError::Empty(env));
             }
-            if let Some(bad) = list.iter().find(|a| !plaintext_grpc_address(a)) {
+            if let Some(bad) = list.iter().find(|a| !grpc_address(a)) {
                 return Err(ConfigError::Address(env, bad.clone()));
             }
+        }
+        let name = self.supervisor_tls_name.trim();
+        if !name.is_empty() && !tls_server_name(name) {
+            return Err(ConfigError::TlsName(
+                "OPENSHELL_WEBHOOK_SUPERVISOR_TLS_NAME",
+                self.supervisor_tls_name.clone(),
+            ));
         }
         Ok(())
     }
@@ -233,50 +259,100 @@ mod tests {
     }
 
     #[test]
-    fn defaults_are_plaintext_service_addresses() -> Result<(), Box<dyn std::error::Error>> {
+    fn defaults_are_tls_service_addresses() -> Result<(), Box<dyn std::error::Error>> {
         let config = parse(&[])?;
         config.validate()?;
         let inject = config.inject_config();
         assert_eq!(
             inject.supervisor_route,
-            "http://openshell-supervisor.openshell-supervision.svc:7443"
+            "https://openshell-supervisor.openshell-supervision.svc:7443"
         );
         assert_eq!(
             inject.gateway_endpoints,
-            ["http://openshell-gateway.openshell-supervision.svc:8443"]
+            ["https://openshell-gateway.openshell-supervision.svc:8443"]
+        );
+        assert_eq!(
+            inject.supervisor_tls_name.as_deref(),
+            Some("openshell-supervisor.openshell-supervision.svc")
         );
         Ok(())
     }
 
     #[test]
     fn gateway_endpoints_are_a_comma_separated_list() -> Result<(), Box<dyn std::error::Error>> {
-        let config = parse(&["--gateway-endpoints", "http://gw-0:8443, http://gw-1:8443,"])?;
+        let config = parse(&["--gateway-endpoints", "https://gw-0:8443, https://gw-1:8443,"])?;
         config.validate()?;
         assert_eq!(
             config.inject_config().gateway_endpoints,
-            ["http://gw-0:8443", "http://gw-1:8443"]
+            ["https://gw-0:8443", "https://gw-1:8443"]
         );
         Ok(())
     }
 
     #[test]
-    fn unusable_addresses_are_refused_naming_the_variable() -> Result<(), Box<dyn std::error::Error>> {
+    fn plaintext_addresses_are_still_accepted() -> Result<(), Box<dyn std::error::Error>> {
+        let config = parse(&[
+            "--gateway-endpoints",
+            "http://gw:8443",
+            "--supervisor-route",
+            "http://sup:7443",
+        ])?;
+        config.validate()?;
+        assert_eq!(config.inject_config().supervisor_route, "http://sup:7443");
+        Ok(())
+    }
+
+    #[test]
+    fn supervisor_tls_name_is_configurable_and_empty_injects_none() -> Result<(), Box<dyn std::error::Error>> {
+        let config = parse(&["--supervisor-tls-name", " pool.example.internal "])?;
+        config.validate()?;
+        assert_eq!(
+            config.inject_config().supervisor_tls_name.as_deref(),
+            Some("pool.example.internal")
+        );
+        let config = parse(&["--supervisor-tls-name", ""])?;
+        config.validate()?;
+        assert_eq!(config.inject_config().supervisor_tls_name, None);
+        Ok(())
+    }
+
+    #[test]
+    fn unusable_settings_are_refused_naming_the_variable() -> Result<(), Box<dyn std::error::Error>> {
         for (args, expected) in [
             (
                 vec!["--gateway-endpoints", " , "],
                 ConfigError::Empty("OPENSHELL_WEBHOOK_GATEWAY_ENDPOINTS"),
             ),
             (
-                vec!["--gateway-endpoints", "https://gw:8443"],
-                ConfigError::Address("OPENSHELL_WEBHOOK_GATEWAY_ENDPOINTS", "https://gw:8443".into()),
+                vec!["--gateway-endpoints", "grpcs://gw:8443"],
+                ConfigError::Address("OPENSHELL_WEBHOOK_GATEWAY_ENDPOINTS", "grpcs://gw:8443".into()),
+            ),
+            (
+                vec!["--gateway-endpoints", "https://gw:8443,ftp://gw:21"],
+                ConfigError::Address("OPENSHELL_WEBHOOK_GATEWAY_ENDPOINTS", "ftp://gw:21".into()),
             ),
             (
                 vec!["--supervisor-route", "openshell-supervisor:7443"],
                 ConfigError::Address("OPENSHELL_WEBHOOK_SUPERVISOR_ROUTE", "openshell-supervisor:7443".into()),
             ),
             (
+                vec!["--supervisor-route", "https://"],
+                ConfigError::Address("OPENSHELL_WEBHOOK_SUPERVISOR_ROUTE", "https://".into()),
+            ),
+            (
                 vec!["--supervisor-route", "http://"],
                 ConfigError::Address("OPENSHELL_WEBHOOK_SUPERVISOR_ROUTE", "http://".into()),
+            ),
+            (
+                vec!["--supervisor-tls-name", "openshell supervisor"],
+                ConfigError::TlsName("OPENSHELL_WEBHOOK_SUPERVISOR_TLS_NAME", "openshell supervisor".into()),
+            ),
+            (
+                vec!["--supervisor-tls-name", "https://openshell-supervisor"],
+                ConfigError::TlsName(
+                    "OPENSHELL_WEBHOOK_SUPERVISOR_TLS_NAME",
+                    "https://openshell-supervisor".into(),
+                ),
             ),
         ] {
             assert_eq!(parse(&args)?.validate(), Err(expected), "{args:?}");

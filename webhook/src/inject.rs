@@ -51,11 +51,15 @@ pub const STATE_VOLUME: &str = "openshell-sidecar-state";
 pub const STATE_DIR: &str = "/var/run/openshell/sidecar-state";
 /// Size limit of [`STATE_VOLUME`] (it holds one small JSON file).
 pub const STATE_VOLUME_SIZE: &str = "1Mi";
-/// Default supervisor route: the pool's Service in the default install namespace (plaintext
-/// gRPC: TLS between sidecars and the pool is not implemented yet).
-pub const DEFAULT_SUPERVISOR_ROUTE: &str = "http://openshell-supervisor.openshell-supervision.svc:7443";
-/// Default gateway endpoint: the gateway's Service in the default install namespace.
-pub const DEFAULT_GATEWAY_ENDPOINT: &str = "http://openshell-gateway.openshell-supervision.svc:8443";
+/// Default supervisor route: the pool's Service in the default install namespace, over TLS.
+pub const DEFAULT_SUPERVISOR_ROUTE: &str = "https://openshell-supervisor.openshell-supervision.svc:7443";
+/// Default gateway endpoint: the gateway's Service in the default install namespace, over TLS.
+pub const DEFAULT_GATEWAY_ENDPOINT: &str = "https://openshell-gateway.openshell-supervision.svc:8443";
+/// Default name the sidecar verifies supervisor certificates against
+/// (`OPENSHELL_SUPERVISOR_TLS_NAME`): the supervisor Service's name, which every member's
+/// certificate carries. Sidecars are redirected to members by Pod IP, which no certificate
+/// names, so the name is given explicitly.
+pub const DEFAULT_SUPERVISOR_TLS_NAME: &str = "openshell-supervisor.openshell-supervision.svc";
 /// Namespaces that are never mutated, whatever the webhook's selectors say.
 pub const SYSTEM_NAMESPACES: [&str; 3] = ["kube-system", "kube-public", "kube-node-lease"];
 
@@ -125,6 +129,9 @@ pub struct InjectConfig {
     pub supervisor_route: String,
     /// Gateway gRPC endpoints given to sidecars (`OPENSHELL_GATEWAY_ENDPOINTS`, joined with `,`).
     pub gateway_endpoints: Vec<String>,
+    /// Server name the sidecar verifies supervisor certificates against
+    /// (`OPENSHELL_SUPERVISOR_TLS_NAME`); `None` injects nothing.
+    pub supervisor_tls_name: Option<String>,
     pub install_namespace: String,
     pub resources: SidecarResources,
     /// `runAsUser` for the sidecar. `None` leaves it to the Pod's `securityContext.runAsUser`
@@ -143,6 +150,7 @@ impl Default for InjectConfig {
             default_mode: SidecarMode::Native,
             supervisor_route: DEFAULT_SUPERVISOR_ROUTE.into(),
             gateway_endpoints: vec![DEFAULT_GATEWAY_ENDPOINT.into()],
+            supervisor_tls_name: Some(DEFAULT_SUPERVISOR_TLS_NAME.into()),
             install_namespace: "openshell-supervision".into(),
             resources: SidecarResources::default(),
             run_as_user: None,
@@ -349,10 +357,17 @@ impl Injector {
             .filter(|e| !e.is_empty())
             .collect::<Vec<_>>()
             .join(",");
-        // Exactly what the sidecar binary reads (sidecar/src/config.rs).
-        let env = vec![
+        // Exactly what the sidecar binary reads (sidecar/src/config.rs). The CA that verifies
+        // the pool's certificates is `ca.crt` in the token Secret (OPENSHELL_SUPERVISION_DIR),
+        // which the sidecar uses when OPENSHELL_TLS_CA is unset.
+        let mut env = vec![
             env_value("OPENSHELL_SUPERVISOR_ROUTE", &config.supervisor_route),
             env_value("OPENSHELL_GATEWAY_ENDPOINTS", &gateway_endpoints),
+        ];
+        if let Some(name) = &config.supervisor_tls_name {
+            env.push(env_value("OPENSHELL_SUPERVISOR_TLS_NAME", name));
+        }
+        env.extend([
             env_field("OPENSHELL_POD_NAME", "metadata.name"),
             env_field("OPENSHELL_POD_NAMESPACE", "metadata.namespace"),
             env_field("OPENSHELL_POD_UID", "metadata.uid"),
@@ -360,7 +375,7 @@ impl Injector {
             env_value("OPENSHELL_SIDECAR_SOCKET", SIDECAR_SOCKET),
             env_value("OPENSHELL_SIDECAR_STATE_DIR", STATE_DIR),
             env_value("OPENSHELL_LOG_FORMAT", "json"),
-        ];
+        ]);
 
         let mut limits = Map::new();
         if let Some(cpu) = &config.resources.cpu_limit {
