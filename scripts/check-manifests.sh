@@ -104,15 +104,6 @@ REQUIRED_ENV = {
                 "OPENSHELL_WEBHOOK_GATEWAY_ENDPOINTS", "OPENSHELL_WEBHOOK_INSTALL_NAMESPACE",
                 "OPENSHELL_WEBHOOK_TLS_CERT", "OPENSHELL_WEBHOOK_TLS_KEY"},
 }
-# Read by code that lands in the same merge as these manifests (reported as a note, not an
-# error, until the crate's source names them). Exactly the TLS settings fixed for the
-# supervisor and the gateway when TLS was added to the pool; remove a name once its crate
-# reads it (the note disappears by itself).
-PENDING_ENV = {
-    "gateway": {"OPENSHELL_GATEWAY_TLS_CERT", "OPENSHELL_GATEWAY_TLS_KEY", "OPENSHELL_GATEWAY_TLS_CA"},
-    "supervisor": {"OPENSHELL_SUPERVISOR_TLS_CERT", "OPENSHELL_SUPERVISOR_TLS_KEY", "OPENSHELL_TLS_CA",
-                   "OPENSHELL_GATEWAY_TLS_NAME"},
-}
 # Variables whose value is a gRPC URL (or a comma-separated list of them): https:// only.
 GRPC_URL_ENV = {"OPENSHELL_GATEWAY_ENDPOINTS", "OPENSHELL_SUPERVISOR_POOL_RUNTIME_ADDRESS",
                 "OPENSHELL_SUPERVISOR_ROUTE", "OPENSHELL_WEBHOOK_SUPERVISOR_ROUTE",
@@ -269,13 +260,8 @@ def check_container(target, res, c, volumes):
     for e in env.values():
         expanded |= set(re.findall(r"\$\(([A-Za-z0-9_]+)\)", e.get("value") or ""))
     known = KNOWN_ENV[name] | ALWAYS_KNOWN_ENV | expanded
-    pending = PENDING_ENV.get(name, set())
     for var in env:
-        if var in known:
-            continue
-        if var in pending:
-            notes.add(f"container {name}: {var} is not read by the {CRATES[name]} binary yet (pending: lands in the same merge)")
-        else:
+        if var not in known:
             err(target, res, f"container {name}: {var} is not read by the {CRATES[name]} binary")
     for var in sorted(REQUIRED_ENV.get(name, set()) - set(env)):
         err(target, res, f"container {name}: missing {var}")

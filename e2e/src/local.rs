@@ -1,12 +1,18 @@
 //! A local pool as real processes on loopback: gateway replicas on one
 //! database (an SQLite file unless a PostgreSQL URL is given) and supervisor
 //! members, with their logs and the tokens the coordinator delivers to files.
+//! Every gRPC connection is TLS (a throwaway CA made at start) unless the
+//! pool is configured plaintext.
 
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use proto::pool::v1::supervisor_pool_client::SupervisorPoolClient;
 use proto::pool::v1::{GetSupervisorPoolStatusRequest, GetSupervisorPoolStatusResponse};
+use proto::tls::ClientTls;
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 
 use crate::process::{self, Process};
 
@@ -26,6 +32,13 @@ pub enum Error {
     Timeout { what: String, seconds: u64, logs: String },
     #[error("no gateway replica answered the status call: {0}")]
     Status(String),
+    #[error("cannot make the local certificates: {0}")]
+    Certificate(#[from] rcgen::Error),
+}
+
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> Error + use<> {
+    let path = path.display().to_string();
+    move |source| Error::Io { path, source }
 }
 
 /// Where the project's binaries are: beside the running executable (or the
@@ -101,6 +114,51 @@ pub struct Config {
     pub sandboxes: usize,
     /// Coordinator lease length (ms).
     pub lease_length_ms: u64,
+    /// Plaintext gRPC everywhere (debugging); TLS otherwise.
+    pub plaintext: bool,
+}
+
+/// The pool's TLS files in its root directory: a throwaway CA and one server
+/// certificate it signed for `localhost` and `127.0.0.1`, served by every
+/// gateway and member.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// `ca.crt`: what every client verifies against.
+    pub ca: PathBuf,
+    /// `tls.crt`, `tls.key` (mode 0600).
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl TlsFiles {
+    pub fn generate(dir: &Path) -> Result<Self, Error> {
+        let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
+        let key = KeyPair::generate()?;
+        let names = vec!["localhost".to_owned(), "127.0.0.1".to_owned()];
+        let cert = CertificateParams::new(names)?.signed_by(&key, &ca)?;
+        let files = Self {
+            ca: dir.join(proto::tls::CA_FILE),
+            cert: dir.join("tls.crt"),
+            key: dir.join("tls.key"),
+        };
+        write_file(&files.ca, ca.pem().as_bytes(), 0o644)?;
+        write_file(&files.cert, cert.pem().as_bytes(), 0o644)?;
+        write_file(&files.key, key.serialize_pem().as_bytes(), 0o600)?;
+        Ok(files)
+    }
+}
+
+/// Creates `path` (it must not exist: the pool's root is fresh) with `mode`.
+fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), Error> {
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)
+        .map_err(io_error(path))?;
+    file.write_all(contents).map_err(io_error(path))
 }
 
 pub struct Gateway {
@@ -129,6 +187,8 @@ pub struct LocalPool {
     pub gateways: Vec<Gateway>,
     pub members: Vec<Member>,
     pub sandboxes: Vec<Sandbox>,
+    /// `None` when plaintext.
+    pub tls: Option<TlsFiles>,
     database_url: String,
 }
 
@@ -145,18 +205,33 @@ impl LocalPool {
         self.gateways.iter().map(|g| g.endpoint.clone()).collect()
     }
 
-    /// Start the gateways, wait for a coordinator to deliver tokens, then
-    /// start the members.
+    /// `https://127.0.0.1:port`, or `http://` when plaintext.
+    fn url(&self, address: &str) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{address}")
+    }
+
+    /// How a client of the pool verifies it.
+    pub fn client_tls(&self) -> ClientTls {
+        ClientTls {
+            ca: self.tls.as_ref().map(|tls| tls.ca.clone()),
+            server_name: None,
+        }
+    }
+
+    /// Make the certificates (unless plaintext), start the gateways, wait for
+    /// a coordinator to deliver tokens, then start the members.
     pub async fn start(config: Config) -> Result<Self, Error> {
         ensure_binaries()?;
-        let io = |path: &Path| {
-            let path = path.display().to_string();
-            move |source| Error::Io { path, source }
-        };
         if config.root.exists() {
-            std::fs::remove_dir_all(&config.root).map_err(io(&config.root))?;
+            std::fs::remove_dir_all(&config.root).map_err(io_error(&config.root))?;
         }
-        std::fs::create_dir_all(config.root.join("logs")).map_err(io(&config.root))?;
+        std::fs::create_dir_all(config.root.join("logs")).map_err(io_error(&config.root))?;
+        let tls = if config.plaintext {
+            None
+        } else {
+            Some(TlsFiles::generate(&config.root)?)
+        };
         let database_url = config
             .database_url
             .clone()
@@ -166,6 +241,7 @@ impl LocalPool {
             gateways: Vec::new(),
             members: Vec::new(),
             sandboxes: Vec::new(),
+            tls,
             database_url,
         };
         for i in 0..pool.config.gateways {
@@ -187,7 +263,7 @@ impl LocalPool {
 
     pub async fn start_gateway(&mut self, name: &str) -> Result<(), Error> {
         let port = free_port()?;
-        let args = vec![
+        let mut args = vec![
             "--replica".into(),
             name.into(),
             "--listen".into(),
@@ -201,11 +277,21 @@ impl LocalPool {
             "--lease-length-ms".into(),
             self.config.lease_length_ms.to_string(),
         ];
+        if let Some(tls) = &self.tls {
+            // --tls-ca: the coordinator delivers ca.crt beside every token.
+            for (flag, path) in [
+                ("--tls-cert", &tls.cert),
+                ("--tls-key", &tls.key),
+                ("--tls-ca", &tls.ca),
+            ] {
+                args.extend([flag.to_owned(), path.display().to_string()]);
+            }
+        }
         let log = self.logs().join(format!("{name}.log"));
         let process = Process::spawn(name, &binary("gateway")?, &args, &[], log)?;
         self.gateways.push(Gateway {
             name: name.into(),
-            endpoint: format!("http://127.0.0.1:{port}"),
+            endpoint: self.url(&format!("127.0.0.1:{port}")),
             process,
         });
         Ok(())
@@ -213,7 +299,7 @@ impl LocalPool {
 
     pub fn start_member(&mut self, name: &str) -> Result<(), Error> {
         let runtime = format!("127.0.0.1:{}", free_port()?);
-        let env = vec![
+        let mut env = vec![
             ("OPENSHELL_SUPERVISOR_POOL_MEMBER".to_owned(), name.to_owned()),
             ("OPENSHELL_GATEWAY_ENDPOINTS".to_owned(), self.endpoints().join(",")),
             (
@@ -226,24 +312,32 @@ impl LocalPool {
             ),
             ("OPENSHELL_SUPERVISOR_RUNTIME_LISTEN".to_owned(), runtime.clone()),
         ];
+        if let Some(tls) = &self.tls {
+            for (variable, path) in [
+                ("OPENSHELL_SUPERVISOR_TLS_CERT", &tls.cert),
+                ("OPENSHELL_SUPERVISOR_TLS_KEY", &tls.key),
+                ("OPENSHELL_TLS_CA", &tls.ca),
+            ] {
+                env.push((variable.to_owned(), path.display().to_string()));
+            }
+        }
         let log = self.logs().join(format!("{name}.log"));
         let process = Process::spawn(name, &binary("supervisor")?, &[], &env, log)?;
         self.members.push(Member {
             name: name.into(),
-            runtime_address: format!("http://{runtime}"),
+            runtime_address: self.url(&runtime),
             process,
         });
         Ok(())
     }
 
     /// Start a sidecar for workload `name` in namespace `default`, and the
-    /// counting agent that talks to it.
+    /// counting agent that talks to it. The sidecar verifies the pool with the
+    /// `ca.crt` the coordinator delivered beside its namespace token (as in
+    /// Kubernetes, where it comes in the namespace Secret).
     pub fn start_sandbox(&mut self, name: &str) -> Result<(), Error> {
         let dir = self.config.root.join("sandboxes").join(name);
-        std::fs::create_dir_all(dir.join("state")).map_err(|source| Error::Io {
-            path: dir.display().to_string(),
-            source,
-        })?;
+        std::fs::create_dir_all(dir.join("state")).map_err(io_error(&dir))?;
         let socket = dir.join("workload.sock");
         let uid = uuid_like();
         let route: Vec<String> = self.members.iter().map(|m| m.runtime_address.clone()).collect();
@@ -298,13 +392,11 @@ impl LocalPool {
     /// Pool status from the first gateway replica that answers.
     pub async fn status(&self) -> Result<GetSupervisorPoolStatusResponse, Error> {
         let token_path = self.credentials().join("operator").join(proto::trust::TOKEN_FILE);
-        let token = std::fs::read_to_string(&token_path).map_err(|source| Error::Io {
-            path: token_path.display().to_string(),
-            source,
-        })?;
+        let token = std::fs::read_to_string(&token_path).map_err(io_error(&token_path))?;
         let mut last = String::from("no gateway replica");
+        let tls = self.client_tls();
         for endpoint in self.endpoints() {
-            match status_from(&endpoint, token.trim()).await {
+            match status_from(&tls, &endpoint, token.trim()).await {
                 Ok(status) => return Ok(status),
                 Err(err) => last = format!("{endpoint}: {err}"),
             }
@@ -337,22 +429,22 @@ fn uuid_like() -> String {
     format!("local-{:x}-{:x}", nanos, std::process::id())
 }
 
-async fn status_from(endpoint: &str, token: &str) -> Result<GetSupervisorPoolStatusResponse, String> {
-    let channel = tonic::transport::Endpoint::from_shared(endpoint.to_owned())
-        .map_err(|e| e.to_string())?
-        .connect_timeout(Duration::from_secs(1))
-        .timeout(Duration::from_secs(2))
-        .connect()
+async fn status_from(tls: &ClientTls, endpoint: &str, token: &str) -> Result<GetSupervisorPoolStatusResponse, String> {
+    const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+    let channel = tls
+        .connect(endpoint, Duration::from_secs(1))
         .await
         .map_err(|e| e.to_string())?;
     let mut request = tonic::Request::new(GetSupervisorPoolStatusRequest {});
+    request.set_timeout(CALL_TIMEOUT);
     let bearer = proto::bearer_value(token)
         .parse()
         .map_err(|_| "the operator token is not valid metadata".to_owned())?;
     request.metadata_mut().insert("authorization", bearer);
-    let response = SupervisorPoolClient::new(channel)
-        .get_supervisor_pool_status(request)
+    let mut client = SupervisorPoolClient::new(channel);
+    let response = tokio::time::timeout(CALL_TIMEOUT, client.get_supervisor_pool_status(request))
         .await
+        .map_err(|_| format!("no answer within {CALL_TIMEOUT:?}"))?
         .map_err(|s| s.message().to_owned())?;
     Ok(response.into_inner())
 }

@@ -74,6 +74,7 @@ pub async fn run(name: &str, setup: &Setup) -> Result<Outcome, Error> {
         members: 2,
         sandboxes: 2,
         lease_length_ms: 5000,
+        plaintext: false,
     };
     let mut pool = LocalPool::start(config).await?;
     let url =

@@ -1,5 +1,5 @@
 //! The local pool as real processes: gateway replicas and supervisor members
-//! on loopback with the embedded SQLite store.
+//! on loopback with the embedded SQLite store, over TLS.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -18,8 +18,15 @@ async fn members_show_up_in_the_pool_status() {
         members: 2,
         sandboxes: 0,
         lease_length_ms: 5000,
+        plaintext: false,
     };
     let pool = LocalPool::start(config).await.unwrap();
+    // TLS by default: https:// everywhere, a private key only its owner reads.
+    let tls = pool.tls.clone().expect("TLS by default");
+    assert!(pool.endpoints().iter().all(|e| e.starts_with("https://127.0.0.1:")));
+    assert!(pool.members.iter().all(|m| m.runtime_address.starts_with("https://")));
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&tls.key).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let status = loop {
         if let Ok(status) = pool.status().await {

@@ -162,20 +162,15 @@ pub async fn run_with<C: kubernetes::Cluster>(
         tokio::spawn(async move { status::print_every(&store, &holder, &lease, interval, &stop).await });
     }
 
-    let certificate =
-        match (&settings.tls_cert, &settings.tls_key) {
-            (Some(cert), Some(key)) => {
-                let store = Arc::new(proto::tls::CertStore::new(cert.clone(), key.clone()));
-                // Not loadable yet (a Secret still being issued): not ready, retried by the watch.
-                store.reload_in_background().await;
-                let stop = stop.clone();
-                tokio::spawn(store.clone().watch(proto::tls::RELOAD_INTERVAL, |_| {}, async move {
-                    stop.cancelled().await
-                }));
-                Some(store)
-            }
-            _ => None,
-        };
+    // Not loadable yet (a Secret still being issued): not ready, retried by the watch.
+    let certificate = match (&settings.tls_cert, &settings.tls_key) {
+        (Some(cert), Some(key)) => {
+            let stop = stop.clone();
+            let stopped = async move { stop.cancelled().await };
+            Some(proto::tls::CertStore::load_and_watch(cert.clone(), key.clone(), stopped).await)
+        }
+        _ => None,
+    };
     let tls = match &certificate {
         Some(store) => Some(proto::tls::server_config(store.clone(), &[b"h2"])?),
         None => None,

@@ -9,7 +9,6 @@ use proto::pool::v1::supervisor_pool_server::SupervisorPoolServer;
 use proto::recovery::v1::supervisor_recovery_server::SupervisorRecoveryServer;
 use proto::registry::v1::instance_registry_server::InstanceRegistryServer;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::host::Host;
@@ -47,16 +46,5 @@ pub async fn serve(
         .add_service(registry)
         .add_service(recovery)
         .add_service(operator);
-    match tls {
-        Some(tls) => {
-            router
-                .serve_with_incoming_shutdown(proto::tls::incoming(listener, tls), shutdown.cancelled_owned())
-                .await
-        }
-        None => {
-            router
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled_owned())
-                .await
-        }
-    }
+    proto::tls::serve(router, listener, tls, shutdown.cancelled_owned()).await
 }

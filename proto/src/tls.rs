@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use tokio::net::{TcpListener, TcpStream};
@@ -28,12 +28,14 @@ use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 /// Bound on one server-side TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often served certificate files are re-read.
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(10);
+/// File name of the CA bundle delivered beside a token (`ca.crt`, as in Kubernetes TLS Secrets).
+pub const CA_FILE: &str = "ca.crt";
 /// Bound on a CA bundle file.
 pub const MAX_CA_BYTES: usize = 1 << 20;
 
@@ -227,6 +229,20 @@ impl CertStore {
         }
     }
 
+    /// A store for `cert_path`/`key_path`, loaded once now (a failure is logged and leaves it
+    /// not loaded, e.g. while a Secret is still being issued) and then re-read every
+    /// [`RELOAD_INTERVAL`] until `stop` completes.
+    pub async fn load_and_watch(
+        cert_path: PathBuf,
+        key_path: PathBuf,
+        stop: impl Future<Output = ()> + Send + 'static,
+    ) -> Arc<Self> {
+        let store = Arc::new(Self::new(cert_path, key_path));
+        store.reload_in_background().await;
+        tokio::spawn(Arc::clone(&store).watch(RELOAD_INTERVAL, |_| {}, stop));
+        store
+    }
+
     /// Poll the files every `interval` until `stop` completes; `on_reload` sees every result.
     pub async fn watch(
         self: Arc<Self>,
@@ -301,27 +317,123 @@ pub fn incoming(
     ReceiverStream::new(rx)
 }
 
+/// Serves `router` on `listener` until `shutdown`: TLS with `tls` (connections from
+/// [`incoming`]), plaintext without.
+pub async fn serve(
+    router: tonic::transport::server::Router,
+    listener: TcpListener,
+    tls: Option<rustls::ServerConfig>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    match tls {
+        Some(tls) => {
+            router
+                .serve_with_incoming_shutdown(incoming(listener, tls), shutdown)
+                .await
+        }
+        None => {
+            let plain = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            router.serve_with_incoming_shutdown(plain, shutdown).await
+        }
+    }
+}
+
 /// A client endpoint for `url`: `https://` verifies the server against the PEM CA bundle
-/// `ca` (required), `http://` is plaintext (loopback and tests only).
-pub async fn endpoint(url: &str, ca: Option<&Path>) -> Result<Endpoint, TlsError> {
-    let endpoint = Endpoint::from_shared(url.to_owned()).map_err(|err| TlsError::Endpoint {
+/// `ca` (required), `http://` is plaintext (loopback and tests only). With `server_name`
+/// the server certificate must name that DNS name instead of the URL's host (a member
+/// dialed by its Pod IP presents the certificate of its Service).
+pub async fn endpoint(url: &str, ca: Option<&Path>, server_name: Option<&str>) -> Result<Endpoint, TlsError> {
+    let invalid = |reason: String| TlsError::Endpoint {
         url: url.to_owned(),
-        reason: err.to_string(),
-    })?;
+        reason,
+    };
+    let endpoint = Endpoint::from_shared(url.to_owned()).map_err(|err| invalid(err.to_string()))?;
     if !url.starts_with("https://") {
         return Ok(endpoint);
     }
     let ca = ca.ok_or_else(|| TlsError::NoCa { url: url.to_owned() })?;
     let pem = read_ca(ca).await?;
-    endpoint
-        .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)))
-        .map_err(|err| TlsError::Endpoint {
-            url: url.to_owned(),
-            reason: err.to_string(),
-        })
+    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem));
+    if let Some(name) = server_name {
+        check_server_name(name).map_err(invalid)?;
+        tls = tls.domain_name(name);
+    }
+    endpoint.tls_config(tls).map_err(|err| invalid(err.to_string()))
 }
 
-async fn read_ca(path: &Path) -> Result<Vec<u8>, TlsError> {
+/// Checks that `name` can be verified against a server certificate (a DNS name or an IP
+/// address); the error says why not.
+pub fn check_server_name(name: &str) -> Result<(), String> {
+    match ServerName::try_from(name) {
+        Ok(_) => Ok(()),
+        Err(_) => Err(format!(
+            "{name:?} is not a valid TLS server name (a DNS name or an IP address)"
+        )),
+    }
+}
+
+/// How a client verifies the servers it dials: the CA bundle file (read again at every
+/// connect, so a rotated CA is picked up) and, optionally, the name the server certificates
+/// must carry instead of the dialed host.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClientTls {
+    pub ca: Option<PathBuf>,
+    pub server_name: Option<String>,
+}
+
+/// Why [`ClientTls::connect`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error("cannot connect to {url}: {reason}")]
+    Transport { url: String, reason: String },
+    #[error("no connection to {url} within {limit:?}")]
+    Timeout { url: String, limit: Duration },
+}
+
+impl ClientTls {
+    /// [`endpoint`] with this trust.
+    pub async fn endpoint(&self, url: &str) -> Result<Endpoint, TlsError> {
+        endpoint(url, self.ca.as_deref(), self.server_name.as_deref()).await
+    }
+
+    /// Connects to `url` (CA read, TCP connect, TLS handshake) within `limit`.
+    pub async fn connect(&self, url: &str, limit: Duration) -> Result<Channel, ConnectError> {
+        let attempt = async {
+            let endpoint = self.endpoint(url).await?.connect_timeout(limit);
+            endpoint.connect().await.map_err(|err| ConnectError::Transport {
+                url: url.to_owned(),
+                reason: error_chain(&err),
+            })
+        };
+        tokio::time::timeout(limit, attempt)
+            .await
+            .map_err(|_| ConnectError::Timeout {
+                url: url.to_owned(),
+                limit,
+            })?
+    }
+}
+
+/// An error and its sources, `: `-separated (tonic's transport error alone says only
+/// "transport error"; the reason, such as an unknown certificate issuer, is in its sources).
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// Read a PEM CA bundle (bounded to [`MAX_CA_BYTES`], must hold a certificate).
+pub async fn read_ca(path: &Path) -> Result<Vec<u8>, TlsError> {
     let error = |source| TlsError::Read {
         path: path.to_path_buf(),
         source,
@@ -338,4 +450,78 @@ async fn read_ca(path: &Path) -> Result<Vec<u8>, TlsError> {
         return Err(TlsError::NoCertificate(path.to_path_buf()));
     }
     Ok(pem)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[tokio::test]
+    async fn http_endpoints_stay_plaintext_and_need_no_ca() {
+        let plain = endpoint("http://127.0.0.1:50051", None, Some("ignored.example"))
+            .await
+            .unwrap();
+        assert_eq!(plain.uri().to_string(), "http://127.0.0.1:50051/");
+        // The CA is not even read for plaintext.
+        let missing = Path::new("/nonexistent/ca.crt");
+        assert!(endpoint("http://gw:1", Some(missing), None).await.is_ok());
+        let err = endpoint("not a url", None, None).await.unwrap_err();
+        assert!(matches!(err, TlsError::Endpoint { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn https_needs_a_readable_pem_ca_of_bounded_size() {
+        let url = "https://gateway.example:50051";
+        let err = endpoint(url, None, None).await.unwrap_err();
+        assert!(matches!(err, TlsError::NoCa { .. }), "{err}");
+        assert!(err.to_string().contains(url), "{err}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.crt");
+        let err = endpoint(url, Some(&missing), None).await.unwrap_err();
+        assert!(
+            matches!(err, TlsError::Read { .. }) && err.to_string().contains("missing.crt"),
+            "{err}"
+        );
+
+        let not_pem = dir.path().join("not-pem.crt");
+        std::fs::write(&not_pem, "just some text, no certificate\n").unwrap();
+        let err = endpoint(url, Some(&not_pem), None).await.unwrap_err();
+        assert!(matches!(err, TlsError::NoCertificate(ref p) if *p == not_pem), "{err}");
+
+        let huge = dir.path().join("huge.crt");
+        std::fs::write(&huge, vec![b'a'; MAX_CA_BYTES + 1]).unwrap();
+        let err = endpoint(url, Some(&huge), None).await.unwrap_err();
+        assert!(matches!(err, TlsError::TooLarge { max: MAX_CA_BYTES, .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn an_invalid_server_name_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.crt");
+        // Not a real certificate, but PEM-framed: read_ca only checks the framing.
+        std::fs::write(&ca, "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n").unwrap();
+        let err = endpoint("https://10.0.0.1:1", Some(&ca), Some("not a name"))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("not a valid TLS server name"), "{err}");
+        assert!(check_server_name("openshell-supervisor.team-a.svc").is_ok());
+        assert!(check_server_name("10.1.2.3").is_ok());
+        assert!(check_server_name("").is_err());
+    }
+
+    #[tokio::test]
+    async fn connect_errors_name_the_url() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        drop(listener);
+        let err = ClientTls::default()
+            .connect(&url, Duration::from_secs(2))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&url) && err.contains("refused"), "{err}");
+    }
 }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use proto::tls::ClientTls;
 
 /// Log output format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -41,10 +42,21 @@ pub struct Config {
     /// Route of the instance; defaults to "<namespace>/<name>".
     #[arg(long, env = "OPENSHELL_ROUTE")]
     pub route: Option<String>,
-    /// Directory holding `token` (the namespace token) and `trust.jwks` (the gateway's keys);
-    /// both are re-read when they change.
+    /// Directory holding `token` (the namespace token), `trust.jwks` (the gateway's keys) and
+    /// `ca.crt` (the CA of the pool's TLS certificates); all are re-read when they change.
     #[arg(long, env = "OPENSHELL_SUPERVISION_DIR")]
     pub supervision_dir: PathBuf,
+    /// PEM CA bundle that https:// supervisor and gateway addresses are verified against,
+    /// re-read at every connect. Default: `ca.crt` in the supervision directory.
+    #[arg(long, env = "OPENSHELL_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// DNS name the supervisor members' certificates carry (the supervisor Service's), for
+    /// route and redirect addresses that are IPs. Default: the dialed host.
+    #[arg(long, env = "OPENSHELL_SUPERVISOR_TLS_NAME")]
+    pub supervisor_tls_name: Option<String>,
+    /// DNS name the gateway certificates carry, when it is not the endpoints' host.
+    #[arg(long, env = "OPENSHELL_GATEWAY_TLS_NAME")]
+    pub gateway_tls_name: Option<String>,
     /// Unix socket path of the workload endpoint.
     #[arg(long, env = "OPENSHELL_SIDECAR_SOCKET")]
     pub socket: PathBuf,
@@ -74,6 +86,8 @@ pub enum Error {
     Route,
     #[error("{0} is not an http:// or https:// URI: {1}")]
     Address(&'static str, String),
+    #[error("{0}: {1}")]
+    TlsName(&'static str, String),
 }
 
 impl Config {
@@ -115,7 +129,40 @@ impl Config {
                 return Err(Error::Address(env, bad.clone()));
             }
         }
+        let names = [
+            (&self.supervisor_tls_name, "OPENSHELL_SUPERVISOR_TLS_NAME"),
+            (&self.gateway_tls_name, "OPENSHELL_GATEWAY_TLS_NAME"),
+        ];
+        for (name, env) in names {
+            if let Some(name) = name {
+                proto::tls::check_server_name(name).map_err(|why| Error::TlsName(env, why))?;
+            }
+        }
         Ok(())
+    }
+
+    /// The CA bundle file: `--tls-ca`, else `ca.crt` in the supervision directory (read only
+    /// when an https:// address is dialed; the gateway delivers it beside the token).
+    pub fn tls_ca(&self) -> PathBuf {
+        self.tls_ca
+            .clone()
+            .unwrap_or_else(|| self.supervision_dir.join(proto::tls::CA_FILE))
+    }
+
+    /// How supervisor route, member and redirect addresses are verified.
+    pub fn supervisor_tls(&self) -> ClientTls {
+        ClientTls {
+            ca: Some(self.tls_ca()),
+            server_name: self.supervisor_tls_name.clone(),
+        }
+    }
+
+    /// How gateway endpoints are verified.
+    pub fn gateway_tls(&self) -> ClientTls {
+        ClientTls {
+            ca: Some(self.tls_ca()),
+            server_name: self.gateway_tls_name.clone(),
+        }
     }
 
     /// The non-empty supervisor route addresses.
@@ -151,6 +198,8 @@ pub fn valid_address(address: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     fn parse(args: &[&str]) -> Config {
@@ -198,5 +247,36 @@ mod tests {
         let mut c = parse(&[]);
         c.uid.clear();
         assert!(matches!(c.validate(), Err(Error::Missing("uid", _))));
+        let c = parse(&["--supervisor-tls-name", "not a name"]);
+        assert!(
+            matches!(c.validate(), Err(Error::TlsName("OPENSHELL_SUPERVISOR_TLS_NAME", _))),
+            "{:?}",
+            c.validate()
+        );
+    }
+
+    #[test]
+    fn tls_trust_defaults_to_the_supervision_directory() {
+        let c = parse(&[]);
+        assert_eq!(c.tls_ca(), PathBuf::from("/s/ca.crt"));
+        assert_eq!(c.supervisor_tls().server_name, None);
+        let c = parse(&[
+            "--tls-ca",
+            "/etc/pool/ca.crt",
+            "--supervisor-tls-name",
+            "openshell-supervisor.system.svc",
+            "--gateway-tls-name",
+            "openshell-gateway.system.svc",
+        ]);
+        c.validate().unwrap();
+        let supervisor = c.supervisor_tls();
+        assert_eq!(supervisor.ca.as_deref(), Some(Path::new("/etc/pool/ca.crt")));
+        assert_eq!(
+            supervisor.server_name.as_deref(),
+            Some("openshell-supervisor.system.svc")
+        );
+        let gateway = c.gateway_tls();
+        assert_eq!(gateway.ca, supervisor.ca);
+        assert_eq!(gateway.server_name.as_deref(), Some("openshell-gateway.system.svc"));
     }
 }

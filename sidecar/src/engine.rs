@@ -824,7 +824,8 @@ impl Engine {
         let id = self.next_stream;
         self.next_stream += 1;
         debug!(stream = id, %address, "dialing the supervisor route");
-        let link = Link::spawn(id, address.clone(), first, token, self.link_tx.clone());
+        let tls = self.cfg.supervisor_tls();
+        let link = Link::spawn(id, address.clone(), tls, first, token, self.link_tx.clone());
         self.streams.insert(
             id,
             Stream {

@@ -88,7 +88,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
     // The receipt key is durable before it is registered.
     file.save(&state)?;
 
-    let registry = Arc::new(Registry::new(cfg.gateway_addresses(), cfg.supervision_dir.clone()));
+    let registry = Arc::new(Registry::new(
+        cfg.gateway_addresses(),
+        cfg.gateway_tls(),
+        cfg.supervision_dir.clone(),
+    ));
     let material = Material::new(
         &Binding {
             route: &route,

@@ -10,11 +10,11 @@ use std::sync::Arc;
 use proto::runtime::v1::supervisor_runtime_client::SupervisorRuntimeClient;
 use proto::runtime::v1::{Attach, Heartbeat, SidecarMessage, SupervisorMessage, sidecar_message, supervisor_message};
 use proto::timing::{CONNECT_TIMEOUT, RUNTIME_HEARTBEAT_INTERVAL, RUNTIME_SILENCE_TIMEOUT};
+use proto::tls::{ClientTls, ConnectError};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior, sleep_until, timeout};
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Endpoint;
 use tracing::debug;
 
 use crate::recovery::{Episode, Slot};
@@ -46,12 +46,8 @@ pub enum First {
 
 #[derive(Debug, thiserror::Error)]
 enum Error {
-    #[error("invalid address: {0}")]
-    Address(String),
-    #[error("connect timed out")]
-    ConnectTimeout,
-    #[error("transport: {0}")]
-    Transport(#[from] tonic::transport::Error),
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
     #[error("status {0}: {1}")]
     Status(tonic::Code, String),
     #[error("silent for {RUNTIME_SILENCE_TIMEOUT:?}")]
@@ -78,9 +74,11 @@ pub struct Link {
 }
 
 impl Link {
+    /// Dials `address` (verified with `tls` when it is https://) and runs the stream.
     pub fn spawn(
         id: StreamId,
         address: String,
+        tls: ClientTls,
         first: First,
         token: Token,
         events: mpsc::Sender<(StreamId, LinkEvent)>,
@@ -88,7 +86,12 @@ impl Link {
         let (tx, rx) = mpsc::channel(OUTBOUND_CAPACITY);
         let task = tokio::spawn(async move {
             let mut opened = false;
-            let result = drive(id, &address, first, &token, &events, rx, &mut opened).await;
+            let dial = Dial {
+                id,
+                address: &address,
+                tls: &tls,
+            };
+            let result = drive(dial, first, &token, &events, rx, &mut opened).await;
             let reason = match result {
                 Ok(()) => "closed".to_owned(),
                 Err(err) => err.to_string(),
@@ -121,21 +124,22 @@ impl Link {
     }
 }
 
-async fn drive(
+/// Which stream dials where.
+struct Dial<'a> {
     id: StreamId,
-    address: &str,
+    address: &'a str,
+    tls: &'a ClientTls,
+}
+
+async fn drive(
+    Dial { id, address, tls }: Dial<'_>,
     first: First,
     token: &Token,
     events: &mpsc::Sender<(StreamId, LinkEvent)>,
     mut commands: mpsc::Receiver<SidecarMessage>,
     opened: &mut bool,
 ) -> Result<(), Error> {
-    let endpoint = Endpoint::from_shared(address.to_owned())
-        .map_err(|_| Error::Address(address.chars().take(128).collect()))?
-        .connect_timeout(CONNECT_TIMEOUT);
-    let channel = timeout(CONNECT_TIMEOUT, endpoint.connect())
-        .await
-        .map_err(|_| Error::ConnectTimeout)??;
+    let channel = tls.connect(address, CONNECT_TIMEOUT).await?;
     let first = match first {
         First::Attach(attach) => sidecar_message::Kind::Attach(attach),
         First::Hello(episode) => loop {

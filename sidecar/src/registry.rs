@@ -10,9 +10,10 @@ use std::time::Duration;
 use proto::registry::v1::instance_registry_client::InstanceRegistryClient;
 use proto::registry::v1::{DeregisterRequest, RecoveryFailedRequest, RegisterRequest, RegisterResponse};
 use proto::timing::{CONNECT_TIMEOUT, reconnect_backoff};
+use proto::tls::{ClientTls, ConnectError};
 use tokio::time::timeout;
 use tonic::metadata::{Ascii, MetadataValue};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tracing::warn;
 
 use crate::supervision::read_token;
@@ -24,10 +25,10 @@ pub const FINAL_CALL_ATTEMPTS: u32 = 8;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("invalid gateway endpoint {0}")]
-    Endpoint(String),
-    #[error("cannot connect to {0}: {1}")]
-    Connect(String, String),
+    #[error("no gateway endpoint configured")]
+    NoEndpoint,
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
     #[error("{0}")]
     Token(#[from] crate::supervision::Error),
     #[error("{0} timed out")]
@@ -41,6 +42,7 @@ pub enum Error {
 #[derive(Debug)]
 pub struct Registry {
     endpoints: Vec<String>,
+    tls: ClientTls,
     supervision_dir: PathBuf,
     cursor: AtomicUsize,
 }
@@ -63,9 +65,11 @@ impl Call {
 }
 
 impl Registry {
-    pub fn new(endpoints: Vec<String>, supervision_dir: PathBuf) -> Self {
+    /// `endpoints` are verified with `tls` when they are https://.
+    pub fn new(endpoints: Vec<String>, tls: ClientTls, supervision_dir: PathBuf) -> Self {
         Self {
             endpoints,
+            tls,
             supervision_dir,
             cursor: AtomicUsize::new(0),
         }
@@ -140,17 +144,10 @@ impl Registry {
 
     async fn client(&self) -> Result<InstanceRegistryClient<Channel>, Error> {
         if self.endpoints.is_empty() {
-            return Err(Error::Endpoint("(none configured)".into()));
+            return Err(Error::NoEndpoint);
         }
         let index = self.cursor.fetch_add(1, Ordering::Relaxed) % self.endpoints.len();
-        let address = &self.endpoints[index];
-        let endpoint = Endpoint::from_shared(address.clone())
-            .map_err(|_| Error::Endpoint(address.clone()))?
-            .connect_timeout(CONNECT_TIMEOUT);
-        let channel = timeout(CONNECT_TIMEOUT, endpoint.connect())
-            .await
-            .map_err(|_| Error::Connect(address.clone(), "timed out".into()))?
-            .map_err(|e| Error::Connect(address.clone(), e.to_string()))?;
+        let channel = self.tls.connect(&self.endpoints[index], CONNECT_TIMEOUT).await?;
         Ok(InstanceRegistryClient::new(channel)
             .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(proto::MAX_MESSAGE_BYTES))

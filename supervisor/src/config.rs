@@ -17,6 +17,10 @@ pub const RUNTIME_LISTEN_ENV: &str = "OPENSHELL_SUPERVISOR_RUNTIME_LISTEN";
 pub const GATEWAY_ENDPOINTS_ENV: &str = "OPENSHELL_GATEWAY_ENDPOINTS";
 pub const TOKEN_FILE_ENV: &str = "OPENSHELL_SUPERVISOR_TOKEN_FILE";
 pub const HEALTH_LISTEN_ENV: &str = "OPENSHELL_SUPERVISOR_HEALTH_LISTEN";
+pub const TLS_CERT_ENV: &str = "OPENSHELL_SUPERVISOR_TLS_CERT";
+pub const TLS_KEY_ENV: &str = "OPENSHELL_SUPERVISOR_TLS_KEY";
+pub const TLS_CA_ENV: &str = "OPENSHELL_TLS_CA";
+pub const GATEWAY_TLS_NAME_ENV: &str = "OPENSHELL_GATEWAY_TLS_NAME";
 
 /// Longest member name (DNS-1123 subdomain) and runtime address, in bytes (host.proto Hello).
 const MAX_MEMBER_BYTES: usize = 253;
@@ -34,7 +38,8 @@ pub struct Config {
     pub member: String,
 
     /// gRPC URI where sidecars reach this member's runtime service, published in the route
-    /// directory (e.g. http://10.1.2.3:50061). Default: http://<bound runtime listen address>.
+    /// directory (e.g. https://10.1.2.3:50061; https:// exactly when --tls-cert is set).
+    /// Default: http(s)://<bound runtime listen address>.
     #[arg(long, env = RUNTIME_ADDRESS_ENV)]
     pub runtime_address: Option<String>,
 
@@ -46,7 +51,8 @@ pub struct Config {
     #[arg(long, env = RUNTIME_LISTEN_ENV, default_value = "127.0.0.1:0")]
     pub runtime_listen: SocketAddr,
 
-    /// Gateway replica URIs, comma-separated (e.g. http://gw-0:50051,http://gw-1:50051).
+    /// Gateway replica URIs, comma-separated (e.g. https://gw-0:50051,https://gw-1:50051);
+    /// https:// needs --tls-ca.
     #[arg(long, env = GATEWAY_ENDPOINTS_ENV, value_delimiter = ',', required = true)]
     pub gateway_endpoints: Vec<String>,
 
@@ -56,6 +62,24 @@ pub struct Config {
     /// gateway without authentication).
     #[arg(long, env = TOKEN_FILE_ENV)]
     pub token_file: Option<PathBuf>,
+
+    /// PEM certificate (chain) of the runtime port; with --tls-key the port speaks TLS only.
+    /// Re-read when the file changes; not ready until it is loaded.
+    #[arg(long, env = TLS_CERT_ENV, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = TLS_KEY_ENV, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// PEM CA bundle that https:// gateway endpoints are verified against; re-read at every
+    /// connect.
+    #[arg(long, env = TLS_CA_ENV)]
+    pub tls_ca: Option<PathBuf>,
+
+    /// DNS name the gateway certificates must carry, when it is not the endpoints' host.
+    #[arg(long, env = GATEWAY_TLS_NAME_ENV)]
+    pub gateway_tls_name: Option<String>,
 
     /// Plain-HTTP health port (/healthz, /readyz), e.g. 0.0.0.0:9090. Unset: none.
     #[arg(long, env = HEALTH_LISTEN_ENV)]
@@ -87,6 +111,12 @@ pub enum ConfigError {
     #[error("{RUNTIME_ADDRESS_ENV}={0:?} is not a runtime address: {1}")]
     RuntimeAddress(String, &'static str),
     #[error(
+        "{GATEWAY_ENDPOINTS_ENV}: {0} is https:// but {TLS_CA_ENV} is not set: give the CA bundle that signed the gateway certificate"
+    )]
+    NoCa(String),
+    #[error("{GATEWAY_TLS_NAME_ENV}: {0}")]
+    GatewayTlsName(String),
+    #[error(
         "{RUNTIME_ADDRESS_ENV} must be set when {RUNTIME_LISTEN_ENV} ({0}) is a wildcard address: \
          sidecars need an address they can dial"
     )]
@@ -105,12 +135,31 @@ impl Config {
             return Err(ConfigError::NoEndpoints);
         }
         for endpoint in endpoints {
-            check_uri(endpoint, false).map_err(|why| ConfigError::Endpoint(endpoint.to_owned(), why))?;
+            let scheme = check_uri(endpoint, false).map_err(|why| ConfigError::Endpoint(endpoint.to_owned(), why))?;
+            if scheme == Scheme::Https && self.tls_ca.is_none() {
+                return Err(ConfigError::NoCa(endpoint.to_owned()));
+            }
+        }
+        if let Some(name) = &self.gateway_tls_name {
+            proto::tls::check_server_name(name).map_err(ConfigError::GatewayTlsName)?;
         }
         if let Some(address) = &self.runtime_address {
-            check_runtime_address(address)?;
+            self.check_runtime_address(address)?;
         }
         Ok(())
+    }
+
+    /// Does the runtime port speak TLS (`--tls-cert` and `--tls-key` set)?
+    pub fn serves_tls(&self) -> bool {
+        self.tls_cert.is_some() && self.tls_key.is_some()
+    }
+
+    /// How gateway endpoints are verified.
+    pub fn gateway_tls(&self) -> proto::tls::ClientTls {
+        proto::tls::ClientTls {
+            ca: self.tls_ca.clone(),
+            server_name: self.gateway_tls_name.clone(),
+        }
     }
 
     /// Gateway endpoints, trimmed, empty entries skipped.
@@ -133,13 +182,29 @@ impl Config {
     /// runtime listener.
     pub fn runtime_address_for(&self, bound: SocketAddr) -> Result<String, ConfigError> {
         if let Some(address) = &self.runtime_address {
-            check_runtime_address(address)?;
+            self.check_runtime_address(address)?;
             return Ok(address.clone());
         }
         if bound.ip().is_unspecified() {
             return Err(ConfigError::WildcardListen(bound));
         }
-        Ok(format!("http://{bound}"))
+        let scheme = if self.serves_tls() { "https" } else { "http" };
+        Ok(format!("{scheme}://{bound}"))
+    }
+
+    /// A runtime address: a URI with a host and a port, https:// exactly when the runtime
+    /// port speaks TLS.
+    fn check_runtime_address(&self, address: &str) -> Result<(), ConfigError> {
+        let invalid = |why| Err(ConfigError::RuntimeAddress(address.to_owned(), why));
+        if address.is_empty() || address.len() > MAX_RUNTIME_ADDRESS_BYTES {
+            return invalid("must be 1..=256 bytes");
+        }
+        match (check_uri(address, true), self.serves_tls()) {
+            (Err(why), _) => invalid(why),
+            (Ok(Scheme::Http), true) => invalid("the runtime port speaks TLS (--tls-cert): use https://"),
+            (Ok(Scheme::Https), false) => invalid("https:// needs --tls-cert and --tls-key"),
+            (Ok(_), _) => Ok(()),
+        }
     }
 }
 
@@ -169,28 +234,27 @@ fn validate_member(member: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
-fn check_runtime_address(address: &str) -> Result<(), ConfigError> {
-    let invalid = |why| Err(ConfigError::RuntimeAddress(address.to_owned(), why));
-    if address.is_empty() || address.len() > MAX_RUNTIME_ADDRESS_BYTES {
-        return invalid("must be 1..=256 bytes");
-    }
-    check_uri(address, true).or_else(invalid)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scheme {
+    Http,
+    Https,
 }
 
-/// A gRPC endpoint URI: http scheme (TLS is not configured yet), a host, optionally a required
-/// port.
-fn check_uri(uri: &str, port_required: bool) -> Result<(), &'static str> {
+/// A gRPC endpoint URI: http:// or https://, a host, optionally a required port.
+fn check_uri(uri: &str, port_required: bool) -> Result<Scheme, &'static str> {
     let parsed: Uri = uri.parse().map_err(|_| "not a URI")?;
-    if parsed.scheme_str() != Some("http") {
-        return Err("the scheme must be http:// (TLS is not supported yet)");
-    }
+    let scheme = match parsed.scheme_str() {
+        Some("http") => Scheme::Http,
+        Some("https") => Scheme::Https,
+        _ => return Err("the scheme must be http:// or https://"),
+    };
     if parsed.host().is_none_or(str::is_empty) {
         return Err("no host");
     }
     if port_required && parsed.port_u16().is_none() {
         return Err("no port");
     }
-    Ok(())
+    Ok(scheme)
 }
 
 /// The supervisor token. A secret: no `Display`, redacted `Debug`.
@@ -325,6 +389,46 @@ mod tests {
         assert!(err.contains(RUNTIME_ADDRESS_ENV), "{err}");
         let config = parse(&["--member", "m", "--runtime-address", "http://10.1.2.3:50061"]);
         assert_eq!(config.runtime_address_for(bound).unwrap(), "http://10.1.2.3:50061");
+    }
+
+    #[test]
+    fn tls_settings() {
+        let https = ["--member", "m", "--gateway-endpoints", "https://gw:50051"];
+        let err = parse(&https).validate().unwrap_err().to_string();
+        assert!(err.contains(TLS_CA_ENV) && err.contains("https://gw:50051"), "{err}");
+
+        let name = "openshell-gateway.system.svc";
+        let config = parse(&[&https[..], &["--tls-ca", "/ca.crt", "--gateway-tls-name", name]].concat());
+        config.validate().unwrap();
+        let expected = proto::tls::ClientTls {
+            ca: Some("/ca.crt".into()),
+            server_name: Some(name.to_owned()),
+        };
+        assert_eq!(config.gateway_tls(), expected);
+        let config = parse(&[&https[..], &["--tls-ca", "/ca.crt", "--gateway-tls-name", "not a name"]].concat());
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains(GATEWAY_TLS_NAME_ENV), "{err}");
+
+        // A certificate needs its key.
+        let base = ["supervisor", "--member", "m", "--gateway-endpoints", "http://g:1"];
+        assert!(Config::try_parse_from([&base[..], &["--tls-cert", "/tls.crt"]].concat()).is_err());
+        assert!(Config::try_parse_from([&base[..], &["--tls-key", "/tls.key"]].concat()).is_err());
+
+        // Serving TLS: the advertised runtime address is https://, and only https:// is accepted.
+        let bound: SocketAddr = "127.0.0.1:4711".parse().unwrap();
+        let serving = ["--member", "m", "--tls-cert", "/tls.crt", "--tls-key", "/tls.key"];
+        let config = parse(&serving);
+        assert!(config.serves_tls());
+        config.validate().unwrap();
+        assert_eq!(config.runtime_address_for(bound).unwrap(), "https://127.0.0.1:4711");
+        let config = parse(&[&serving[..], &["--runtime-address", "https://10.1.2.3:50061"]].concat());
+        assert_eq!(config.runtime_address_for(bound).unwrap(), "https://10.1.2.3:50061");
+        let config = parse(&[&serving[..], &["--runtime-address", "http://10.1.2.3:50061"]].concat());
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains(RUNTIME_ADDRESS_ENV) && err.contains("https://"), "{err}");
+        let config = parse(&["--member", "m", "--runtime-address", "https://10.1.2.3:50061"]);
+        let err = config.runtime_address_for(bound).unwrap_err().to_string();
+        assert!(err.contains(RUNTIME_ADDRESS_ENV) && err.contains("--tls-cert"), "{err}");
     }
 
     #[tokio::test]

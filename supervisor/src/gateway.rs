@@ -3,7 +3,7 @@
 //!
 //! Single use (recovery.proto "Retry rule"): a call is sent at most once. Only reaching a
 //! replica is retried (over the endpoints in turn, each bounded by
-//! [`timing::CONNECT_TIMEOUT`]), because nothing was sent yet; once the request is on the wire
+//! [`timing::CONNECT_TIMEOUT`], the CA bundle read again for each), because nothing was sent yet; once the request is on the wire
 //! any error, including a lost response or [`CALL_TIMEOUT`], is final and the caller reports
 //! the instance FAILED for that term.
 
@@ -16,8 +16,9 @@ use proto::recovery::v1::{
     ActivateRequest, ActivationProof, IssueGrantRequest, IssueGrantResponse, TrustBundleRequest, TrustBundleResponse,
 };
 use proto::timing;
+use proto::tls::ClientTls;
 use tonic::metadata::MetadataValue;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::config::{self, TokenError};
 
@@ -38,19 +39,22 @@ pub enum CallError {
     Invalid(&'static str),
 }
 
-/// The gateway replicas and the supervisor token file; shared by every session.
+/// The gateway replicas, how they are verified and the supervisor token file; shared by every
+/// session.
 #[derive(Debug)]
 pub(crate) struct Gateway {
     endpoints: Vec<String>,
     token_file: Option<PathBuf>,
+    tls: ClientTls,
     next: AtomicUsize,
 }
 
 impl Gateway {
-    pub(crate) fn new(endpoints: Vec<String>, token_file: Option<PathBuf>) -> Self {
+    pub(crate) fn new(endpoints: Vec<String>, token_file: Option<PathBuf>, tls: ClientTls) -> Self {
         Self {
             endpoints,
             token_file,
+            tls,
             next: AtomicUsize::new(0),
         }
     }
@@ -104,14 +108,8 @@ impl Gateway {
         for _ in 0..self.endpoints.len() {
             let index = self.next.fetch_add(1, Ordering::Relaxed) % self.endpoints.len();
             let endpoint = &self.endpoints[index];
-            let connect = async {
-                Endpoint::from_shared(endpoint.clone())?
-                    .connect_timeout(timing::CONNECT_TIMEOUT)
-                    .connect()
-                    .await
-            };
-            match tokio::time::timeout(timing::CONNECT_TIMEOUT, connect).await {
-                Ok(Ok(channel)) => {
+            match self.tls.connect(endpoint, timing::CONNECT_TIMEOUT).await {
+                Ok(channel) => {
                     // Stay on a replica that answers.
                     self.next.store(index, Ordering::Relaxed);
                     let client = SupervisorRecoveryClient::new(channel)
@@ -119,8 +117,7 @@ impl Gateway {
                         .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
                     return Ok((client, request));
                 }
-                Ok(Err(err)) => last_error = format!("{endpoint}: {err}"),
-                Err(_) => last_error = format!("{endpoint}: no connection within {:?}", timing::CONNECT_TIMEOUT),
+                Err(err) => last_error = err.to_string(),
             }
         }
         Err(CallError::Unreachable(last_error))

@@ -1,12 +1,14 @@
 //! The plain-HTTP health port (`--health-listen`), the supervisor's counterpart of the
 //! gateway's: `/healthz` answers 200 while the process serves; `/readyz` answers 200 only while
-//! the runtime listener serves sidecars **and** the member is attached to a gateway replica
-//! (a gateway message arrived on the current host stream), and not once it is leaving the
-//! pool; 503 with the reason otherwise. In Kubernetes the readiness gate keeps a member out of
+//! the runtime listener serves sidecars (with TLS: once its certificate is loaded) **and** the
+//! member is attached to a gateway replica (a gateway message arrived on the current host
+//! stream), and not once it is leaving the pool; 503 with the reason otherwise. In Kubernetes the readiness gate keeps a member out of
 //! the supervisor Service until sidecars routed to it can be served.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+
+use proto::tls::CertStore;
 
 use axum::Router;
 use axum::extract::State;
@@ -22,6 +24,8 @@ pub struct Readiness {
     gateway_attached: AtomicBool,
     /// The member's shutdown token: cancelled once it is leaving the pool.
     leaving: CancellationToken,
+    /// The runtime port's certificate, when it speaks TLS.
+    certificate: Option<Arc<CertStore>>,
 }
 
 impl Readiness {
@@ -32,7 +36,14 @@ impl Readiness {
             runtime_serving: AtomicBool::new(false),
             gateway_attached: AtomicBool::new(false),
             leaving,
+            certificate: None,
         }
+    }
+
+    /// Not ready either until `certificate` (the runtime port's) is loaded.
+    pub fn with_certificate(mut self, certificate: Option<Arc<CertStore>>) -> Self {
+        self.certificate = certificate;
+        self
     }
 
     pub(crate) fn set_runtime_serving(&self, serving: bool) {
@@ -49,6 +60,8 @@ impl Readiness {
             Err("leaving the pool")
         } else if !self.runtime_serving.load(Ordering::Acquire) {
             Err("the runtime listener is not serving")
+        } else if self.certificate.as_ref().is_some_and(|c| !c.is_loaded()) {
+            Err("no serving certificate loaded yet")
         } else if !self.gateway_attached.load(Ordering::Acquire) {
             Err("not attached to a gateway")
         } else {
@@ -93,5 +106,23 @@ mod tests {
         readiness.set_gateway_attached(true);
         leaving.cancel();
         assert_eq!(readiness.check(), Err("leaving the pool"));
+    }
+
+    #[test]
+    fn with_tls_ready_needs_a_loaded_certificate() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        let store = Arc::new(CertStore::new(cert.clone(), key.clone()));
+        let readiness = Readiness::new(CancellationToken::new()).with_certificate(Some(Arc::clone(&store)));
+        readiness.set_runtime_serving(true);
+        readiness.set_gateway_attached(true);
+        // The Secret is not there yet.
+        assert!(store.reload().is_err());
+        assert_eq!(readiness.check(), Err("no serving certificate loaded yet"));
+        let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+        std::fs::write(&cert, certified.cert.pem()).unwrap();
+        std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
+        store.reload().unwrap();
+        assert_eq!(readiness.check(), Ok(()));
     }
 }

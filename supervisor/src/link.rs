@@ -17,12 +17,12 @@ use proto::host::v1::member_message::Kind;
 use proto::host::v1::supervisor_host_client::SupervisorHostClient;
 use proto::host::v1::{Ack, GatewayMessage, Heartbeat, Hello, Leaving, MemberMessage, gateway_message};
 use proto::timing;
+use proto::tls::{ClientTls, ConnectError};
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::metadata::MetadataValue;
-use tonic::transport::Endpoint;
 use tonic::{Code, Status, Streaming};
 
 use crate::config::{self, TokenError};
@@ -62,8 +62,8 @@ pub enum LinkError {
 enum AttemptError {
     #[error(transparent)]
     Token(#[from] TokenError),
-    #[error("{0}")]
-    Transport(#[from] tonic::transport::Error),
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
     #[error("no answer within {0:?}")]
     Timeout(Duration),
     #[error("{0}")]
@@ -80,6 +80,7 @@ pub(crate) struct Link {
     identity: Identity,
     endpoints: Vec<String>,
     token_file: Option<PathBuf>,
+    tls: ClientTls,
     shutdown: CancellationToken,
     started: Instant,
     epoch: u64,
@@ -95,6 +96,7 @@ impl Link {
         identity: Identity,
         endpoints: Vec<String>,
         token_file: Option<PathBuf>,
+        tls: ClientTls,
         shutdown: CancellationToken,
         readiness: Arc<Readiness>,
     ) -> Self {
@@ -102,6 +104,7 @@ impl Link {
             identity,
             endpoints,
             token_file,
+            tls,
             shutdown,
             started: Instant::now(),
             epoch: 0,
@@ -153,8 +156,8 @@ impl Link {
         }
     }
 
-    /// Opens a stream: reads the token, connects and sends Hello, all within the connect
-    /// timeout.
+    /// Opens a stream: reads the token, connects (reading the CA bundle again) and sends
+    /// Hello, all within the connect timeout.
     async fn attach(
         &self,
         endpoint: &str,
@@ -185,10 +188,7 @@ impl Link {
             request.metadata_mut().insert(proto::AUTHORIZATION_METADATA_KEY, value);
         }
         let attempt = async {
-            let channel = Endpoint::from_shared(endpoint.to_owned())?
-                .connect_timeout(timing::CONNECT_TIMEOUT)
-                .connect()
-                .await?;
+            let channel = self.tls.connect(endpoint, timing::CONNECT_TIMEOUT).await?;
             let mut client = SupervisorHostClient::new(channel)
                 .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);

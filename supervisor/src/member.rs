@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use proto::tls::CertStore;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -28,6 +29,8 @@ pub enum Error {
     Listen { address: String, source: std::io::Error },
     #[error("cannot listen for health checks on {address} (OPENSHELL_SUPERVISOR_HEALTH_LISTEN): {source}")]
     HealthListen { address: String, source: std::io::Error },
+    #[error("TLS of the runtime port (OPENSHELL_SUPERVISOR_TLS_CERT, OPENSHELL_SUPERVISOR_TLS_KEY): {0}")]
+    Tls(#[from] proto::tls::TlsError),
     #[error(transparent)]
     Link(#[from] LinkError),
 }
@@ -88,8 +91,23 @@ pub async fn run_on(config: Config, listeners: Listeners, shutdown: Cancellation
         source,
     };
     let bound = listener.local_addr().map_err(listen_error)?;
-    let readiness = Arc::new(Readiness::new(shutdown.clone()));
+    let stop_runtime = CancellationToken::new();
+    // Early returns below stop whatever was started already.
+    let _stop_runtime_on_return = stop_runtime.clone().drop_guard();
+    let certificate = match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => {
+            let stop = stop_runtime.clone().cancelled_owned();
+            Some(CertStore::load_and_watch(cert.clone(), key.clone(), stop).await)
+        }
+        _ => None,
+    };
+    let tls = match &certificate {
+        Some(store) => Some(proto::tls::server_config(Arc::clone(store), &[b"h2"])?),
+        None => None,
+    };
+    let readiness = Arc::new(Readiness::new(shutdown.clone()).with_certificate(certificate));
     let stop_health = CancellationToken::new();
+    let _stop_health_on_return = stop_health.clone().drop_guard();
     if let Some(health) = health {
         let address = health.local_addr().map_or_else(|_| "?".to_owned(), |a| a.to_string());
         tracing::info!(%address, "health port serving /healthz and /readyz");
@@ -115,15 +133,18 @@ pub async fn run_on(config: Config, listeners: Listeners, shutdown: Cancellation
     );
 
     let endpoints: Vec<String> = config.endpoints().into_iter().map(str::to_owned).collect();
-    let gateway = Arc::new(Gateway::new(endpoints.clone(), config.token_file.clone()));
+    let gateway = Arc::new(Gateway::new(
+        endpoints.clone(),
+        config.token_file.clone(),
+        config.gateway_tls(),
+    ));
     let me = Me {
         member: identity.member.clone(),
         process_id: identity.process_id.clone(),
     };
     let (table_tx, table) = watch::channel(Arc::new(RouteTable::default()));
     let trust = TrustStore::new(config.trust_bundle_file(), Arc::clone(&gateway));
-    let stop_runtime = CancellationToken::new();
-    let runtime = crate::runtime::serve(listener, me.clone(), trust, table.clone(), stop_runtime.clone());
+    let runtime = crate::runtime::serve(listener, tls, me.clone(), trust, table.clone(), stop_runtime.clone());
     tokio::spawn(runtime.instrument(span.clone()));
     readiness.set_runtime_serving(true);
 
@@ -133,6 +154,7 @@ pub async fn run_on(config: Config, listeners: Listeners, shutdown: Cancellation
         identity,
         endpoints,
         config.token_file.clone(),
+        config.gateway_tls(),
         shutdown,
         Arc::clone(&readiness),
     );

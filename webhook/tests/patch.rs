@@ -276,16 +276,6 @@ fn assert_injected(pod: &Pod, mode: SidecarMode, original: &Value) {
     assert_eq!(record["volumes"], json!([TOKEN_VOLUME, SOCKET_VOLUME, STATE_VOLUME]));
 }
 
-/// Sidecar variables the webhook injects whose flags are being added to the sidecar in the same
-/// merge (sidecar TLS). While the sidecar's clap definition lacks one, it is checked for its
-/// value here instead of being parsed; once the sidecar defines it, it is parsed like every
-/// other variable (the entry is then unused). Expected-pending until the sidecar TLS work is
-/// merged: remove the entry then.
-const PENDING_SIDECAR_ENV: [(&str, &str); 1] = [(
-    "OPENSHELL_SUPERVISOR_TLS_NAME",
-    "openshell-supervisor.openshell-supervision.svc",
-)];
-
 /// Resolves the sidecar container's env as the kubelet would (downward API from `pod`, with a
 /// UID since admission runs before one is set), then parses it with the sidecar binary's own
 /// clap definition, flag by flag, and validates it. Every variable the sidecar requires must be
@@ -319,10 +309,7 @@ fn assert_sidecar_accepts(sidecar: &k8s_openapi::api::core::v1::Container, pod: 
             other => panic!("{}: unexpected env source {other:?}", var.name),
         };
         let Some(arg) = by_env.get(&var.name) else {
-            let pending = PENDING_SIDECAR_ENV.iter().find(|(name, _)| *name == var.name);
-            let (_, expected) = pending.unwrap_or_else(|| panic!("the sidecar does not read {}", var.name));
-            assert_eq!(&value, expected, "{}", var.name);
-            continue;
+            panic!("the sidecar does not read {}", var.name);
         };
         args.push(format!("--{}={value}", arg.get_long().expect("a long flag")));
         injected.push(var.name.clone());

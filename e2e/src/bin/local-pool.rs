@@ -2,6 +2,7 @@
 //! the embedded SQLite store, two gateway replicas, two supervisor members
 //! and three sandboxes (a sidecar and a counting agent each), then prints
 //! live pool status (members, owners, terms, counters) until interrupted.
+//! Every gRPC connection is TLS unless `--plaintext`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -31,6 +32,10 @@ struct Args {
     /// Stop after this many status prints (0: until interrupted).
     #[arg(long, default_value_t = 0)]
     rounds: u64,
+    /// Plaintext gRPC everywhere (for debugging with plain tools); default: TLS with a
+    /// throwaway CA in the working directory (ca.crt, tls.crt, tls.key).
+    #[arg(long, env = "OPENSHELL_LOCAL_PLAINTEXT")]
+    plaintext: bool,
 }
 
 #[tokio::main]
@@ -43,6 +48,7 @@ async fn main() -> anyhow::Result<()> {
         members: args.members,
         sandboxes: args.sandboxes,
         lease_length_ms: 5000,
+        plaintext: args.plaintext,
     };
     println!(
         "starting {} gateway replicas, {} supervisor members and {} sandboxes in {} ...",

@@ -19,7 +19,7 @@ use proto::timing;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
@@ -38,9 +38,11 @@ pub const PARK_BOUND: Duration = Duration::from_secs(30);
 /// Most streams parked at once; more are refused with UNAVAILABLE.
 pub const MAX_PARKED: usize = 1024;
 
-/// Serves the runtime service on `listener` until `stop`.
+/// Serves the runtime service on `listener` until `stop`; with `tls`, connections are TLS
+/// (handshakes off the accept loop), without, plaintext.
 pub(crate) async fn serve(
     listener: TcpListener,
+    tls: Option<rustls::ServerConfig>,
     me: Me,
     trust: TrustStore,
     table: watch::Receiver<Arc<RouteTable>>,
@@ -56,10 +58,8 @@ pub(crate) async fn serve(
     let service = SupervisorRuntimeServer::new(service)
         .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
-    let served = tonic::transport::Server::builder()
-        .add_service(service)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop.cancelled_owned())
-        .await;
+    let router = tonic::transport::Server::builder().add_service(service);
+    let served = proto::tls::serve(router, listener, tls, stop.cancelled_owned()).await;
     if let Err(err) = served {
         tracing::error!(%err, "runtime service failed");
     }

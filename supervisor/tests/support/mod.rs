@@ -3,6 +3,7 @@
 //! to run a member in-process.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod pki;
 pub mod recovery;
 pub mod sidecar;
 
@@ -23,7 +24,7 @@ use proto::recovery::v1::supervisor_recovery_server::SupervisorRecoveryServer;
 use tokio::net::TcpListener;
 use tokio::sync::{Mutex, mpsc};
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -136,8 +137,18 @@ impl FakeGateway {
     }
 
     pub async fn start_with_keys(keys: recovery::Keys) -> Self {
+        Self::serve(keys, None).await
+    }
+
+    /// A fake gateway whose port speaks TLS only (its endpoint is https://).
+    pub async fn start_tls(tls: rustls::ServerConfig) -> Self {
+        Self::serve(recovery::Keys::new(1, "gateway-key-1"), Some(tls)).await
+    }
+
+    async fn serve(keys: recovery::Keys, tls: Option<rustls::ServerConfig>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let endpoint = format!("{scheme}://{}", listener.local_addr().unwrap());
         let (tx, connections) = mpsc::unbounded_channel();
         let refuse = Arc::new(std::sync::Mutex::new(None));
         let service = SupervisorHostServer::new(Service {
@@ -146,12 +157,10 @@ impl FakeGateway {
         })
         .max_decoding_message_size(proto::MAX_MESSAGE_BYTES);
         let (recovery, calls) = recovery::Recovery::new(keys);
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(service)
-                .add_service(SupervisorRecoveryServer::new(recovery.clone()))
-                .serve_with_incoming(TcpListenerStream::new(listener)),
-        );
+        let router = tonic::transport::Server::builder()
+            .add_service(service)
+            .add_service(SupervisorRecoveryServer::new(recovery.clone()));
+        tokio::spawn(proto::tls::serve(router, listener, tls, std::future::pending()));
         Self {
             endpoint,
             connections,
