@@ -119,7 +119,11 @@ pub async fn concurrent_contenders_never_share_a_term(db: &TestDb) {
                 granted.fetch_add(1, Ordering::SeqCst);
                 seen.lock().await.entry(lease.term).or_default().push(holder.clone());
                 // Prove the lease with a fenced write, then hand it on.
-                let op = operation(&format!("op-{}", lease.term));
+                // (One open drain per member: each term drains its own.)
+                let op = Operation {
+                    target: format!("member-{}", lease.term),
+                    ..operation(&format!("op-{}", lease.term))
+                };
                 store
                     .write_fenced(&lease, &[FencedWrite::PutOperation(op)])
                     .await
