@@ -4,7 +4,6 @@
 //! - [`process`]: one child process with its log file and signals;
 //! - [`local`]: a local pool — gateway replicas and supervisor members — and
 //!   its status over the operator API;
-//! - [`status`]: rendering pool status for people;
 //! - [`cluster`]: a real cluster through `kubectl`, for the cluster test (only with `KUBECONFIG`).
 
 pub mod agent_log;
@@ -12,4 +11,3 @@ pub mod cluster;
 pub mod local;
 pub mod process;
 pub mod scenarios;
-pub mod status;

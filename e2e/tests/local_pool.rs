@@ -48,7 +48,7 @@ async fn members_show_up_in_the_pool_status() {
     };
     let names: Vec<&str> = status.members.iter().map(|m| m.name.as_str()).collect();
     assert_eq!(names, vec!["supervisor-0", "supervisor-1"]);
-    let rendered = e2e::status::render(&status);
+    let rendered = gateway::poolctl::render(&status);
     assert!(
         rendered.contains("supervisor-0") && rendered.contains("coordinator: gateway-"),
         "{rendered}"

@@ -429,6 +429,9 @@ impl Engine {
         };
         self.dial.redirects = self.dial.redirects.saturating_add(1);
         self.dial.preferred = Some(redirect.runtime_address);
+        if let Mode::Recovering { episode } = &self.mode {
+            episode.redirected();
+        }
         self.dial.next_at = Instant::now() + delay;
     }
 

@@ -1,8 +1,11 @@
 //! One recovery episode: its deadline and its RecoveryHello budget. Shared between the engine
 //! (repeating a hello on an open stream) and the links dialing a new stream (whose first
 //! message is a hello), so the rule holds across streams: at most one RecoveryHello per
-//! `RECOVERY_HELLO_INTERVAL`, attempts numbered from 1, none at or after the deadline. The
-//! deadline is fixed when the episode starts: nothing a candidate does extends it.
+//! `RECOVERY_HELLO_INTERVAL`, attempts numbered from 1, none at or after the deadline — except
+//! that the first hello answered by a redirect may be followed at once by one to the owner it
+//! names (a planned move redirects the first hello to the new owner; waiting a whole interval
+//! there would be the whole handoff gap). The deadline is fixed when the episode starts:
+//! nothing a candidate does extends it.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -25,6 +28,8 @@ struct Inner {
     attempts: u32,
     last: Option<Instant>,
     closed: bool,
+    /// The one redirect of this episode that skips the interval was used.
+    redirected: bool,
 }
 
 /// What the budget allows now.
@@ -50,6 +55,7 @@ impl Episode {
                 attempts: 0,
                 last: None,
                 closed: false,
+                redirected: false,
             }),
         }
     }
@@ -64,6 +70,16 @@ impl Episode {
 
     pub fn attempts(&self) -> u32 {
         self.lock().attempts
+    }
+
+    /// A redirect answered the last hello: the next hello (to the owner it names) may go at
+    /// once — the first time in this episode only, so a redirect loop keeps the interval.
+    pub fn redirected(&self) {
+        let mut inner = self.lock();
+        if !inner.redirected {
+            inner.redirected = true;
+            inner.last = None;
+        }
     }
 
     /// Ends the episode: no further hello, from any stream.
@@ -130,6 +146,25 @@ mod tests {
             ..RecoveryHello::default()
         };
         (Episode::new(template, start + deadline, 5_000), start)
+    }
+
+    #[test]
+    fn the_first_redirect_may_be_followed_at_once_later_ones_wait() {
+        let (ep, start) = episode(Duration::from_secs(30));
+        assert!(matches!(ep.take(start), Slot::Ready(_)));
+        let soon = start + Duration::from_millis(1);
+        ep.redirected();
+        let Slot::Ready(followed) = ep.take(soon) else {
+            panic!("the hello to the named owner goes at once")
+        };
+        assert_eq!(followed.attempt, 2);
+        ep.redirected();
+        let later = soon + Duration::from_millis(1);
+        assert_eq!(
+            ep.take(later),
+            Slot::Wait(soon + RECOVERY_HELLO_INTERVAL),
+            "a second redirect in the episode keeps the interval"
+        );
     }
 
     #[test]

@@ -58,7 +58,9 @@ async fn main() -> anyhow::Result<()> {
         args.dir.display()
     );
     let pool = LocalPool::start(config).await?;
-    println!("logs: {}   (Ctrl-C stops everything)\n", pool.logs().display());
+    println!("logs: {}   (Ctrl-C stops everything)", pool.logs().display());
+    println!("operate it from another terminal (status, drain <member> --wait, rebalance --wait, cancel <id>):");
+    println!("  {}\n", poolctl_command(&pool));
     let mut tick = tokio::time::interval(Duration::from_millis(args.interval_ms));
     let mut printed = 0;
     loop {
@@ -67,7 +69,7 @@ async fn main() -> anyhow::Result<()> {
             _ = tick.tick() => {}
         }
         match pool.status().await {
-            Ok(status) => println!("{}", e2e::status::render(&status)),
+            Ok(status) => println!("{}", gateway::poolctl::render(&status)),
             Err(err) => println!("status unavailable: {err}\n"),
         }
         printed += 1;
@@ -78,4 +80,19 @@ async fn main() -> anyhow::Result<()> {
     println!("stopping ...");
     pool.stop().await;
     Ok(())
+}
+
+/// The poolctl command line that reaches this pool.
+fn poolctl_command(pool: &LocalPool) -> String {
+    let mut command = format!(
+        "{} --gateway {} --token-file {}",
+        e2e::local::binary_dir().join("poolctl").display(),
+        pool.endpoints().join(","),
+        pool.credentials().join("operator").join("token").display()
+    );
+    if let Some(ca) = pool.client_tls().ca {
+        command.push_str(&format!(" --tls-ca {}", ca.display()));
+    }
+    command.push_str(" status");
+    command
 }
