@@ -1,7 +1,7 @@
 //! Keeps this replica's keyring current, and — on the
 //! coordinator only — rotates signing keys (through `write_fenced`) and
-//! delivers tokens: locally as files members and sidecars re-read; in
-//! Kubernetes as Secrets (later).
+//! delivers tokens locally as files members and sidecars re-read (in
+//! Kubernetes, `kubernetes::writer` delivers them as Secrets with [`mint`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -150,20 +150,17 @@ async fn deliver(
     ca: Option<&String>,
 ) -> Result<Minted, crate::tokens::Error> {
     let bundle = keyring.trust_bundle();
-    let mut targets = vec![(Target::Supervisor, delivery.dir.join("supervisor"))];
-    targets.push((Target::Operator, delivery.dir.join("operator")));
+    let write = |minted: &Minted, dir: PathBuf| {
+        let delivered = Delivered::new(minted, bundle).with_ca(ca.cloned());
+        async move { FileDelivery::new(dir).deliver(&delivered).await }
+    };
+    let supervisor = mint(keyring, &Target::Supervisor, &delivery.pool)?;
+    write(&supervisor, delivery.dir.join("supervisor")).await?;
+    let operator = mint(keyring, &Target::Operator, &delivery.pool)?;
+    write(&operator, delivery.dir.join("operator")).await?;
     for namespace in &delivery.namespaces {
-        let dir = delivery.dir.join("namespaces").join(namespace);
-        targets.push((Target::Namespace(namespace.clone()), dir));
+        let minted = mint(keyring, &Target::Namespace(namespace.clone()), &delivery.pool)?;
+        write(&minted, delivery.dir.join("namespaces").join(namespace)).await?;
     }
-    let mut supervisor = None;
-    for (target, dir) in targets {
-        let minted = mint(keyring, &target, &delivery.pool)?;
-        let delivered = Delivered::new(&minted, bundle).with_ca(ca.cloned());
-        FileDelivery::new(dir).deliver(&delivered).await?;
-        if target == Target::Supervisor {
-            supervisor = Some(minted);
-        }
-    }
-    supervisor.ok_or_else(|| crate::tokens::Error::NoSigningKey)
+    Ok(supervisor)
 }

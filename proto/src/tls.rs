@@ -23,6 +23,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
+use tokio::io::AsyncReadExt as _;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
@@ -32,6 +33,8 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 /// Bound on one server-side TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Server-side TLS handshakes in progress at once, per listener.
+pub const MAX_PENDING_HANDSHAKES: usize = 256;
 /// How often served certificate files are re-read.
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(10);
 /// File name of the CA bundle delivered beside a token (`ca.crt`, as in Kubernetes TLS Secrets).
@@ -279,16 +282,22 @@ pub fn server_config(store: Arc<CertStore>, alpn: &[&[u8]]) -> Result<rustls::Se
 }
 
 /// TLS connections accepted on `listener`, for `tonic`'s `serve_with_incoming`. Handshakes
-/// run in their own tasks (bounded by [`HANDSHAKE_TIMEOUT`]), so a slow or silent client
-/// cannot hold up the others; failed handshakes are logged at debug level and dropped.
+/// run in their own tasks (each bounded by [`HANDSHAKE_TIMEOUT`], at most
+/// [`MAX_PENDING_HANDSHAKES`] at once: further connections wait to be accepted), so a slow or
+/// silent client cannot hold up the others; failed handshakes are logged at debug level and
+/// dropped.
 pub fn incoming(
     listener: TcpListener,
     config: rustls::ServerConfig,
 ) -> ReceiverStream<std::io::Result<TlsStream<TcpStream>>> {
     let acceptor = TlsAcceptor::from(Arc::new(config));
     let (tx, rx) = mpsc::channel(64);
+    let pending = Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_HANDSHAKES));
     tokio::spawn(async move {
         loop {
+            let Ok(permit) = Arc::clone(&pending).acquire_owned().await else {
+                return;
+            };
             let (tcp, peer) = tokio::select! {
                 () = tx.closed() => return,
                 accepted = listener.accept() => match accepted {
@@ -304,6 +313,7 @@ pub fn incoming(
             let _ = tcp.set_nodelay(true);
             let (acceptor, tx) = (acceptor.clone(), tx.clone());
             tokio::spawn(async move {
+                let _permit = permit;
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                     Ok(Ok(stream)) => {
                         let _ = tx.send(Ok(stream)).await;
@@ -438,14 +448,17 @@ pub async fn read_ca(path: &Path) -> Result<Vec<u8>, TlsError> {
         path: path.to_path_buf(),
         source,
     };
-    let len = tokio::fs::metadata(path).await.map_err(error)?.len();
-    if usize::try_from(len).map_or(true, |len| len > MAX_CA_BYTES) {
+    // Read at most one byte past the bound, so a file swapped for a larger one is refused too.
+    let file = tokio::fs::File::open(path).await.map_err(error)?;
+    let mut pem = Vec::new();
+    let limit = u64::try_from(MAX_CA_BYTES).unwrap_or(u64::MAX).saturating_add(1);
+    file.take(limit).read_to_end(&mut pem).await.map_err(error)?;
+    if pem.len() > MAX_CA_BYTES {
         return Err(TlsError::TooLarge {
             path: path.to_path_buf(),
             max: MAX_CA_BYTES,
         });
     }
-    let pem = tokio::fs::read(path).await.map_err(error)?;
     if CertificateDer::pem_slice_iter(&pem).next().is_none() {
         return Err(TlsError::NoCertificate(path.to_path_buf()));
     }

@@ -116,8 +116,9 @@ impl Registry {
 
     /// One attempt against the next endpoint; `Some` carries a Register answer.
     async fn once(&self, call: &Call) -> Result<Option<RegisterResponse>, Error> {
-        let mut client = self.client().await?;
+        // The token first: without one, no connection is worth making.
         let bearer = read_token(&self.supervision_dir)?.bearer()?;
+        let mut client = self.client().await?;
         let name = call.name();
         let status = |s: tonic::Status| Error::Status(name, s.code(), s.message().chars().take(256).collect());
         let call = async {

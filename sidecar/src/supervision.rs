@@ -44,7 +44,10 @@ impl Token {
 
     /// The `authorization` metadata value.
     pub fn bearer(&self) -> Result<MetadataValue<Ascii>, Error> {
-        MetadataValue::try_from(proto::bearer_value(&self.0)).map_err(|_| Error::BadToken("(token)".into()))
+        let mut value =
+            MetadataValue::try_from(proto::bearer_value(&self.0)).map_err(|_| Error::BadToken("(token)".into()))?;
+        value.set_sensitive(true);
+        Ok(value)
     }
 }
 

@@ -46,11 +46,6 @@ fn grpc_address(address: &str) -> bool {
         && address.bytes().all(|b| b.is_ascii_graphic())
 }
 
-/// A name rustls can verify a certificate against (a DNS name or an IP address).
-fn tls_server_name(name: &str) -> bool {
-    rustls::pki_types::ServerName::try_from(name).is_ok()
-}
-
 /// OpenShell shared-supervision mutating admission webhook.
 #[derive(Clone, Debug, Parser)]
 #[command(name = "webhook", version, about)]
@@ -224,7 +219,7 @@ impl Config {
             }
         }
         let name = self.supervisor_tls_name.trim();
-        if !name.is_empty() && !tls_server_name(name) {
+        if !name.is_empty() && proto::tls::check_server_name(name).is_err() {
             return Err(ConfigError::TlsName(
                 "OPENSHELL_WEBHOOK_SUPERVISOR_TLS_NAME",
                 self.supervisor_tls_name.clone(),
