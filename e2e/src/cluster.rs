@@ -28,6 +28,13 @@ pub enum Error {
     },
     #[error("gave up after {after:?} waiting for {what}")]
     GaveUp { what: String, after: Duration },
+    #[error("{0}")]
+    Check(String),
+}
+
+/// `Ok` when `holds`, otherwise a failed check saying `what`.
+pub fn check(holds: bool, what: impl FnOnce() -> String) -> Result<(), Error> {
+    if holds { Ok(()) } else { Err(Error::Check(what())) }
 }
 
 /// `kubectl`, with the ambient `KUBECONFIG`.
@@ -82,7 +89,16 @@ impl Kubectl {
 }
 
 /// Poll `check` every second until it yields a value, for at most `limit`.
-pub async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> Result<T, Error>
+pub async fn wait_for<T, F, Fut>(what: &str, limit: Duration, check: F) -> Result<T, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    poll(what, limit, Duration::from_secs(1), check).await
+}
+
+/// Poll `check` every `every` until it yields a value, for at most `limit`.
+pub async fn poll<T, F, Fut>(what: &str, limit: Duration, every: Duration, mut check: F) -> Result<T, Error>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -98,7 +114,7 @@ where
                 after: limit,
             });
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(every).await;
     }
 }
 
@@ -109,4 +125,151 @@ pub async fn events(kubectl: &Kubectl, namespace: &str, name: &str, reason: &str
         .json(&["get", "events", "-n", namespace, "--field-selector", &selector])
         .await?;
     Ok(list.get("items").and_then(Value::as_array).cloned().unwrap_or_default())
+}
+
+/// One instance as `poolctl status -o json` shows it.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Instance {
+    pub route: String,
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub owner: String,
+    pub term: u64,
+    pub reserved: bool,
+    pub phase: String,
+    pub workload_pid: u32,
+    pub progress: u64,
+}
+
+impl Instance {
+    /// Active under an owner whose term is activated.
+    pub fn settled(&self) -> bool {
+        !self.owner.is_empty() && !self.reserved && self.phase == "active"
+    }
+}
+
+/// One member as `poolctl status -o json` shows it.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct Member {
+    pub name: String,
+    pub state: String,
+    pub instances: u32,
+    pub capacity: u32,
+}
+
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct Coordinator {
+    pub holder: String,
+    pub term: u64,
+}
+
+impl Coordinator {
+    /// The replica (its Pod name) of `replica/key`.
+    pub fn replica(&self) -> &str {
+        self.holder.split('/').next().unwrap_or_default()
+    }
+}
+
+/// `poolctl status -o json`, the parts the test reads.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct Status {
+    pub coordinator: Option<Coordinator>,
+    pub members: Vec<Member>,
+    pub instances: Vec<Instance>,
+}
+
+impl Status {
+    /// The instances of `namespace`.
+    pub fn of(&self, namespace: &str) -> Vec<&Instance> {
+        self.instances.iter().filter(|i| i.namespace == namespace).collect()
+    }
+}
+
+/// The pool seen through `poolctl` in a gateway Pod of the install, as an operator runs it.
+#[derive(Debug, Clone)]
+pub struct Pool {
+    pub kubectl: Kubectl,
+    pub namespace: String,
+}
+
+impl Pool {
+    pub async fn poolctl(&self, args: &[&str]) -> Result<String, Error> {
+        let mut all = vec![
+            "exec",
+            "-n",
+            &self.namespace,
+            "deploy/openshell-gateway",
+            "-c",
+            "gateway",
+            "--",
+            "poolctl",
+        ];
+        all.extend_from_slice(args);
+        self.kubectl.run(&all).await
+    }
+
+    pub async fn status(&self) -> Result<Status, Error> {
+        let out = self.poolctl(&["status", "-o", "json"]).await?;
+        serde_json::from_str(&out).map_err(|source| Error::Json {
+            args: "poolctl status -o json".into(),
+            source,
+        })
+    }
+}
+
+/// Write every container's log (and the previous one after a restart), the Pods and the
+/// Events of `namespaces` into `dir`, and print the end of each log to stderr.
+pub async fn dump_logs(kubectl: &Kubectl, namespaces: &[&str], dir: &std::path::Path) {
+    let _ = tokio::fs::create_dir_all(dir).await;
+    for namespace in namespaces {
+        for (what, args) in [
+            ("pods", vec!["get", "pods", "-n", namespace, "-o", "wide"]),
+            (
+                "events",
+                vec!["get", "events", "-n", namespace, "--sort-by=.lastTimestamp"],
+            ),
+        ] {
+            let out = kubectl.run(&args).await.unwrap_or_else(|e| e.to_string());
+            eprintln!("---- {namespace} {what}\n{out}");
+            let _ = tokio::fs::write(dir.join(format!("{namespace}.{what}.txt")), out).await;
+        }
+        let Ok(pods) = kubectl.json(&["get", "pods", "-n", namespace]).await else {
+            continue;
+        };
+        for pod in pods["items"].as_array().into_iter().flatten() {
+            let name = pod
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let statuses = ["/status/initContainerStatuses", "/status/containerStatuses"]
+                .iter()
+                .filter_map(|p| pod.pointer(p).and_then(Value::as_array))
+                .flatten();
+            for status in statuses {
+                let container = status["name"].as_str().unwrap_or_default();
+                let restarted = status["restartCount"].as_u64().unwrap_or(0) > 0;
+                for previous in [false, true] {
+                    if previous && !restarted {
+                        continue;
+                    }
+                    let mut args = vec!["logs", "-n", namespace, name, "-c", container];
+                    if previous {
+                        args.push("--previous");
+                    }
+                    let log = kubectl.run(&args).await.unwrap_or_else(|e| e.to_string());
+                    let suffix = if previous { ".previous" } else { "" };
+                    let file = format!("{namespace}.{name}.{container}{suffix}.log");
+                    let tail: Vec<&str> = log.lines().rev().take(25).collect();
+                    eprintln!("---- {file} (last {} lines)", tail.len());
+                    for line in tail.iter().rev() {
+                        eprintln!("{line}");
+                    }
+                    let _ = tokio::fs::write(dir.join(file), log).await;
+                }
+            }
+        }
+    }
+    eprintln!("---- logs written to {}", dir.display());
 }

@@ -376,7 +376,10 @@ async fn operator(pool: &LocalPool) -> Result<poolctl::Client, Error> {
         token_file: pool.credentials().join("operator").join(proto::trust::TOKEN_FILE),
         tls_ca: tls.ca.clone(),
         gateway_tls_name: tls.server_name.clone(),
-        command: poolctl::Command::Status { watch: false },
+        command: poolctl::Command::Status {
+            watch: false,
+            output: poolctl::Output::Table,
+        },
     };
     poolctl::Client::connect(&cli)
         .await

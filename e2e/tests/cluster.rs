@@ -1,198 +1,902 @@
-//! On a real cluster with the pool installed (kustomize/README.md): label a namespace, create
-//! an agent Pod, see it injected, its token Secret delivered and its instance placed; kill the
-//! owning supervisor and see the instance recovered **without the agent restarting**; unlabel
-//! and see the Secret go.
+//! The whole user flow on a real cluster, as `kustomize/README.md` walks it: install with
+//! `kubectl apply -k`, certificates with `kustomize/pool-certs.sh`, label a namespace, run
+//! counting agents (a Deployment and a StatefulSet) that get injected and supervised, then
+//! take the pool through failures and maintenance — a supervisor Pod force-deleted, a member
+//! process SIGKILLed on the node, the coordinator's Pod deleted, a drain with `poolctl`, a
+//! rollout restart of the members — checking after each that no agent restarted, kept its PID
+//! and kept counting; then Pod replacement, scaling, the namespace label and the token Secret,
+//! a recovery that misses its deadline, an unplaceable instance, and an uninstall that leaves
+//! nothing behind. Prints a measurement table at the end.
 //!
-//! Runs only where `KUBECONFIG` is set and the install is present; skips cleanly otherwise.
-//! `OPENSHELL_E2E_INSTALL_NAMESPACE` (default `openshell-supervision`) names the install,
-//! `OPENSHELL_E2E_AGENT_IMAGE` (default `openshell/agent:0.1.0`, the Dockerfile's `agent`
-//! target) the workload image.
+//! Runs only with `OPENSHELL_E2E_CLUSTER=1` (`scripts/test-cluster` sets it after loading the
+//! images): it installs into and uninstalls from the cluster of `KUBECONFIG`. Environment:
+//! `OPENSHELL_E2E_OVERLAY` (default `kustomize/overlays/test`), `OPENSHELL_E2E_AGENT_IMAGE`
+//! (default `localhost/openshell/agent:dev`), `OPENSHELL_E2E_NODE_LOCAL=1` when the node's
+//! processes are on this machine (the SIGKILL step), `OPENSHELL_E2E_LOGS` (where the logs go
+//! when a step fails).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::time::Duration;
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
-use e2e::cluster::{Kubectl, events, wait_for};
+use e2e::agent_log;
+use e2e::cluster::{Error, Kubectl, Pool, Status, check, dump_logs, events, poll, wait_for};
 use serde_json::Value;
 
 const SECRET: &str = "openshell-supervision-token";
+const LABEL: &str = "supervision.openshell.ai/shared=enabled";
+const MINUTE: Duration = Duration::from_secs(60);
+/// How often a measured step looks at the pool.
+const FINE: Duration = Duration::from_millis(200);
 
 fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_owned())
 }
 
-fn agent_pod(namespace: &str, image: &str) -> String {
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The agent container, under the restricted Pod Security profile.
+fn agent_container(image: &str) -> String {
     format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata:
-  name: agent
-  namespace: {namespace}
-  labels:
-    app: agent
-spec:
-  containers:
-    - name: agent
-      image: {image}
-      command: ["/usr/local/bin/agent"]
-      securityContext:
-        runAsNonRoot: true
-        runAsUser: 65532
-        allowPrivilegeEscalation: false
-        readOnlyRootFilesystem: true
-        capabilities:
-          drop: ["ALL"]
-        seccompProfile:
-          type: RuntimeDefault
+        r#"      containers:
+        - name: agent
+          image: {image}
+          imagePullPolicy: Never
+          command: ["/usr/local/bin/agent", "--interval-ms", "100"]
+          securityContext:
+            runAsNonRoot: true
+            runAsUser: 65532
+            allowPrivilegeEscalation: false
+            readOnlyRootFilesystem: true
+            capabilities:
+              drop: ["ALL"]
+            seccompProfile:
+              type: RuntimeDefault
 "#
     )
 }
 
-/// `placed on member X (term N)` / `recovered by member X (term N)` → X.
-fn member_of(note: &str) -> Option<String> {
-    let rest = note.split("member ").nth(1)?;
-    Some(rest.split_whitespace().next()?.to_owned())
+fn workloads(namespace: &str, image: &str) -> String {
+    let container = agent_container(image);
+    format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: counter
+  namespace: {namespace}
+spec:
+  replicas: 3
+  selector:
+    matchLabels: {{app: counter}}
+  template:
+    metadata:
+      labels: {{app: counter}}
+    spec:
+{container}---
+apiVersion: v1
+kind: Service
+metadata:
+  name: ledger
+  namespace: {namespace}
+spec:
+  clusterIP: None
+  selector: {{app: ledger}}
+  ports: [{{port: 80}}]
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata:
+  name: ledger
+  namespace: {namespace}
+spec:
+  serviceName: ledger
+  replicas: 2
+  selector:
+    matchLabels: {{app: ledger}}
+  template:
+    metadata:
+      labels: {{app: ledger}}
+    spec:
+{container}"#
+    )
 }
 
-fn note(event: &Value) -> String {
-    event
-        .get("message")
-        .or_else(|| event.get("note"))
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned()
+fn lone_pod(namespace: &str, name: &str, image: &str) -> String {
+    let container =
+        agent_container(image)
+            .replace("\n      ", "\n  ")
+            .replacen("      containers:", "  containers:", 1);
+    format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {namespace}\nspec:\n{container}")
+}
+
+/// An agent container as seen at one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Agent {
+    uid: String,
+    restarts: u64,
+    container_id: String,
+    pid: Option<u32>,
+}
+
+/// One row of the measurement table.
+struct Measured {
+    scenario: &'static str,
+    seconds: f64,
+    gap_ms: u64,
+    restarts: u64,
+}
+
+/// Where a measured step starts from.
+struct Baseline {
+    agents: BTreeMap<String, Agent>,
+    names: BTreeSet<String>,
+    /// The member owning most of the test's instances.
+    busiest: String,
+    status: Status,
+    from_ms: u64,
+    t0: Instant,
+}
+
+struct Flow {
+    kubectl: Kubectl,
+    pool: Pool,
+    install: String,
+    namespace: String,
+    image: String,
+    measured: Vec<Measured>,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_labelled_namespace_gets_injected_pods_that_survive_their_supervisor() {
-    if std::env::var_os("KUBECONFIG").is_none() {
-        eprintln!("skipped: KUBECONFIG is unset (this test needs a cluster with the pool installed)");
+async fn the_user_flow_on_a_real_cluster() {
+    if std::env::var("OPENSHELL_E2E_CLUSTER").as_deref() != Ok("1") {
+        eprintln!("skipped: OPENSHELL_E2E_CLUSTER is not 1 (scripts/test-cluster runs this test)");
         return;
     }
     let kubectl = Kubectl;
-    let install = env_or("OPENSHELL_E2E_INSTALL_NAMESPACE", "openshell-supervision");
-    if kubectl
-        .run(&["get", "deployment", "openshell-gateway", "-n", &install])
-        .await
-        .is_err()
-    {
-        eprintln!("skipped: no openshell-gateway Deployment in {install} (install it as kustomize/README.md says)");
-        return;
+    let install = "openshell-supervision".to_owned();
+    let mut flow = Flow {
+        pool: Pool {
+            kubectl: kubectl.clone(),
+            namespace: install.clone(),
+        },
+        kubectl,
+        install,
+        namespace: format!("openshell-e2e-{}", std::process::id()),
+        image: env_or("OPENSHELL_E2E_AGENT_IMAGE", "localhost/openshell/agent:dev"),
+        measured: Vec::new(),
+    };
+    let started = Instant::now();
+    flow.step("install", Flow::install).await;
+    flow.step("label a namespace and run agents", Flow::supervise).await;
+    flow.step("supervisor Pod force-deleted", Flow::supervisor_pod_deleted)
+        .await;
+    if std::env::var("OPENSHELL_E2E_NODE_LOCAL").as_deref() == Ok("1") {
+        flow.step("supervisor process SIGKILLed on the node", Flow::supervisor_killed)
+            .await;
+    } else {
+        eprintln!("skipped the SIGKILL step: the node's processes are not on this machine");
     }
-    for deployment in ["openshell-gateway", "openshell-supervisor", "openshell-webhook"] {
-        let target = format!("deployment/{deployment}");
-        kubectl
-            .run(&["rollout", "status", &target, "-n", &install, "--timeout=50s"])
-            .await
-            .unwrap();
-    }
-
-    let namespace = format!("openshell-e2e-{}", std::process::id());
-    kubectl.run(&["create", "namespace", &namespace]).await.unwrap();
-    let outcome = scenario(&kubectl, &install, &namespace).await;
-    let _ = kubectl.run(&["delete", "namespace", &namespace, "--wait=false"]).await;
-    outcome.unwrap();
+    flow.step("coordinator gateway Pod deleted", Flow::coordinator_deleted)
+        .await;
+    flow.step("poolctl drain", Flow::drain).await;
+    flow.step("rollout restart of the supervisors", Flow::rollout).await;
+    flow.step("StatefulSet Pod replaced", Flow::pod_replaced).await;
+    flow.step("Deployment scaled down and up", Flow::scaled).await;
+    flow.step("namespace label and token Secret", Flow::label_and_secret)
+        .await;
+    flow.step("no member: missed deadline and unplaceable", Flow::no_member)
+        .await;
+    flow.step("uninstall", Flow::uninstall).await;
+    flow.print_table(started.elapsed());
 }
 
-async fn scenario(kubectl: &Kubectl, install: &str, namespace: &str) -> Result<(), e2e::cluster::Error> {
-    let minute = Duration::from_secs(60);
-    kubectl
-        .run(&[
-            "label",
-            "namespace",
-            namespace,
-            "supervision.openshell.ai/shared=enabled",
-        ])
-        .await?;
-    // The coordinator writes the namespace's token Secret.
-    wait_for("the namespace token Secret", minute, || async {
-        let secret = kubectl.json(&["get", "secret", SECRET, "-n", namespace]).await.ok()?;
-        let data = secret.get("data")?;
-        (data.get("token").is_some() && data.get("trust.jwks").is_some()).then_some(())
-    })
-    .await?;
+impl Flow {
+    /// Run one step; on failure dump the components' logs and fail with the step's name.
+    async fn step<'a, F, Fut>(&'a mut self, name: &str, body: F)
+    where
+        F: FnOnce(&'a mut Flow) -> Fut,
+        Fut: Future<Output = Result<(), Error>> + 'a,
+    {
+        eprintln!("== step: {name}");
+        let started = Instant::now();
+        let kubectl = self.kubectl.clone();
+        let namespaces = [self.install.clone(), self.namespace.clone()];
+        if let Err(err) = body(self).await {
+            let dir = PathBuf::from(env_or("OPENSHELL_E2E_LOGS", "target/cluster-logs"));
+            let namespaces: Vec<&str> = namespaces.iter().map(String::as_str).collect();
+            dump_logs(&kubectl, &namespaces, &dir).await;
+            panic!(
+                "step `{name}` failed after {:.1} s: {err}",
+                started.elapsed().as_secs_f64()
+            );
+        }
+        eprintln!("   ok ({:.1} s)", started.elapsed().as_secs_f64());
+    }
 
-    // The webhook injects the Pod.
-    let image = env_or("OPENSHELL_E2E_AGENT_IMAGE", "openshell/agent:0.1.0");
-    kubectl.apply(&agent_pod(namespace, &image)).await?;
-    let pod = kubectl.json(&["get", "pod", "agent", "-n", namespace]).await?;
-    let sidecar = pod
-        .pointer("/spec/initContainers")
-        .and_then(Value::as_array)
-        .and_then(|c| c.iter().find(|c| c["name"] == "openshell-sidecar"));
-    assert!(sidecar.is_some(), "the sidecar is injected as an init container: {pod}");
-    assert_eq!(
-        sidecar.and_then(|s| s.get("restartPolicy")),
-        Some(&Value::from("Always")),
-        "as a native sidecar"
-    );
-    assert!(
-        pod.pointer("/metadata/annotations/supervision.openshell.ai~1injected")
-            .is_some(),
-        "the injection is recorded"
-    );
+    fn root_arg(path: &str) -> String {
+        repo_root().join(path).display().to_string()
+    }
 
-    // It runs, and its instance is placed.
-    kubectl
-        .run(&[
-            "wait",
-            "pod/agent",
-            "-n",
-            namespace,
-            "--for=condition=Ready",
-            "--timeout=55s",
-        ])
-        .await?;
-    let placed = wait_for("InstancePlaced on the agent Pod", minute, || async {
-        events(kubectl, namespace, "agent", "InstancePlaced")
+    async fn install(&mut self) -> Result<(), Error> {
+        let overlay = Self::root_arg(&env_or("OPENSHELL_E2E_OVERLAY", "kustomize/overlays/test"));
+        self.kubectl.run(&["apply", "-k", &overlay]).await?;
+        // Certificates, as the install guide says (openssl + kubectl).
+        let script = Self::root_arg("kustomize/pool-certs.sh");
+        let out = tokio::process::Command::new(&script)
+            .env("NAMESPACE", &self.install)
+            .current_dir(std::env::temp_dir())
+            .kill_on_drop(true)
+            .output();
+        let out = tokio::time::timeout(MINUTE, out)
             .await
-            .ok()?
-            .first()
-            .cloned()
-    })
-    .await?;
-    let owner = member_of(&note(&placed)).expect("the event names the member");
-    let started = |pod: &Value| {
-        pod.pointer("/status/containerStatuses")
-            .and_then(Value::as_array)
-            .and_then(|s| s.iter().find(|c| c["name"] == "agent"))
-            .map(|c| {
-                (
-                    c["restartCount"].clone(),
-                    c.pointer("/state/running/startedAt").cloned(),
-                )
+            .map_err(|_| Error::Check("pool-certs.sh did not finish within a minute".into()))??;
+        check(out.status.success(), || {
+            format!("pool-certs.sh failed: {}", String::from_utf8_lossy(&out.stderr))
+        })?;
+        for deployment in [
+            "openshell-postgres",
+            "openshell-gateway",
+            "openshell-supervisor",
+            "openshell-webhook",
+        ] {
+            self.rollout_status(deployment, "180s").await?;
+        }
+        // The coordinator has written the install's Secrets and members are attached.
+        let pool = self.pool.clone();
+        wait_for("a coordinator and two active members", 2 * MINUTE, || async {
+            let status = pool.status().await.ok()?;
+            let active = status.members.iter().filter(|m| m.state == "active").count();
+            (status.coordinator.is_some() && active == 2).then_some(())
+        })
+        .await
+    }
+
+    async fn rollout_status(&self, deployment: &str, timeout: &str) -> Result<(), Error> {
+        let target = format!("deployment/{deployment}");
+        let timeout = format!("--timeout={timeout}");
+        self.kubectl
+            .run(&["rollout", "status", &target, "-n", &self.install, &timeout])
+            .await
+            .map(drop)
+    }
+
+    async fn supervise(&mut self) -> Result<(), Error> {
+        let ns = self.namespace.clone();
+        self.kubectl.run(&["create", "namespace", &ns]).await?;
+        self.kubectl.run(&["label", "namespace", &ns, LABEL]).await?;
+        self.secret_present(true).await?;
+        self.kubectl.apply(&workloads(&ns, &self.image)).await?;
+        for target in ["deployment/counter", "statefulset/ledger"] {
+            self.kubectl
+                .run(&["rollout", "status", target, "-n", &ns, "--timeout=180s"])
+                .await?;
+        }
+        let pods = self.agent_pods().await?;
+        check(pods.len() == 5, || format!("5 agent Pods, found {pods:?}"))?;
+        for name in pods.keys() {
+            let pod = self.kubectl.json(&["get", "pod", name, "-n", &ns]).await?;
+            let sidecar = pod
+                .pointer("/spec/initContainers")
+                .and_then(Value::as_array)
+                .and_then(|c| c.iter().find(|c| c["name"] == "openshell-sidecar"));
+            check(
+                sidecar.and_then(|s| s.get("restartPolicy")) == Some(&Value::from("Always")),
+                || format!("{name}: the sidecar is injected as a native sidecar: {pod}"),
+            )?;
+            check(
+                pod.pointer("/metadata/labels/supervision.openshell.ai~1supervised") == Some(&Value::from("true")),
+                || format!("{name}: the supervised label is set"),
+            )?;
+        }
+        self.all_settled(&pods.keys().cloned().collect(), 2 * MINUTE).await?;
+        for name in pods.keys() {
+            self.event(name, "InstancePlaced").await?;
+        }
+        // The workload connects after its instance was activated (a native sidecar starts
+        // first): its PID still reaches the status.
+        let pool = self.pool.clone();
+        wait_for("every workload's PID in the status", MINUTE, || async {
+            let status = pool.status().await.ok()?;
+            let mine = status.of(&ns);
+            (mine.len() == 5 && mine.iter().all(|i| i.workload_pid != 0)).then_some(())
+        })
+        .await
+    }
+
+    /// The agent Pods of the test namespace: name → agent container state.
+    async fn agent_pods(&self) -> Result<BTreeMap<String, Agent>, Error> {
+        let list = self.kubectl.json(&["get", "pods", "-n", &self.namespace]).await?;
+        let mut out = BTreeMap::new();
+        for pod in list["items"].as_array().into_iter().flatten() {
+            if pod.pointer("/metadata/deletionTimestamp").is_some() {
+                continue;
+            }
+            let name = pod
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let Some(agent) = pod
+                .pointer("/status/containerStatuses")
+                .and_then(Value::as_array)
+                .and_then(|s| s.iter().find(|c| c["name"] == "agent"))
+            else {
+                continue;
+            };
+            let log = self
+                .kubectl
+                .run(&["logs", "-n", &self.namespace, name, "-c", "agent"])
+                .await?;
+            out.insert(
+                name.to_owned(),
+                Agent {
+                    uid: pod
+                        .pointer("/metadata/uid")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_owned(),
+                    restarts: agent["restartCount"].as_u64().unwrap_or(0),
+                    container_id: agent["containerID"].as_str().unwrap_or_default().to_owned(),
+                    pid: agent_log::parse(&log).pid,
+                },
+            );
+        }
+        Ok(out)
+    }
+
+    /// Every Pod of `names` has a settled instance; returns the status.
+    async fn all_settled(&self, names: &BTreeSet<String>, limit: Duration) -> Result<Status, Error> {
+        let pool = self.pool.clone();
+        let ns = self.namespace.clone();
+        poll("every agent's instance active under an owner", limit, FINE, || async {
+            let status = pool.status().await.ok()?;
+            let settled: BTreeSet<String> = status
+                .of(&ns)
+                .into_iter()
+                .filter(|i| i.settled())
+                .map(|i| i.name.clone())
+                .collect();
+            names.is_subset(&settled).then_some(status)
+        })
+        .await
+    }
+
+    async fn event(&self, pod: &str, reason: &str) -> Result<Value, Error> {
+        let what = format!("a {reason} Event on {pod}");
+        wait_for(&what, MINUTE, || async {
+            events(&self.kubectl, &self.namespace, pod, reason)
+                .await
+                .ok()?
+                .first()
+                .cloned()
+        })
+        .await
+    }
+
+    /// The agents kept running through a step that began with `before`: same container, no
+    /// restart, same PID, and counters that kept counting. Returns the longest gap between
+    /// accepted reports in the window and the restarts seen.
+    /// The agents and the pool before a measured step, all settled; the clock starts here.
+    async fn baseline(&self) -> Result<Baseline, Error> {
+        let agents = self.agent_pods().await?;
+        let names: BTreeSet<String> = agents.keys().cloned().collect();
+        let status = self.all_settled(&names, MINUTE).await?;
+        let mut load: BTreeMap<&str, usize> = BTreeMap::new();
+        for instance in status.of(&self.namespace) {
+            *load.entry(instance.owner.as_str()).or_default() += 1;
+        }
+        let busiest = load
+            .into_iter()
+            .max_by_key(|(_, n)| *n)
+            .map(|(m, _)| m.to_owned())
+            .ok_or_else(|| Error::Check("no instance has an owner".into()))?;
+        Ok(Baseline {
+            agents,
+            names,
+            busiest,
+            status,
+            from_ms: now_ms(),
+            t0: Instant::now(),
+        })
+    }
+
+    /// The agents kept running through the step that began at `base`: same container, no
+    /// restart, same PID, counters that kept counting and no answer from a fenced owner.
+    /// Records the step's time with the longest gap between accepted reports in it.
+    async fn survived(&mut self, scenario: &'static str, seconds: f64, base: &Baseline) -> Result<(), Error> {
+        let after = self.agent_pods().await?;
+        let mut restarts = 0;
+        let mut gap = 0;
+        for (name, was) in &base.agents {
+            let Some(now) = after.get(name) else {
+                return Err(Error::Check(format!("agent Pod {name} is gone")));
+            };
+            restarts += now.restarts.saturating_sub(was.restarts);
+            check(now == was, || {
+                format!("agent {name} restarted or changed: before {was:?}, after {now:?}")
+            })?;
+            let ns = self.namespace.clone();
+            let kubectl = self.kubectl.clone();
+            let since = now_ms();
+            let observed = wait_for(&format!("{name} counting again after the step"), MINUTE, || async {
+                let log = kubectl.run(&["logs", "-n", &ns, name, "-c", "agent"]).await.ok()?;
+                let observed = agent_log::parse(&log);
+                (observed.last_at_ms() > since).then_some(observed)
             })
-    };
-    let before = started(&kubectl.json(&["get", "pod", "agent", "-n", namespace]).await?);
+            .await?;
+            check(observed.continuous(), || {
+                format!("agent {name}'s counter went backwards")
+            })?;
+            check(observed.dual_owner_violations() == 0, || {
+                format!("agent {name} was answered by a fenced owner")
+            })?;
+            gap = gap.max(observed.max_gap_ms(base.from_ms, observed.last_at_ms()));
+        }
+        eprintln!("   measured: {scenario}: {seconds:.2} s, longest counter gap {gap} ms, restarts {restarts}");
+        self.measured.push(Measured {
+            scenario,
+            seconds,
+            gap_ms: gap,
+            restarts,
+        });
+        Ok(())
+    }
 
-    // Kill the owner: the instance moves, the agent keeps running.
-    kubectl
-        .run(&["delete", "pod", &owner, "-n", install, "--grace-period=0", "--force"])
-        .await?;
-    let recovered = wait_for("InstanceRecovered on the agent Pod", minute, || async {
-        events(kubectl, namespace, "agent", "InstanceRecovered")
-            .await
-            .ok()?
-            .first()
-            .cloned()
-    })
-    .await?;
-    let new_owner = member_of(&note(&recovered)).expect("the event names the member");
-    assert_ne!(new_owner, owner, "recovered by another member");
-    let after = started(&kubectl.json(&["get", "pod", "agent", "-n", namespace]).await?);
-    assert_eq!(before, after, "the agent container did not restart");
+    /// Wait until every agent is settled on a member other than `gone`; seconds since `t0`.
+    async fn settled_away_from(&self, names: &BTreeSet<String>, gone: &str, t0: Instant) -> Result<f64, Error> {
+        let pool = self.pool.clone();
+        let ns = self.namespace.clone();
+        poll(
+            &format!("every instance active off {gone}"),
+            2 * MINUTE,
+            FINE,
+            || async {
+                let status = pool.status().await.ok()?;
+                let mine = status.of(&ns);
+                let ok = names
+                    .iter()
+                    .all(|n| mine.iter().any(|i| &i.name == n && i.settled() && i.owner != gone));
+                ok.then(|| t0.elapsed().as_secs_f64())
+            },
+        )
+        .await
+    }
 
-    // Unlabelled: the Secret goes.
-    kubectl
-        .run(&["label", "namespace", namespace, "supervision.openshell.ai/shared-"])
+    async fn member_active(&self, member: &str, limit: Duration) -> Result<(), Error> {
+        let pool = self.pool.clone();
+        wait_for(&format!("member {member} active"), limit, || async {
+            let status = pool.status().await.ok()?;
+            status
+                .members
+                .iter()
+                .any(|m| m.name == member && m.state == "active")
+                .then_some(())
+        })
+        .await
+    }
+
+    async fn supervisor_pod_deleted(&mut self) -> Result<(), Error> {
+        let base = self.baseline().await?;
+        let victim = base.busiest.clone();
+        let moved: Vec<String> = base
+            .status
+            .of(&self.namespace)
+            .iter()
+            .filter(|i| i.owner == victim)
+            .map(|i| i.name.clone())
+            .collect();
+        let args = [
+            "delete",
+            "pod",
+            &victim,
+            "-n",
+            &self.install,
+            "--grace-period=0",
+            "--force",
+        ];
+        self.kubectl.run(&args).await?;
+        let seconds = self.settled_away_from(&base.names, &victim, base.t0).await?;
+        for name in &moved {
+            self.event(name, "InstanceRecovered").await?;
+        }
+        self.survived(
+            "supervisor Pod force-deleted → its instances active elsewhere",
+            seconds,
+            &base,
+        )
         .await?;
-    wait_for("the token Secret removed", minute, || async {
-        kubectl
-            .run(&["get", "secret", SECRET, "-n", namespace])
+        self.rollout_status("openshell-supervisor", "120s").await
+    }
+
+    async fn supervisor_killed(&mut self) -> Result<(), Error> {
+        let base = self.baseline().await?;
+        let victim = base.busiest.clone();
+        let pid = supervisor_process(&victim)
             .await
-            .is_err()
-            .then_some(())
-    })
-    .await?;
-    Ok(())
+            .ok_or_else(|| Error::Check(format!("no supervisor process of member {victim} on this node")))?;
+        let t0 = Instant::now();
+        nix_kill(pid)?;
+        let seconds = self.settled_away_from(&base.names, &victim, t0).await?;
+        self.survived(
+            "supervisor process SIGKILLed → its instances active elsewhere",
+            seconds,
+            &base,
+        )
+        .await?;
+        // The kubelet restarts the container: the same member name, a new process, which
+        // must be admitted again (its dead predecessor's stream must not refuse it).
+        self.member_active(&victim, 2 * MINUTE).await?;
+        self.rollout_status("openshell-supervisor", "120s").await
+    }
+
+    async fn coordinator_deleted(&mut self) -> Result<(), Error> {
+        let base = self.baseline().await?;
+        let old = base
+            .status
+            .coordinator
+            .clone()
+            .ok_or_else(|| Error::Check("no coordinator".into()))?;
+        let args = [
+            "delete",
+            "pod",
+            old.replica(),
+            "-n",
+            &self.install,
+            "--grace-period=0",
+            "--force",
+        ];
+        self.kubectl.run(&args).await?;
+        let pool = self.pool.clone();
+        let seconds = poll("a new coordinator at a higher term", 2 * MINUTE, FINE, || async {
+            let now = pool.status().await.ok()?.coordinator?;
+            (now.term > old.term && now.replica() != old.replica()).then(|| base.t0.elapsed().as_secs_f64())
+        })
+        .await?;
+        self.all_settled(&base.names, MINUTE).await?;
+        self.survived(
+            "coordinator Pod force-deleted → new coordinator (term + 1)",
+            seconds,
+            &base,
+        )
+        .await?;
+        self.rollout_status("openshell-gateway", "120s").await
+    }
+
+    async fn drain(&mut self) -> Result<(), Error> {
+        let base = self.baseline().await?;
+        let member = base.busiest.clone();
+        let out = self
+            .pool
+            .poolctl(&["drain", &member, "--max-parallel", "2", "--wait"])
+            .await?;
+        let seconds = base.t0.elapsed().as_secs_f64();
+        let after = self.pool.status().await?;
+        check(after.instances.iter().all(|i| i.owner != member), || {
+            format!("nothing left on {member} after the drain: {after:?}")
+        })?;
+        self.all_settled(&base.names, MINUTE).await?;
+        self.survived("poolctl drain of a member (max-parallel 2)", seconds, &base)
+            .await?;
+        // Return the member to service.
+        let id = out
+            .split_whitespace()
+            .nth(1)
+            .ok_or_else(|| Error::Check(format!("poolctl printed no operation id: {out}")))?;
+        self.pool.poolctl(&["cancel", id]).await?;
+        self.member_active(&member, MINUTE).await
+    }
+
+    async fn rollout(&mut self) -> Result<(), Error> {
+        let base = self.baseline().await?;
+        let old_members: BTreeSet<&str> = base.status.members.iter().map(|m| m.name.as_str()).collect();
+        let args = [
+            "rollout",
+            "restart",
+            "deployment/openshell-supervisor",
+            "-n",
+            &self.install,
+        ];
+        self.kubectl.run(&args).await?;
+        self.rollout_status("openshell-supervisor", "300s").await?;
+        // The old Pods are gone once the rollout is complete; their workloads moved first.
+        let status = self.all_settled(&base.names, MINUTE).await?;
+        let seconds = base.t0.elapsed().as_secs_f64();
+        for instance in status.of(&self.namespace) {
+            check(!old_members.contains(instance.owner.as_str()), || {
+                format!(
+                    "{} is still owned by {}, a member of before the rollout",
+                    instance.name, instance.owner
+                )
+            })?;
+        }
+        self.survived("rollout restart of every supervisor (total)", seconds, &base)
+            .await
+    }
+
+    async fn pod_replaced(&mut self) -> Result<(), Error> {
+        let ns = self.namespace.clone();
+        let old = self
+            .agent_pods()
+            .await?
+            .remove("ledger-0")
+            .ok_or_else(|| Error::Check("no ledger-0".into()))?;
+        self.kubectl.run(&["delete", "pod", "ledger-0", "-n", &ns]).await?;
+        let kubectl = self.kubectl.clone();
+        let uid = wait_for("ledger-0 back with a new UID", 2 * MINUTE, || async {
+            let pod = kubectl.json(&["get", "pod", "ledger-0", "-n", &ns]).await.ok()?;
+            let uid = pod.pointer("/metadata/uid")?.as_str()?.to_owned();
+            (uid != old.uid).then_some(uid)
+        })
+        .await?;
+        self.kubectl
+            .run(&["rollout", "status", "statefulset/ledger", "-n", &ns, "--timeout=120s"])
+            .await?;
+        let pool = self.pool.clone();
+        wait_for("ledger-0's new instance active under an owner", 2 * MINUTE, || async {
+            let status = pool.status().await.ok()?;
+            status
+                .of(&ns)
+                .iter()
+                .any(|i| i.name == "ledger-0" && i.uid == uid && i.settled())
+                .then_some(())
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Σ instances over the members and the settled instances of the test namespace.
+    async fn counted(&self) -> Result<(u32, usize), Error> {
+        let status = self.pool.status().await?;
+        let held = status.members.iter().map(|m| m.instances).sum();
+        Ok((held, status.of(&self.namespace).len()))
+    }
+
+    async fn scaled(&mut self) -> Result<(), Error> {
+        let ns = self.namespace.clone();
+        self.kubectl
+            .run(&["scale", "deployment/counter", "--replicas=1", "-n", &ns])
+            .await?;
+        let this = &*self;
+        wait_for(
+            "capacity given back after scaling down (members hold 3 instances)",
+            2 * MINUTE,
+            || async {
+                let (held, listed) = this.counted().await.ok()?;
+                (held == 3 && listed == 3).then_some(())
+            },
+        )
+        .await?;
+        self.kubectl
+            .run(&["scale", "deployment/counter", "--replicas=3", "-n", &ns])
+            .await?;
+        self.kubectl
+            .run(&["rollout", "status", "deployment/counter", "-n", &ns, "--timeout=120s"])
+            .await?;
+        let names = self.agent_pods().await?.keys().cloned().collect();
+        self.all_settled(&names, 2 * MINUTE).await?;
+        let this = &*self;
+        wait_for("members hold exactly the 5 instances", MINUTE, || async {
+            let (held, listed) = this.counted().await.ok()?;
+            (held == 5 && listed == 5).then_some(())
+        })
+        .await
+    }
+
+    async fn secret_present(&self, present: bool) -> Result<(), Error> {
+        let what = if present {
+            "the namespace token Secret"
+        } else {
+            "the token Secret removed"
+        };
+        wait_for(what, MINUTE, || async {
+            let secret = self
+                .kubectl
+                .json(&["get", "secret", SECRET, "-n", &self.namespace])
+                .await;
+            match secret {
+                Ok(secret) => {
+                    let data = secret.get("data")?;
+                    let complete = ["token", "trust.jwks", "ca.crt"].iter().all(|k| data.get(k).is_some());
+                    (present && complete).then_some(())
+                }
+                Err(_) => (!present).then_some(()),
+            }
+        })
+        .await
+    }
+
+    async fn label_and_secret(&mut self) -> Result<(), Error> {
+        let ns = self.namespace.clone();
+        let unlabel = "supervision.openshell.ai/shared-";
+        self.kubectl.run(&["label", "namespace", &ns, unlabel]).await?;
+        self.secret_present(false).await?;
+        self.kubectl.run(&["label", "namespace", &ns, LABEL]).await?;
+        self.secret_present(true).await?;
+        self.kubectl.run(&["delete", "secret", SECRET, "-n", &ns]).await?;
+        self.secret_present(true).await
+    }
+
+    async fn no_member(&mut self) -> Result<(), Error> {
+        let ns = self.namespace.clone();
+        self.kubectl
+            .run(&[
+                "scale",
+                "deployment/openshell-supervisor",
+                "--replicas=0",
+                "-n",
+                &self.install,
+            ])
+            .await?;
+        // Every sidecar loses its owner; none can be recovered before its deadline.
+        let kubectl = self.kubectl.clone();
+        wait_for("a SupervisorRecoveryFailed Event", 3 * MINUTE, || async {
+            let list = kubectl
+                .json(&[
+                    "get",
+                    "events",
+                    "-n",
+                    &ns,
+                    "--field-selector",
+                    "reason=SupervisorRecoveryFailed",
+                ])
+                .await
+                .ok()?;
+            list["items"].as_array().is_some_and(|a| !a.is_empty()).then_some(())
+        })
+        .await?;
+        // A new Pod cannot be placed: its Event says why.
+        self.kubectl.apply(&lone_pod(&ns, "unplaced", &self.image)).await?;
+        let event = wait_for("an InstanceUnplaceable Event on the new Pod", 2 * MINUTE, || async {
+            events(&self.kubectl, &ns, "unplaced", "InstanceUnplaceable")
+                .await
+                .ok()?
+                .first()
+                .cloned()
+        })
+        .await?;
+        let note = event["message"]
+            .as_str()
+            .or(event["note"].as_str())
+            .unwrap_or_default()
+            .to_owned();
+        check(!note.is_empty(), || format!("the unplaceable Event says why: {event}"))?;
+        self.kubectl
+            .run(&[
+                "scale",
+                "deployment/openshell-supervisor",
+                "--replicas=2",
+                "-n",
+                &self.install,
+            ])
+            .await?;
+        self.rollout_status("openshell-supervisor", "180s").await?;
+        let names: BTreeSet<String> = ["unplaced".to_owned()].into();
+        self.all_settled(&names, 2 * MINUTE).await.map(drop)
+    }
+
+    async fn uninstall(&mut self) -> Result<(), Error> {
+        let overlay = Self::root_arg(&env_or("OPENSHELL_E2E_OVERLAY", "kustomize/overlays/test"));
+        self.kubectl
+            .run(&["delete", "-k", &overlay, "--wait=true", "--timeout=180s"])
+            .await?;
+        let ns = self.namespace.clone();
+        self.kubectl
+            .run(&["label", "namespace", &ns, "supervision.openshell.ai/shared-"])
+            .await?;
+        self.kubectl
+            .run(&["delete", "namespace", &ns, "--wait=true", "--timeout=180s"])
+            .await?;
+        let kubectl = self.kubectl.clone();
+        wait_for("nothing of the install left", 2 * MINUTE, || async {
+            let mut left = Vec::new();
+            for (kind, args) in [
+                (
+                    "namespace",
+                    vec![
+                        "get",
+                        "namespace",
+                        "openshell-supervision",
+                        "--ignore-not-found",
+                        "-o",
+                        "name",
+                    ],
+                ),
+                (
+                    "token Secrets",
+                    vec![
+                        "get",
+                        "secrets",
+                        "-A",
+                        "--field-selector",
+                        "metadata.name=openshell-supervision-token",
+                        "-o",
+                        "name",
+                    ],
+                ),
+                (
+                    "cluster roles",
+                    vec![
+                        "get",
+                        "clusterroles,clusterrolebindings",
+                        "-l",
+                        "app.kubernetes.io/part-of=openshell-supervision",
+                        "-o",
+                        "name",
+                    ],
+                ),
+                (
+                    "webhook configuration",
+                    vec![
+                        "get",
+                        "mutatingwebhookconfigurations",
+                        "openshell-supervision",
+                        "--ignore-not-found",
+                        "-o",
+                        "name",
+                    ],
+                ),
+            ] {
+                let out = kubectl.run(&args).await.ok()?;
+                if !out.trim().is_empty() {
+                    left.push(format!("{kind}: {}", out.trim()));
+                }
+            }
+            left.is_empty().then_some(())
+        })
+        .await
+    }
+
+    fn print_table(&self, total: Duration) {
+        println!("\ncluster measurements (one run; kube-node v1.28.7 on this machine, release build, TLS):\n");
+        println!("| scenario | time | longest agent counter gap | agent restarts |");
+        println!("|---|---|---|---|");
+        for m in &self.measured {
+            println!(
+                "| {} | {:.2} s | {} ms | {} |",
+                m.scenario, m.seconds, m.gap_ms, m.restarts
+            );
+        }
+        println!("\nthe whole flow took {:.0} s", total.as_secs_f64());
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// The host PID of the supervisor process of member `member` (the Pod name), read from
+/// /proc on this node.
+async fn supervisor_process(member: &str) -> Option<i32> {
+    let wanted = format!("OPENSHELL_SUPERVISOR_POOL_MEMBER={member}");
+    let mut dir = tokio::fs::read_dir("/proc").await.ok()?;
+    while let Ok(Some(entry)) = dir.next_entry().await {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(cmdline) = tokio::fs::read(entry.path().join("cmdline")).await else {
+            continue;
+        };
+        if !cmdline.starts_with(b"/usr/local/bin/supervisor") {
+            continue;
+        }
+        let Ok(environ) = tokio::fs::read(entry.path().join("environ")).await else {
+            continue;
+        };
+        if environ.split(|b| *b == 0).any(|v| v == wanted.as_bytes()) {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+fn nix_kill(pid: i32) -> Result<(), Error> {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
+        .map_err(|e| Error::Check(format!("kill -9 {pid}: {e}")))
 }

@@ -45,6 +45,9 @@ pub enum Command {
         /// Print again every half second until interrupted.
         #[arg(long)]
         watch: bool,
+        /// Output format: a table for people, or one JSON document (per frame with --watch).
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
     },
     /// Move every instance off a member and keep it out of placement (until cancelled).
     Drain {
@@ -63,6 +66,13 @@ pub enum Command {
         /// The operation id.
         id: String,
     },
+}
+
+/// How `status` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
 }
 
 #[derive(Debug, Args)]
@@ -224,13 +234,17 @@ fn is_finished(op: &Operation) -> bool {
 pub async fn run(cli: Cli) -> Result<(), Error> {
     let mut client = Client::connect(&cli).await?;
     match &cli.command {
-        Command::Status { watch } => loop {
+        Command::Status { watch, output } => loop {
             let status = client.status().await?;
-            if *watch {
-                // Clear the screen between frames.
-                print!("\x1b[2J\x1b[H");
+            if *output == Output::Json {
+                println!("{}", render_json(&status));
+            } else {
+                if *watch {
+                    // Clear the screen between frames.
+                    print!("\x1b[2J\x1b[H");
+                }
+                println!("{}", render(&status));
             }
-            println!("{}", render(&status));
             if !watch {
                 return Ok(());
             }
@@ -296,6 +310,79 @@ pub fn render_operation(op: &Operation) -> String {
         op.requested_by,
         op.message
     )
+}
+
+/// The name of a protobuf enum value without its type prefix, lower case.
+fn enum_name(name: &str, prefix: &str) -> String {
+    name.strip_prefix(prefix).unwrap_or(name).to_ascii_lowercase()
+}
+
+/// Pool status for programs: one JSON document with the same facts as the table.
+pub fn render_json(status: &GetSupervisorPoolStatusResponse) -> serde_json::Value {
+    use serde_json::json;
+    let members: Vec<_> = status
+        .members
+        .iter()
+        .map(|m| {
+            let state = MemberState::try_from(m.state).unwrap_or_default().as_str_name();
+            json!({
+                "name": m.name,
+                "processId": m.process_id,
+                "state": enum_name(state, "MEMBER_STATE_"),
+                "instances": m.instance_count,
+                "capacity": m.capacity,
+                "runtimeAddress": m.runtime_address,
+                "servedBy": m.served_by,
+            })
+        })
+        .collect();
+    let instances: Vec<_> = status
+        .instances
+        .iter()
+        .map(|i| {
+            let phase = proto::common::v1::InstancePhase::try_from(i.phase)
+                .unwrap_or_default()
+                .as_str_name();
+            let instance = i.instance.clone().unwrap_or_default();
+            json!({
+                "route": i.route,
+                "namespace": instance.namespace,
+                "name": instance.name,
+                "uid": instance.uid,
+                "owner": i.owner_member,
+                "term": i.term,
+                "reserved": i.reserved,
+                "phase": enum_name(phase, "INSTANCE_PHASE_"),
+                "workloadPid": i.workload_pid,
+                "progress": i.progress,
+                "message": i.message,
+            })
+        })
+        .collect();
+    let operations: Vec<_> = status
+        .operations
+        .iter()
+        .map(|o| {
+            let kind = OperationKind::try_from(o.kind).unwrap_or_default().as_str_name();
+            json!({
+                "id": o.id,
+                "kind": enum_name(kind, "OPERATION_KIND_"),
+                "target": o.target,
+                "phase": phase_name(o.phase),
+                "moves": o.moves,
+                "maxParallel": o.max_parallel,
+                "message": o.message,
+                "requestedBy": o.requested_by,
+            })
+        })
+        .collect();
+    json!({
+        "coordinator": status.coordinator.as_ref().map(|c| json!({"holder": c.holder, "term": c.term})),
+        "servedBy": status.served_by,
+        "members": members,
+        "instances": instances,
+        "operations": operations,
+    })
 }
 
 /// Pool status for people: a compact table.

@@ -7,7 +7,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{ObjectReference, Secret};
+use k8s_openapi::api::core::v1::{Namespace, ObjectReference, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client};
@@ -51,8 +52,10 @@ pub trait Cluster: Send + Sync + 'static {
 }
 
 /// The Secret as the gateway writes it: the token, the trust bundle and (when configured) the
-/// CA bundle under the file names the sidecar and the supervisor read from the mount.
-pub fn secret(namespace: &str, name: &str, delivered: &Delivered) -> Secret {
+/// CA bundle under the file names the sidecar and the supervisor read from the mount. `owner`
+/// (the install's Namespace) makes the garbage collector remove the Secret when the install
+/// is deleted, whichever namespace it is in.
+pub fn secret(namespace: &str, name: &str, delivered: &Delivered, owner: Option<&OwnerReference>) -> Secret {
     let mut data = BTreeMap::from([
         (TOKEN_FILE.to_owned(), ByteString(delivered.token.as_bytes().to_vec())),
         (
@@ -68,12 +71,25 @@ pub fn secret(namespace: &str, name: &str, delivered: &Delivered) -> Secret {
             name: Some(name.to_owned()),
             namespace: Some(namespace.to_owned()),
             labels: Some(BTreeMap::from([(MANAGED_BY.0.to_owned(), MANAGED_BY.1.to_owned())])),
+            owner_references: owner.map(|o| vec![o.clone()]),
             ..ObjectMeta::default()
         },
         type_: Some("Opaque".to_owned()),
         data: Some(data),
         ..Secret::default()
     }
+}
+
+/// The owner reference to the install's Namespace `namespace` (a cluster-scoped owner, which
+/// dependents in any namespace may name).
+pub fn namespace_owner(namespace: &Namespace) -> Option<OwnerReference> {
+    Some(OwnerReference {
+        api_version: "v1".to_owned(),
+        kind: "Namespace".to_owned(),
+        name: namespace.metadata.name.clone()?,
+        uid: namespace.metadata.uid.clone()?,
+        ..OwnerReference::default()
+    })
 }
 
 /// A reference to the Pod `pod`.
@@ -94,6 +110,7 @@ pub fn reference(pod: &Regarding) -> ObjectReference {
 pub struct Kube {
     client: Client,
     recorder: Recorder,
+    owner: Option<OwnerReference>,
 }
 
 impl Kube {
@@ -106,7 +123,20 @@ impl Kube {
         Self {
             recorder: Recorder::new(client.clone(), reporter),
             client,
+            owner: None,
         }
+    }
+
+    /// Make the install's Namespace `install` the owner of every Secret written. When it
+    /// cannot be read, the Secrets have no owner (and an uninstall leaves them behind).
+    pub async fn owned_by(mut self, install: &str) -> Self {
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        match bounded(api.get(install)).await {
+            Ok(namespace) => self.owner = namespace_owner(&namespace),
+            Err(err) => tracing::warn!(namespace = install, error = %err,
+                "cannot read the install namespace: token Secrets get no owner and outlive an uninstall"),
+        }
+        self
     }
 }
 
@@ -121,7 +151,7 @@ impl Cluster for Kube {
     async fn apply_secret(&self, namespace: &str, name: &str, delivered: &Delivered) -> Result<(), Error> {
         let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
         let params = PatchParams::apply(FIELD_MANAGER).force();
-        let body = secret(namespace, name, delivered);
+        let body = secret(namespace, name, delivered, self.owner.as_ref());
         bounded(api.patch(name, &params, &Patch::Apply(&body))).await?;
         Ok(())
     }
@@ -206,5 +236,44 @@ impl Cluster for Recording {
     async fn publish(&self, notice: &Notice) -> Result<(), Error> {
         self.send(Call::Publish(notice.clone()));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_secrets_are_owned_by_the_install_namespace() {
+        let install = Namespace {
+            metadata: ObjectMeta {
+                name: Some("openshell-supervision".into()),
+                uid: Some("9f0c".into()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        let owner = namespace_owner(&install);
+        let delivered = Delivered {
+            token: "t".into(),
+            expires_at_ms: 0,
+            trust_jwks: "{}".into(),
+            ca_pem: None,
+        };
+        let written = secret("team-a", "openshell-supervision-token", &delivered, owner.as_ref());
+        let owners = written.metadata.owner_references.unwrap_or_default();
+        assert_eq!(owners.len(), 1);
+        assert_eq!(
+            (owners[0].kind.as_str(), owners[0].name.as_str(), owners[0].uid.as_str()),
+            ("Namespace", "openshell-supervision", "9f0c")
+        );
+        assert_eq!(
+            owners[0].block_owner_deletion, None,
+            "no delete permission on namespaces is needed"
+        );
+        let unowned = secret("team-a", "openshell-supervision-token", &delivered, None);
+        assert!(unowned.metadata.owner_references.is_none());
+        let nameless = Namespace::default();
+        assert!(namespace_owner(&nameless).is_none());
     }
 }

@@ -62,7 +62,7 @@ impl Integration<Kube> {
             tokio::spawn(watch::pods(client.clone(), shared.clone(), shutdown.clone())),
         ];
         let integration = Self {
-            cluster: Kube::new(client, instance),
+            cluster: Kube::new(client, instance).owned_by(&scope.install_namespace).await,
             shared,
             scope,
         };
