@@ -551,18 +551,53 @@ impl Flow {
         ];
         self.kubectl.run(&args).await?;
         let pool = self.pool.clone();
-        let seconds = poll("a new coordinator at a higher term", 2 * MINUTE, FINE, || async {
+        let (elected, term) = poll("a new coordinator at a higher term", 2 * MINUTE, FINE, || async {
             let now = pool.status().await.ok()?.coordinator?;
-            (now.term > old.term && now.replica() != old.replica()).then(|| base.t0.elapsed().as_secs_f64())
+            (now.term > old.term && now.replica() != old.replica()).then(|| (base.t0.elapsed().as_secs_f64(), now.term))
         })
         .await?;
         self.all_settled(&base.names, MINUTE).await?;
-        self.survived(
-            "coordinator Pod force-deleted → new coordinator (term + 1)",
-            seconds,
-            &base,
-        )
-        .await?;
+        // The first fenced write of the new term, as the database recorded it (dev overlay:
+        // PostgreSQL runs in the install namespace; same clock as this machine's).
+        let query = format!("select started_at_ms from coordinator_terms where term = {term}");
+        let args = [
+            "exec",
+            "-n",
+            &self.install,
+            "deploy/openshell-postgres",
+            "--",
+            "psql",
+            "-U",
+            "openshell",
+            "-d",
+            "openshell",
+            "-At",
+            "-c",
+            &query,
+        ];
+        let first_write = match self.kubectl.run(&args).await {
+            Ok(out) => out.trim().parse::<u64>().ok(),
+            Err(err) => {
+                eprintln!("   (cannot read the term's first fenced write: {err})");
+                None
+            }
+        };
+        if let Some(at_ms) = first_write {
+            let seconds = at_ms.saturating_sub(base.from_ms) as f64 / 1000.0;
+            self.survived(
+                "coordinator Pod force-deleted → first fenced write of the next term",
+                seconds,
+                &base,
+            )
+            .await?;
+        } else {
+            self.survived(
+                "coordinator Pod force-deleted → new coordinator (term + 1)",
+                elected,
+                &base,
+            )
+            .await?;
+        }
         self.rollout_status("openshell-gateway", "120s").await
     }
 
