@@ -96,7 +96,7 @@ pub fn status(view: &View, lease: Option<&LeaseView>, served_by: &str) -> GetSup
         .values()
         .filter(|i| !i.withdrawn)
         .map(|i| {
-            let a = view.assignments.get(&i.route);
+            let a = view.current_assignment(&i.route);
             let r = view
                 .reports
                 .get(&i.route)

@@ -5,8 +5,10 @@
 //! Rules: healthy assignments stay where they are (stable); a new instance
 //! goes to the least-loaded eligible member (ties by name), never beyond the
 //! member's capacity or [`MAX_INSTANCES_PER_MEMBER`]; an instance whose owner
-//! process is gone moves to another member at term + 1; an instance nobody
-//! can take is reported with the reason.
+//! process is gone moves to another member at term + 1; an instance whose
+//! route another workload registered since (a Pod recreated under the same
+//! name) is placed anew, as if new, at term + 1; an instance nobody can take
+//! is reported with the reason.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -32,6 +34,9 @@ pub struct Owner {
     /// The owner reported it cannot run the instance at this term (a refused
     /// grant or activation, or it acknowledged the term without hosting it).
     pub failed: bool,
+    /// The assignment was made for an older workload of the route (another Pod UID
+    /// registered since): it says nothing about the current one.
+    pub stale: bool,
 }
 
 /// What placement decided for one route.
@@ -41,6 +46,14 @@ pub enum Decision {
     Place { route: String, to: Candidate },
     /// The owner process is gone: move to `to` at `term` (old term + 1).
     Recover {
+        route: String,
+        from: Owner,
+        to: Candidate,
+        term: i64,
+    },
+    /// Another workload registered the route since the assignment was made: place the new
+    /// one as if new, on `to` at `term` (the stale term + 1, so terms never repeat).
+    Replace {
         route: String,
         from: Owner,
         to: Candidate,
@@ -65,9 +78,10 @@ pub fn plan(desired: &BTreeSet<String>, owners: &BTreeMap<String, Owner>, live: 
             .any(|c| c.member == o.member && c.process_id == o.process_id)
     };
     // Load counts every assignment held by a live process, including the
-    // ones it may be asked to stop: they occupy a session until then.
+    // ones it may be asked to stop: they occupy a session until then. A stale
+    // assignment is released by its owner and counts for nothing.
     let mut load: BTreeMap<String, usize> = live.iter().map(|c| (c.member.clone(), 0)).collect();
-    for owner in owners.values().filter(|o| alive(o)) {
+    for owner in owners.values().filter(|o| alive(o) && !o.stale) {
         if let Some(n) = load.get_mut(&owner.member) {
             *n += 1;
         }
@@ -83,11 +97,11 @@ pub fn plan(desired: &BTreeSet<String>, owners: &BTreeMap<String, Owner>, live: 
     }
     for route in desired {
         let owner = owners.get(route);
-        if owner.is_some_and(|o| alive(o) && !o.failed) {
+        if owner.is_some_and(|o| alive(o) && !o.failed && !o.stale) {
             continue;
         }
         // A candidate that failed the term is passed over when others can take it.
-        let others: Vec<Candidate> = match owner.filter(|o| o.failed) {
+        let others: Vec<Candidate> = match owner.filter(|o| o.failed && !o.stale) {
             Some(failed) => live.iter().filter(|c| c.member != failed.member).cloned().collect(),
             None => Vec::new(),
         };
@@ -96,7 +110,7 @@ pub fn plan(desired: &BTreeSet<String>, owners: &BTreeMap<String, Owner>, live: 
         } else {
             live
         };
-        if let Some(failed) = owner.filter(|o| o.failed && alive(o))
+        if let Some(failed) = owner.filter(|o| o.failed && !o.stale && alive(o))
             && let Some(n) = load.get_mut(&failed.member)
         {
             *n = n.saturating_sub(1);
@@ -108,6 +122,12 @@ pub fn plan(desired: &BTreeSet<String>, owners: &BTreeMap<String, Owner>, live: 
                     None => Decision::Place {
                         route: route.clone(),
                         to: to.clone(),
+                    },
+                    Some(from) if from.stale => Decision::Replace {
+                        route: route.clone(),
+                        from: from.clone(),
+                        to: to.clone(),
+                        term: from.term + 1,
                     },
                     Some(from) => Decision::Recover {
                         route: route.clone(),
@@ -179,6 +199,7 @@ mod tests {
             process_id: format!("{member}-p1"),
             term,
             failed: false,
+            stale: false,
         }
     }
 
@@ -194,10 +215,11 @@ mod tests {
                             process_id: to.process_id.clone(),
                             term: 1,
                             failed: false,
+                            stale: false,
                         },
                     );
                 }
-                Decision::Recover { route, to, term, .. } => {
+                Decision::Recover { route, to, term, .. } | Decision::Replace { route, to, term, .. } => {
                     owners.insert(
                         route.clone(),
                         Owner {
@@ -205,6 +227,7 @@ mod tests {
                             process_id: to.process_id.clone(),
                             term: *term,
                             failed: false,
+                            stale: false,
                         },
                     );
                 }
@@ -390,6 +413,7 @@ mod tests {
             "ns/x".into(),
             Owner {
                 failed: true,
+                stale: false,
                 ..owner("a", 2)
             },
         );
@@ -401,6 +425,7 @@ mod tests {
                 route: "ns/x".into(),
                 from: Owner {
                     failed: true,
+                    stale: false,
                     ..owner("a", 2)
                 },
                 to: member("b"),
@@ -410,5 +435,37 @@ mod tests {
         // Alone, the failed member gets another try at a new term.
         let decisions = plan(&desired, &owners, &[member("a")]);
         assert!(matches!(&decisions[0], Decision::Recover { to, term: 3, .. } if to.member == "a"));
+    }
+
+    #[test]
+    fn a_route_taken_over_by_another_workload_is_placed_anew_at_the_next_term() {
+        // a holds ns/x for an older workload (stale) and ns/y; b holds nothing.
+        let mut owners = BTreeMap::new();
+        let stale = Owner {
+            stale: true,
+            ..owner("a", 4)
+        };
+        owners.insert("ns/x".into(), stale.clone());
+        owners.insert("ns/y".into(), owner("a", 1));
+        let desired: BTreeSet<String> = owners.keys().cloned().collect();
+        let decisions = plan(&desired, &owners, &[member("a"), member("b")]);
+        assert_eq!(
+            decisions,
+            vec![Decision::Replace {
+                route: "ns/x".into(),
+                from: stale,
+                to: member("b"),
+                term: 5
+            }],
+            "least loaded, the stale assignment counting for nothing, and never an old term again"
+        );
+        // The stale assignment does not hold a's capacity either.
+        let full = Candidate {
+            capacity: 1,
+            ..member("a")
+        };
+        let only_x: BTreeMap<String, Owner> = owners.into_iter().filter(|(r, _)| r == "ns/x").collect();
+        let decisions = plan(&["ns/x".to_owned()].into(), &only_x, &[full]);
+        assert!(matches!(&decisions[0], Decision::Replace { to, term: 5, .. } if to.member == "a"));
     }
 }

@@ -82,6 +82,19 @@ impl View {
             .collect()
     }
 
+    /// Whether `a` was made for an older workload of its route than the registered one
+    /// (a Pod recreated under the same name): its owner must let go, nothing may use it.
+    pub fn is_stale(&self, a: &Assignment) -> bool {
+        self.instances
+            .get(&a.route)
+            .is_some_and(|i| a.generation < i.generation)
+    }
+
+    /// The assignment of `route`, unless it is stale.
+    pub fn current_assignment(&self, route: &str) -> Option<&Assignment> {
+        self.assignments.get(route).filter(|a| !self.is_stale(a))
+    }
+
     pub fn owners(&self) -> BTreeMap<String, Owner> {
         self.assignments
             .values()
@@ -96,6 +109,7 @@ impl View {
                     process_id: a.process_id.clone(),
                     term: a.term,
                     failed,
+                    stale: self.is_stale(a),
                 };
                 (a.route.clone(), owner)
             })
@@ -103,14 +117,16 @@ impl View {
     }
 
     /// The whole desired state of one member process (revision left at 0:
-    /// the stream numbers what it sends). Omitted routes mean release.
+    /// the stream numbers what it sends). Omitted routes mean release: a stale
+    /// assignment (its workload was replaced under the route) is omitted, so
+    /// the owner lets the old session go, and is left out of the directory.
     pub fn snapshot_for(&self, member: &str, process_id: &str, recovery_deadline_ms: u64) -> Snapshot {
         let mut snapshot = Snapshot {
             recovery_deadline_ms,
             ..Snapshot::default()
         };
         for a in self.assignments.values() {
-            if a.member != member || a.process_id != process_id {
+            if a.member != member || a.process_id != process_id || self.is_stale(a) {
                 continue;
             }
             match self.instances.get(&a.route) {
@@ -132,6 +148,7 @@ impl View {
         snapshot.directory = self
             .assignments
             .values()
+            .filter(|a| !self.is_stale(a))
             .map(|a| RouteDirectoryEntry {
                 route: a.route.clone(),
                 member: a.member.clone(),
@@ -236,6 +253,8 @@ mod tests {
                     process_id: format!("{member}-p"),
                     term,
                     phase: AssignmentPhase::Active,
+                    generation: 1,
+                    placed_term: 1,
                     coordinator_term: 1,
                     updated_at_ms: 0,
                 },

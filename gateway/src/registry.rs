@@ -101,6 +101,11 @@ impl InstanceRegistry for Registry {
                     "this instance was withdrawn; start a new workload",
                 ));
             }
+            Ok(Registered::Replaced) => {
+                return Err(Status::failed_precondition(
+                    "a newer workload (another Pod UID) registered this route; this one cannot come back",
+                ));
+            }
             Err(err) => return Err(Status::unavailable(format!("cannot record the instance: {err}"))),
         };
         self.replica.wake.notify_one();
@@ -110,7 +115,7 @@ impl InstanceRegistry for Registry {
         let view = crate::pool::View::load(store)
             .await
             .map_err(|err| Status::unavailable(format!("cannot read the pool: {err}")))?;
-        let assignment = view.assignments.get(&request.route);
+        let assignment = view.current_assignment(&request.route);
         if assignment.is_none() {
             // Say now, with the pool's reason, when nobody can take it.
             let desired = BTreeSet::from([request.route.clone()]);
@@ -158,6 +163,8 @@ impl InstanceRegistry for Registry {
             .withdraw_instance(&request.route, &instance.uid)
             .await
             .map_err(|err| Status::unavailable(format!("cannot withdraw the instance: {err}")))?;
+        // A withdrawal carrying another workload's uid (an older Pod of the same name) is a
+        // no-op: the store withdraws only the registered uid.
         if withdrawn {
             info!(route = %request.route, reason = %bounded(&request.reason, 256), "instance withdrawn");
             self.replica.wake.notify_one();
@@ -172,6 +179,19 @@ impl InstanceRegistry for Registry {
         let instance = self.authorize(&request, request.get_ref().instance.as_ref()).await?;
         let request = request.into_inner();
         check_route(&request.route)?;
+        // Only the workload registered under the route now may report for it: a replaced
+        // one (an older Pod of the same name) changes nothing.
+        let current = self
+            .replica
+            .store
+            .instance(&request.route)
+            .await
+            .map_err(|err| Status::unavailable(format!("cannot read the instance: {err}")))?;
+        if current.is_none_or(|c| c.uid != instance.uid) {
+            return Err(Status::failed_precondition(
+                "another workload (Pod UID) is registered under this route",
+            ));
+        }
         warn!(
             route = %request.route,
             fence_term = request.fence_term,
