@@ -94,8 +94,10 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
     for decision in decisions {
         match decision {
             Decision::Place { route, to } => {
-                info!(%route, member = %to.member, "placing instance at term 1");
-                let next = reserved(&route, &to.member, &to.process_id, 1, generation(&route), 1);
+                // Above every term the route ever had (a withdrawn generation's included).
+                let term = view.instances.get(&route).map_or(0, |i| i.last_term) + 1;
+                info!(%route, member = %to.member, term, "placing instance");
+                let next = reserved(&route, &to.member, &to.process_id, term, generation(&route), term);
                 batches.push(vec![FencedWrite::Assign {
                     expected_term: None,
                     next,
@@ -174,7 +176,7 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
                 ]);
             }
             Decision::Withdraw { route, term } => {
-                info!(%route, term, "dropping the assignment of a withdrawn instance");
+                info!(%route, term, "dropping the assignment of a withdrawn instance; its owner releases it");
                 batches.push(vec![FencedWrite::Unassign {
                     route,
                     expected_term: term,
@@ -265,6 +267,7 @@ mod tests {
                 material: SecretBytes::default(),
                 registered_at_ms: 0,
                 withdrawn: false,
+                last_term: 0,
             },
         );
         for m in ["a", "b"] {

@@ -59,7 +59,8 @@ pub enum Decision {
         to: Candidate,
         term: i64,
     },
-    /// The instance is no longer desired and its owner is gone: drop the assignment.
+    /// The instance is no longer desired (withdrawn, ended): drop the assignment at once,
+    /// whether or not its owner lives (a live owner releases the session).
     Withdraw { route: String, term: i64 },
     /// No member can take the route.
     Unplaced { route: String, reason: String },
@@ -77,18 +78,22 @@ pub fn plan(desired: &BTreeSet<String>, owners: &BTreeMap<String, Owner>, live: 
         live.iter()
             .any(|c| c.member == o.member && c.process_id == o.process_id)
     };
-    // Load counts every assignment held by a live process, including the
-    // ones it may be asked to stop: they occupy a session until then. A stale
-    // assignment is released by its owner and counts for nothing.
+    // Load counts the desired instances a live process holds. A withdrawn or
+    // ended instance's assignment is dropped at once (its owner lets the
+    // session go) and a stale one is released: neither counts.
     let mut load: BTreeMap<String, usize> = live.iter().map(|c| (c.member.clone(), 0)).collect();
-    for owner in owners.values().filter(|o| alive(o) && !o.stale) {
-        if let Some(n) = load.get_mut(&owner.member) {
+    for (route, owner) in owners {
+        if alive(owner)
+            && !owner.stale
+            && desired.contains(route)
+            && let Some(n) = load.get_mut(&owner.member)
+        {
             *n += 1;
         }
     }
     let mut decisions = Vec::new();
     for (route, owner) in owners {
-        if !desired.contains(route) && !alive(owner) {
+        if !desired.contains(route) {
             decisions.push(Decision::Withdraw {
                 route: route.clone(),
                 term: owner.term,
@@ -395,14 +400,34 @@ mod tests {
         owners.insert("ns/deleted-gone".into(), owner("a", 3));
         owners.insert("ns/deleted-live".into(), owner("b", 2));
         let decisions = plan(&BTreeSet::new(), &owners, &[member("b")]);
-        // The live owner gets a stop-route instead (see the snapshot), so only
-        // the gone owner's assignment is dropped here.
+        // Both are dropped at once: a live owner does not keep a withdrawn
+        // instance (it releases the session when the route leaves its snapshot).
         assert_eq!(
             decisions,
-            vec![Decision::Withdraw {
-                route: "ns/deleted-gone".into(),
-                term: 3
-            }]
+            vec![
+                Decision::Withdraw {
+                    route: "ns/deleted-gone".into(),
+                    term: 3
+                },
+                Decision::Withdraw {
+                    route: "ns/deleted-live".into(),
+                    term: 2
+                }
+            ]
+        );
+        // And a withdrawn instance never holds its owner's capacity.
+        let full = Candidate {
+            capacity: 1,
+            ..member("b")
+        };
+        let desired = BTreeSet::from(["ns/new".to_owned()]);
+        let decisions = plan(&desired, &owners, std::slice::from_ref(&full));
+        assert!(
+            decisions.contains(&Decision::Place {
+                route: "ns/new".into(),
+                to: full
+            }),
+            "{decisions:?}"
         );
     }
 

@@ -120,10 +120,13 @@ impl InstanceRegistry for Registry {
             // Say now, with the pool's reason, when nobody can take it.
             let desired = BTreeSet::from([request.route.clone()]);
             let owners = BTreeMap::new();
-            let loads = view.owners();
             let mut candidates = view.candidates(&BTreeSet::new());
             for c in &mut candidates {
-                let held = loads.values().filter(|o| o.member == c.member).count();
+                let held = view
+                    .assignments
+                    .values()
+                    .filter(|a| a.member == c.member && view.holds_desired(a))
+                    .count();
                 c.capacity = c.capacity.min(placement::MAX_INSTANCES_PER_MEMBER).saturating_sub(held);
             }
             if let Some(Decision::Unplaced { reason, .. }) = placement::plan(&desired, &owners, &candidates).pop() {

@@ -118,6 +118,7 @@ mod tests {
                 material: SecretBytes::default(),
                 registered_at_ms: 0,
                 withdrawn: false,
+                last_term: 0,
             },
         );
         v.assignments.insert(

@@ -185,6 +185,7 @@ mod tests {
             material: SecretBytes::default(),
             registered_at_ms: 0,
             withdrawn: false,
+            last_term: 0,
         }
     }
 

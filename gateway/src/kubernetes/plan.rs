@@ -155,6 +155,7 @@ mod tests {
             material: SecretBytes::default(),
             registered_at_ms,
             withdrawn: false,
+            last_term: 0,
         }
     }
 

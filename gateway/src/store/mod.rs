@@ -620,7 +620,7 @@ impl Store {
     async fn list_instances_where(&self, route: Option<&str>) -> Result<Vec<InstanceRecord>> {
         let filter = if route.is_some() { "WHERE route = $1" } else { "" };
         let sql = format!(
-            "SELECT route, namespace, name, uid, generation, material, registered_at_ms, \
+            "SELECT route, namespace, name, uid, generation, material, registered_at_ms, last_term, \
              CASE WHEN withdrawn THEN 1 ELSE 0 END AS withdrawn FROM instances {filter} ORDER BY route"
         );
         let mut query = sqlx::query(&sql);
@@ -639,6 +639,7 @@ impl Store {
                     material: SecretBytes(r.try_get("material")?),
                     registered_at_ms: r.try_get("registered_at_ms")?,
                     withdrawn: r.try_get::<i64, _>("withdrawn")? != 0,
+                    last_term: r.try_get("last_term")?,
                 })
             })
             .collect()
@@ -1005,6 +1006,19 @@ async fn apply(
 ) -> Result<()> {
     match write {
         FencedWrite::Assign { expected_term, next: a } => {
+            // Terms never repeat on a route, whatever became of its earlier assignments.
+            let last: Option<i64> = sqlx::query_scalar("SELECT last_term FROM instances WHERE route = $1")
+                .bind(&a.route)
+                .fetch_optional(&mut **tx)
+                .await?;
+            if let Some(last) = last.filter(|last| a.term <= *last)
+                && expected_term.is_none()
+            {
+                return Err(Error::Conflict {
+                    subject: format!("assignment {}", a.route),
+                    detail: format!("term {} was already used on the route (last term {last})", a.term),
+                });
+            }
             let sql = match expected_term {
                 None => {
                     "INSERT INTO assignments (route, member, process_id, term, phase, coordinator_term, updated_at_ms, \
@@ -1033,6 +1047,11 @@ async fn apply(
             if done.rows_affected() == 0 {
                 return Err(conflict(tx, &a.route, *expected_term).await);
             }
+            sqlx::query("UPDATE instances SET last_term = $2 WHERE route = $1 AND last_term < $2")
+                .bind(&a.route)
+                .bind(a.term)
+                .execute(&mut **tx)
+                .await?;
         }
         FencedWrite::Unassign { route, expected_term } => {
             let done = sqlx::query("DELETE FROM assignments WHERE route = $1 AND term = $2")

@@ -131,6 +131,9 @@ pub struct InstanceRecord {
     /// Withdrawn instances are no longer desired; the row keeps the route's
     /// generation counter.
     pub withdrawn: bool,
+    /// The highest ownership term ever assigned on the route (any generation): the next
+    /// placement starts above it.
+    pub last_term: i64,
 }
 
 /// What a registration asks for: the store assigns the generation.

@@ -472,6 +472,66 @@ pub async fn a_pod_recreated_under_its_name_is_placed_anew_and_the_old_uid_chang
     pool.stop().await;
 }
 
+/// Deregister a workload `default/<name>` with Pod UID `uid`.
+async fn deregister(pool: &Pool, name: &str, uid: &str) {
+    let mut registry = InstanceRegistryClient::new(channel(&pool.endpoint(1)).await);
+    let request = DeregisterRequest {
+        route: format!("default/{name}"),
+        instance: Some(instance_ref(name, uid)),
+        reason: "workload ended".into(),
+    };
+    registry
+        .deregister(with_token(request, &pool.instance_token))
+        .await
+        .unwrap();
+}
+
+/// A withdrawn instance leaves its live owner at once: out of its snapshot (released, not
+/// stopped), no longer holding its capacity, and the route's terms never repeat.
+pub async fn a_withdrawn_instance_leaves_its_live_owner_at_once(db: &TestDb) {
+    let pool = Pool::start(db).await;
+    let mut m = pool
+        .member_with(0, identity("m-a", "p1", 1, 1), Behaviour::Healthy)
+        .await
+        .unwrap();
+    wait_members(db, 1).await;
+    pool.register("agent-0").await.unwrap();
+    wait_assignments(&db.store, "agent-0 placed", |a| a.len() == 1).await;
+    m.wait_snapshot("agent-0 owned", |s| s.instances.len() == 1).await;
+
+    deregister(&pool, "agent-0", "uid-agent-0").await;
+    wait_assignments(
+        &db.store,
+        "agent-0's assignment dropped while m-a lives",
+        <[_]>::is_empty,
+    )
+    .await;
+    let snapshot = m.wait_snapshot("agent-0 gone", |s| s.instances.is_empty()).await;
+    assert!(snapshot.stop_routes.is_empty(), "released, not stopped: {snapshot:?}");
+    assert!(snapshot.directory.is_empty());
+
+    // m-a (capacity 1) takes the next instance.
+    pool.register("agent-1")
+        .await
+        .expect("a withdrawn instance holds no capacity");
+    wait_assignments(&db.store, "agent-1 placed on m-a", |a| {
+        a.len() == 1 && a[0].route == "default/agent-1" && a[0].member == "m-a"
+    })
+    .await;
+
+    // A new workload under agent-0's route starts above the term it had.
+    deregister(&pool, "agent-1", "uid-agent-1").await;
+    register_as(&pool.endpoint(1), &pool.instance_token, "agent-0", "uid-agent-0-again")
+        .await
+        .unwrap();
+    let placed = wait_assignments(&db.store, "agent-0 placed again", |a| {
+        a.len() == 1 && a[0].route == "default/agent-0"
+    })
+    .await;
+    assert_eq!((placed[0].term, placed[0].placed_term), (2, 2), "never term 1 again");
+    pool.stop().await;
+}
+
 pub async fn streams_without_a_valid_token_or_identity_are_refused(db: &TestDb) {
     let pool = Pool::start(db).await;
     let id = || identity("m-a", "p1", 1, 256);

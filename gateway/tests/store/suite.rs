@@ -457,6 +457,59 @@ pub async fn assignment_compare_and_set(db: &TestDb) {
     assert!(db.store.list_assignments().await.unwrap().is_empty());
 }
 
+/// An assignment dropped (its instance withdrawn) leaves the route's last term behind: a
+/// later placement of the route must start above it.
+pub async fn terms_never_repeat_on_a_route(db: &TestDb) {
+    let lease = acquire(&db.store, "gw-a/1", LONG).await;
+    let registration = |uid: &str| Registration {
+        route: "r1".into(),
+        namespace: "ns".into(),
+        name: "n".into(),
+        uid: uid.into(),
+        material: SecretBytes(vec![1]),
+    };
+    db.store.register_instance(&registration("u1")).await.unwrap();
+    let put = |expected_term, next| FencedWrite::Assign { expected_term, next };
+    db.store
+        .write_fenced(&lease, &[put(None, assignment("r1", "m1", 1))])
+        .await
+        .unwrap();
+    db.store
+        .write_fenced(&lease, &[put(Some(1), assignment("r1", "m2", 2))])
+        .await
+        .unwrap();
+    assert_eq!(db.store.instance("r1").await.unwrap().unwrap().last_term, 2);
+    assert!(db.store.withdraw_instance("r1", "u1").await.unwrap());
+    db.store
+        .write_fenced(
+            &lease,
+            &[FencedWrite::Unassign {
+                route: "r1".into(),
+                expected_term: 2,
+            }],
+        )
+        .await
+        .unwrap();
+    db.store.register_instance(&registration("u2")).await.unwrap();
+    assert_eq!(db.store.instance("r1").await.unwrap().unwrap().last_term, 2);
+    for used in [1, 2] {
+        assert!(
+            matches!(
+                db.store
+                    .write_fenced(&lease, &[put(None, assignment("r1", "m1", used))])
+                    .await,
+                Err(Error::Conflict { .. })
+            ),
+            "term {used} was used on the route"
+        );
+    }
+    db.store
+        .write_fenced(&lease, &[put(None, assignment("r1", "m1", 3))])
+        .await
+        .unwrap();
+    assert_eq!(db.store.instance("r1").await.unwrap().unwrap().last_term, 3);
+}
+
 pub async fn grants_are_single_use_and_activation_is_a_compare_and_set(db: &TestDb) {
     let lease = acquire(&db.store, "gw-a/1", LONG).await;
     let registration = Registration {
