@@ -90,6 +90,7 @@ pub fn plan(scope: &Scope, index: &Index, view: &View, due: &impl Due) -> Vec<Wr
             });
         }
     }
+    // A terminating namespace is never in `labelled` nor `unlabelled`: it is gone.
     for namespace in index.labelled().iter().filter(|ns| scope.admits(ns)) {
         let target = Target::Namespace(namespace.clone());
         if due.is_due(&target) {
@@ -187,6 +188,26 @@ mod tests {
             ]
         );
         assert!(plan(&scope(), &index, &View::default(), &nothing_due).is_empty());
+    }
+
+    #[test]
+    fn a_terminating_namespace_gets_no_writes_at_all() {
+        let mut index = Index::default();
+        index.apply_namespace("team-a");
+        index.apply_namespace("team-b");
+        index.terminate_namespace("team-b");
+        let writes = plan(&scope(), &index, &View::default(), &all_due);
+        assert!(
+            writes
+                .iter()
+                .all(|w| !matches!(w, Write::Secret { namespace, .. } | Write::RemoveSecret { namespace } if namespace == "team-b")),
+            "{writes:?}"
+        );
+        assert!(
+            writes
+                .iter()
+                .any(|w| matches!(w, Write::Secret { namespace, .. } if namespace == "team-a"))
+        );
     }
 
     #[test]

@@ -49,11 +49,25 @@ pub async fn namespaces(client: Client, shared: Shared, shutdown: CancellationTo
     let config = watcher::Config::default().labels(&format!("{SHARED_LABEL}={SHARED_ENABLED}"));
     let events = watcher(Api::<Namespace>::all(client), config).default_backoff();
     follow(events, shared, shutdown, "namespaces", |index, event| match event {
+        Change::Apply(ns) if is_terminating(&ns) => index.terminate_namespace(&ns.name_any()),
         Change::Apply(ns) => index.apply_namespace(&ns.name_any()),
         Change::Delete(ns) => index.delete_namespace(&ns.name_any()),
-        Change::Reset(all) => index.reset_namespaces(all.iter().map(ResourceExt::name_any)),
+        Change::Reset(all) => index.reset_namespaces_with(
+            all.iter().map(ResourceExt::name_any),
+            all.iter().filter(|ns| is_terminating(ns)).map(ResourceExt::name_any),
+        ),
     })
     .await;
+}
+
+/// A namespace being deleted: deletionTimestamp set, or phase Terminating.
+pub fn is_terminating(ns: &Namespace) -> bool {
+    ns.metadata.deletion_timestamp.is_some()
+        || ns
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .is_some_and(|phase| phase == "Terminating")
 }
 
 /// Follow the supervised Pods of every namespace until `shutdown`.
@@ -129,5 +143,26 @@ pub async fn follow<K>(
             debug!(watch = what, objects = all.len(), "listed");
         }
         shared.with(|index| apply(index, change));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn namespace(json: &str) -> Namespace {
+        serde_json::from_str(json).unwrap_or_else(|err| panic!("{err}: {json}"))
+    }
+
+    #[test]
+    fn a_namespace_being_deleted_is_terminating() {
+        let active = namespace(r#"{"metadata":{"name":"team-a"},"status":{"phase":"Active"}}"#);
+        assert!(!is_terminating(&active));
+        let deleting = namespace(
+            r#"{"metadata":{"name":"team-a","deletionTimestamp":"2025-01-01T00:00:00Z"},"status":{"phase":"Active"}}"#,
+        );
+        assert!(is_terminating(&deleting));
+        let phase = namespace(r#"{"metadata":{"name":"team-a"},"status":{"phase":"Terminating"}}"#);
+        assert!(is_terminating(&phase));
     }
 }

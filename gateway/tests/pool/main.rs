@@ -30,6 +30,7 @@ on_both_backends!(scenarios;
 mod with_kubernetes {
     on_both_backends!(kubernetes;
         secrets_follow_labels_and_pods_decide_desired_instances,
+        terminating_namespaces_get_no_writes_and_are_not_retried,
     );
 }
 
