@@ -23,6 +23,11 @@ pub struct Index {
     /// for every purpose — the API server refuses new objects there, and the namespace
     /// controller removes what is in it.
     terminating: BTreeSet<String>,
+    /// Namespaces whose token Secret exists, as the Secret watch last said.
+    secrets: BTreeSet<String>,
+    /// Namespaces whose token Secret must be written now, whatever the token's age: it was
+    /// deleted (by hand, or with the label), or the namespace (re)appeared in the index.
+    missing_secrets: BTreeSet<String>,
     /// Supervised Pods by uid.
     pods: BTreeMap<String, Pod>,
     /// Whether each watch has completed its first list (before that, an absent Pod proves
@@ -39,6 +44,8 @@ impl Index {
             return;
         }
         if self.labelled.insert(name.to_owned()) {
+            // Newly (re)labelled: its Secret may be long gone (removed with the label).
+            self.missing_secrets.insert(name.to_owned());
             self.version += 1;
         }
         self.unlabelled.remove(name);
@@ -90,6 +97,9 @@ impl Index {
         for gone in self.labelled.difference(&names) {
             self.unlabelled.insert(gone.clone());
         }
+        for name in names.difference(&self.labelled) {
+            self.missing_secrets.insert(name.clone());
+        }
         for name in &names {
             self.unlabelled.remove(name);
         }
@@ -120,6 +130,40 @@ impl Index {
     /// The Secret of `namespace` was removed: stop asking for it.
     pub fn forget_unlabelled(&mut self, namespace: &str) {
         self.unlabelled.remove(namespace);
+    }
+
+    /// The Secret watch saw the token Secret of `namespace` (created or changed).
+    pub fn apply_secret(&mut self, namespace: &str) {
+        if self.secrets.insert(namespace.to_owned()) {
+            self.version += 1;
+        }
+    }
+
+    /// The token Secret of `namespace` was deleted (by hand, or by the writer on unlabel).
+    pub fn delete_secret(&mut self, namespace: &str) {
+        self.secrets.remove(namespace);
+        if self.missing_secrets.insert(namespace.to_owned()) {
+            self.version += 1;
+        }
+    }
+
+    /// A (re)list of the token Secrets: a labelled namespace without one needs it now.
+    pub fn reset_secrets(&mut self, namespaces: impl IntoIterator<Item = String>) {
+        self.secrets = namespaces.into_iter().collect();
+        for name in self.labelled.difference(&self.secrets) {
+            self.missing_secrets.insert(name.clone());
+        }
+        self.version += 1;
+    }
+
+    /// The writer wrote the token Secret of `namespace`.
+    pub fn secret_written(&mut self, namespace: &str) {
+        self.missing_secrets.remove(namespace);
+    }
+
+    /// Whether the token Secret of `namespace` must be written now, due or not.
+    pub fn needs_secret(&self, namespace: &str) -> bool {
+        self.missing_secrets.contains(namespace)
     }
 
     pub fn labelled(&self) -> &BTreeSet<String> {
@@ -218,6 +262,29 @@ mod tests {
         index.reset_namespaces_with(["team-b".to_owned(), "team-c".to_owned()], ["team-b".to_owned()]);
         assert_eq!(index.labelled().iter().collect::<Vec<_>>(), ["team-c"]);
         assert!(index.unlabelled().is_empty() && index.is_terminating("team-b"));
+    }
+
+    #[test]
+    fn a_deleted_or_relabelled_namespace_secret_is_needed_at_once() {
+        let mut index = Index::default();
+        index.apply_namespace("team-a");
+        assert!(index.needs_secret("team-a"), "a new namespace");
+        index.secret_written("team-a");
+        index.apply_secret("team-a");
+        assert!(!index.needs_secret("team-a"));
+        // Deleted by hand.
+        index.delete_secret("team-a");
+        assert!(index.needs_secret("team-a"));
+        index.secret_written("team-a");
+        // Unlabelled (the writer removes the Secret), then labelled again.
+        index.delete_namespace("team-a");
+        index.forget_unlabelled("team-a");
+        index.apply_namespace("team-a");
+        assert!(index.needs_secret("team-a"));
+        index.secret_written("team-a");
+        // A relist of the Secrets without team-a's.
+        index.reset_secrets([]);
+        assert!(index.needs_secret("team-a"));
     }
 
     #[test]

@@ -5,7 +5,8 @@
 use std::sync::{Arc, Mutex};
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::Notify;
@@ -13,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::index::{self, Index};
+use super::plan::NAMESPACE_SECRET;
 
 /// Namespaces opt in with this label…
 pub const SHARED_LABEL: &str = "supervision.openshell.ai/shared";
@@ -68,6 +70,30 @@ pub fn is_terminating(ns: &Namespace) -> bool {
             .as_ref()
             .and_then(|s| s.phase.as_deref())
             .is_some_and(|phase| phase == "Terminating")
+}
+
+/// Follow the gateway's token Secrets in every namespace until `shutdown`, so that one
+/// deleted by hand is rewritten at once. Metadata only (the gateway never reads Secret data
+/// back), and only Secrets named [`NAMESPACE_SECRET`] through a `metadata.name` field
+/// selector: with it the API server authorizes the cluster-wide list/watch against the
+/// ClusterRole's `resourceNames`, so the gateway needs no list/watch on other Secrets.
+pub async fn secrets(client: Client, shared: Shared, shutdown: CancellationToken) {
+    let config = watcher::Config::default().fields(&format!("metadata.name={NAMESPACE_SECRET}"));
+    let events = watcher(Api::<PartialObjectMeta<Secret>>::all(client), config).default_backoff();
+    follow(events, shared, shutdown, "secrets", |index, event| match event {
+        Change::Apply(secret) => {
+            if let Some(namespace) = secret.namespace() {
+                index.apply_secret(&namespace);
+            }
+        }
+        Change::Delete(secret) => {
+            if let Some(namespace) = secret.namespace() {
+                index.delete_secret(&namespace);
+            }
+        }
+        Change::Reset(all) => index.reset_secrets(all.iter().filter_map(ResourceExt::namespace)),
+    })
+    .await;
 }
 
 /// Follow the supervised Pods of every namespace until `shutdown`.

@@ -151,10 +151,15 @@ impl<C: Cluster> Writer<C> {
                 self.cluster.apply_secret(namespace, name, &delivered).await?;
                 info!(%namespace, secret = name, kid = %minted.kid, "delivered token");
                 sent.insert(target.clone(), minted);
+                if let Target::Namespace(namespace) = target {
+                    self.shared.with(|index| index.secret_written(namespace));
+                }
             }
             Write::RemoveSecret { namespace } => {
                 self.cluster.delete_secret(namespace, plan::NAMESPACE_SECRET).await?;
                 info!(%namespace, "namespace left shared supervision: removed its token Secret");
+                // Labelled again later, it needs a new one at once.
+                sent.remove(&Target::Namespace(namespace.clone()));
                 self.shared.with(|index| index.forget_unlabelled(namespace));
             }
             Write::Withdraw { route, uid } => {

@@ -212,3 +212,37 @@ pub async fn terminating_namespaces_get_no_writes_and_are_not_retried(db: &TestD
         );
     }
 }
+
+/// A namespace token Secret deleted by hand, or removed with the label that then comes back,
+/// is written again at once — not when its token would have been renewed.
+pub async fn deleted_and_relabelled_namespace_secrets_are_rewritten_at_once(db: &TestDb) {
+    let shared = Shared::default();
+    let (cluster, mut calls) = Recording::new();
+    let integration = Integration {
+        cluster,
+        shared: shared.clone(),
+        scope: Scope::new(INSTALL),
+    };
+    let replica = start_replica_with("gw-k", &db.url, &[], Some(integration)).await;
+    let team_a = |c: &Call| applied(c, "team-a", NAMESPACE_SECRET).is_some();
+    shared.with(|index| index.reset_namespaces(["team-a".to_owned()]));
+    next_call(&mut calls, "team-a's Secret", team_a).await;
+    shared.with(|index| index.reset_secrets(["team-a".to_owned()]));
+
+    // Someone deletes it: the Secret watch reports it, the writer writes it again.
+    shared.with(|index| index.delete_secret("team-a"));
+    next_call(&mut calls, "team-a's Secret rewritten after its deletion", team_a).await;
+    shared.with(|index| index.apply_secret("team-a"));
+
+    // Unlabelled: removed. Labelled again: written again at once.
+    shared.with(|index| index.delete_namespace("team-a"));
+    next_call(
+        &mut calls,
+        "team-a's Secret removed",
+        |c| matches!(c, Call::DeleteSecret { namespace, .. } if namespace == "team-a"),
+    )
+    .await;
+    shared.with(|index| index.apply_namespace("team-a"));
+    next_call(&mut calls, "team-a's Secret rewritten after the relabel", team_a).await;
+    replica.stop().await;
+}

@@ -31,6 +31,7 @@ mod with_kubernetes {
     on_both_backends!(kubernetes;
         secrets_follow_labels_and_pods_decide_desired_instances,
         terminating_namespaces_get_no_writes_and_are_not_retried,
+        deleted_and_relabelled_namespace_secrets_are_rewritten_at_once,
     );
 }
 
