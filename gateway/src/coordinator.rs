@@ -89,15 +89,41 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
         &view.owners(),
         &view.candidates(&operations::drained(view)),
     );
+    let generation = |route: &str| view.instances.get(route).map_or(0, |i| i.generation);
+    let mut replaced = BTreeSet::new();
     for decision in decisions {
         match decision {
             Decision::Place { route, to } => {
-                info!(%route, member = %to.member, "placing instance at term 1");
-                let next = reserved(&route, &to.member, &to.process_id, 1);
+                // Above every term the route ever had (a withdrawn generation's included).
+                let term = view.instances.get(&route).map_or(0, |i| i.last_term) + 1;
+                info!(%route, member = %to.member, term, "placing instance");
+                let next = reserved(&route, &to.member, &to.process_id, term, generation(&route), term);
                 batches.push(vec![FencedWrite::Assign {
                     expected_term: None,
                     next,
                 }]);
+            }
+            Decision::Replace { route, from, to, term } => {
+                info!(
+                    %route, stale_owner = %from.member, member = %to.member, term,
+                    "another workload registered the route: placing it anew"
+                );
+                let next = reserved(&route, &to.member, &to.process_id, term, generation(&route), term);
+                let mut batch = vec![FencedWrite::Assign {
+                    expected_term: Some(from.term),
+                    next,
+                }];
+                // A recovery of the replaced workload has nothing left to recover.
+                if let Some(op) = open_recoveries.get(route.as_str())
+                    && replaced.insert(route.clone())
+                {
+                    batch.push(FencedWrite::PutOperation(Operation {
+                        phase: OperationPhase::Cancelled,
+                        message: "another workload registered the route".into(),
+                        ..(*op).clone()
+                    }));
+                }
+                batches.push(batch);
             }
             Decision::Recover { route, from, to, term } => {
                 info!(%route, from = %from.member, to = %to.member, term, "recovering instance from a gone owner");
@@ -132,7 +158,15 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
                         updated_at_ms: 0,
                     },
                 };
-                let next = reserved(&route, &to.member, &to.process_id, term);
+                let placed_term = view.assignments.get(&route).map_or(1, |a| a.placed_term);
+                let next = reserved(
+                    &route,
+                    &to.member,
+                    &to.process_id,
+                    term,
+                    generation(&route),
+                    placed_term,
+                );
                 batches.push(vec![
                     FencedWrite::Assign {
                         expected_term: Some(from.term),
@@ -142,7 +176,7 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
                 ]);
             }
             Decision::Withdraw { route, term } => {
-                info!(%route, term, "dropping the assignment of a withdrawn instance");
+                info!(%route, term, "dropping the assignment of a withdrawn instance; its owner releases it");
                 batches.push(vec![FencedWrite::Unassign {
                     route,
                     expected_term: term,
@@ -158,7 +192,7 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
         }
     }
     unplaced.retain(|route, _| still_unplaced.contains(route));
-    for op in open_recoveries.values() {
+    for op in open_recoveries.values().filter(|op| !replaced.contains(&op.target)) {
         if let Some(settled) = settle(view, op) {
             batches.push(vec![FencedWrite::PutOperation(settled)]);
         }
@@ -198,13 +232,15 @@ fn settle(view: &View, op: &Operation) -> Option<Operation> {
     })
 }
 
-fn reserved(route: &str, member: &str, process_id: &str, term: i64) -> Assignment {
+fn reserved(route: &str, member: &str, process_id: &str, term: i64, generation: i64, placed_term: i64) -> Assignment {
     Assignment {
         route: route.to_owned(),
         member: member.to_owned(),
         process_id: process_id.to_owned(),
         term,
         phase: AssignmentPhase::Reserved,
+        generation,
+        placed_term,
         coordinator_term: 0,
         updated_at_ms: 0,
     }
@@ -231,6 +267,7 @@ mod tests {
                 material: SecretBytes::default(),
                 registered_at_ms: 0,
                 withdrawn: false,
+                last_term: 0,
             },
         );
         for m in ["a", "b"] {
@@ -254,7 +291,7 @@ mod tests {
 
     fn assign(v: &mut View, member: &str, term: i64) {
         v.assignments
-            .insert("r".into(), reserved("r", member, &format!("{member}-p"), term));
+            .insert("r".into(), reserved("r", member, &format!("{member}-p"), term, 1, 1));
     }
 
     #[test]

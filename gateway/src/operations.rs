@@ -43,11 +43,12 @@ fn settled(view: &View, a: &Assignment) -> bool {
         })
 }
 
-/// Handoffs in flight: assignments past their first term that have not settled.
+/// Handoffs in flight: assignments past the term their generation was placed at that have
+/// not settled.
 pub fn in_flight(view: &View) -> usize {
     view.assignments
         .values()
-        .filter(|a| a.term > 1 && !settled(view, a))
+        .filter(|a| a.term > a.placed_term && !settled(view, a))
         .count()
 }
 
@@ -76,7 +77,7 @@ impl<'v> Round<'v> {
     fn new(view: &'v View) -> Self {
         let candidates = view.candidates(&drained(view));
         let mut load: BTreeMap<String, usize> = candidates.iter().map(|c| (c.member.clone(), 0)).collect();
-        for a in view.assignments.values() {
+        for a in view.assignments.values().filter(|a| view.holds_desired(a)) {
             *load.entry(a.member.clone()).or_default() += 1;
         }
         Self {
@@ -164,6 +165,8 @@ impl<'v> Round<'v> {
                 process_id: to.process_id.clone(),
                 term: a.term + 1,
                 phase: AssignmentPhase::Reserved,
+                generation: a.generation,
+                placed_term: a.placed_term,
                 coordinator_term: 0,
                 updated_at_ms: 0,
             },
@@ -179,7 +182,12 @@ impl<'v> Round<'v> {
 
     fn drain(&mut self, op: &Operation) {
         let member = op.target.as_str();
-        let remaining = self.view.assignments.values().filter(|a| a.member == member).count();
+        let remaining = self
+            .view
+            .assignments
+            .values()
+            .filter(|a| a.member == member && self.view.holds_desired(a))
+            .count();
         if remaining == 0 && self.in_flight == 0 {
             let message = format!("{member} drained: {} instances moved", op.moves);
             self.put(op, OperationPhase::Succeeded, message);
@@ -330,6 +338,7 @@ mod tests {
                     material: SecretBytes::default(),
                     registered_at_ms: 0,
                     withdrawn: false,
+                    last_term: 0,
                 },
             );
             v.assignments.insert(
@@ -340,6 +349,8 @@ mod tests {
                     process_id: format!("{owner}-p"),
                     term: 1,
                     phase: AssignmentPhase::Active,
+                    generation: 1,
+                    placed_term: 1,
                     coordinator_term: 1,
                     updated_at_ms: 0,
                 },

@@ -80,8 +80,13 @@ pub fn status(view: &View, lease: Option<&LeaseView>, served_by: &str) -> GetSup
             } else {
                 MemberState::Active
             } as i32,
-            instance_count: u32::try_from(view.assignments.values().filter(|a| a.member == m.member).count())
-                .unwrap_or(u32::MAX),
+            instance_count: u32::try_from(
+                view.assignments
+                    .values()
+                    .filter(|a| a.member == m.member && view.holds_desired(a))
+                    .count(),
+            )
+            .unwrap_or(u32::MAX),
             capacity: u32::try_from(m.capacity).unwrap_or(0),
             last_heartbeat_at_ms: m.updated_at_ms,
             runtime_address: m.runtime_address.clone(),
@@ -96,7 +101,7 @@ pub fn status(view: &View, lease: Option<&LeaseView>, served_by: &str) -> GetSup
         .values()
         .filter(|i| !i.withdrawn)
         .map(|i| {
-            let a = view.assignments.get(&i.route);
+            let a = view.current_assignment(&i.route);
             let r = view
                 .reports
                 .get(&i.route)

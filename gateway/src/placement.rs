@@ -5,8 +5,10 @@
 //! Rules: healthy assignments stay where they are (stable); a new instance
 //! goes to the least-loaded eligible member (ties by name), never beyond the
 //! member's capacity or [`MAX_INSTANCES_PER_MEMBER`]; an instance whose owner
-//! process is gone moves to another member at term + 1; an instance nobody
-//! can take is reported with the reason.
+//! process is gone moves to another member at term + 1; an instance whose
+//! route another workload registered since (a Pod recreated under the same
+//! name) is placed anew, as if new, at term + 1; an instance nobody can take
+//! is reported with the reason.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -32,6 +34,9 @@ pub struct Owner {
     /// The owner reported it cannot run the instance at this term (a refused
     /// grant or activation, or it acknowledged the term without hosting it).
     pub failed: bool,
+    /// The assignment was made for an older workload of the route (another Pod UID
+    /// registered since): it says nothing about the current one.
+    pub stale: bool,
 }
 
 /// What placement decided for one route.
@@ -46,7 +51,16 @@ pub enum Decision {
         to: Candidate,
         term: i64,
     },
-    /// The instance is no longer desired and its owner is gone: drop the assignment.
+    /// Another workload registered the route since the assignment was made: place the new
+    /// one as if new, on `to` at `term` (the stale term + 1, so terms never repeat).
+    Replace {
+        route: String,
+        from: Owner,
+        to: Candidate,
+        term: i64,
+    },
+    /// The instance is no longer desired (withdrawn, ended): drop the assignment at once,
+    /// whether or not its owner lives (a live owner releases the session).
     Withdraw { route: String, term: i64 },
     /// No member can take the route.
     Unplaced { route: String, reason: String },
@@ -64,17 +78,22 @@ pub fn plan(desired: &BTreeSet<String>, owners: &BTreeMap<String, Owner>, live: 
         live.iter()
             .any(|c| c.member == o.member && c.process_id == o.process_id)
     };
-    // Load counts every assignment held by a live process, including the
-    // ones it may be asked to stop: they occupy a session until then.
+    // Load counts the desired instances a live process holds. A withdrawn or
+    // ended instance's assignment is dropped at once (its owner lets the
+    // session go) and a stale one is released: neither counts.
     let mut load: BTreeMap<String, usize> = live.iter().map(|c| (c.member.clone(), 0)).collect();
-    for owner in owners.values().filter(|o| alive(o)) {
-        if let Some(n) = load.get_mut(&owner.member) {
+    for (route, owner) in owners {
+        if alive(owner)
+            && !owner.stale
+            && desired.contains(route)
+            && let Some(n) = load.get_mut(&owner.member)
+        {
             *n += 1;
         }
     }
     let mut decisions = Vec::new();
     for (route, owner) in owners {
-        if !desired.contains(route) && !alive(owner) {
+        if !desired.contains(route) {
             decisions.push(Decision::Withdraw {
                 route: route.clone(),
                 term: owner.term,
@@ -83,11 +102,11 @@ pub fn plan(desired: &BTreeSet<String>, owners: &BTreeMap<String, Owner>, live: 
     }
     for route in desired {
         let owner = owners.get(route);
-        if owner.is_some_and(|o| alive(o) && !o.failed) {
+        if owner.is_some_and(|o| alive(o) && !o.failed && !o.stale) {
             continue;
         }
         // A candidate that failed the term is passed over when others can take it.
-        let others: Vec<Candidate> = match owner.filter(|o| o.failed) {
+        let others: Vec<Candidate> = match owner.filter(|o| o.failed && !o.stale) {
             Some(failed) => live.iter().filter(|c| c.member != failed.member).cloned().collect(),
             None => Vec::new(),
         };
@@ -96,7 +115,7 @@ pub fn plan(desired: &BTreeSet<String>, owners: &BTreeMap<String, Owner>, live: 
         } else {
             live
         };
-        if let Some(failed) = owner.filter(|o| o.failed && alive(o))
+        if let Some(failed) = owner.filter(|o| o.failed && !o.stale && alive(o))
             && let Some(n) = load.get_mut(&failed.member)
         {
             *n = n.saturating_sub(1);
@@ -108,6 +127,12 @@ pub fn plan(desired: &BTreeSet<String>, owners: &BTreeMap<String, Owner>, live: 
                     None => Decision::Place {
                         route: route.clone(),
                         to: to.clone(),
+                    },
+                    Some(from) if from.stale => Decision::Replace {
+                        route: route.clone(),
+                        from: from.clone(),
+                        to: to.clone(),
+                        term: from.term + 1,
                     },
                     Some(from) => Decision::Recover {
                         route: route.clone(),
@@ -179,6 +204,7 @@ mod tests {
             process_id: format!("{member}-p1"),
             term,
             failed: false,
+            stale: false,
         }
     }
 
@@ -194,10 +220,11 @@ mod tests {
                             process_id: to.process_id.clone(),
                             term: 1,
                             failed: false,
+                            stale: false,
                         },
                     );
                 }
-                Decision::Recover { route, to, term, .. } => {
+                Decision::Recover { route, to, term, .. } | Decision::Replace { route, to, term, .. } => {
                     owners.insert(
                         route.clone(),
                         Owner {
@@ -205,6 +232,7 @@ mod tests {
                             process_id: to.process_id.clone(),
                             term: *term,
                             failed: false,
+                            stale: false,
                         },
                     );
                 }
@@ -372,14 +400,34 @@ mod tests {
         owners.insert("ns/deleted-gone".into(), owner("a", 3));
         owners.insert("ns/deleted-live".into(), owner("b", 2));
         let decisions = plan(&BTreeSet::new(), &owners, &[member("b")]);
-        // The live owner gets a stop-route instead (see the snapshot), so only
-        // the gone owner's assignment is dropped here.
+        // Both are dropped at once: a live owner does not keep a withdrawn
+        // instance (it releases the session when the route leaves its snapshot).
         assert_eq!(
             decisions,
-            vec![Decision::Withdraw {
-                route: "ns/deleted-gone".into(),
-                term: 3
-            }]
+            vec![
+                Decision::Withdraw {
+                    route: "ns/deleted-gone".into(),
+                    term: 3
+                },
+                Decision::Withdraw {
+                    route: "ns/deleted-live".into(),
+                    term: 2
+                }
+            ]
+        );
+        // And a withdrawn instance never holds its owner's capacity.
+        let full = Candidate {
+            capacity: 1,
+            ..member("b")
+        };
+        let desired = BTreeSet::from(["ns/new".to_owned()]);
+        let decisions = plan(&desired, &owners, std::slice::from_ref(&full));
+        assert!(
+            decisions.contains(&Decision::Place {
+                route: "ns/new".into(),
+                to: full
+            }),
+            "{decisions:?}"
         );
     }
 
@@ -390,6 +438,7 @@ mod tests {
             "ns/x".into(),
             Owner {
                 failed: true,
+                stale: false,
                 ..owner("a", 2)
             },
         );
@@ -401,6 +450,7 @@ mod tests {
                 route: "ns/x".into(),
                 from: Owner {
                     failed: true,
+                    stale: false,
                     ..owner("a", 2)
                 },
                 to: member("b"),
@@ -410,5 +460,37 @@ mod tests {
         // Alone, the failed member gets another try at a new term.
         let decisions = plan(&desired, &owners, &[member("a")]);
         assert!(matches!(&decisions[0], Decision::Recover { to, term: 3, .. } if to.member == "a"));
+    }
+
+    #[test]
+    fn a_route_taken_over_by_another_workload_is_placed_anew_at_the_next_term() {
+        // a holds ns/x for an older workload (stale) and ns/y; b holds nothing.
+        let mut owners = BTreeMap::new();
+        let stale = Owner {
+            stale: true,
+            ..owner("a", 4)
+        };
+        owners.insert("ns/x".into(), stale.clone());
+        owners.insert("ns/y".into(), owner("a", 1));
+        let desired: BTreeSet<String> = owners.keys().cloned().collect();
+        let decisions = plan(&desired, &owners, &[member("a"), member("b")]);
+        assert_eq!(
+            decisions,
+            vec![Decision::Replace {
+                route: "ns/x".into(),
+                from: stale,
+                to: member("b"),
+                term: 5
+            }],
+            "least loaded, the stale assignment counting for nothing, and never an old term again"
+        );
+        // The stale assignment does not hold a's capacity either.
+        let full = Candidate {
+            capacity: 1,
+            ..member("a")
+        };
+        let only_x: BTreeMap<String, Owner> = owners.into_iter().filter(|(r, _)| r == "ns/x").collect();
+        let decisions = plan(&["ns/x".to_owned()].into(), &only_x, &[full]);
+        assert!(matches!(&decisions[0], Decision::Replace { to, term: 5, .. } if to.member == "a"));
     }
 }

@@ -82,6 +82,26 @@ impl View {
             .collect()
     }
 
+    /// Whether `a` was made for an older workload of its route than the registered one
+    /// (a Pod recreated under the same name): its owner must let go, nothing may use it.
+    pub fn is_stale(&self, a: &Assignment) -> bool {
+        self.instances
+            .get(&a.route)
+            .is_some_and(|i| a.generation < i.generation)
+    }
+
+    /// Whether `a` holds a session of a desired instance: not withdrawn, not stale.
+    pub fn holds_desired(&self, a: &Assignment) -> bool {
+        self.instances
+            .get(&a.route)
+            .is_some_and(|i| !i.withdrawn && a.generation >= i.generation)
+    }
+
+    /// The assignment of `route`, unless it is stale.
+    pub fn current_assignment(&self, route: &str) -> Option<&Assignment> {
+        self.assignments.get(route).filter(|a| !self.is_stale(a))
+    }
+
     pub fn owners(&self) -> BTreeMap<String, Owner> {
         self.assignments
             .values()
@@ -96,6 +116,7 @@ impl View {
                     process_id: a.process_id.clone(),
                     term: a.term,
                     failed,
+                    stale: self.is_stale(a),
                 };
                 (a.route.clone(), owner)
             })
@@ -103,14 +124,19 @@ impl View {
     }
 
     /// The whole desired state of one member process (revision left at 0:
-    /// the stream numbers what it sends). Omitted routes mean release.
+    /// the stream numbers what it sends). Omitted routes mean release: a stale
+    /// assignment (its workload was replaced under the route) is omitted, so
+    /// the owner lets the old session go, and is left out of the directory; so
+    /// is a withdrawn instance (its workload ended or its Pod is gone: the
+    /// owner relinquishes the session until the coordinator drops the
+    /// assignment).
     pub fn snapshot_for(&self, member: &str, process_id: &str, recovery_deadline_ms: u64) -> Snapshot {
         let mut snapshot = Snapshot {
             recovery_deadline_ms,
             ..Snapshot::default()
         };
         for a in self.assignments.values() {
-            if a.member != member || a.process_id != process_id {
+            if a.member != member || a.process_id != process_id || self.is_stale(a) {
                 continue;
             }
             match self.instances.get(&a.route) {
@@ -126,12 +152,13 @@ impl View {
                     grant: String::new(),
                     grant_expires_at_ms: 0,
                 }),
-                _ => snapshot.stop_routes.push(a.route.clone()),
+                _ => {}
             }
         }
         snapshot.directory = self
             .assignments
             .values()
+            .filter(|a| !self.is_stale(a))
             .map(|a| RouteDirectoryEntry {
                 route: a.route.clone(),
                 member: a.member.clone(),
@@ -224,6 +251,7 @@ mod tests {
                     material: SecretBytes(Material::new(&binding, &[9u8; 32]).encode()),
                     registered_at_ms: 0,
                     withdrawn,
+                    last_term: 0,
                 },
             );
         }
@@ -236,6 +264,8 @@ mod tests {
                     process_id: format!("{member}-p"),
                     term,
                     phase: AssignmentPhase::Active,
+                    generation: 1,
+                    placed_term: 1,
                     coordinator_term: 1,
                     updated_at_ms: 0,
                 },
@@ -261,11 +291,11 @@ mod tests {
     }
 
     #[test]
-    fn snapshot_lists_owned_instances_and_stops_withdrawn_ones() {
+    fn snapshot_lists_owned_instances_and_releases_withdrawn_ones() {
         let snapshot = view().snapshot_for("m1", "m1-p", 60_000);
         let owned: Vec<(&str, u64)> = snapshot.instances.iter().map(|i| (i.route.as_str(), i.term)).collect();
         assert_eq!(owned, vec![("ns/a", 3)]);
-        assert_eq!(snapshot.stop_routes, vec!["ns/gone".to_owned()]);
+        assert!(snapshot.stop_routes.is_empty(), "omitted: released, not stopped");
         assert_eq!(snapshot.directory.len(), 3);
         let credentials: Material = serde_json::from_slice(&snapshot.instances[0].credentials).unwrap();
         assert!(credentials.receipt_key.is_empty(), "members never get the receipt key");

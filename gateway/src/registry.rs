@@ -101,6 +101,11 @@ impl InstanceRegistry for Registry {
                     "this instance was withdrawn; start a new workload",
                 ));
             }
+            Ok(Registered::Replaced) => {
+                return Err(Status::failed_precondition(
+                    "a newer workload (another Pod UID) registered this route; this one cannot come back",
+                ));
+            }
             Err(err) => return Err(Status::unavailable(format!("cannot record the instance: {err}"))),
         };
         self.replica.wake.notify_one();
@@ -110,15 +115,18 @@ impl InstanceRegistry for Registry {
         let view = crate::pool::View::load(store)
             .await
             .map_err(|err| Status::unavailable(format!("cannot read the pool: {err}")))?;
-        let assignment = view.assignments.get(&request.route);
+        let assignment = view.current_assignment(&request.route);
         if assignment.is_none() {
             // Say now, with the pool's reason, when nobody can take it.
             let desired = BTreeSet::from([request.route.clone()]);
             let owners = BTreeMap::new();
-            let loads = view.owners();
             let mut candidates = view.candidates(&BTreeSet::new());
             for c in &mut candidates {
-                let held = loads.values().filter(|o| o.member == c.member).count();
+                let held = view
+                    .assignments
+                    .values()
+                    .filter(|a| a.member == c.member && view.holds_desired(a))
+                    .count();
                 c.capacity = c.capacity.min(placement::MAX_INSTANCES_PER_MEMBER).saturating_sub(held);
             }
             if let Some(Decision::Unplaced { reason, .. }) = placement::plan(&desired, &owners, &candidates).pop() {
@@ -158,6 +166,8 @@ impl InstanceRegistry for Registry {
             .withdraw_instance(&request.route, &instance.uid)
             .await
             .map_err(|err| Status::unavailable(format!("cannot withdraw the instance: {err}")))?;
+        // A withdrawal carrying another workload's uid (an older Pod of the same name) is a
+        // no-op: the store withdraws only the registered uid.
         if withdrawn {
             info!(route = %request.route, reason = %bounded(&request.reason, 256), "instance withdrawn");
             self.replica.wake.notify_one();
@@ -172,6 +182,19 @@ impl InstanceRegistry for Registry {
         let instance = self.authorize(&request, request.get_ref().instance.as_ref()).await?;
         let request = request.into_inner();
         check_route(&request.route)?;
+        // Only the workload registered under the route now may report for it: a replaced
+        // one (an older Pod of the same name) changes nothing.
+        let current = self
+            .replica
+            .store
+            .instance(&request.route)
+            .await
+            .map_err(|err| Status::unavailable(format!("cannot read the instance: {err}")))?;
+        if current.is_none_or(|c| c.uid != instance.uid) {
+            return Err(Status::failed_precondition(
+                "another workload (Pod UID) is registered under this route",
+            ));
+        }
         warn!(
             route = %request.route,
             fence_term = request.fence_term,

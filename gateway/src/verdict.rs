@@ -38,7 +38,7 @@ pub fn judge(view: &View, route: &str) -> Verdict {
         Some(i) if i.withdrawn => return Verdict::Unavailable("the instance was withdrawn".into()),
         Some(_) => {}
     }
-    let Some(assignment) = view.assignments.get(route) else {
+    let Some(assignment) = view.current_assignment(route) else {
         return Verdict::Degraded("not placed on a pool member yet".into());
     };
     if !view.is_live(&assignment.member, &assignment.process_id) {
@@ -118,6 +118,7 @@ mod tests {
                 material: SecretBytes::default(),
                 registered_at_ms: 0,
                 withdrawn: false,
+                last_term: 0,
             },
         );
         v.assignments.insert(
@@ -128,6 +129,8 @@ mod tests {
                 process_id: "p".into(),
                 term: 2,
                 phase: AssignmentPhase::Active,
+                generation: 1,
+                placed_term: 1,
                 coordinator_term: 1,
                 updated_at_ms: 0,
             },

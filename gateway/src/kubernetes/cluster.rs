@@ -34,6 +34,32 @@ pub enum Error {
     Api(#[from] kube::Error),
     #[error("Kubernetes API call timed out after {0:?}")]
     Timeout(Duration),
+    /// The namespace is being deleted: the API server forbids new objects in it (403,
+    /// cause `NamespaceTerminating`). Not worth a retry: the namespace is going away.
+    #[error("namespace {0} is being terminated")]
+    NamespaceTerminating(String),
+}
+
+/// Whether `status` is the API server's refusal to create anything in a terminating
+/// namespace (NamespaceLifecycle admission: 403 Forbidden, cause `NamespaceTerminating`,
+/// "unable to create new content in namespace … because it is being terminated").
+pub fn is_namespace_terminating(status: &kube::core::Status) -> bool {
+    status.code == 403
+        && (status
+            .details
+            .as_ref()
+            .is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating"))
+            || status.message.contains("because it is being terminated"))
+}
+
+/// Map an API error in `namespace` to [`Error`], telling a terminating namespace apart.
+fn in_namespace(namespace: &str, err: Error) -> Error {
+    match err {
+        Error::Api(kube::Error::Api(status)) if is_namespace_terminating(&status) => {
+            Error::NamespaceTerminating(namespace.to_owned())
+        }
+        other => other,
+    }
 }
 
 /// What the writer does to the cluster.
@@ -152,7 +178,9 @@ impl Cluster for Kube {
         let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let body = secret(namespace, name, delivered, self.owner.as_ref());
-        bounded(api.patch(name, &params, &Patch::Apply(&body))).await?;
+        bounded(api.patch(name, &params, &Patch::Apply(&body)))
+            .await
+            .map_err(|err| in_namespace(namespace, err))?;
         Ok(())
     }
 
@@ -177,7 +205,9 @@ impl Cluster for Kube {
             action: notice.action.to_owned(),
             secondary: notice.related.as_ref().map(reference),
         };
-        bounded(self.recorder.publish(&event, &reference(&notice.regarding))).await
+        bounded(self.recorder.publish(&event, &reference(&notice.regarding)))
+            .await
+            .map_err(|err| in_namespace(&notice.regarding.namespace, err))
     }
 }
 
@@ -201,12 +231,38 @@ pub enum Call {
 #[derive(Clone)]
 pub struct Recording {
     calls: mpsc::UnboundedSender<Call>,
+    /// Namespaces whose writes are refused as the API server refuses them in a namespace
+    /// being deleted.
+    terminating: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
 }
 
 impl Recording {
     pub fn new() -> (Self, mpsc::UnboundedReceiver<Call>) {
         let (calls, rx) = mpsc::unbounded_channel();
-        (Self { calls }, rx)
+        let terminating = std::sync::Arc::default();
+        (Self { calls, terminating }, rx)
+    }
+
+    /// From now on, refuse writes in `namespace` as in a terminating namespace (the call is
+    /// still reported).
+    pub fn terminate(&self, namespace: &str) {
+        self.terminating
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(namespace.to_owned());
+    }
+
+    fn refuses(&self, namespace: &str) -> Result<(), Error> {
+        let terminating = self
+            .terminating
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(namespace);
+        if terminating {
+            Err(Error::NamespaceTerminating(namespace.to_owned()))
+        } else {
+            Ok(())
+        }
     }
 
     fn send(&self, call: Call) {
@@ -222,7 +278,7 @@ impl Cluster for Recording {
             name: name.to_owned(),
             delivered: delivered.clone(),
         });
-        Ok(())
+        self.refuses(namespace)
     }
 
     async fn delete_secret(&self, namespace: &str, name: &str) -> Result<(), Error> {
@@ -235,13 +291,45 @@ impl Cluster for Recording {
 
     async fn publish(&self, notice: &Notice) -> Result<(), Error> {
         self.send(Call::Publish(notice.clone()));
-        Ok(())
+        self.refuses(&notice.regarding.namespace)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn status(json: &str) -> kube::core::Status {
+        serde_json::from_str(json).unwrap_or_else(|err| panic!("{err}: {json}"))
+    }
+
+    #[test]
+    fn a_terminating_namespace_is_told_apart_from_other_refusals() {
+        // What the NamespaceLifecycle admission plugin answers to a create in a namespace
+        // being deleted.
+        let terminating = status(
+            r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure",
+            "message":"secrets \"openshell-supervision-token\" is forbidden: unable to create new content in namespace team-a because it is being terminated",
+            "reason":"Forbidden","details":{"name":"openshell-supervision-token","kind":"secrets",
+            "causes":[{"reason":"NamespaceTerminating","message":"namespace team-a is being terminated","field":"metadata.namespace"}]},
+            "code":403}"#,
+        );
+        assert!(is_namespace_terminating(&terminating));
+        let without_causes = kube::core::Status {
+            details: None,
+            ..terminating.clone()
+        };
+        assert!(is_namespace_terminating(&without_causes), "the message alone tells");
+        // An RBAC refusal (captured, tests/kube_api.rs) is not one.
+        let rbac = status(
+            r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure",
+            "message":"secrets is forbidden: User \"system:serviceaccount:team-a:nobody\" cannot create resource \"secrets\" in API group \"\" in the namespace \"team-a\"",
+            "reason":"Forbidden","details":{"kind":"secrets"},"code":403}"#,
+        );
+        assert!(!is_namespace_terminating(&rbac));
+        let err = in_namespace("team-a", Error::Api(kube::Error::Api(Box::new(terminating))));
+        assert!(matches!(err, Error::NamespaceTerminating(ns) if ns == "team-a"));
+    }
 
     #[test]
     fn token_secrets_are_owned_by_the_install_namespace() {

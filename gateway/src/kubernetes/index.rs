@@ -19,6 +19,15 @@ pub struct Index {
     labelled: BTreeSet<String>,
     /// Namespaces seen labelled and then unlabelled (or deleted): their Secret must go.
     unlabelled: BTreeSet<String>,
+    /// Labelled namespaces being deleted (deletionTimestamp set, phase Terminating): gone
+    /// for every purpose — the API server refuses new objects there, and the namespace
+    /// controller removes what is in it.
+    terminating: BTreeSet<String>,
+    /// Namespaces whose token Secret exists, as the Secret watch last said.
+    secrets: BTreeSet<String>,
+    /// Namespaces whose token Secret must be written now, whatever the token's age: it was
+    /// deleted (by hand, or with the label), or the namespace (re)appeared in the index.
+    missing_secrets: BTreeSet<String>,
     /// Supervised Pods by uid.
     pods: BTreeMap<String, Pod>,
     /// Whether each watch has completed its first list (before that, an absent Pod proves
@@ -31,15 +40,35 @@ pub struct Index {
 
 impl Index {
     pub fn apply_namespace(&mut self, name: &str) {
+        if self.terminating.contains(name) {
+            return;
+        }
         if self.labelled.insert(name.to_owned()) {
+            // Newly (re)labelled: its Secret may be long gone (removed with the label).
+            self.missing_secrets.insert(name.to_owned());
             self.version += 1;
         }
         self.unlabelled.remove(name);
     }
 
+    /// The namespace is being deleted: treated as gone at once, with nothing to remove (its
+    /// deletion takes the Secret with it; the API server forbids writes there meanwhile).
+    pub fn terminate_namespace(&mut self, name: &str) {
+        let was_labelled = self.labelled.remove(name);
+        let was_unlabelled = self.unlabelled.remove(name);
+        if self.terminating.insert(name.to_owned()) || was_labelled || was_unlabelled {
+            self.version += 1;
+        }
+    }
+
     /// The namespace lost the label or was deleted (a label-selector watch reports both as
     /// a deletion).
     pub fn delete_namespace(&mut self, name: &str) {
+        if self.terminating.remove(name) {
+            // Deleted at last: nothing was left to do for it.
+            self.version += 1;
+            return;
+        }
         if self.labelled.remove(name) {
             self.unlabelled.insert(name.to_owned());
             self.version += 1;
@@ -49,9 +78,27 @@ impl Index {
     /// A (re)list of the labelled namespaces: the watch restarted, so anything not in it
     /// was unlabelled meanwhile.
     pub fn reset_namespaces(&mut self, names: impl IntoIterator<Item = String>) {
-        let names: BTreeSet<String> = names.into_iter().collect();
+        self.reset_namespaces_with(names, []);
+    }
+
+    /// A (re)list of the labelled namespaces, `terminating` among them being deleted.
+    pub fn reset_namespaces_with(
+        &mut self,
+        names: impl IntoIterator<Item = String>,
+        terminating: impl IntoIterator<Item = String>,
+    ) {
+        let terminating: BTreeSet<String> = terminating.into_iter().collect();
+        let names: BTreeSet<String> = names.into_iter().filter(|n| !terminating.contains(n)).collect();
+        for name in &terminating {
+            self.labelled.remove(name);
+            self.unlabelled.remove(name);
+        }
+        self.terminating = terminating;
         for gone in self.labelled.difference(&names) {
             self.unlabelled.insert(gone.clone());
+        }
+        for name in names.difference(&self.labelled) {
+            self.missing_secrets.insert(name.clone());
         }
         for name in &names {
             self.unlabelled.remove(name);
@@ -85,12 +132,50 @@ impl Index {
         self.unlabelled.remove(namespace);
     }
 
+    /// The Secret watch saw the token Secret of `namespace` (created or changed).
+    pub fn apply_secret(&mut self, namespace: &str) {
+        if self.secrets.insert(namespace.to_owned()) {
+            self.version += 1;
+        }
+    }
+
+    /// The token Secret of `namespace` was deleted (by hand, or by the writer on unlabel).
+    pub fn delete_secret(&mut self, namespace: &str) {
+        self.secrets.remove(namespace);
+        if self.missing_secrets.insert(namespace.to_owned()) {
+            self.version += 1;
+        }
+    }
+
+    /// A (re)list of the token Secrets: a labelled namespace without one needs it now.
+    pub fn reset_secrets(&mut self, namespaces: impl IntoIterator<Item = String>) {
+        self.secrets = namespaces.into_iter().collect();
+        for name in self.labelled.difference(&self.secrets) {
+            self.missing_secrets.insert(name.clone());
+        }
+        self.version += 1;
+    }
+
+    /// The writer wrote the token Secret of `namespace`.
+    pub fn secret_written(&mut self, namespace: &str) {
+        self.missing_secrets.remove(namespace);
+    }
+
+    /// Whether the token Secret of `namespace` must be written now, due or not.
+    pub fn needs_secret(&self, namespace: &str) -> bool {
+        self.missing_secrets.contains(namespace)
+    }
+
     pub fn labelled(&self) -> &BTreeSet<String> {
         &self.labelled
     }
 
     pub fn unlabelled(&self) -> &BTreeSet<String> {
         &self.unlabelled
+    }
+
+    pub fn is_terminating(&self, namespace: &str) -> bool {
+        self.terminating.contains(namespace)
     }
 
     pub fn namespaces_synced(&self) -> bool {
@@ -158,6 +243,48 @@ mod tests {
         assert!(index.namespaces_synced());
         assert_eq!(index.labelled().iter().collect::<Vec<_>>(), ["team-a", "team-c"]);
         assert_eq!(index.unlabelled().iter().collect::<Vec<_>>(), ["team-b"]);
+    }
+
+    #[test]
+    fn a_terminating_namespace_is_gone_with_nothing_to_remove() {
+        let mut index = Index::default();
+        index.apply_namespace("team-a");
+        index.apply_namespace("team-b");
+        index.terminate_namespace("team-a");
+        assert_eq!(index.labelled().iter().collect::<Vec<_>>(), ["team-b"]);
+        assert!(index.unlabelled().is_empty(), "its deletion takes the Secret along");
+        // Further updates of the terminating namespace do not bring it back.
+        index.apply_namespace("team-a");
+        assert!(!index.labelled().contains("team-a"));
+        index.delete_namespace("team-a");
+        assert!(index.unlabelled().is_empty() && !index.is_terminating("team-a"));
+        // A relist that shows one terminating.
+        index.reset_namespaces_with(["team-b".to_owned(), "team-c".to_owned()], ["team-b".to_owned()]);
+        assert_eq!(index.labelled().iter().collect::<Vec<_>>(), ["team-c"]);
+        assert!(index.unlabelled().is_empty() && index.is_terminating("team-b"));
+    }
+
+    #[test]
+    fn a_deleted_or_relabelled_namespace_secret_is_needed_at_once() {
+        let mut index = Index::default();
+        index.apply_namespace("team-a");
+        assert!(index.needs_secret("team-a"), "a new namespace");
+        index.secret_written("team-a");
+        index.apply_secret("team-a");
+        assert!(!index.needs_secret("team-a"));
+        // Deleted by hand.
+        index.delete_secret("team-a");
+        assert!(index.needs_secret("team-a"));
+        index.secret_written("team-a");
+        // Unlabelled (the writer removes the Secret), then labelled again.
+        index.delete_namespace("team-a");
+        index.forget_unlabelled("team-a");
+        index.apply_namespace("team-a");
+        assert!(index.needs_secret("team-a"));
+        index.secret_written("team-a");
+        // A relist of the Secrets without team-a's.
+        index.reset_secrets([]);
+        assert!(index.needs_secret("team-a"));
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! | module | owns |
 //! | --- | --- |
 //! | `index` | labelled namespaces and supervised Pods, plain data |
-//! | `watch` | the namespace and Pod watches that feed the index |
+//! | `watch` | the namespace, Pod and token Secret watches that feed the index |
 //! | `plan` | which Secrets to write or remove, which instances to withdraw |
 //! | `notice` | which Events a change of the pool view makes |
 //! | `cluster` | the API calls (kube-rs) and a recording stand-in for tests |
@@ -49,7 +49,7 @@ pub struct Integration<C> {
 
 impl Integration<Kube> {
     /// Connect with the in-cluster configuration (or `KUBECONFIG`) and start following
-    /// namespaces and Pods; the watches stop with `shutdown`.
+    /// namespaces, Pods and the token Secrets; the watches stop with `shutdown`.
     pub async fn connect(
         scope: Scope,
         instance: &str,
@@ -60,6 +60,7 @@ impl Integration<Kube> {
         let tasks = vec![
             tokio::spawn(watch::namespaces(client.clone(), shared.clone(), shutdown.clone())),
             tokio::spawn(watch::pods(client.clone(), shared.clone(), shutdown.clone())),
+            tokio::spawn(watch::secrets(client.clone(), shared.clone(), shutdown.clone())),
         ];
         let integration = Self {
             cluster: Kube::new(client, instance).owned_by(&scope.install_namespace).await,

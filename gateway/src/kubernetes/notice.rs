@@ -87,7 +87,7 @@ fn member_pod(install_namespace: &str, member: &str) -> Regarding {
 
 fn assignments(before: &View, after: &View, install_namespace: &str, out: &mut Vec<Notice>) {
     for a in after.assignments.values() {
-        if a.phase != AssignmentPhase::Active {
+        if a.phase != AssignmentPhase::Active || after.is_stale(a) {
             continue;
         }
         let seen = before
@@ -100,7 +100,7 @@ fn assignments(before: &View, after: &View, install_namespace: &str, out: &mut V
         if seen {
             continue;
         }
-        let (reason, action, verb) = if a.term <= 1 {
+        let (reason, action, verb) = if a.term <= a.placed_term {
             (REASON_PLACED, "Place", "placed on")
         } else {
             (REASON_RECOVERED, "Recover", "recovered by")
@@ -185,6 +185,7 @@ mod tests {
             material: SecretBytes::default(),
             registered_at_ms: 0,
             withdrawn: false,
+            last_term: 0,
         }
     }
 
@@ -195,6 +196,8 @@ mod tests {
             process_id: format!("{member}-p"),
             term,
             phase,
+            generation: 1,
+            placed_term: 1,
             coordinator_term: 1,
             updated_at_ms: 0,
         }

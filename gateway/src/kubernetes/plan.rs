@@ -90,9 +90,12 @@ pub fn plan(scope: &Scope, index: &Index, view: &View, due: &impl Due) -> Vec<Wr
             });
         }
     }
+    // A terminating namespace is never in `labelled` nor `unlabelled`: it is gone. A Secret
+    // deleted by hand, or a namespace labelled again after its Secret went with the label,
+    // gets its Secret now, not when the last token would have been renewed.
     for namespace in index.labelled().iter().filter(|ns| scope.admits(ns)) {
         let target = Target::Namespace(namespace.clone());
-        if due.is_due(&target) {
+        if due.is_due(&target) || index.needs_secret(namespace) {
             writes.push(Write::Secret {
                 namespace: namespace.clone(),
                 name: NAMESPACE_SECRET,
@@ -155,6 +158,7 @@ mod tests {
             material: SecretBytes::default(),
             registered_at_ms,
             withdrawn: false,
+            last_term: 0,
         }
     }
 
@@ -185,7 +189,46 @@ mod tests {
                 },
             ]
         );
+        // Once written, nothing is due until the token needs renewing.
+        index.secret_written("team-a");
         assert!(plan(&scope(), &index, &View::default(), &nothing_due).is_empty());
+    }
+
+    #[test]
+    fn a_terminating_namespace_gets_no_writes_at_all() {
+        let mut index = Index::default();
+        index.apply_namespace("team-a");
+        index.apply_namespace("team-b");
+        index.terminate_namespace("team-b");
+        let writes = plan(&scope(), &index, &View::default(), &all_due);
+        assert!(
+            writes
+                .iter()
+                .all(|w| !matches!(w, Write::Secret { namespace, .. } | Write::RemoveSecret { namespace } if namespace == "team-b")),
+            "{writes:?}"
+        );
+        assert!(
+            writes
+                .iter()
+                .any(|w| matches!(w, Write::Secret { namespace, .. } if namespace == "team-a"))
+        );
+    }
+
+    #[test]
+    fn a_missing_secret_is_written_although_its_token_is_not_due() {
+        let mut index = Index::default();
+        index.apply_namespace("team-a");
+        index.secret_written("team-a");
+        assert!(plan(&scope(), &index, &View::default(), &nothing_due).is_empty());
+        index.delete_secret("team-a");
+        assert_eq!(
+            plan(&scope(), &index, &View::default(), &nothing_due),
+            [Write::Secret {
+                namespace: "team-a".into(),
+                name: NAMESPACE_SECRET,
+                target: Target::Namespace("team-a".into())
+            }]
+        );
     }
 
     #[test]

@@ -5,7 +5,8 @@
 use std::sync::{Arc, Mutex};
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::Notify;
@@ -13,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::index::{self, Index};
+use super::plan::NAMESPACE_SECRET;
 
 /// Namespaces opt in with this label…
 pub const SHARED_LABEL: &str = "supervision.openshell.ai/shared";
@@ -49,9 +51,47 @@ pub async fn namespaces(client: Client, shared: Shared, shutdown: CancellationTo
     let config = watcher::Config::default().labels(&format!("{SHARED_LABEL}={SHARED_ENABLED}"));
     let events = watcher(Api::<Namespace>::all(client), config).default_backoff();
     follow(events, shared, shutdown, "namespaces", |index, event| match event {
+        Change::Apply(ns) if is_terminating(&ns) => index.terminate_namespace(&ns.name_any()),
         Change::Apply(ns) => index.apply_namespace(&ns.name_any()),
         Change::Delete(ns) => index.delete_namespace(&ns.name_any()),
-        Change::Reset(all) => index.reset_namespaces(all.iter().map(ResourceExt::name_any)),
+        Change::Reset(all) => index.reset_namespaces_with(
+            all.iter().map(ResourceExt::name_any),
+            all.iter().filter(|ns| is_terminating(ns)).map(ResourceExt::name_any),
+        ),
+    })
+    .await;
+}
+
+/// A namespace being deleted: deletionTimestamp set, or phase Terminating.
+pub fn is_terminating(ns: &Namespace) -> bool {
+    ns.metadata.deletion_timestamp.is_some()
+        || ns
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .is_some_and(|phase| phase == "Terminating")
+}
+
+/// Follow the gateway's token Secrets in every namespace until `shutdown`, so that one
+/// deleted by hand is rewritten at once. Metadata only (the gateway never reads Secret data
+/// back), and only Secrets named [`NAMESPACE_SECRET`] through a `metadata.name` field
+/// selector: with it the API server authorizes the cluster-wide list/watch against the
+/// ClusterRole's `resourceNames`, so the gateway needs no list/watch on other Secrets.
+pub async fn secrets(client: Client, shared: Shared, shutdown: CancellationToken) {
+    let config = watcher::Config::default().fields(&format!("metadata.name={NAMESPACE_SECRET}"));
+    let events = watcher(Api::<PartialObjectMeta<Secret>>::all(client), config).default_backoff();
+    follow(events, shared, shutdown, "secrets", |index, event| match event {
+        Change::Apply(secret) => {
+            if let Some(namespace) = secret.namespace() {
+                index.apply_secret(&namespace);
+            }
+        }
+        Change::Delete(secret) => {
+            if let Some(namespace) = secret.namespace() {
+                index.delete_secret(&namespace);
+            }
+        }
+        Change::Reset(all) => index.reset_secrets(all.iter().filter_map(ResourceExt::namespace)),
     })
     .await;
 }
@@ -129,5 +169,26 @@ pub async fn follow<K>(
             debug!(watch = what, objects = all.len(), "listed");
         }
         shared.with(|index| apply(index, change));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn namespace(json: &str) -> Namespace {
+        serde_json::from_str(json).unwrap_or_else(|err| panic!("{err}: {json}"))
+    }
+
+    #[test]
+    fn a_namespace_being_deleted_is_terminating() {
+        let active = namespace(r#"{"metadata":{"name":"team-a"},"status":{"phase":"Active"}}"#);
+        assert!(!is_terminating(&active));
+        let deleting = namespace(
+            r#"{"metadata":{"name":"team-a","deletionTimestamp":"2025-01-01T00:00:00Z"},"status":{"phase":"Active"}}"#,
+        );
+        assert!(is_terminating(&deleting));
+        let phase = namespace(r#"{"metadata":{"name":"team-a"},"status":{"phase":"Terminating"}}"#);
+        assert!(is_terminating(&phase));
     }
 }

@@ -13,9 +13,9 @@ use proto::trust;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
-use super::cluster::Cluster;
+use super::cluster::{self, Cluster};
 use super::notice;
 use super::plan::{self, Scope, Write};
 use super::watch::Shared;
@@ -98,17 +98,29 @@ impl<C: Cluster> Writer<C> {
                 if failed.contains_key(&write) {
                     continue;
                 }
-                if let Err(err) = self.execute(&write, &keyring, ca.as_ref(), &mut sent).await {
-                    warn!(?write, error = %err, "cannot write to the cluster; retrying later");
-                    failed.insert(write, Instant::now());
+                match self.execute(&write, &keyring, ca.as_ref(), &mut sent).await {
+                    Ok(()) => {}
+                    // Gone for good: the plan drops it, nothing to retry or warn about.
+                    Err(Error::Cluster(cluster::Error::NamespaceTerminating(namespace))) => {
+                        info!(%namespace, "the namespace is being deleted: no more writes there");
+                        self.shared.with(|index| index.terminate_namespace(&namespace));
+                    }
+                    Err(err) => {
+                        warn!(?write, error = %err, "cannot write to the cluster; retrying later");
+                        failed.insert(write, Instant::now());
+                    }
                 }
             }
             for notice in notices {
                 if !held(lease) {
                     return;
                 }
-                if let Err(err) = self.cluster.publish(&notice).await {
-                    warn!(reason = notice.reason, error = %err, "cannot record an event");
+                match self.cluster.publish(&notice).await {
+                    Ok(()) => {}
+                    Err(cluster::Error::NamespaceTerminating(namespace)) => {
+                        debug!(reason = notice.reason, %namespace, "no event: the namespace is being deleted");
+                    }
+                    Err(err) => warn!(reason = notice.reason, error = %err, "cannot record an event"),
                 }
             }
             tokio::select! {
@@ -139,10 +151,15 @@ impl<C: Cluster> Writer<C> {
                 self.cluster.apply_secret(namespace, name, &delivered).await?;
                 info!(%namespace, secret = name, kid = %minted.kid, "delivered token");
                 sent.insert(target.clone(), minted);
+                if let Target::Namespace(namespace) = target {
+                    self.shared.with(|index| index.secret_written(namespace));
+                }
             }
             Write::RemoveSecret { namespace } => {
                 self.cluster.delete_secret(namespace, plan::NAMESPACE_SECRET).await?;
                 info!(%namespace, "namespace left shared supervision: removed its token Secret");
+                // Labelled again later, it needs a new one at once.
+                sent.remove(&Target::Namespace(namespace.clone()));
                 self.shared.with(|index| index.forget_unlabelled(namespace));
             }
             Write::Withdraw { route, uid } => {

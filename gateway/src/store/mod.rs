@@ -459,37 +459,89 @@ impl Store {
 
     // ---- desired instances (any replica) ----------------------------------
 
-    /// Register an instance and assign its generation in one statement: the
-    /// same workload (uid) keeps its generation; another workload on the same
-    /// route gets the next one. A withdrawn workload stays withdrawn.
+    /// Register an instance and assign its generation: the same workload (uid) keeps its
+    /// generation; another workload on the same route gets the next one and starts fresh —
+    /// its own material (receipt key), no workload checkpoint — while the workload it
+    /// replaced is remembered and can never register the route again. A withdrawn workload
+    /// stays withdrawn.
     pub async fn register_instance(&self, r: &Registration) -> Result<Registered> {
-        let sql = format!(
+        let mut tx = self.pool.begin_with(self.backend.begin_sql()).await?;
+        let replaced: i64 = sqlx::query_scalar("SELECT count(*) FROM replaced_instances WHERE route = $1 AND uid = $2")
+            .bind(&r.route)
+            .bind(&r.uid)
+            .fetch_one(&mut *tx)
+            .await?;
+        if replaced > 0 {
+            return Ok(Registered::Replaced);
+        }
+        let clock = self.backend.clock_expr();
+        let inserted = sqlx::query(&format!(
             "INSERT INTO instances (route, namespace, name, uid, generation, material, registered_at_ms, withdrawn) \
-             VALUES ($1, $2, $3, $4, 1, $5, ({clock}), FALSE) \
-             ON CONFLICT (route) DO UPDATE SET \
-               generation = CASE WHEN instances.uid = excluded.uid THEN instances.generation \
-                                 ELSE instances.generation + 1 END, \
-               material = CASE WHEN instances.uid = excluded.uid AND instances.withdrawn THEN instances.material \
-                               ELSE excluded.material END, \
-               withdrawn = CASE WHEN instances.uid = excluded.uid THEN instances.withdrawn ELSE FALSE END, \
-               namespace = excluded.namespace, name = excluded.name, uid = excluded.uid, \
-               registered_at_ms = excluded.registered_at_ms \
-             RETURNING generation, CASE WHEN withdrawn THEN 1 ELSE 0 END AS withdrawn",
-            clock = self.backend.clock_expr()
-        );
-        let row = sqlx::query(&sql)
+             VALUES ($1, $2, $3, $4, 1, $5, ({clock}), FALSE) ON CONFLICT (route) DO NOTHING"
+        ))
+        .bind(&r.route)
+        .bind(&r.namespace)
+        .bind(&r.name)
+        .bind(&r.uid)
+        .bind(&r.material.0)
+        .execute(&mut *tx)
+        .await?;
+        if inserted.rows_affected() > 0 {
+            tx.commit().await?;
+            return Ok(Registered::Desired { generation: 1 });
+        }
+        let row = sqlx::query(&format!(
+            "SELECT uid, generation, CASE WHEN withdrawn THEN 1 ELSE 0 END AS withdrawn FROM instances \
+             WHERE route = $1{}",
+            self.backend.row_lock()
+        ))
+        .bind(&r.route)
+        .fetch_one(&mut *tx)
+        .await?;
+        let (uid, generation): (String, i64) = (row.try_get("uid")?, row.try_get("generation")?);
+        if uid == r.uid {
+            if row.try_get::<i64, _>("withdrawn")? != 0 {
+                return Ok(Registered::Withdrawn { generation });
+            }
+            // The same workload again (a sidecar restart): new material, same generation.
+            sqlx::query(&format!(
+                "UPDATE instances SET namespace = $2, name = $3, material = $4, registered_at_ms = ({clock}) \
+                 WHERE route = $1"
+            ))
             .bind(&r.route)
             .bind(&r.namespace)
             .bind(&r.name)
-            .bind(&r.uid)
             .bind(&r.material.0)
-            .fetch_one(&self.pool)
+            .execute(&mut *tx)
             .await?;
-        let generation: i64 = row.try_get("generation")?;
-        Ok(if row.try_get::<i64, _>("withdrawn")? != 0 {
-            Registered::Withdrawn { generation }
-        } else {
-            Registered::Desired { generation }
+            tx.commit().await?;
+            return Ok(Registered::Desired { generation });
+        }
+        // Another workload under the route: the next generation, from scratch.
+        sqlx::query(&format!(
+            "INSERT INTO replaced_instances (route, uid, replaced_at_ms) VALUES ($1, $2, ({clock})) \
+             ON CONFLICT DO NOTHING"
+        ))
+        .bind(&r.route)
+        .bind(&uid)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(&format!(
+            "UPDATE instances SET namespace = $2, name = $3, uid = $4, generation = generation + 1, material = $5, \
+               registered_at_ms = ({clock}), withdrawn = FALSE, checkpoint_pid = NULL, \
+               checkpoint_start_ticks = NULL, checkpoint_exe_digest = NULL \
+             WHERE route = $1"
+        ))
+        .bind(&r.route)
+        .bind(&r.namespace)
+        .bind(&r.name)
+        .bind(&r.uid)
+        .bind(&r.material.0)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Registered::Desired {
+            generation: generation + 1,
         })
     }
 
@@ -568,7 +620,7 @@ impl Store {
     async fn list_instances_where(&self, route: Option<&str>) -> Result<Vec<InstanceRecord>> {
         let filter = if route.is_some() { "WHERE route = $1" } else { "" };
         let sql = format!(
-            "SELECT route, namespace, name, uid, generation, material, registered_at_ms, \
+            "SELECT route, namespace, name, uid, generation, material, registered_at_ms, last_term, \
              CASE WHEN withdrawn THEN 1 ELSE 0 END AS withdrawn FROM instances {filter} ORDER BY route"
         );
         let mut query = sqlx::query(&sql);
@@ -587,6 +639,7 @@ impl Store {
                     material: SecretBytes(r.try_get("material")?),
                     registered_at_ms: r.try_get("registered_at_ms")?,
                     withdrawn: r.try_get::<i64, _>("withdrawn")? != 0,
+                    last_term: r.try_get("last_term")?,
                 })
             })
             .collect()
@@ -668,16 +721,17 @@ impl Store {
             detail: detail.to_owned(),
         };
         let assignment = sqlx::query(&format!(
-            "SELECT term, process_id, phase FROM assignments WHERE route = $1{lock}"
+            "SELECT term, process_id, phase, generation FROM assignments WHERE route = $1{lock}"
         ))
         .bind(route)
         .fetch_optional(&mut *tx)
         .await?
         .ok_or_else(|| refuse("term no longer current"))?;
-        let (current, owner, phase): (i64, String, String) = (
+        let (current, owner, phase, generation): (i64, String, String, i64) = (
             assignment.try_get("term")?,
             assignment.try_get("process_id")?,
             assignment.try_get("phase")?,
+            assignment.try_get("generation")?,
         );
         if current != term || owner != process_id {
             return Err(refuse("term no longer current"));
@@ -700,12 +754,17 @@ impl Store {
             ));
         }
         let instance = sqlx::query(&format!(
-            "SELECT checkpoint_pid, checkpoint_start_ticks, checkpoint_exe_digest FROM instances WHERE route = $1{lock}"
+            "SELECT generation, checkpoint_pid, checkpoint_start_ticks, checkpoint_exe_digest FROM instances \
+             WHERE route = $1{lock}"
         ))
         .bind(route)
         .fetch_optional(&mut *tx)
         .await?
         .ok_or_else(|| refuse("the instance is not registered"))?;
+        if generation < instance.try_get::<i64, _>("generation")? {
+            // Reserved for a workload that another one (a new Pod UID) replaced since.
+            return Err(refuse("the term was reserved for a workload the route no longer has"));
+        }
         let recorded = Checkpoint {
             pid: instance.try_get::<Option<i64>, _>("checkpoint_pid")?.unwrap_or(0),
             start_ticks: instance
@@ -746,7 +805,8 @@ impl Store {
 
     pub async fn list_assignments(&self) -> Result<Vec<Assignment>> {
         let rows = sqlx::query(
-            "SELECT route, member, process_id, term, phase, coordinator_term, updated_at_ms FROM assignments ORDER BY route",
+            "SELECT route, member, process_id, term, phase, generation, placed_term, coordinator_term, updated_at_ms \
+             FROM assignments ORDER BY route",
         )
         .fetch_all(&self.pool)
         .await?;
@@ -758,6 +818,8 @@ impl Store {
                     process_id: r.try_get("process_id")?,
                     term: r.try_get("term")?,
                     phase: parse(r, "phase", "assignments")?,
+                    generation: r.try_get("generation")?,
+                    placed_term: r.try_get("placed_term")?,
                     coordinator_term: r.try_get("coordinator_term")?,
                     updated_at_ms: r.try_get("updated_at_ms")?,
                 })
@@ -944,14 +1006,28 @@ async fn apply(
 ) -> Result<()> {
     match write {
         FencedWrite::Assign { expected_term, next: a } => {
+            // Terms never repeat on a route, whatever became of its earlier assignments.
+            let last: Option<i64> = sqlx::query_scalar("SELECT last_term FROM instances WHERE route = $1")
+                .bind(&a.route)
+                .fetch_optional(&mut **tx)
+                .await?;
+            if let Some(last) = last.filter(|last| a.term <= *last)
+                && expected_term.is_none()
+            {
+                return Err(Error::Conflict {
+                    subject: format!("assignment {}", a.route),
+                    detail: format!("term {} was already used on the route (last term {last})", a.term),
+                });
+            }
             let sql = match expected_term {
                 None => {
-                    "INSERT INTO assignments (route, member, process_id, term, phase, coordinator_term, updated_at_ms) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (route) DO NOTHING"
+                    "INSERT INTO assignments (route, member, process_id, term, phase, coordinator_term, updated_at_ms, \
+                       generation, placed_term) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (route) DO NOTHING"
                 }
                 Some(_) => {
                     "UPDATE assignments SET member = $2, process_id = $3, term = $4, phase = $5, coordinator_term = $6, \
-                     updated_at_ms = $7 WHERE route = $1 AND term = $8"
+                     updated_at_ms = $7, generation = $8, placed_term = $9 WHERE route = $1 AND term = $10"
                 }
             };
             let mut query = sqlx::query(sql)
@@ -961,7 +1037,9 @@ async fn apply(
                 .bind(a.term)
                 .bind(a.phase.as_str())
                 .bind(coordinator_term)
-                .bind(now_ms);
+                .bind(now_ms)
+                .bind(a.generation)
+                .bind(a.placed_term);
             if let Some(expected) = expected_term {
                 query = query.bind(*expected);
             }
@@ -969,6 +1047,11 @@ async fn apply(
             if done.rows_affected() == 0 {
                 return Err(conflict(tx, &a.route, *expected_term).await);
             }
+            sqlx::query("UPDATE instances SET last_term = $2 WHERE route = $1 AND last_term < $2")
+                .bind(&a.route)
+                .bind(a.term)
+                .execute(&mut **tx)
+                .await?;
         }
         FencedWrite::Unassign { route, expected_term } => {
             let done = sqlx::query("DELETE FROM assignments WHERE route = $1 AND term = $2")

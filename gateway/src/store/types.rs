@@ -131,6 +131,9 @@ pub struct InstanceRecord {
     /// Withdrawn instances are no longer desired; the row keeps the route's
     /// generation counter.
     pub withdrawn: bool,
+    /// The highest ownership term ever assigned on the route (any generation): the next
+    /// placement starts above it.
+    pub last_term: i64,
 }
 
 /// What a registration asks for: the store assigns the generation.
@@ -147,10 +150,12 @@ pub struct Registration {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Registered {
     /// New, re-registered (same uid) or replacing an older workload of the
-    /// route at the next generation.
+    /// route at the next generation (which starts without a checkpoint).
     Desired { generation: i64 },
     /// The same workload (uid) was withdrawn before: it cannot come back.
     Withdrawn { generation: i64 },
+    /// Another workload (uid) registered the route after this one: it cannot come back.
+    Replaced,
 }
 
 /// A recovery grant as the ledger records it.
@@ -218,6 +223,11 @@ pub struct Assignment {
     /// Ownership term: strictly increasing per route, the runtime fencing token.
     pub term: i64,
     pub phase: AssignmentPhase,
+    /// The instance generation it was made for: an older one than the route's registered
+    /// generation means another workload replaced it, and the assignment is stale.
+    pub generation: i64,
+    /// The term at which this generation was placed (later terms are recoveries or moves).
+    pub placed_term: i64,
     /// Coordinator term that wrote it (set by the store).
     pub coordinator_term: i64,
     /// Set by the store from the database clock.

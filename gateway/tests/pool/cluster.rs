@@ -118,23 +118,37 @@ pub fn with_token<T>(message: T, token: &str) -> tonic::Request<T> {
 
 /// Register an instance `default/<name>` through the registry of `endpoint`.
 pub async fn register(endpoint: &str, token: &str, name: &str) -> Result<RegisterResponse, tonic::Status> {
+    register_as(endpoint, token, name, &format!("uid-{name}")).await
+}
+
+/// The instance ref of Pod `default/<name>` with `uid`.
+pub fn instance_ref(name: &str, uid: &str) -> InstanceRef {
+    InstanceRef {
+        namespace: "default".into(),
+        name: name.into(),
+        uid: uid.into(),
+        generation: 0,
+    }
+}
+
+/// Register Pod `default/<name>` with Pod UID `uid` (a recreated Pod keeps its name).
+pub async fn register_as(
+    endpoint: &str,
+    token: &str,
+    name: &str,
+    uid: &str,
+) -> Result<RegisterResponse, tonic::Status> {
     let route = format!("default/{name}");
-    let uid = format!("uid-{name}");
     let binding = Binding {
         route: &route,
         namespace: "default",
         name,
-        uid: &uid,
+        uid,
     };
     let material = Material::new(&binding, &[7u8; 32]).encode();
     let request = RegisterRequest {
         route: route.clone(),
-        instance: Some(InstanceRef {
-            namespace: "default".into(),
-            name: name.into(),
-            uid: uid.clone(),
-            generation: 0,
-        }),
+        instance: Some(instance_ref(name, uid)),
         registration_material: material,
         workload: None,
     };

@@ -159,3 +159,90 @@ pub async fn secrets_follow_labels_and_pods_decide_desired_instances(db: &TestDb
     );
     replica.stop().await;
 }
+
+/// A labelled namespace being deleted gets no writes: the watch's terminating namespace is
+/// gone for the plan, and a namespace the API server reports as terminating (403) is treated
+/// the same at once, never retried.
+pub async fn terminating_namespaces_get_no_writes_and_are_not_retried(db: &TestDb) {
+    let shared = Shared::default();
+    let (cluster, mut calls) = Recording::new();
+    let integration = Integration {
+        cluster: cluster.clone(),
+        shared: shared.clone(),
+        scope: Scope::new(INSTALL),
+    };
+    let replica = start_replica_with("gw-k", &db.url, &[], Some(integration)).await;
+    next_call(&mut calls, "the operator Secret", |c| {
+        applied(c, INSTALL, OPERATOR_SECRET).is_some()
+    })
+    .await;
+
+    // team-b is listed as terminating: only team-a gets its Secret.
+    shared.with(|index| index.reset_namespaces_with(["team-a".to_owned(), "team-b".to_owned()], ["team-b".to_owned()]));
+    let call = next_call(
+        &mut calls,
+        "a namespace Secret",
+        |c| matches!(c, Call::ApplySecret { namespace, .. } if namespace != INSTALL),
+    )
+    .await;
+    assert!(applied(&call, "team-a", NAMESPACE_SECRET).is_some(), "{call:?}");
+
+    // team-c starts terminating before the watch says so: the API server refuses the write
+    // once, and the namespace is gone for the plan from then on.
+    cluster.terminate("team-c");
+    shared.with(|index| index.apply_namespace("team-c"));
+    next_call(&mut calls, "the refused write", |c| {
+        applied(c, "team-c", NAMESPACE_SECRET).is_some()
+    })
+    .await;
+    wait_for("team-c treated as gone", 2000, || async {
+        shared.with(|index| (index.is_terminating("team-c") && !index.labelled().contains("team-c")).then_some(()))
+    })
+    .await;
+    assert!(
+        shared.with(|index| index.unlabelled().is_empty()),
+        "nothing to remove from a namespace being deleted"
+    );
+    replica.stop().await;
+    while let Ok(call) = calls.try_recv() {
+        assert!(
+            !matches!(&call, Call::ApplySecret { namespace, .. } | Call::DeleteSecret { namespace, .. }
+                if namespace == "team-b"),
+            "a write into a terminating namespace: {call:?}"
+        );
+    }
+}
+
+/// A namespace token Secret deleted by hand, or removed with the label that then comes back,
+/// is written again at once — not when its token would have been renewed.
+pub async fn deleted_and_relabelled_namespace_secrets_are_rewritten_at_once(db: &TestDb) {
+    let shared = Shared::default();
+    let (cluster, mut calls) = Recording::new();
+    let integration = Integration {
+        cluster,
+        shared: shared.clone(),
+        scope: Scope::new(INSTALL),
+    };
+    let replica = start_replica_with("gw-k", &db.url, &[], Some(integration)).await;
+    let team_a = |c: &Call| applied(c, "team-a", NAMESPACE_SECRET).is_some();
+    shared.with(|index| index.reset_namespaces(["team-a".to_owned()]));
+    next_call(&mut calls, "team-a's Secret", team_a).await;
+    shared.with(|index| index.reset_secrets(["team-a".to_owned()]));
+
+    // Someone deletes it: the Secret watch reports it, the writer writes it again.
+    shared.with(|index| index.delete_secret("team-a"));
+    next_call(&mut calls, "team-a's Secret rewritten after its deletion", team_a).await;
+    shared.with(|index| index.apply_secret("team-a"));
+
+    // Unlabelled: removed. Labelled again: written again at once.
+    shared.with(|index| index.delete_namespace("team-a"));
+    next_call(
+        &mut calls,
+        "team-a's Secret removed",
+        |c| matches!(c, Call::DeleteSecret { namespace, .. } if namespace == "team-a"),
+    )
+    .await;
+    shared.with(|index| index.apply_namespace("team-a"));
+    next_call(&mut calls, "team-a's Secret rewritten after the relabel", team_a).await;
+    replica.stop().await;
+}

@@ -21,6 +21,8 @@ on_both_backends!(scenarios;
     only_the_coordinator_writes_assignments,
     coordinator_failover_adopts_a_recovery_without_extending_its_deadline,
     a_member_at_capacity_is_refused_with_the_reason,
+    a_pod_recreated_under_its_name_is_placed_anew_and_the_old_uid_changes_nothing,
+    a_withdrawn_instance_leaves_its_live_owner_at_once,
     streams_without_a_valid_token_or_identity_are_refused,
     grants_are_single_use_and_activation_checks_receipt_and_process,
 );
@@ -28,6 +30,8 @@ on_both_backends!(scenarios;
 mod with_kubernetes {
     on_both_backends!(kubernetes;
         secrets_follow_labels_and_pods_decide_desired_instances,
+        terminating_namespaces_get_no_writes_and_are_not_retried,
+        deleted_and_relabelled_namespace_secrets_are_rewritten_at_once,
     );
 }
 

@@ -11,10 +11,13 @@ use proto::common::v1::WorkloadIdentity;
 use proto::host::v1::OwnershipPhase;
 use proto::recovery::v1::supervisor_recovery_client::SupervisorRecoveryClient;
 use proto::recovery::v1::{ActivateRequest, IssueGrantRequest, IssueGrantResponse, Receipt, TrustBundleRequest};
+use proto::registry::v1::instance_registry_client::InstanceRegistryClient;
+use proto::registry::v1::{DeregisterRequest, RecoveryFailedRequest};
 use proto::trust::{Claims, DEFAULT_ISSUER, Expectation, GrantClaims, Kind, ProofClaims};
 
 use crate::cluster::{
-    Behaviour, Identity, Member, Replica, channel, register, start_replica, token, wait_assignments, with_token,
+    Behaviour, Identity, Member, Replica, channel, instance_ref, register, register_as, start_replica, token,
+    wait_assignments, with_token,
 };
 use crate::support::{TestDb, wait_for};
 
@@ -384,6 +387,148 @@ pub async fn a_member_at_capacity_is_refused_with_the_reason(db: &TestDb) {
         "{}",
         refused.message()
     );
+    pool.stop().await;
+}
+
+/// A StatefulSet Pod deleted and recreated: same route, new Pod UID. The new workload is
+/// placed anew at the next term (not held to the old assignment), and the old UID can
+/// neither withdraw it nor report for it.
+pub async fn a_pod_recreated_under_its_name_is_placed_anew_and_the_old_uid_changes_nothing(db: &TestDb) {
+    let pool = Pool::start(db).await;
+    let mut m = pool.member(0, "m-a", Behaviour::Healthy).await;
+    wait_members(db, 1).await;
+    let endpoint = pool.endpoint(1);
+    register_as(&endpoint, &pool.instance_token, "web-0", "uid-old")
+        .await
+        .unwrap();
+    wait_assignments(&db.store, "the first Pod placed", |a| {
+        a.len() == 1 && a[0].term == 1 && a[0].generation == 1
+    })
+    .await;
+
+    let again = register_as(&endpoint, &pool.instance_token, "web-0", "uid-new")
+        .await
+        .unwrap();
+    let instance = again.instance.unwrap();
+    assert_eq!((instance.uid.as_str(), instance.generation), ("uid-new", 2));
+    assert!(
+        again.owner.as_ref().is_none_or(|o| o.term >= 2),
+        "the old workload's owner is not offered to the new one: {:?}",
+        again.owner
+    );
+    let placed = wait_assignments(&db.store, "the new Pod placed anew at the next term", |a| {
+        a.len() == 1 && a[0].generation == 2
+    })
+    .await;
+    assert_eq!(
+        (placed[0].term, placed[0].placed_term, placed[0].phase),
+        (2, 2, AssignmentPhase::Reserved)
+    );
+    let snapshot = m
+        .wait_snapshot("the new workload at term 2", |s| {
+            s.instances.len() == 1 && s.instances[0].term == 2
+        })
+        .await;
+    assert_eq!(
+        snapshot.instances[0]
+            .instance
+            .as_ref()
+            .map(|i| (i.uid.as_str(), i.generation)),
+        Some(("uid-new", 2))
+    );
+
+    // The old Pod's sidecar, late: refused or a no-op, never a withdrawal.
+    let mut registry = InstanceRegistryClient::new(channel(&endpoint).await);
+    let stale = || Some(instance_ref("web-0", "uid-old"));
+    let failed = RecoveryFailedRequest {
+        route: "default/web-0".into(),
+        instance: stale(),
+        reason: "deadline".into(),
+        ..RecoveryFailedRequest::default()
+    };
+    let refused = registry
+        .report_recovery_failed(with_token(failed, &pool.instance_token))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    let deregister = DeregisterRequest {
+        route: "default/web-0".into(),
+        instance: stale(),
+        reason: "workload ended".into(),
+    };
+    registry
+        .deregister(with_token(deregister, &pool.instance_token))
+        .await
+        .unwrap();
+    let refused = register_as(&endpoint, &pool.instance_token, "web-0", "uid-old")
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    let instance = db.store.instance("default/web-0").await.unwrap().unwrap();
+    assert_eq!(
+        (instance.uid.as_str(), instance.generation, instance.withdrawn),
+        ("uid-new", 2, false)
+    );
+    pool.stop().await;
+}
+
+/// Deregister a workload `default/<name>` with Pod UID `uid`.
+async fn deregister(pool: &Pool, name: &str, uid: &str) {
+    let mut registry = InstanceRegistryClient::new(channel(&pool.endpoint(1)).await);
+    let request = DeregisterRequest {
+        route: format!("default/{name}"),
+        instance: Some(instance_ref(name, uid)),
+        reason: "workload ended".into(),
+    };
+    registry
+        .deregister(with_token(request, &pool.instance_token))
+        .await
+        .unwrap();
+}
+
+/// A withdrawn instance leaves its live owner at once: out of its snapshot (released, not
+/// stopped), no longer holding its capacity, and the route's terms never repeat.
+pub async fn a_withdrawn_instance_leaves_its_live_owner_at_once(db: &TestDb) {
+    let pool = Pool::start(db).await;
+    let mut m = pool
+        .member_with(0, identity("m-a", "p1", 1, 1), Behaviour::Healthy)
+        .await
+        .unwrap();
+    wait_members(db, 1).await;
+    pool.register("agent-0").await.unwrap();
+    wait_assignments(&db.store, "agent-0 placed", |a| a.len() == 1).await;
+    m.wait_snapshot("agent-0 owned", |s| s.instances.len() == 1).await;
+
+    deregister(&pool, "agent-0", "uid-agent-0").await;
+    wait_assignments(
+        &db.store,
+        "agent-0's assignment dropped while m-a lives",
+        <[_]>::is_empty,
+    )
+    .await;
+    let snapshot = m.wait_snapshot("agent-0 gone", |s| s.instances.is_empty()).await;
+    assert!(snapshot.stop_routes.is_empty(), "released, not stopped: {snapshot:?}");
+    assert!(snapshot.directory.is_empty());
+
+    // m-a (capacity 1) takes the next instance.
+    pool.register("agent-1")
+        .await
+        .expect("a withdrawn instance holds no capacity");
+    wait_assignments(&db.store, "agent-1 placed on m-a", |a| {
+        a.len() == 1 && a[0].route == "default/agent-1" && a[0].member == "m-a"
+    })
+    .await;
+
+    // A new workload under agent-0's route starts above the term it had.
+    deregister(&pool, "agent-1", "uid-agent-1").await;
+    register_as(&pool.endpoint(1), &pool.instance_token, "agent-0", "uid-agent-0-again")
+        .await
+        .unwrap();
+    let placed = wait_assignments(&db.store, "agent-0 placed again", |a| {
+        a.len() == 1 && a[0].route == "default/agent-0"
+    })
+    .await;
+    assert_eq!((placed[0].term, placed[0].placed_term), (2, 2), "never term 1 again");
     pool.stop().await;
 }
 

@@ -24,6 +24,8 @@ on_both_backends!(suite;
     invalid_writes_are_refused_before_io,
     assignment_compare_and_set,
     grants_are_single_use_and_activation_is_a_compare_and_set,
+    a_workload_replaced_under_its_route_starts_fresh,
+    terms_never_repeat_on_a_route,
     operations_are_adopted_unchanged,
     signing_key_rotation_is_fenced,
     members_expire_by_ttl,

@@ -49,6 +49,8 @@ fn assignment(route: &str, member: &str, term: i64) -> Assignment {
         process_id: format!("{member}-p1"),
         term,
         phase: AssignmentPhase::Reserved,
+        generation: 1,
+        placed_term: 1,
         coordinator_term: 0,
         updated_at_ms: 0,
     }
@@ -455,6 +457,59 @@ pub async fn assignment_compare_and_set(db: &TestDb) {
     assert!(db.store.list_assignments().await.unwrap().is_empty());
 }
 
+/// An assignment dropped (its instance withdrawn) leaves the route's last term behind: a
+/// later placement of the route must start above it.
+pub async fn terms_never_repeat_on_a_route(db: &TestDb) {
+    let lease = acquire(&db.store, "gw-a/1", LONG).await;
+    let registration = |uid: &str| Registration {
+        route: "r1".into(),
+        namespace: "ns".into(),
+        name: "n".into(),
+        uid: uid.into(),
+        material: SecretBytes(vec![1]),
+    };
+    db.store.register_instance(&registration("u1")).await.unwrap();
+    let put = |expected_term, next| FencedWrite::Assign { expected_term, next };
+    db.store
+        .write_fenced(&lease, &[put(None, assignment("r1", "m1", 1))])
+        .await
+        .unwrap();
+    db.store
+        .write_fenced(&lease, &[put(Some(1), assignment("r1", "m2", 2))])
+        .await
+        .unwrap();
+    assert_eq!(db.store.instance("r1").await.unwrap().unwrap().last_term, 2);
+    assert!(db.store.withdraw_instance("r1", "u1").await.unwrap());
+    db.store
+        .write_fenced(
+            &lease,
+            &[FencedWrite::Unassign {
+                route: "r1".into(),
+                expected_term: 2,
+            }],
+        )
+        .await
+        .unwrap();
+    db.store.register_instance(&registration("u2")).await.unwrap();
+    assert_eq!(db.store.instance("r1").await.unwrap().unwrap().last_term, 2);
+    for used in [1, 2] {
+        assert!(
+            matches!(
+                db.store
+                    .write_fenced(&lease, &[put(None, assignment("r1", "m1", used))])
+                    .await,
+                Err(Error::Conflict { .. })
+            ),
+            "term {used} was used on the route"
+        );
+    }
+    db.store
+        .write_fenced(&lease, &[put(None, assignment("r1", "m1", 3))])
+        .await
+        .unwrap();
+    assert_eq!(db.store.instance("r1").await.unwrap().unwrap().last_term, 3);
+}
+
 pub async fn grants_are_single_use_and_activation_is_a_compare_and_set(db: &TestDb) {
     let lease = acquire(&db.store, "gw-a/1", LONG).await;
     let registration = Registration {
@@ -556,6 +611,130 @@ pub async fn grants_are_single_use_and_activation_is_a_compare_and_set(db: &Test
     refused(
         activate(1, "m1-p1", "j1", vec![1; 32], Checkpoint::default()).await,
         "term no longer current",
+    );
+}
+
+/// A Pod recreated under the same name (same route, new UID) starts from scratch: its own
+/// material, no checkpoint of the old workload, a stale old assignment that can no longer
+/// be activated; the old UID can neither register again nor withdraw the new one.
+pub async fn a_workload_replaced_under_its_route_starts_fresh(db: &TestDb) {
+    let lease = acquire(&db.store, "gw-a/1", LONG).await;
+    let registration = |uid: &str| Registration {
+        route: "r1".into(),
+        namespace: "ns".into(),
+        name: "n".into(),
+        uid: uid.into(),
+        material: SecretBytes(uid.as_bytes().to_vec()),
+    };
+    let placed = |member: &str, term: i64, generation: i64| Assignment {
+        generation,
+        placed_term: term,
+        ..assignment("r1", member, term)
+    };
+    let grant = |member: &str, term: i64, jti: &str| GrantRecord {
+        route: "r1".into(),
+        term,
+        jti: jti.into(),
+        member: member.into(),
+        process_id: format!("{member}-p1"),
+        digest: vec![term as u8; 32],
+        expires_at_ms: i64::MAX,
+    };
+    let workload = |pid: i64| Checkpoint {
+        pid,
+        start_ticks: pid * 10,
+        exe_digest: vec![9; 32],
+    };
+    // The old Pod's workload is placed and activated: its identity is the checkpoint.
+    db.store.register_instance(&registration("old-uid")).await.unwrap();
+    db.store
+        .write_fenced(
+            &lease,
+            &[FencedWrite::Assign {
+                expected_term: None,
+                next: placed("m1", 1, 1),
+            }],
+        )
+        .await
+        .unwrap();
+    db.store.issue_grant(&grant("m1", 1, "j1")).await.unwrap();
+    db.store
+        .activate("r1", 1, "m1-p1", "j1", &[1; 32], &workload(100))
+        .await
+        .unwrap();
+    // A second term is reserved for it, granted, but not activated yet.
+    db.store
+        .write_fenced(
+            &lease,
+            &[FencedWrite::Assign {
+                expected_term: Some(1),
+                next: placed("m2", 2, 1),
+            }],
+        )
+        .await
+        .unwrap();
+    db.store.issue_grant(&grant("m2", 2, "j2")).await.unwrap();
+
+    // The Pod is recreated: same route, new UID.
+    assert_eq!(
+        db.store.register_instance(&registration("new-uid")).await.unwrap(),
+        Registered::Desired { generation: 2 }
+    );
+    let instance = db.store.instance("r1").await.unwrap().unwrap();
+    assert_eq!(
+        (instance.uid.as_str(), instance.material.0.as_slice()),
+        ("new-uid", b"new-uid".as_slice())
+    );
+    // The term reserved for the old workload cannot be activated for anyone now.
+    match db
+        .store
+        .activate("r1", 2, "m2-p1", "j2", &[2; 32], &workload(100))
+        .await
+    {
+        Err(Error::Conflict { detail, .. }) => assert!(detail.contains("no longer has"), "{detail}"),
+        other => panic!("the replaced workload's reservation activated: {other:?}"),
+    }
+    // Placed anew at the next term, the new workload activates with its own identity.
+    db.store
+        .write_fenced(
+            &lease,
+            &[FencedWrite::Assign {
+                expected_term: Some(2),
+                next: placed("m1", 3, 2),
+            }],
+        )
+        .await
+        .unwrap();
+    db.store.issue_grant(&grant("m1", 3, "j3")).await.unwrap();
+    db.store
+        .activate("r1", 3, "m1-p1", "j3", &[3; 32], &workload(200))
+        .await
+        .expect("a new workload is not held to the old one's checkpoint");
+    let assignments = db.store.list_assignments().await.unwrap();
+    assert_eq!(
+        (
+            assignments[0].term,
+            assignments[0].generation,
+            assignments[0].placed_term
+        ),
+        (3, 2, 3)
+    );
+
+    // The old UID never comes back, never withdraws the new registration.
+    assert_eq!(
+        db.store.register_instance(&registration("old-uid")).await.unwrap(),
+        Registered::Replaced
+    );
+    assert!(!db.store.withdraw_instance("r1", "old-uid").await.unwrap());
+    let instance = db.store.instance("r1").await.unwrap().unwrap();
+    assert_eq!(
+        (instance.uid.as_str(), instance.generation, instance.withdrawn),
+        ("new-uid", 2, false)
+    );
+    // The new workload re-registering (a sidecar restart) keeps its generation.
+    assert_eq!(
+        db.store.register_instance(&registration("new-uid")).await.unwrap(),
+        Registered::Desired { generation: 2 }
     );
 }
 
