@@ -129,7 +129,7 @@ impl View {
     /// the owner lets the old session go, and is left out of the directory; so
     /// is a withdrawn instance (its workload ended or its Pod is gone: the
     /// owner relinquishes the session until the coordinator drops the
-    /// assignment).
+    /// assignment; nor is it in the directory).
     pub fn snapshot_for(&self, member: &str, process_id: &str, recovery_deadline_ms: u64) -> Snapshot {
         let mut snapshot = Snapshot {
             recovery_deadline_ms,
@@ -158,7 +158,7 @@ impl View {
         snapshot.directory = self
             .assignments
             .values()
-            .filter(|a| !self.is_stale(a))
+            .filter(|a| self.holds_desired(a))
             .map(|a| RouteDirectoryEntry {
                 route: a.route.clone(),
                 member: a.member.clone(),
@@ -296,7 +296,7 @@ mod tests {
         let owned: Vec<(&str, u64)> = snapshot.instances.iter().map(|i| (i.route.as_str(), i.term)).collect();
         assert_eq!(owned, vec![("ns/a", 3)]);
         assert!(snapshot.stop_routes.is_empty(), "omitted: released, not stopped");
-        assert_eq!(snapshot.directory.len(), 3);
+        assert_eq!(snapshot.directory.len(), 2, "withdrawn routes are not in the directory");
         let credentials: Material = serde_json::from_slice(&snapshot.instances[0].credentials).unwrap();
         assert!(credentials.receipt_key.is_empty(), "members never get the receipt key");
         // Another process of the same member owns nothing.

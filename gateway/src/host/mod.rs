@@ -313,11 +313,14 @@ impl Session {
 
         self.host.end_session(&self.identity, self.stream_id);
         if end != End::Handover {
-            match replica
-                .store
-                .remove_member(&self.identity.member, &self.identity.process_id, self.record.epoch)
-                .await
-            {
+            let (member, process_id, epoch) = (&self.identity.member, &self.identity.process_id, self.record.epoch);
+            let removed = if self.record.leaving {
+                // Announced: keep the record (expired, leaving) so the pool view shows it left.
+                replica.store.member_left(member, process_id, epoch).await
+            } else {
+                replica.store.remove_member(member, process_id, epoch).await
+            };
+            match removed {
                 Ok(true) => info!(?end, "member gone; membership removed"),
                 Ok(false) => debug!(?end, "membership already taken by a newer stream"),
                 Err(err) => warn!(error = %err, "cannot remove membership; it will expire"),

@@ -13,6 +13,9 @@ pub struct Pod {
     pub uid: String,
 }
 
+/// How many deleted supervisor Pods' UIDs are remembered.
+const DEPARTED_MEMBER_PODS: usize = 64;
+
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Index {
     /// Namespaces labelled now.
@@ -30,6 +33,12 @@ pub struct Index {
     missing_secrets: BTreeSet<String>,
     /// Supervised Pods by uid.
     pods: BTreeMap<String, Pod>,
+    /// The supervisor Pods of the install namespace (members are named by their Pod): UID by
+    /// name, so member Events name the Pod they are about.
+    member_pods: BTreeMap<String, String>,
+    /// Supervisor Pods deleted lately (name, UID), newest last: a member's departure is
+    /// often noticed after its Pod is gone.
+    departed_member_pods: std::collections::VecDeque<(String, String)>,
     /// Whether each watch has completed its first list (before that, an absent Pod proves
     /// nothing).
     namespaces_synced: bool,
@@ -127,6 +136,47 @@ impl Index {
         self.version += 1;
     }
 
+    /// A supervisor Pod of the install namespace (created or changed).
+    pub fn apply_member_pod(&mut self, name: &str, uid: &str) {
+        self.member_pods.insert(name.to_owned(), uid.to_owned());
+    }
+
+    /// A supervisor Pod was deleted: its UID is kept a while for the Events about it.
+    pub fn delete_member_pod(&mut self, name: &str) {
+        if let Some(uid) = self.member_pods.remove(name) {
+            self.departed_member_pods.push_back((name.to_owned(), uid));
+            while self.departed_member_pods.len() > DEPARTED_MEMBER_PODS {
+                self.departed_member_pods.pop_front();
+            }
+        }
+    }
+
+    /// A (re)list of the supervisor Pods (name, UID).
+    pub fn reset_member_pods(&mut self, pods: impl IntoIterator<Item = (String, String)>) {
+        let pods: BTreeMap<String, String> = pods.into_iter().collect();
+        let gone: Vec<String> = self
+            .member_pods
+            .keys()
+            .filter(|n| !pods.contains_key(*n))
+            .cloned()
+            .collect();
+        for name in gone {
+            self.delete_member_pod(&name);
+        }
+        self.member_pods = pods;
+    }
+
+    /// The UID of supervisor Pod `name`, live or deleted lately.
+    pub fn member_pod_uid(&self, name: &str) -> Option<&str> {
+        self.member_pods.get(name).map(String::as_str).or_else(|| {
+            self.departed_member_pods
+                .iter()
+                .rev()
+                .find(|(n, _)| n == name)
+                .map(|(_, uid)| uid.as_str())
+        })
+    }
+
     /// The Secret of `namespace` was removed: stop asking for it.
     pub fn forget_unlabelled(&mut self, namespace: &str) {
         self.unlabelled.remove(namespace);
@@ -156,9 +206,16 @@ impl Index {
         self.version += 1;
     }
 
-    /// The writer wrote the token Secret of `namespace`.
-    pub fn secret_written(&mut self, namespace: &str) {
-        self.missing_secrets.remove(namespace);
+    /// The writer is writing the token Secret of `namespace`: returns whether it was needed.
+    pub fn secret_written(&mut self, namespace: &str) -> bool {
+        self.missing_secrets.remove(namespace)
+    }
+
+    /// The token Secret of `namespace` is needed (again): a write of it failed.
+    pub fn need_secret(&mut self, namespace: &str) {
+        if self.missing_secrets.insert(namespace.to_owned()) {
+            self.version += 1;
+        }
     }
 
     /// Whether the token Secret of `namespace` must be written now, due or not.
@@ -285,6 +342,23 @@ mod tests {
         // A relist of the Secrets without team-a's.
         index.reset_secrets([]);
         assert!(index.needs_secret("team-a"));
+    }
+
+    #[test]
+    fn supervisor_pod_uids_outlive_their_pods_for_a_while() {
+        let mut index = Index::default();
+        index.reset_member_pods([("supervisor-0".to_owned(), "uid-0".to_owned())]);
+        index.apply_member_pod("supervisor-1", "uid-1");
+        assert_eq!(index.member_pod_uid("supervisor-1"), Some("uid-1"));
+        index.delete_member_pod("supervisor-1");
+        index.reset_member_pods([]);
+        assert_eq!(index.member_pod_uid("supervisor-1"), Some("uid-1"));
+        assert_eq!(index.member_pod_uid("supervisor-0"), Some("uid-0"));
+        for i in 0..DEPARTED_MEMBER_PODS {
+            index.apply_member_pod(&format!("p-{i}"), "u");
+            index.delete_member_pod(&format!("p-{i}"));
+        }
+        assert_eq!(index.member_pod_uid("supervisor-0"), None, "bounded");
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! | module | owns |
 //! | --- | --- |
 //! | `index` | labelled namespaces and supervised Pods, plain data |
-//! | `watch` | the namespace, Pod and token Secret watches that feed the index |
+//! | `watch` | the namespace, Pod, supervisor Pod and token Secret watches that feed the index |
 //! | `plan` | which Secrets to write or remove, which instances to withdraw |
 //! | `notice` | which Events a change of the pool view makes |
 //! | `cluster` | the API calls (kube-rs) and a recording stand-in for tests |
@@ -61,6 +61,12 @@ impl Integration<Kube> {
             tokio::spawn(watch::namespaces(client.clone(), shared.clone(), shutdown.clone())),
             tokio::spawn(watch::pods(client.clone(), shared.clone(), shutdown.clone())),
             tokio::spawn(watch::secrets(client.clone(), shared.clone(), shutdown.clone())),
+            tokio::spawn(watch::member_pods(
+                client.clone(),
+                scope.install_namespace.clone(),
+                shared.clone(),
+                shutdown.clone(),
+            )),
         ];
         let integration = Self {
             cluster: Kube::new(client, instance).owned_by(&scope.install_namespace).await,

@@ -10,13 +10,15 @@ pub const REASON_RECOVERED: &str = "InstanceRecovered";
 pub const REASON_RECOVERY_FAILED: &str = "RecoveryFailed";
 pub const REASON_MEMBER_JOINED: &str = "MemberJoined";
 pub const REASON_MEMBER_LOST: &str = "MemberLost";
+pub const REASON_MEMBER_LEFT: &str = "MemberLeft";
 
 /// The object an event is about: always a Pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Regarding {
     pub namespace: String,
     pub name: String,
-    /// Known for workload Pods (from their registration), not for members.
+    /// Workload Pods: from their registration. Supervisor Pods: filled in by the writer from
+    /// the watch of the install namespace's supervisor Pods.
     pub uid: Option<String>,
 }
 
@@ -60,19 +62,36 @@ fn members(before: &View, after: &View, install_namespace: &str, out: &mut Vec<N
     }
     for m in before.members.values() {
         if m.is_live(before.now_ms) && after.live_member(&m.member).is_none() {
-            let how = if m.leaving {
-                "left the pool"
+            // It announced leaving before, or its stream ended after announcing it (the
+            // record stays, expired and marked leaving): often both within one refresh.
+            let left = m.leaving
+                || after
+                    .members
+                    .get(&m.member)
+                    .is_some_and(|a| a.process_id == m.process_id && a.leaving);
+            let notice = if left {
+                Notice {
+                    regarding: member_pod(&m.member),
+                    related: None,
+                    warning: false,
+                    reason: REASON_MEMBER_LEFT,
+                    action: "Leave",
+                    note: format!("member {} left the pool", m.member),
+                }
             } else {
-                "stopped answering"
+                Notice {
+                    regarding: member_pod(&m.member),
+                    related: None,
+                    warning: true,
+                    reason: REASON_MEMBER_LOST,
+                    action: "Leave",
+                    note: format!(
+                        "member {} stopped answering; its instances move to other members",
+                        m.member
+                    ),
+                }
             };
-            out.push(Notice {
-                regarding: member_pod(&m.member),
-                related: None,
-                warning: !m.leaving,
-                reason: REASON_MEMBER_LOST,
-                action: "Leave",
-                note: format!("member {} {how}; its instances move to other members", m.member),
-            });
+            out.push(notice);
         }
     }
 }
@@ -240,6 +259,25 @@ mod tests {
         let lost = diff(&before, &after, "ns");
         assert_eq!(lost.len(), 1);
         assert!(!lost[0].warning);
+        assert_eq!(lost[0].reason, REASON_MEMBER_LEFT);
+    }
+
+    #[test]
+    fn a_member_that_announced_and_left_within_one_refresh_left() {
+        // The last view saw it live and not yet leaving; the next one has its record
+        // expired and marked leaving (its stream ended after the announcement).
+        let mut before = view(1_000);
+        before.members.insert("m".into(), member("m", 10_000, false));
+        let mut after = view(2_000);
+        after.members.insert("m".into(), member("m", 1_500, true));
+        let notices = diff(&before, &after, "ns");
+        assert_eq!(notices.len(), 1);
+        assert_eq!((notices[0].reason, notices[0].warning), (REASON_MEMBER_LEFT, false));
+        assert_eq!(notices[0].note, "member m left the pool");
+        // Another process of it marked leaving says nothing about this one.
+        let mut other = after.clone();
+        other.members.get_mut("m").unwrap().process_id = "m-other".into();
+        assert_eq!(diff(&before, &other, "ns")[0].reason, REASON_MEMBER_LOST);
     }
 
     #[test]

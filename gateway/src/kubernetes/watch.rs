@@ -96,6 +96,38 @@ pub async fn secrets(client: Client, shared: Shared, shutdown: CancellationToken
     .await;
 }
 
+/// The supervisor Pods carry this label (`app.kubernetes.io/name`)…
+pub const SUPERVISOR_POD_LABEL: (&str, &str) = ("app.kubernetes.io/name", "openshell-supervisor");
+
+/// Follow the supervisor Pods of the install namespace (their UIDs go into member Events)
+/// until `shutdown`.
+pub async fn member_pods(client: Client, namespace: String, shared: Shared, shutdown: CancellationToken) {
+    let (key, value) = SUPERVISOR_POD_LABEL;
+    let config = watcher::Config::default().labels(&format!("{key}={value}"));
+    let events = watcher(Api::<PartialObjectMeta<Pod>>::namespaced(client, &namespace), config).default_backoff();
+    let named = |pod: &PartialObjectMeta<Pod>| Some((pod.metadata.name.clone()?, pod.uid()?));
+    follow(
+        events,
+        shared,
+        shutdown,
+        "supervisor pods",
+        move |index, event| match event {
+            Change::Apply(pod) => {
+                if let Some((name, uid)) = named(&pod) {
+                    index.apply_member_pod(&name, &uid);
+                }
+            }
+            Change::Delete(pod) => {
+                if let Some(name) = pod.metadata.name.as_deref() {
+                    index.delete_member_pod(name);
+                }
+            }
+            Change::Reset(all) => index.reset_member_pods(all.iter().filter_map(named)),
+        },
+    )
+    .await;
+}
+
 /// Follow the supervised Pods of every namespace until `shutdown`.
 pub async fn pods(client: Client, shared: Shared, shutdown: CancellationToken) {
     let config = watcher::Config::default().labels(&format!("{SUPERVISED_LABEL}=true"));

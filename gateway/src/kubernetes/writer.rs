@@ -111,10 +111,11 @@ impl<C: Cluster> Writer<C> {
                     }
                 }
             }
-            for notice in notices {
+            for mut notice in notices {
                 if !held(lease) {
                     return;
                 }
+                self.name_member_pods(&mut notice);
                 match self.cluster.publish(&notice).await {
                     Ok(()) => {}
                     Err(cluster::Error::NamespaceTerminating(namespace)) => {
@@ -133,6 +134,19 @@ impl<C: Cluster> Writer<C> {
         }
     }
 
+    /// Fill in the UIDs of the supervisor Pods a notice is about (or related to), so that
+    /// `kubectl describe pod` on them shows it.
+    fn name_member_pods(&self, notice: &mut notice::Notice) {
+        let install = &self.scope.install_namespace;
+        self.shared.with(|index| {
+            for pod in std::iter::once(&mut notice.regarding).chain(notice.related.as_mut()) {
+                if pod.uid.is_none() && &pod.namespace == install {
+                    pod.uid = index.member_pod_uid(&pod.name).map(str::to_owned);
+                }
+            }
+        });
+    }
+
     async fn execute(
         &self,
         write: &Write,
@@ -148,12 +162,19 @@ impl<C: Cluster> Writer<C> {
             } => {
                 let minted = credentials::mint(keyring, target, &self.pool)?;
                 let delivered = Delivered::new(&minted, keyring.trust_bundle()).with_ca(ca.cloned());
-                self.cluster.apply_secret(namespace, name, &delivered).await?;
+                // Cleared before the write: a deletion seen meanwhile asks for another one.
+                let needed = match target {
+                    Target::Namespace(ns) => self.shared.with(|index| index.secret_written(ns)),
+                    _ => false,
+                };
+                if let Err(err) = self.cluster.apply_secret(namespace, name, &delivered).await {
+                    if needed {
+                        self.shared.with(|index| index.need_secret(namespace));
+                    }
+                    return Err(err.into());
+                }
                 info!(%namespace, secret = name, kid = %minted.kid, "delivered token");
                 sent.insert(target.clone(), minted);
-                if let Target::Namespace(namespace) = target {
-                    self.shared.with(|index| index.secret_written(namespace));
-                }
             }
             Write::RemoveSecret { namespace } => {
                 self.cluster.delete_secret(namespace, plan::NAMESPACE_SECRET).await?;

@@ -447,6 +447,24 @@ impl Store {
         Ok(done.rows_affected() > 0)
     }
 
+    /// A member process that announced it was leaving ended its stream: its record stays,
+    /// expired now and marked leaving, so whoever reads the pool next knows it left on purpose
+    /// (a removed record would look like a member that stopped answering). Only if the
+    /// record still names `process_id` at connection `epoch`.
+    pub async fn member_left(&self, member: &str, process_id: &str, epoch: i64) -> Result<bool> {
+        let done = sqlx::query(&format!(
+            "UPDATE members SET leaving = TRUE, expires_at_ms = ({clock}), updated_at_ms = ({clock}) \
+             WHERE member = $1 AND process_id = $2 AND epoch = $3",
+            clock = self.backend.clock_expr()
+        ))
+        .bind(member)
+        .bind(process_id)
+        .bind(epoch)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
     /// All member records, live or expired, and the database time of the read.
     pub async fn list_members(&self) -> Result<(i64, Vec<MemberRecord>)> {
         let now_ms = self.now_ms().await?;

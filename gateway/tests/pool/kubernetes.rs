@@ -7,9 +7,11 @@ use std::time::Duration;
 
 use gateway::kubernetes::cluster::Call;
 use gateway::kubernetes::index::Pod;
-use gateway::kubernetes::notice::REASON_MEMBER_JOINED;
+use gateway::kubernetes::notice::{REASON_MEMBER_JOINED, REASON_MEMBER_LEFT, REASON_MEMBER_LOST};
 use gateway::kubernetes::plan::{NAMESPACE_SECRET, OPERATOR_SECRET, SUPERVISOR_SECRET};
 use gateway::kubernetes::{Integration, Recording, Scope, Shared};
+use proto::host::v1::Leaving;
+use proto::host::v1::member_message::Kind as MemberKind;
 use proto::trust::{Claims, DEFAULT_ISSUER, Expectation, Kind, TrustBundle};
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -244,5 +246,73 @@ pub async fn deleted_and_relabelled_namespace_secrets_are_rewritten_at_once(db: 
     .await;
     shared.with(|index| index.apply_namespace("team-a"));
     next_call(&mut calls, "team-a's Secret rewritten after the relabel", team_a).await;
+    replica.stop().await;
+}
+
+/// Member Events name the supervisor Pod by UID, and a member that announces it is leaving
+/// and goes at once (an idle member on SIGTERM) left: a Normal MemberLeft, never a
+/// MemberLost warning.
+pub async fn a_member_that_leaves_gracefully_is_reported_left_on_its_pod(db: &TestDb) {
+    let shared = Shared::default();
+    let (cluster, mut calls) = Recording::new();
+    let integration = Integration {
+        cluster,
+        shared: shared.clone(),
+        scope: Scope::new(INSTALL),
+    };
+    let replica = start_replica_with("gw-k", &db.url, &[], Some(integration)).await;
+    let call = next_call(&mut calls, "the supervisor Secret", |c| {
+        applied(c, INSTALL, SUPERVISOR_SECRET).is_some()
+    })
+    .await;
+    let (supervisor_token, _) = applied(&call, INSTALL, SUPERVISOR_SECRET).unwrap();
+    shared.with(|index| index.reset_member_pods([("supervisor-0".to_owned(), "uid-supervisor-0".to_owned())]));
+
+    let identity = Identity {
+        member: "supervisor-0".into(),
+        process_id: "p1".into(),
+        epoch: 1,
+        capacity: 8,
+    };
+    let member = Member::attach(&replica.endpoint(), &supervisor_token, identity, Behaviour::Healthy)
+        .await
+        .unwrap();
+    let joined = next_call(
+        &mut calls,
+        "MemberJoined",
+        |c| matches!(c, Call::Publish(n) if n.reason == REASON_MEMBER_JOINED),
+    )
+    .await;
+    let Call::Publish(joined) = joined else { unreachable!() };
+    assert_eq!(joined.regarding.uid.as_deref(), Some("uid-supervisor-0"));
+
+    // SIGTERM on an idle member: it announces it is leaving and its stream ends at once.
+    member
+        .send(MemberKind::Leaving(Leaving {
+            reason: "SIGTERM".into(),
+        }))
+        .await;
+    wait_for("the announcement recorded", 2000, || async {
+        let (_, members) = db.store.list_members().await.ok()?;
+        members
+            .iter()
+            .any(|m| m.member == "supervisor-0" && m.leaving)
+            .then_some(())
+    })
+    .await;
+    member.kill();
+    drop(member);
+    let gone = next_call(
+        &mut calls,
+        "the member's departure",
+        |c| matches!(c, Call::Publish(n) if n.reason == REASON_MEMBER_LEFT || n.reason == REASON_MEMBER_LOST),
+    )
+    .await;
+    let Call::Publish(gone) = gone else { unreachable!() };
+    assert_eq!(
+        (gone.reason, gone.warning, gone.note.as_str()),
+        (REASON_MEMBER_LEFT, false, "member supervisor-0 left the pool")
+    );
+    assert_eq!(gone.regarding.uid.as_deref(), Some("uid-supervisor-0"));
     replica.stop().await;
 }

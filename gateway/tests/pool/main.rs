@@ -32,6 +32,7 @@ mod with_kubernetes {
         secrets_follow_labels_and_pods_decide_desired_instances,
         terminating_namespaces_get_no_writes_and_are_not_retried,
         deleted_and_relabelled_namespace_secrets_are_rewritten_at_once,
+        a_member_that_leaves_gracefully_is_reported_left_on_its_pod,
     );
 }
 

@@ -30,6 +30,7 @@ on_both_backends!(suite;
     signing_key_rotation_is_fenced,
     members_expire_by_ttl,
     member_removal_needs_the_same_process,
+    a_member_that_left_keeps_an_expired_leaving_record,
     a_superseded_stream_cannot_refresh_over_the_newer_record,
     operation_requests_are_idempotent_and_cancels_wait_for_the_coordinator,
     registration_assigns_generations_and_withdrawal_sticks,

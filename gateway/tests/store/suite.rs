@@ -900,6 +900,22 @@ pub async fn member_removal_needs_the_same_process(db: &TestDb) {
     assert!(db.store.list_members().await.unwrap().1.is_empty());
 }
 
+/// A member that announced it was leaving and ended its stream keeps an expired record
+/// marked leaving (so the next pool view shows it left, not lost); only its own process
+/// and epoch can do that.
+pub async fn a_member_that_left_keeps_an_expired_leaving_record(db: &TestDb) {
+    db.store.record_member(&member("m1", "p1"), LONG).await.unwrap();
+    assert!(!db.store.member_left("m1", "p0", 1).await.unwrap(), "another process");
+    assert!(db.store.member_left("m1", "p1", 1).await.unwrap());
+    let (now, members) = db.store.list_members().await.unwrap();
+    assert_eq!(members.len(), 1);
+    assert!(members[0].leaving && !members[0].is_live(now), "{:?}", members[0]);
+    // The member's next process replaces it as usual.
+    db.store.record_member(&member("m1", "p2"), LONG).await.unwrap();
+    let (now, members) = db.store.list_members().await.unwrap();
+    assert!(!members[0].leaving && members[0].is_live(now));
+}
+
 pub async fn a_superseded_stream_cannot_refresh_over_the_newer_record(db: &TestDb) {
     // The member's own stream refreshes (and may insert when the record is gone).
     let first = db.store.refresh_member(&member("m1", "p1"), LONG).await.unwrap();
