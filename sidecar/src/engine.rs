@@ -17,8 +17,8 @@ use proto::common::v1::{InstanceRef, WorkloadIdentity};
 use proto::registry::v1::{DeregisterRequest, RecoveryFailedRequest, RegisterResponse};
 use proto::runtime::v1::{
     ActivationConfirm, Attach, Attached, FetchCredential, GrantPresentation, Liveness, Redirect, Release, Relinquish,
-    ReportProgress, Stopped, SupervisorMessage, WorkloadRequest, WorkloadResponse, sidecar_message, supervisor_message,
-    workload_request, workload_response,
+    ReportProgress, Stopped, SupervisorMessage, WorkloadRequest, WorkloadResponse, WorkloadStarted, sidecar_message,
+    supervisor_message, workload_request, workload_response,
 };
 use proto::timing::{self, reconnect_backoff};
 use proto::trust;
@@ -663,7 +663,21 @@ impl Engine {
         let (control, exit) = process::watch(Process::Foreign(identity.clone()));
         self.workload = Some(Pinned { identity, control });
         self.new_exit = Some(exit);
+        if matches!(self.mode, Mode::Active) {
+            self.announce_workload();
+        }
         Admission::Admitted
+    }
+
+    /// Tell the activated owner which process the workload is (its first message may have
+    /// carried none: the workload connects after the activation).
+    fn announce_workload(&mut self) {
+        if let (Some(id), Some(pinned)) = (self.owner, &self.workload) {
+            let started = WorkloadStarted {
+                workload: Some(pinned.identity.clone()),
+            };
+            self.send(id, sidecar_message::Kind::WorkloadStarted(started));
+        }
     }
 
     fn on_request(&mut self, request: Request) {
@@ -727,6 +741,7 @@ impl Engine {
         self.close_all_except(id);
         self.dial.failures = 0;
         self.dial.redirects = 0;
+        self.announce_workload();
         while let Some(request) = self.held.pop_front() {
             self.forward(request);
         }

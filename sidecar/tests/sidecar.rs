@@ -445,3 +445,44 @@ async fn redirects_are_followed_unless_below_the_fence() {
     shutdown.cancel();
     assert_eq!(within("run to end", run).await.unwrap().unwrap(), Outcome::Shutdown);
 }
+
+/// A native sidecar starts before its workload: the instance is placed and activated with no
+/// workload known (Attach carries pid 0), and the workload connects afterwards. The owner
+/// must then learn which process it is (it reports the PID to the gateway).
+#[tokio::test]
+async fn a_workload_that_connects_after_activation_is_announced_to_the_owner() {
+    let mut fx = Fixture::new(Vec::new()).await;
+    let (run, shutdown) = fx.start();
+    fx.registered().await;
+    let mut conn = fx.member.accept().await;
+    let sidecar_message::Kind::Attach(attach) = conn.recv().await else {
+        panic!("first message must be Attach")
+    };
+    assert_eq!(attach.workload.map_or(0, |w| w.pid), 0, "no workload yet");
+    let jti = conn.present(&fx.signer, &fx.instance, 1, "m1").await;
+    let sidecar_message::Kind::Receipt(_) = conn.recv().await else {
+        panic!("expected the receipt")
+    };
+    conn.confirm(&fx.signer, &fx.instance, 1, "m1", &jti, 0).await;
+
+    // The workload (this test process) connects now.
+    let mut agent = WorkloadClient::connect(&fx.config.socket).await;
+    agent.send(json!({"op": "progress", "value": 7})).await;
+    let sidecar_message::Kind::WorkloadStarted(started) = conn.recv().await else {
+        panic!("expected WorkloadStarted before the first relayed request")
+    };
+    assert_eq!(started.workload.map(|w| w.pid), Some(std::process::id()));
+    let (id, kind) = expect_request(&mut conn).await;
+    assert!(
+        matches!(kind, workload_request::Kind::ReportProgress(ref p) if p.value == 7),
+        "{kind:?}"
+    );
+    conn.send(respond(
+        id,
+        workload_response::Kind::ProgressAccepted(ProgressAccepted { value: 7 }),
+    ))
+    .await;
+    assert_eq!(agent.answer().await["ok"], true);
+    shutdown.cancel();
+    within("run to end", run).await.expect("join").expect("sidecar");
+}

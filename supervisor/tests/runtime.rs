@@ -537,3 +537,23 @@ async fn a_terminating_session_survives_refusals_and_the_next_generation_starts_
         "the member waited past the stop"
     );
 }
+
+/// A native sidecar's workload connects after the activation: the sidecar announces it with
+/// WorkloadStarted and the owner reports that PID from then on.
+#[tokio::test]
+async fn a_workload_announced_after_activation_is_reported_with_its_pid() {
+    let mut pool = Pool::start().await;
+    pool.member.write_trust(&pool.gateway.recovery.keys.bundle());
+    let instance = generation(1);
+    pool.own(vec![placed(ROUTE, &instance, 1, Reserved)]).await;
+    let sidecar = pool.take_over(&instance, 1, 0).await;
+    let started = proto::runtime::v1::WorkloadStarted {
+        workload: Some(proto::common::v1::WorkloadIdentity {
+            pid: 7_777,
+            ..Default::default()
+        }),
+    };
+    sidecar.send(sidecar_message::Kind::WorkloadStarted(started)).await;
+    pool.report_where(|r| status(r, ROUTE).is_some_and(|s| s.workload_pid == 7_777))
+        .await;
+}

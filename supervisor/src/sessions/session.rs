@@ -317,6 +317,9 @@ impl Session {
                     }
                 }
             }
+            sidecar_message::Kind::WorkloadStarted(started) => {
+                self.note_workload(started.workload.map_or(0, |w| w.pid));
+            }
             sidecar_message::Kind::Attach(_) | sidecar_message::Kind::Heartbeat(_) => {}
         }
     }
