@@ -84,11 +84,7 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
         .collect();
     let mut batches = Vec::new();
     let mut still_unplaced = BTreeSet::new();
-    let decisions = placement::plan(
-        &view.desired(),
-        &view.owners(),
-        &view.candidates(&operations::drained(view)),
-    );
+    let decisions = decisions(view);
     let generation = |route: &str| view.instances.get(route).map_or(0, |i| i.generation);
     let mut replaced = BTreeSet::new();
     for decision in decisions {
@@ -204,6 +200,27 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
     batches
 }
 
+/// What placement decides for `view`: the desired instances, their owners and the live
+/// members that may take them (drained and leaving ones take nothing new). Pure.
+pub fn decisions(view: &View) -> Vec<Decision> {
+    placement::plan(
+        &view.desired(),
+        &view.owners(),
+        &view.candidates(&operations::drained(view)),
+    )
+}
+
+/// The routes no member can take in `view`, with placement's reason. Pure.
+pub fn unplaced(view: &View) -> BTreeMap<String, String> {
+    decisions(view)
+        .into_iter()
+        .filter_map(|d| match d {
+            Decision::Unplaced { route, reason } => Some((route, reason)),
+            _ => None,
+        })
+        .collect()
+}
+
 /// A recover operation is done when the new owner reports the instance at
 /// the assigned term; it fails when its deadline passes first.
 fn settle(view: &View, op: &Operation) -> Option<Operation> {
@@ -268,6 +285,7 @@ mod tests {
                 registered_at_ms: 0,
                 withdrawn: false,
                 last_term: 0,
+                withdrawn_reason: None,
             },
         );
         for m in ["a", "b"] {

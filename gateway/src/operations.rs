@@ -339,6 +339,7 @@ mod tests {
                     registered_at_ms: 0,
                     withdrawn: false,
                     last_term: 0,
+                    withdrawn_reason: None,
                 },
             );
             v.assignments.insert(

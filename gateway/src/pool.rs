@@ -252,6 +252,7 @@ mod tests {
                     registered_at_ms: 0,
                     withdrawn,
                     last_term: 0,
+                    withdrawn_reason: None,
                 },
             );
         }

@@ -202,12 +202,19 @@ impl InstanceRegistry for Registry {
             reason = %bounded(&request.reason, 512),
             "SupervisorRecoveryFailed: the sidecar missed its recovery deadline and stopped the workload"
         );
-        self.replica
+        // Withdrawn with the reason: the coordinator's Kubernetes writer, on whichever
+        // replica holds the lease, records the Event on the Pod from the pool view. A
+        // repeated report (a lost answer) changes nothing.
+        let fence_term = i64::try_from(request.fence_term).ok().filter(|t| *t > 0);
+        let withdrawn = self
+            .replica
             .store
-            .withdraw_instance(&request.route, &instance.uid)
+            .report_recovery_failed(&request.route, &instance.uid, fence_term)
             .await
             .map_err(|err| Status::unavailable(format!("cannot withdraw the instance: {err}")))?;
-        self.replica.wake.notify_one();
+        if withdrawn {
+            self.replica.wake.notify_one();
+        }
         Ok(Response::new(RecoveryFailedResponse {}))
     }
 }

@@ -1,13 +1,25 @@
 //! What users see of the pool in `kubectl get events`: the coordinator compares two
 //! consecutive pool views and names what changed, on the object concerned (the workload's Pod
 //! for an instance, the supervisor Pod for a member). Pure; the writer publishes them.
+//!
+//! Two recovery failures are told apart: [`REASON_RECOVERY_FAILED`] is the coordinator's
+//! recover operation that missed its deadline (the instance stays desired), and
+//! [`REASON_SUPERVISOR_RECOVERY_FAILED`] is the sidecar stopping the workload at its recovery
+//! deadline because no supervisor took it over (the instance is withdrawn; the report may
+//! reach any replica and comes here through the store).
 
+use crate::coordinator;
 use crate::pool::View;
-use crate::store::{AssignmentPhase, OperationKind, OperationPhase};
+use crate::store::{AssignmentPhase, InstanceRecord, OperationKind, OperationPhase, WithdrawnReason};
 
 pub const REASON_PLACED: &str = "InstancePlaced";
 pub const REASON_RECOVERED: &str = "InstanceRecovered";
+/// The coordinator's recover operation failed (its deadline passed).
 pub const REASON_RECOVERY_FAILED: &str = "RecoveryFailed";
+/// The sidecar stopped the workload at its recovery deadline: no supervisor took it over.
+pub const REASON_SUPERVISOR_RECOVERY_FAILED: &str = "SupervisorRecoveryFailed";
+/// No member can take the instance (placement's reason in the note).
+pub const REASON_UNPLACEABLE: &str = "InstanceUnplaceable";
 pub const REASON_MEMBER_JOINED: &str = "MemberJoined";
 pub const REASON_MEMBER_LOST: &str = "MemberLost";
 pub const REASON_MEMBER_LEFT: &str = "MemberLeft";
@@ -43,7 +55,39 @@ pub fn diff(before: &View, after: &View, install_namespace: &str) -> Vec<Notice>
     members(before, after, install_namespace, &mut notices);
     assignments(before, after, install_namespace, &mut notices);
     failed_recoveries(before, after, &mut notices);
+    stopped_at_the_deadline(before, after, install_namespace, &mut notices);
+    unplaceable(before, after, &mut notices);
+    for notice in &mut notices {
+        bound_note(&mut notice.note);
+    }
     notices
+}
+
+/// The API server refuses an Event whose note is longer than this (events.k8s.io/v1).
+pub const MAX_NOTE_BYTES: usize = 1024;
+
+/// Cut `note` to [`MAX_NOTE_BYTES`] at a character boundary, marking the cut (a placement
+/// reason lists every member, and a pool may have many).
+fn bound_note(note: &mut String) {
+    const CUT: &str = "…";
+    if note.len() <= MAX_NOTE_BYTES {
+        return;
+    }
+    let mut end = MAX_NOTE_BYTES - CUT.len();
+    while !note.is_char_boundary(end) {
+        end -= 1;
+    }
+    note.truncate(end);
+    note.push_str(CUT);
+}
+
+/// The workload Pod of `instance`, with the UID it registered with.
+fn workload_pod(instance: &InstanceRecord) -> Regarding {
+    Regarding {
+        namespace: instance.namespace.clone(),
+        name: instance.name.clone(),
+        uid: Some(instance.uid.clone()).filter(|u| !u.is_empty()),
+    }
 }
 
 fn members(before: &View, after: &View, install_namespace: &str, out: &mut Vec<Notice>) {
@@ -125,11 +169,7 @@ fn assignments(before: &View, after: &View, install_namespace: &str, out: &mut V
             (REASON_RECOVERED, "Recover", "recovered by")
         };
         out.push(Notice {
-            regarding: Regarding {
-                namespace: instance.namespace.clone(),
-                name: instance.name.clone(),
-                uid: Some(instance.uid.clone()).filter(|u| !u.is_empty()),
-            },
+            regarding: workload_pod(instance),
             related: Some(member_pod(install_namespace, &a.member)),
             warning: false,
             reason,
@@ -158,11 +198,7 @@ fn failed_recoveries(before: &View, after: &View, out: &mut Vec<Notice>) {
             continue;
         }
         out.push(Notice {
-            regarding: Regarding {
-                namespace: instance.namespace.clone(),
-                name: instance.name.clone(),
-                uid: Some(instance.uid.clone()).filter(|u| !u.is_empty()),
-            },
+            regarding: workload_pod(instance),
             related: None,
             warning: true,
             reason: REASON_RECOVERY_FAILED,
@@ -175,10 +211,75 @@ fn failed_recoveries(before: &View, after: &View, out: &mut Vec<Notice>) {
     }
 }
 
+/// Instances whose sidecar stopped the workload at the recovery deadline since `before`
+/// (withdrawn with that reason): once per workload, whichever replica the report reached.
+fn stopped_at_the_deadline(before: &View, after: &View, install_namespace: &str, out: &mut Vec<Notice>) {
+    fn stopped(i: &InstanceRecord) -> Option<(Option<&str>, Option<i64>)> {
+        match &i.withdrawn_reason {
+            Some(WithdrawnReason::RecoveryFailed { owner, term }) if i.withdrawn => Some((owner.as_deref(), *term)),
+            _ => None,
+        }
+    }
+    for instance in after.instances.values() {
+        let Some((owner, term)) = stopped(instance) else {
+            continue;
+        };
+        let already = before
+            .instances
+            .get(&instance.route)
+            .is_some_and(|b| b.uid == instance.uid && b.generation == instance.generation && stopped(b).is_some());
+        if already {
+            continue;
+        }
+        let last = match (owner, term) {
+            (Some(owner), Some(term)) => format!(" (last owner {owner}, term {term})"),
+            (Some(owner), None) => format!(" (last owner {owner})"),
+            (None, Some(term)) => format!(" (last term {term})"),
+            (None, None) => String::new(),
+        };
+        out.push(Notice {
+            regarding: workload_pod(instance),
+            related: owner.map(|owner| member_pod(install_namespace, owner)),
+            warning: true,
+            reason: REASON_SUPERVISOR_RECOVERY_FAILED,
+            action: "Stop",
+            note: format!(
+                "instance {}/{}: the workload was stopped because no supervisor took it over before its recovery deadline{last}",
+                instance.namespace, instance.name
+            ),
+        });
+    }
+}
+
+/// Desired instances no member can take, when placement's reason for one appears or changes
+/// (the same pure planner the coordinator runs, on both views).
+fn unplaceable(before: &View, after: &View, out: &mut Vec<Notice>) {
+    let was = coordinator::unplaced(before);
+    for (route, reason) in coordinator::unplaced(after) {
+        if was.get(&route) == Some(&reason) {
+            continue;
+        }
+        let Some(instance) = after.instances.get(&route) else {
+            continue;
+        };
+        out.push(Notice {
+            regarding: workload_pod(instance),
+            related: None,
+            warning: true,
+            reason: REASON_UNPLACEABLE,
+            action: "Place",
+            note: format!(
+                "instance {}/{} cannot be placed: {reason}",
+                instance.namespace, instance.name
+            ),
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{Assignment, InstanceRecord, MemberRecord, Operation, SecretBytes};
+    use crate::store::{Assignment, MemberRecord, Operation, SecretBytes};
 
     fn member(name: &str, expires_at_ms: i64, leaving: bool) -> MemberRecord {
         MemberRecord {
@@ -205,6 +306,7 @@ mod tests {
             registered_at_ms: 0,
             withdrawn: false,
             last_term: 0,
+            withdrawn_reason: None,
         }
     }
 
@@ -319,8 +421,11 @@ mod tests {
 
     #[test]
     fn withdrawn_instances_and_reserved_terms_say_nothing() {
-        let before = view(1);
-        let mut after = view(2);
+        // m takes what it holds: nothing here is unplaceable either.
+        let mut before = view(1);
+        before.members.insert("m".into(), member("m", 10_000, false));
+        let mut after = before.clone();
+        after.now_ms = 2;
         let mut gone = instance("r");
         gone.withdrawn = true;
         after.instances.insert("r".into(), gone);
@@ -363,5 +468,206 @@ mod tests {
         assert!(notices[0].warning);
         assert!(notices[0].note.ends_with("the recovery deadline passed"));
         assert!(diff(&after, &after, "ns").is_empty());
+    }
+
+    fn stopped(mut i: InstanceRecord, owner: Option<&str>, term: Option<i64>) -> InstanceRecord {
+        i.withdrawn = true;
+        i.withdrawn_reason = Some(WithdrawnReason::RecoveryFailed {
+            owner: owner.map(str::to_owned),
+            term,
+        });
+        i
+    }
+
+    #[test]
+    fn a_workload_stopped_at_its_recovery_deadline_is_a_warning_on_its_pod_once() {
+        // Supervisors scaled to zero: r's owner is gone, nobody took it over.
+        let mut before = view(1_000);
+        before.instances.insert("r".into(), instance("r"));
+        before
+            .assignments
+            .insert("r".into(), assignment("r", "supervisor-0", 3, AssignmentPhase::Active));
+        let mut after = before.clone();
+        after.now_ms = 2_000;
+        after
+            .instances
+            .insert("r".into(), stopped(instance("r"), Some("supervisor-0"), Some(3)));
+        let notices = diff(&before, &after, "shared-supervision");
+        assert_eq!(notices.len(), 1, "{notices:?}");
+        let n = &notices[0];
+        assert_eq!(
+            (n.reason, n.warning, n.action),
+            (REASON_SUPERVISOR_RECOVERY_FAILED, true, "Stop")
+        );
+        assert_ne!(
+            n.reason, REASON_RECOVERY_FAILED,
+            "not the coordinator's recover operation"
+        );
+        assert_eq!(
+            n.regarding,
+            Regarding {
+                namespace: "team-a".into(),
+                name: "agent-a".into(),
+                uid: Some("944be8f4-4199-442a-af17-50c1bb811f7c".into()),
+            }
+        );
+        assert_eq!(
+            n.related.as_ref().map(|r| (r.namespace.as_str(), r.name.as_str())),
+            Some(("shared-supervision", "supervisor-0"))
+        );
+        assert_eq!(
+            n.note,
+            "instance team-a/agent-a: the workload was stopped because no supervisor took it over \
+             before its recovery deadline (last owner supervisor-0, term 3)"
+        );
+
+        // Once: the next views (the assignment dropped, a repeated report) say nothing, nor
+        // does a new coordinator whose first view already had it.
+        let mut dropped = after.clone();
+        dropped.now_ms = 3_000;
+        dropped.assignments.clear();
+        assert!(diff(&after, &dropped, "shared-supervision").is_empty());
+        assert!(diff(&dropped, &dropped, "shared-supervision").is_empty());
+
+        // Registered and stopped between two views, without an owner: still once, with the
+        // term the sidecar last activated.
+        let mut unseen = view(4_000);
+        unseen
+            .instances
+            .insert("r".into(), stopped(instance("r"), None, Some(4)));
+        let notices = diff(&view(3_500), &unseen, "ns");
+        assert_eq!(notices.len(), 1, "{notices:?}");
+        assert!(
+            notices[0].note.ends_with("recovery deadline (last term 4)"),
+            "{}",
+            notices[0].note
+        );
+        assert_eq!(notices[0].related, None);
+
+        // Withdrawn for any other reason (deregistered, Pod gone): nothing.
+        let mut deregistered = after.clone();
+        if let Some(i) = deregistered.instances.get_mut("r") {
+            i.withdrawn_reason = None;
+        }
+        assert!(diff(&before, &deregistered, "ns").is_empty());
+    }
+
+    #[test]
+    fn an_instance_nobody_can_take_is_a_warning_when_the_reason_appears_or_changes() {
+        // No member at all: a new Pod's instance cannot be placed, and the note says why.
+        let before = view(1_000);
+        let mut none = view(2_000);
+        none.instances.insert("r".into(), instance("r"));
+        let notices = diff(&before, &none, "ns");
+        assert_eq!(notices.len(), 1, "{notices:?}");
+        let n = &notices[0];
+        assert_eq!((n.reason, n.warning, n.action), (REASON_UNPLACEABLE, true, "Place"));
+        assert_eq!(n.regarding.uid.as_deref(), Some("944be8f4-4199-442a-af17-50c1bb811f7c"));
+        assert_eq!(n.note, "instance team-a/agent-a cannot be placed: no live pool members");
+        let mut later = none.clone();
+        later.now_ms = 3_000;
+        assert!(
+            diff(&none, &later, "ns").is_empty(),
+            "the same reason again says nothing"
+        );
+
+        // The reason changes: the only member is leaving.
+        let mut leaving = later.clone();
+        leaving.members.insert("m".into(), member("m", 10_000, true));
+        let notices: Vec<Notice> = diff(&later, &leaving, "ns")
+            .into_iter()
+            .filter(|n| n.reason == REASON_UNPLACEABLE)
+            .collect();
+        assert_eq!(notices.len(), 1, "{notices:?}");
+        assert!(
+            notices[0].note.ends_with("all 1 pool members are leaving or drained"),
+            "{}",
+            notices[0].note
+        );
+
+        // And again: the member stays but is full.
+        let mut full = leaving.clone();
+        full.members.insert(
+            "m".into(),
+            MemberRecord {
+                capacity: 1,
+                ..member("m", 10_000, false)
+            },
+        );
+        full.instances.insert("s".into(), instance("s"));
+        full.assignments
+            .insert("s".into(), assignment("s", "m", 1, AssignmentPhase::Active));
+        let notices: Vec<Notice> = diff(&leaving, &full, "ns")
+            .into_iter()
+            .filter(|n| n.reason == REASON_UNPLACEABLE)
+            .collect();
+        assert_eq!(notices.len(), 1, "{notices:?}");
+        assert!(
+            notices[0].note.contains("at capacity (m holds 1)"),
+            "{}",
+            notices[0].note
+        );
+
+        // Room again: placeable says nothing; placed is the usual InstancePlaced.
+        let mut room = full.clone();
+        room.members.insert("m".into(), member("m", 10_000, false));
+        assert!(diff(&full, &room, "ns").is_empty());
+        let mut placed = room.clone();
+        placed
+            .assignments
+            .insert("r".into(), assignment("r", "m", 1, AssignmentPhase::Active));
+        let notices = diff(&room, &placed, "ns");
+        assert_eq!(notices.len(), 1, "{notices:?}");
+        assert_eq!(notices[0].reason, REASON_PLACED);
+    }
+
+    #[test]
+    fn notes_fit_the_api_limit() {
+        // 300 members at capacity: placement's reason names each of them.
+        let mut after = view(1_000);
+        for i in 0..300 {
+            let name = format!("supervisor-{i:03}");
+            after.members.insert(
+                name.clone(),
+                MemberRecord {
+                    capacity: 0,
+                    ..member(&name, 10_000, false)
+                },
+            );
+        }
+        after.instances.insert("r".into(), instance("r"));
+        let mut before = after.clone();
+        before.instances.clear();
+        let notices = diff(&before, &after, "ns");
+        assert_eq!(notices.len(), 1, "{notices:?}");
+        assert_eq!(notices[0].reason, REASON_UNPLACEABLE);
+        assert!(notices[0].note.len() <= MAX_NOTE_BYTES, "{}", notices[0].note.len());
+        assert!(
+            notices[0]
+                .note
+                .starts_with("instance team-a/agent-a cannot be placed: all 300 eligible")
+        );
+        assert!(notices[0].note.ends_with('…'));
+    }
+
+    #[test]
+    fn supervisors_scaled_to_zero_make_every_instance_unplaceable() {
+        let mut before = view(1_000);
+        before.members.insert("m".into(), member("m", 10_000, false));
+        before.instances.insert("r".into(), instance("r"));
+        before
+            .assignments
+            .insert("r".into(), assignment("r", "m", 1, AssignmentPhase::Active));
+        assert!(coordinator::unplaced(&before).is_empty());
+        // The member's record expired: its instance has no owner and nobody to go to.
+        let mut after = before.clone();
+        after.now_ms = 20_000;
+        let notices = diff(&before, &after, "ns");
+        let reasons: Vec<&str> = notices.iter().map(|n| n.reason).collect();
+        assert_eq!(reasons, [REASON_MEMBER_LOST, REASON_UNPLACEABLE]);
+        assert_eq!(
+            notices[1].note,
+            "instance team-a/agent-a cannot be placed: no live pool members"
+        );
     }
 }

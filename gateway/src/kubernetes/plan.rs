@@ -159,6 +159,7 @@ mod tests {
             registered_at_ms,
             withdrawn: false,
             last_term: 0,
+            withdrawn_reason: None,
         }
     }
 

@@ -546,8 +546,9 @@ impl Store {
         .await?;
         sqlx::query(&format!(
             "UPDATE instances SET namespace = $2, name = $3, uid = $4, generation = generation + 1, material = $5, \
-               registered_at_ms = ({clock}), withdrawn = FALSE, checkpoint_pid = NULL, \
-               checkpoint_start_ticks = NULL, checkpoint_exe_digest = NULL \
+               registered_at_ms = ({clock}), withdrawn = FALSE, withdrawn_reason = NULL, withdrawn_owner = NULL, \
+               withdrawn_term = NULL, checkpoint_pid = NULL, checkpoint_start_ticks = NULL, \
+               checkpoint_exe_digest = NULL \
              WHERE route = $1"
         ))
         .bind(&r.route)
@@ -571,6 +572,28 @@ impl Store {
             .bind(uid)
             .execute(&self.pool)
             .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// The sidecar of the workload `uid` stopped it at the recovery deadline: withdraw the
+    /// instance of `route` (if it is still that workload and still desired) and record why,
+    /// with the assignment it last had — its owner and term — or, without one, `fence_term`
+    /// (the last term the sidecar activated, when it reports one). Returns whether a desired
+    /// instance was withdrawn: a repeated report changes nothing.
+    pub async fn report_recovery_failed(&self, route: &str, uid: &str, fence_term: Option<i64>) -> Result<bool> {
+        let current = "FROM assignments a WHERE a.route = instances.route AND a.generation >= instances.generation";
+        let done = sqlx::query(&format!(
+            "UPDATE instances SET withdrawn = TRUE, withdrawn_reason = $3, \
+               withdrawn_owner = (SELECT a.member {current}), \
+               withdrawn_term = COALESCE((SELECT a.term {current}), $4) \
+             WHERE route = $1 AND uid = $2 AND NOT withdrawn"
+        ))
+        .bind(route)
+        .bind(uid)
+        .bind(WithdrawnReason::RECOVERY_FAILED)
+        .bind(fence_term)
+        .execute(&self.pool)
+        .await?;
         Ok(done.rows_affected() > 0)
     }
 
@@ -639,7 +662,8 @@ impl Store {
         let filter = if route.is_some() { "WHERE route = $1" } else { "" };
         let sql = format!(
             "SELECT route, namespace, name, uid, generation, material, registered_at_ms, last_term, \
-             CASE WHEN withdrawn THEN 1 ELSE 0 END AS withdrawn FROM instances {filter} ORDER BY route"
+             CASE WHEN withdrawn THEN 1 ELSE 0 END AS withdrawn, withdrawn_reason, withdrawn_owner, withdrawn_term \
+             FROM instances {filter} ORDER BY route"
         );
         let mut query = sqlx::query(&sql);
         if let Some(route) = route {
@@ -658,6 +682,7 @@ impl Store {
                     registered_at_ms: r.try_get("registered_at_ms")?,
                     withdrawn: r.try_get::<i64, _>("withdrawn")? != 0,
                     last_term: r.try_get("last_term")?,
+                    withdrawn_reason: withdrawn_reason(r)?,
                 })
             })
             .collect()
@@ -997,6 +1022,21 @@ fn member_from_row(r: &AnyRow) -> Result<MemberRecord> {
         expires_at_ms: r.try_get("expires_at_ms")?,
         updated_at_ms: r.try_get("updated_at_ms")?,
     })
+}
+
+/// `instances.withdrawn_reason` with the columns that go with it.
+fn withdrawn_reason(r: &AnyRow) -> Result<Option<WithdrawnReason>> {
+    match r.try_get::<Option<String>, _>("withdrawn_reason")?.as_deref() {
+        None => Ok(None),
+        Some(WithdrawnReason::RECOVERY_FAILED) => Ok(Some(WithdrawnReason::RecoveryFailed {
+            owner: r.try_get("withdrawn_owner")?,
+            term: r.try_get("withdrawn_term")?,
+        })),
+        Some(other) => Err(Error::Corrupt {
+            table: "instances",
+            detail: format!("unknown withdrawn_reason {other:?}"),
+        }),
+    }
 }
 
 /// Read a text column into one of the store's enums.

@@ -134,6 +134,29 @@ pub struct InstanceRecord {
     /// The highest ownership term ever assigned on the route (any generation): the next
     /// placement starts above it.
     pub last_term: i64,
+    /// Why it was withdrawn, when that says more than "no longer desired" (`None` for a
+    /// deregistration, a Pod gone, or a desired instance).
+    pub withdrawn_reason: Option<WithdrawnReason>,
+}
+
+/// Why an instance was withdrawn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WithdrawnReason {
+    /// Its sidecar stopped the workload at the recovery deadline: no supervisor took it over
+    /// in time. `owner` and `term`: the assignment it last had when that was reported (the
+    /// sidecar's last activated term when it had none), if known.
+    RecoveryFailed { owner: Option<String>, term: Option<i64> },
+}
+
+impl WithdrawnReason {
+    /// The text of `instances.withdrawn_reason`.
+    pub const RECOVERY_FAILED: &'static str = "recovery_failed";
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::RecoveryFailed { .. } => Self::RECOVERY_FAILED,
+        }
+    }
 }
 
 /// What a registration asks for: the store assigns the generation.

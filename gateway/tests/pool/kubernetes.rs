@@ -7,21 +7,29 @@ use std::time::Duration;
 
 use gateway::kubernetes::cluster::Call;
 use gateway::kubernetes::index::Pod;
-use gateway::kubernetes::notice::{REASON_MEMBER_JOINED, REASON_MEMBER_LEFT, REASON_MEMBER_LOST};
+use gateway::kubernetes::notice::{
+    Notice, REASON_MEMBER_JOINED, REASON_MEMBER_LEFT, REASON_MEMBER_LOST, REASON_SUPERVISOR_RECOVERY_FAILED,
+    REASON_UNPLACEABLE,
+};
 use gateway::kubernetes::plan::{NAMESPACE_SECRET, OPERATOR_SECRET, SUPERVISOR_SECRET};
 use gateway::kubernetes::{Integration, Recording, Scope, Shared};
 use proto::host::v1::Leaving;
 use proto::host::v1::member_message::Kind as MemberKind;
+use proto::registry::v1::RecoveryFailedRequest;
+use proto::registry::v1::instance_registry_client::InstanceRegistryClient;
 use proto::trust::{Claims, DEFAULT_ISSUER, Expectation, Kind, TrustBundle};
 use tokio::sync::mpsc::UnboundedReceiver;
+use tonic::Code;
 
-use crate::cluster::{Behaviour, Identity, Member, register, start_replica_with};
+use crate::cluster::{
+    Behaviour, Identity, Member, channel, instance_ref, register, start_replica_with, wait_assignments, with_token,
+};
 use crate::support::{TestDb, wait_for};
 
 const INSTALL: &str = "openshell-supervision";
 
 /// The next call matching `want`, skipping others; fails after 20 s.
-async fn next_call(calls: &mut UnboundedReceiver<Call>, what: &str, want: impl Fn(&Call) -> bool) -> Call {
+async fn next_call(calls: &mut UnboundedReceiver<Call>, what: &str, mut want: impl FnMut(&Call) -> bool) -> Call {
     let found = tokio::time::timeout(Duration::from_secs(20), async {
         while let Some(call) = calls.recv().await {
             if want(&call) {
@@ -314,5 +322,229 @@ pub async fn a_member_that_leaves_gracefully_is_reported_left_on_its_pod(db: &Te
         (REASON_MEMBER_LEFT, false, "member supervisor-0 left the pool")
     );
     assert_eq!(gone.regarding.uid.as_deref(), Some("uid-supervisor-0"));
+    replica.stop().await;
+}
+
+/// The event `reason` on the Pod `default/<pod>`, if `call` publishes it.
+fn event_on<'a>(call: &'a Call, reason: &str, pod: &str) -> Option<&'a Notice> {
+    match call {
+        Call::Publish(n) if n.reason == reason && n.regarding.namespace == "default" && n.regarding.name == pod => {
+            Some(n)
+        }
+        _ => None,
+    }
+}
+
+/// A coordinator with the recording cluster and a labelled `default` namespace whose
+/// Pods `pods` the watch lists: the supervisor and namespace tokens.
+async fn coordinator_with_default_namespace(
+    db: &TestDb,
+    pods: &[&str],
+) -> (crate::cluster::Replica, UnboundedReceiver<Call>, String, String) {
+    let shared = Shared::default();
+    let (cluster, mut calls) = Recording::new();
+    let integration = Integration {
+        cluster,
+        shared: shared.clone(),
+        scope: Scope::new(INSTALL),
+    };
+    let replica = start_replica_with("gw-k", &db.url, &[], Some(integration)).await;
+    let call = next_call(&mut calls, "the supervisor Secret", |c| {
+        applied(c, INSTALL, SUPERVISOR_SECRET).is_some()
+    })
+    .await;
+    let (supervisor_token, _) = applied(&call, INSTALL, SUPERVISOR_SECRET).unwrap();
+    shared.with(|index| {
+        index.reset_namespaces(["default".to_owned()]);
+        index.reset_pods(pods.iter().map(|name| Pod {
+            namespace: "default".into(),
+            name: (*name).into(),
+            uid: format!("uid-{name}"),
+        }));
+    });
+    let call = next_call(&mut calls, "the namespace Secret", |c| {
+        applied(c, "default", NAMESPACE_SECRET).is_some()
+    })
+    .await;
+    let (instance_token, _) = applied(&call, "default", NAMESPACE_SECRET).unwrap();
+    (replica, calls, supervisor_token, instance_token)
+}
+
+/// Supervisors scaled to zero: the instance's owner is gone and nobody can take it over
+/// (InstanceUnplaceable), then its sidecar stops the workload at the recovery deadline and
+/// reports it to another replica: the coordinator records SupervisorRecoveryFailed on the
+/// Pod, once, naming the last owner and term.
+pub async fn a_workload_stopped_at_its_recovery_deadline_is_reported_on_its_pod(db: &TestDb) {
+    let (coordinator, mut calls, supervisor_token, instance_token) =
+        coordinator_with_default_namespace(db, &["agent-0", "agent-1"]).await;
+    // Another replica, which never writes to the cluster, serves the sidecar's report.
+    let follower = start_replica_with("gw-f", &db.url, &[], None).await;
+
+    let supervisor = Identity {
+        member: "supervisor-0".into(),
+        process_id: "p1".into(),
+        epoch: 1,
+        capacity: 8,
+    };
+    let member = Member::attach(
+        &coordinator.endpoint(),
+        &supervisor_token,
+        supervisor,
+        Behaviour::Healthy,
+    )
+    .await
+    .unwrap();
+    next_call(
+        &mut calls,
+        "MemberJoined",
+        |c| matches!(c, Call::Publish(n) if n.reason == REASON_MEMBER_JOINED),
+    )
+    .await;
+    register(&coordinator.endpoint(), &instance_token, "agent-0")
+        .await
+        .unwrap();
+    wait_assignments(&db.store, "agent-0 placed on supervisor-0", |a| {
+        a.iter()
+            .any(|a| a.route == "default/agent-0" && a.member == "supervisor-0" && a.term == 1)
+    })
+    .await;
+
+    // Scaled to zero.
+    member.kill();
+    drop(member);
+    let call = next_call(&mut calls, "agent-0 unplaceable", |c| {
+        event_on(c, REASON_UNPLACEABLE, "agent-0").is_some()
+    })
+    .await;
+    let unplaceable = event_on(&call, REASON_UNPLACEABLE, "agent-0").unwrap();
+    assert_eq!(
+        unplaceable.note,
+        "instance default/agent-0 cannot be placed: no live pool members"
+    );
+
+    // The sidecar's deadline passes: it stops the workload and reports it (to the follower).
+    let report = || RecoveryFailedRequest {
+        route: "default/agent-0".into(),
+        instance: Some(instance_ref("agent-0", "uid-agent-0")),
+        fence_term: 1,
+        attempts: 3,
+        recovery_deadline_ms: 60_000,
+        reason: "no supervisor took the instance over before the deadline".into(),
+        ..RecoveryFailedRequest::default()
+    };
+    let mut registry = InstanceRegistryClient::new(channel(&follower.endpoint()).await);
+    registry
+        .report_recovery_failed(with_token(report(), &instance_token))
+        .await
+        .unwrap();
+    let call = next_call(
+        &mut calls,
+        "SupervisorRecoveryFailed on agent-0",
+        |c| matches!(c, Call::Publish(n) if n.reason == REASON_SUPERVISOR_RECOVERY_FAILED),
+    )
+    .await;
+    let Some(stopped) = event_on(&call, REASON_SUPERVISOR_RECOVERY_FAILED, "agent-0") else {
+        panic!("on another object: {call:?}");
+    };
+    assert!(stopped.warning);
+    assert_eq!(stopped.regarding.uid.as_deref(), Some("uid-agent-0"));
+    assert_eq!(
+        stopped.note,
+        "instance default/agent-0: the workload was stopped because no supervisor took it over \
+         before its recovery deadline (last owner supervisor-0, term 1)"
+    );
+    assert_eq!(
+        stopped
+            .related
+            .as_ref()
+            .map(|r| (r.namespace.as_str(), r.name.as_str())),
+        Some((INSTALL, "supervisor-0"))
+    );
+    let instance = db.store.instance("default/agent-0").await.unwrap().unwrap();
+    assert!(instance.withdrawn);
+
+    // A retried report (its answer lost) changes nothing and is recorded no second time:
+    // by the time a later change is reported, no other SupervisorRecoveryFailed came.
+    registry
+        .report_recovery_failed(with_token(report(), &instance_token))
+        .await
+        .unwrap();
+    let refused = register(&follower.endpoint(), &instance_token, "agent-1")
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    let mut between = Vec::new();
+    next_call(&mut calls, "agent-1 unplaceable", |c| {
+        between.push(c.clone());
+        event_on(c, REASON_UNPLACEABLE, "agent-1").is_some()
+    })
+    .await;
+    let repeated: Vec<&Call> = between
+        .iter()
+        .filter(|c| matches!(c, Call::Publish(n) if n.reason == REASON_SUPERVISOR_RECOVERY_FAILED))
+        .collect();
+    assert!(repeated.is_empty(), "recorded again: {repeated:?}");
+    follower.stop().await;
+    coordinator.stop().await;
+}
+
+/// A new Pod while no member is attached cannot be placed: an InstanceUnplaceable Event on it
+/// says why (no members), once however often its sidecar retries; a member that joins takes
+/// it.
+pub async fn an_instance_registered_without_members_is_reported_unplaceable(db: &TestDb) {
+    let (replica, mut calls, supervisor_token, instance_token) =
+        coordinator_with_default_namespace(db, &["agent-0"]).await;
+
+    let refused = register(&replica.endpoint(), &instance_token, "agent-0")
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert!(refused.message().contains("no live pool members"), "{refused:?}");
+    let call = next_call(
+        &mut calls,
+        "agent-0 unplaceable",
+        |c| matches!(c, Call::Publish(n) if n.reason == REASON_UNPLACEABLE),
+    )
+    .await;
+    let Some(unplaceable) = event_on(&call, REASON_UNPLACEABLE, "agent-0") else {
+        panic!("on another object: {call:?}");
+    };
+    assert!(unplaceable.warning);
+    assert_eq!(unplaceable.regarding.uid.as_deref(), Some("uid-agent-0"));
+    assert_eq!(
+        unplaceable.note,
+        "instance default/agent-0 cannot be placed: no live pool members"
+    );
+
+    // The sidecar retries its registration: the same reason is not recorded again. A member
+    // arrives: the instance is placed.
+    register(&replica.endpoint(), &instance_token, "agent-0")
+        .await
+        .unwrap_err();
+    let supervisor = Identity {
+        member: "supervisor-0".into(),
+        process_id: "p1".into(),
+        epoch: 1,
+        capacity: 8,
+    };
+    let _member = Member::attach(&replica.endpoint(), &supervisor_token, supervisor, Behaviour::Healthy)
+        .await
+        .unwrap();
+    let mut between = Vec::new();
+    next_call(&mut calls, "MemberJoined", |c| {
+        between.push(c.clone());
+        matches!(c, Call::Publish(n) if n.reason == REASON_MEMBER_JOINED)
+    })
+    .await;
+    let repeated: Vec<&Call> = between
+        .iter()
+        .filter(|c| matches!(c, Call::Publish(n) if n.reason == REASON_UNPLACEABLE))
+        .collect();
+    assert!(repeated.is_empty(), "recorded again: {repeated:?}");
+    wait_assignments(&db.store, "agent-0 placed on supervisor-0", |a| {
+        a.iter()
+            .any(|a| a.route == "default/agent-0" && a.member == "supervisor-0")
+    })
+    .await;
     replica.stop().await;
 }

@@ -33,6 +33,8 @@ mod with_kubernetes {
         terminating_namespaces_get_no_writes_and_are_not_retried,
         deleted_and_relabelled_namespace_secrets_are_rewritten_at_once,
         a_member_that_leaves_gracefully_is_reported_left_on_its_pod,
+        a_workload_stopped_at_its_recovery_deadline_is_reported_on_its_pod,
+        an_instance_registered_without_members_is_reported_unplaceable,
     );
 }
 

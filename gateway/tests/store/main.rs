@@ -34,6 +34,7 @@ on_both_backends!(suite;
     a_superseded_stream_cannot_refresh_over_the_newer_record,
     operation_requests_are_idempotent_and_cancels_wait_for_the_coordinator,
     registration_assigns_generations_and_withdrawal_sticks,
+    a_missed_recovery_deadline_withdraws_with_the_reason_and_last_owner,
     reports_never_regress_in_term,
     migrations_are_idempotent_across_replicas,
 );

@@ -8,7 +8,7 @@ use std::time::Duration;
 use gateway::store::{
     self, Acquire, Assignment, AssignmentPhase, Checkpoint, Error, Fence, FencedWrite, GrantRecord, Lease,
     MemberUpdate, Operation, OperationKind, OperationPhase, Registered, Registration, Report, SecretBytes, SigningKey,
-    Store,
+    Store, WithdrawnReason,
 };
 use tokio::sync::Mutex;
 
@@ -995,6 +995,77 @@ pub async fn registration_assigns_generations_and_withdrawal_sticks(db: &TestDb)
         Registered::Desired { generation: 3 }
     );
     assert!(!db.store.list_instances().await.unwrap()[0].withdrawn);
+}
+
+pub async fn a_missed_recovery_deadline_withdraws_with_the_reason_and_last_owner(db: &TestDb) {
+    let lease = acquire(&db.store, "gw-a/1", LONG).await;
+    let registration = |route: &str, uid: &str| Registration {
+        route: route.into(),
+        namespace: "ns".into(),
+        name: "n".into(),
+        uid: uid.into(),
+        material: SecretBytes(vec![1]),
+    };
+    db.store.register_instance(&registration("r1", "u1")).await.unwrap();
+    db.store.register_instance(&registration("r2", "u1")).await.unwrap();
+    db.store
+        .write_fenced(
+            &lease,
+            &[FencedWrite::Assign {
+                expected_term: None,
+                next: assignment("r1", "m1", 3),
+            }],
+        )
+        .await
+        .unwrap();
+    let reason = |route: &'static str| async move { db.store.instance(route).await.unwrap().unwrap().withdrawn_reason };
+    assert_eq!(reason("r1").await, None, "a desired instance has no withdrawal reason");
+    assert!(
+        !db.store.report_recovery_failed("r1", "other", Some(3)).await.unwrap(),
+        "only the registered workload reports"
+    );
+    // The assignment it last had is recorded; without one, the sidecar's last term.
+    assert!(db.store.report_recovery_failed("r1", "u1", Some(2)).await.unwrap());
+    assert!(db.store.report_recovery_failed("r2", "u1", Some(5)).await.unwrap());
+    let r1 = db.store.instance("r1").await.unwrap().unwrap();
+    assert!(r1.withdrawn);
+    assert_eq!(
+        r1.withdrawn_reason,
+        Some(WithdrawnReason::RecoveryFailed {
+            owner: Some("m1".into()),
+            term: Some(3)
+        })
+    );
+    assert_eq!(
+        reason("r2").await,
+        Some(WithdrawnReason::RecoveryFailed {
+            owner: None,
+            term: Some(5)
+        })
+    );
+    assert!(
+        !db.store.report_recovery_failed("r1", "u1", None).await.unwrap(),
+        "a repeated report changes nothing"
+    );
+    assert_eq!(
+        reason("r1").await,
+        Some(WithdrawnReason::RecoveryFailed {
+            owner: Some("m1".into()),
+            term: Some(3)
+        })
+    );
+    // Any other withdrawal has no reason; a new workload on the route starts without one.
+    db.store.register_instance(&registration("r3", "u1")).await.unwrap();
+    assert!(db.store.withdraw_instance("r3", "u1").await.unwrap());
+    assert_eq!(reason("r3").await, None);
+    assert!(!db.store.report_recovery_failed("r3", "u1", None).await.unwrap());
+    assert_eq!(reason("r3").await, None, "already withdrawn: nothing to report");
+    assert_eq!(
+        db.store.register_instance(&registration("r1", "u2")).await.unwrap(),
+        Registered::Desired { generation: 2 }
+    );
+    let r1 = db.store.instance("r1").await.unwrap().unwrap();
+    assert_eq!((r1.withdrawn, r1.withdrawn_reason), (false, None));
 }
 
 pub async fn reports_never_regress_in_term(db: &TestDb) {
