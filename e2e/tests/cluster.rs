@@ -649,7 +649,28 @@ impl Flow {
             })?;
         }
         self.survived("rollout restart of every supervisor (total)", seconds, &base)
-            .await
+            .await?;
+        // Each old member left on purpose: a Normal MemberLeft on its Pod (with the Pod's UID,
+        // so `kubectl describe pod` shows it), never a MemberLost warning.
+        for member in old_members {
+            let left = wait_for(&format!("a MemberLeft Event on {member}"), MINUTE, || async {
+                events(&self.kubectl, &self.install, member, "MemberLeft")
+                    .await
+                    .ok()?
+                    .first()
+                    .cloned()
+            })
+            .await?;
+            check(
+                left.pointer("/involvedObject/uid")
+                    .and_then(Value::as_str)
+                    .is_some_and(|u| !u.is_empty()),
+                || format!("the MemberLeft Event on {member} names the Pod's UID: {left}"),
+            )?;
+            let lost = events(&self.kubectl, &self.install, member, "MemberLost").await?;
+            check(lost.is_empty(), || format!("{member} left on purpose, yet: {lost:?}"))?;
+        }
+        Ok(())
     }
 
     async fn pod_replaced(&mut self) -> Result<(), Error> {
