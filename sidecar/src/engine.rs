@@ -86,6 +86,9 @@ struct Stream {
     /// The member process whose grant the sidecar receipted on this stream.
     presenter: Option<Presenter>,
     next_request: u64,
+    /// The member was told which process the workload is (in the stream's first message, or
+    /// by a WorkloadStarted since).
+    workload_told: bool,
 }
 
 #[derive(Debug)]
@@ -672,12 +675,20 @@ impl Engine {
     /// Tell the activated owner which process the workload is (its first message may have
     /// carried none: the workload connects after the activation).
     fn announce_workload(&mut self) {
-        if let (Some(id), Some(pinned)) = (self.owner, &self.workload) {
-            let started = WorkloadStarted {
-                workload: Some(pinned.identity.clone()),
-            };
-            self.send(id, sidecar_message::Kind::WorkloadStarted(started));
+        let (Some(id), Some(pinned)) = (self.owner, &self.workload) else {
+            return;
+        };
+        let Some(stream) = self.streams.get_mut(&id) else {
+            return;
+        };
+        if stream.workload_told {
+            return;
         }
+        stream.workload_told = true;
+        let started = WorkloadStarted {
+            workload: Some(pinned.identity.clone()),
+        };
+        self.send(id, sidecar_message::Kind::WorkloadStarted(started));
     }
 
     fn on_request(&mut self, request: Request) {
@@ -852,6 +863,7 @@ impl Engine {
                 open: false,
                 presenter: None,
                 next_request: 0,
+                workload_told: self.workload.is_some(),
             },
         );
     }
