@@ -257,6 +257,10 @@ impl SupervisorPool for Operator {
 pub const CANCEL_WAIT: Duration = Duration::from_secs(3);
 
 /// Validate a start request into the operation to record. Pure.
+/// Longest member name (a Pod name: a DNS subdomain); a longer target is refused without
+/// being echoed.
+const MAX_MEMBER_NAME_BYTES: usize = 253;
+
 pub fn request_to_operation(
     request: &StartSupervisorPoolOperationRequest,
     requested_by: &str,
@@ -274,6 +278,11 @@ pub fn request_to_operation(
         Ok(K::Drain) => {
             if request.target.is_empty() {
                 return Err(Status::invalid_argument("a drain names the member to drain"));
+            }
+            if request.target.len() > MAX_MEMBER_NAME_BYTES {
+                return Err(Status::invalid_argument(format!(
+                    "the drain target is not a member name (longer than {MAX_MEMBER_NAME_BYTES} bytes)"
+                )));
             }
             if !view.members.contains_key(&request.target) {
                 return Err(Status::not_found(format!("no pool member {}", request.target)));
@@ -318,4 +327,24 @@ pub fn request_to_operation(
         created_at_ms: 0,
         updated_at_ms: 0,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::pool::v1::StartSupervisorPoolOperationRequest;
+
+    #[test]
+    fn a_huge_drain_target_is_refused_without_being_echoed() {
+        let request = StartSupervisorPoolOperationRequest {
+            kind: proto::pool::v1::OperationKind::Drain as i32,
+            target: "m".repeat(1 << 20),
+            ..Default::default()
+        };
+        let Err(refused) = request_to_operation(&request, "operator", &crate::pool::View::default()) else {
+            panic!("a 1 MiB target must be refused")
+        };
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+        assert!(refused.message().len() < 256, "{} bytes", refused.message().len());
+    }
 }

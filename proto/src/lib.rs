@@ -24,6 +24,7 @@
 //! file descriptor set for gRPC reflection ([`FILE_DESCRIPTOR_SET`]).
 
 pub mod registration;
+pub mod text;
 pub mod timing;
 pub mod tls;
 pub mod trust;

@@ -125,8 +125,19 @@ pub fn review_json(response: &AdmissionResponse) -> Vec<u8> {
     })
 }
 
+/// Longest refusal message the webhook answers and logs (bytes); what the request carried is
+/// quoted only in part.
+pub const MAX_MESSAGE_BYTES: usize = 1024;
+/// Longest quote of a request field in a message (bytes).
+const MAX_QUOTE_BYTES: usize = 128;
+/// Longest namespace or Pod name kept for logs and metrics (a DNS subdomain's bound).
+const MAX_NAME_BYTES: usize = 253;
+/// Longest `request.uid` echoed (the API server sends a 36-byte UUID).
+const MAX_UID_BYTES: usize = 128;
+
 /// A failed review: `allowed: false` with a status message, UID echoed.
 pub fn failure(uid: String, reason: FailReason, message: String) -> Reviewed {
+    let message = proto::text::bounded(&message, MAX_MESSAGE_BYTES);
     Reviewed {
         response: AdmissionResponse {
             uid,
@@ -272,11 +283,12 @@ impl ReviewIn {
 }
 
 fn describe(value: Option<&Value>) -> String {
-    match value {
+    let described = match value {
         None => "nothing".into(),
         Some(Value::String(s)) => format!("{s:?}"),
         Some(other) => other.to_string(),
-    }
+    };
+    proto::text::bounded(&described, MAX_QUOTE_BYTES)
 }
 
 /// Answer a parsed AdmissionReview: the pure core of the webhook.
@@ -286,6 +298,13 @@ pub fn mutate(review: &Value, injector: &Injector) -> Reviewed {
         .and_then(Value::as_str)
         .unwrap_or("")
         .to_string();
+    if uid.len() > MAX_UID_BYTES {
+        return failure(
+            String::new(),
+            FailReason::InvalidReview,
+            format!("the AdmissionReview request's `uid` is longer than {MAX_UID_BYTES} bytes"),
+        );
+    }
 
     let api_version = review.get("apiVersion");
     let kind = review.get("kind");
@@ -343,8 +362,8 @@ pub fn mutate(review: &Value, injector: &Injector) -> Reviewed {
         },
         outcome: Outcome::Skipped(SkipReason::NotPod),
         dry_run,
-        namespace,
-        name,
+        namespace: proto::text::bounded(&namespace, MAX_NAME_BYTES),
+        name: proto::text::bounded(&name, MAX_NAME_BYTES),
         message: None,
     };
 
@@ -427,5 +446,32 @@ mod tests {
         assert_eq!(scan_uid(br#"{"uid":"x"}"#), None);
         assert_eq!(scan_uid(br#"{"request":{"uid":"bad\"quote"}}"#), None);
         assert_eq!(scan_uid(br#"{"request": { "uid" :  "spaced" }"#), Some("spaced".into()));
+    }
+
+    /// Whatever a request carries, the answer and the log line stay small: nothing of the
+    /// input is copied unbounded.
+    #[test]
+    fn hostile_fields_are_never_echoed_unbounded() {
+        let injector = Injector::new(crate::inject::InjectConfig::default());
+        let huge = "v".repeat(2 << 20);
+        let cases = [
+            serde_json::json!({"apiVersion": huge, "kind": KIND, "request": {"uid": "u-1"}}),
+            serde_json::json!({"apiVersion": API_VERSION, "kind": {"nested": huge}, "request": {"uid": "u-1"}}),
+            serde_json::json!({"apiVersion": API_VERSION, "kind": KIND, "request": {"uid": huge}}),
+            serde_json::json!({"apiVersion": API_VERSION, "kind": KIND, "request": {
+                "uid": "u-1", "kind": {"group": "", "kind": "Pod"}, "operation": "CREATE",
+                "namespace": huge, "name": huge, "object": {"spec": huge}}}),
+        ];
+        for review in cases {
+            let reviewed = mutate(&review, &injector);
+            let answer = reviewed.to_json();
+            assert!(answer.len() < 4096, "answer of {} bytes", answer.len());
+            let logged =
+                reviewed.message.as_deref().unwrap_or("").len() + reviewed.namespace.len() + reviewed.name.len();
+            assert!(
+                logged <= MAX_MESSAGE_BYTES + 2 * MAX_NAME_BYTES,
+                "{logged} bytes logged"
+            );
+        }
     }
 }

@@ -249,7 +249,12 @@ impl Session {
                     }
                     Ok(None) => break End::MemberClosed,
                     Err(status) => {
-                        debug!(%status, "member stream broke");
+                        // A broken connection, or a message the server refused to decode
+                        // (e.g. above the size bound): either way the member must see an
+                        // error, never a clean end of the stream.
+                        let message = proto::text::bounded(status.message(), 256);
+                        warn!(code = ?status.code(), %message, "member stream broke");
+                        self.close(Status::new(status.code(), format!("member stream refused: {message}"))).await;
                         break End::MemberClosed;
                     }
                 },

@@ -25,6 +25,7 @@ on_both_backends!(scenarios;
     a_withdrawn_instance_leaves_its_live_owner_at_once,
     streams_without_a_valid_token_or_identity_are_refused,
     grants_are_single_use_and_activation_checks_receipt_and_process,
+    an_oversized_report_ends_the_stream_with_an_error,
 );
 
 mod with_kubernetes {

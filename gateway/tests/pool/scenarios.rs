@@ -732,3 +732,25 @@ pub async fn grants_are_single_use_and_activation_checks_receipt_and_process(db:
         .unwrap();
     pool.stop().await;
 }
+
+/// A report above the message bound is refused by the server's decoder: the member must see
+/// an error (so it knows why), never a clean end of its stream, and the error quotes nothing
+/// of the report.
+pub async fn an_oversized_report_ends_the_stream_with_an_error(db: &TestDb) {
+    let pool = Pool::start(db).await;
+    let mut m = pool.member(0, "m-a", Behaviour::Mute).await;
+    wait_members(db, 1).await;
+    let huge = proto::host::v1::InstanceStatus {
+        route: "r".repeat(5 << 20),
+        ..Default::default()
+    };
+    m.send(MemberKind::StatusReport(StatusReport {
+        instances: vec![huge],
+        applied_revision: 0,
+    }))
+    .await;
+    let ended = m.wait_ended().await;
+    assert_ne!(ended.code(), Code::Ok, "{ended:?}");
+    assert!(ended.message().len() < 1024, "{} bytes", ended.message().len());
+    pool.stop().await;
+}
