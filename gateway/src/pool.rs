@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use proto::common::v1::{InstanceRef, RouteDirectoryEntry};
 use proto::host::v1::{OwnedInstance, OwnershipPhase, Snapshot};
@@ -26,6 +26,9 @@ pub const REFRESH_INTERVAL: Duration = Duration::from_millis(200);
 pub struct View {
     /// Database time of the read.
     pub now_ms: i64,
+    /// When this replica started the read (`None`: not read from a store): a stream admitted
+    /// before it finds its own record in it.
+    pub read_at: Option<Instant>,
     /// Every registered instance, withdrawn ones included.
     pub instances: BTreeMap<String, InstanceRecord>,
     pub assignments: BTreeMap<String, Assignment>,
@@ -37,9 +40,11 @@ pub struct View {
 
 impl View {
     pub async fn load(store: &Store) -> store::Result<Self> {
+        let read_at = Some(Instant::now());
         let (now_ms, members) = store.list_members().await?;
         Ok(Self {
             now_ms,
+            read_at,
             instances: by_route(store.list_instances().await?, |i| &i.route),
             assignments: by_route(store.list_assignments().await?, |a| &a.route),
             members: members.into_iter().map(|m| (m.member.clone(), m)).collect(),

@@ -25,6 +25,7 @@ on_both_backends!(scenarios;
     a_withdrawn_instance_leaves_its_live_owner_at_once,
     streams_without_a_valid_token_or_identity_are_refused,
     grants_are_single_use_and_activation_checks_receipt_and_process,
+    a_restarted_member_supersedes_its_dead_predecessor_behind_a_paused_replica,
 );
 
 mod with_kubernetes {

@@ -917,7 +917,10 @@ pub async fn a_member_that_left_keeps_an_expired_leaving_record(db: &TestDb) {
 }
 
 pub async fn a_superseded_stream_cannot_refresh_over_the_newer_record(db: &TestDb) {
-    // The member's own stream refreshes (and may insert when the record is gone).
+    // A stream refreshes only the record its admission wrote: never one that is gone.
+    assert_eq!(db.store.refresh_member(&member("m1", "p1"), LONG).await.unwrap(), None);
+    assert!(db.store.list_members().await.unwrap().1.is_empty());
+    db.store.record_member(&member("m1", "p1"), LONG).await.unwrap();
     let first = db.store.refresh_member(&member("m1", "p1"), LONG).await.unwrap();
     assert_eq!(first.map(|m| m.process_id), Some("p1".into()));
     // A new process is admitted elsewhere: the old stream's refresh changes nothing.
@@ -938,10 +941,20 @@ pub async fn a_superseded_stream_cannot_refresh_over_the_newer_record(db: &TestD
             .collect::<Vec<_>>(),
         [("p2", 2)]
     );
+    // A delayed hello of an older epoch of the recorded process cannot take the record back;
+    // any other process can (the newest admission of a member name wins).
+    assert!(matches!(
+        db.store.record_member(&member("m1", "p2"), LONG).await,
+        Err(gateway::store::Error::Conflict { .. })
+    ));
     // The current stream still refreshes, leaving flag included.
     let leaving = MemberUpdate { leaving: true, ..newer };
     let refreshed = db.store.refresh_member(&leaving, LONG).await.unwrap().unwrap();
     assert!(refreshed.leaving);
+    // Once its stream ended and removed it, an older stream does not bring it back.
+    assert!(db.store.remove_member("m1", "p2", 2).await.unwrap());
+    assert_eq!(db.store.refresh_member(&member("m1", "p1"), LONG).await.unwrap(), None);
+    assert_eq!(db.store.member("m1").await.unwrap().1, None);
 }
 
 pub async fn registration_assigns_generations_and_withdrawal_sticks(db: &TestDb) {
