@@ -294,6 +294,13 @@ impl Session {
                     }
                 }
                 _ = refresh.tick() => {
+                    if silence.deadline() <= Instant::now() {
+                        // This replica may have been the one that stopped (paused): an unanswered
+                        // stream never refreshes the record, however late its silence is noticed.
+                        warn!("member silent past the silence timeout; closing its stream");
+                        self.close(Status::deadline_exceeded("member silent past the silence timeout")).await;
+                        break End::Silent;
+                    }
                     match replica.store.refresh_member(&self.record, timing::MEMBERSHIP_TTL).await {
                         Ok(Some(_)) => {}
                         Ok(None) => match replica.store.member(&self.identity.member).await {

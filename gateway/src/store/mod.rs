@@ -416,14 +416,16 @@ impl Store {
     }
 
     /// Extend (and update) the record of a member stream, only if the record still names its
-    /// process at its connection epoch. Never re-creates a removed record. `None`: a newer
-    /// stream of the member replaced or removed the record (see [`Store::member`] for which),
-    /// and this stream must end.
+    /// process at its connection epoch and has not expired. Never re-creates a removed or
+    /// revives an expired record (the other replicas expire the members of a silent replica:
+    /// once it resumes, it must not write them back as live). `None`: the record was
+    /// replaced, removed or expired (see [`Store::member`] for which), and this stream must end.
     pub async fn refresh_member(&self, m: &MemberUpdate, ttl: Duration) -> Result<Option<MemberRecord>> {
         let sql = format!(
             "UPDATE members SET runtime_address = $4, capacity = $5, served_by = $6, leaving = $7, \
                expires_at_ms = ({clock}) + $8, updated_at_ms = ({clock}) \
-             WHERE member = $1 AND process_id = $2 AND epoch = $3 RETURNING {MEMBER_COLUMNS}",
+             WHERE member = $1 AND process_id = $2 AND epoch = $3 AND expires_at_ms > ({clock}) \
+             RETURNING {MEMBER_COLUMNS}",
             clock = self.backend.clock_expr()
         );
         let row = bind_member(sqlx::query(&sql), m, ttl)
@@ -438,6 +440,51 @@ impl Store {
              VALUES ($1, $2, $3, $4, $5, $6, $7, ({clock}) + $8, ({clock}))",
             clock = self.backend.clock_expr()
         )
+    }
+
+    /// Record that replica `name` is running (database time).
+    pub async fn refresh_replica(&self, name: &str) -> Result<()> {
+        sqlx::query(&format!(
+            "INSERT INTO replicas (replica, refreshed_at_ms) VALUES ($1, ({clock})) \
+             ON CONFLICT (replica) DO UPDATE SET refreshed_at_ms = excluded.refreshed_at_ms",
+            clock = self.backend.clock_expr()
+        ))
+        .bind(name)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// When each replica last recorded that it is running.
+    pub async fn list_replicas(&self) -> Result<Vec<(String, i64)>> {
+        let rows = sqlx::query("SELECT replica, refreshed_at_ms FROM replicas ORDER BY replica")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get("replica")?, r.try_get("refreshed_at_ms")?)))
+            .collect()
+    }
+
+    /// Expire the live record `m` now, only if it is unchanged (same process, epoch and
+    /// serving replica: the member did not attach elsewhere) and its serving replica has not
+    /// recorded that it is running for longer than `silence` — both checked at database time
+    /// in the same statement, so a replica that resumed in the meantime keeps its members.
+    pub async fn expire_member_of_silent_replica(&self, m: &MemberRecord, silence: Duration) -> Result<bool> {
+        let done = sqlx::query(&format!(
+            "UPDATE members SET expires_at_ms = ({clock}), updated_at_ms = ({clock}) \
+             WHERE member = $1 AND process_id = $2 AND epoch = $3 AND served_by = $4 \
+               AND expires_at_ms > ({clock}) \
+               AND EXISTS (SELECT 1 FROM replicas r WHERE r.replica = $4 AND r.refreshed_at_ms < ({clock}) - $5)",
+            clock = self.backend.clock_expr()
+        ))
+        .bind(&m.member)
+        .bind(&m.process_id)
+        .bind(m.epoch)
+        .bind(&m.served_by)
+        .bind(millis(silence))
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() > 0)
     }
 
     /// The record of one member, if it has one, and the database time of the read.

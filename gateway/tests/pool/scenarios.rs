@@ -862,3 +862,40 @@ pub async fn a_restarted_member_supersedes_its_dead_predecessor_behind_a_paused_
     assert_eq!((after.member.as_str(), after.term), ("m-b", held.term + 1));
     pool.stop().await;
 }
+
+/// Reliability item 3: a member dies while the replica holding its stream is paused. The
+/// other replicas notice that replica's silence and expire the member (it did not attach
+/// elsewhere), so its instance moves before the record's TTL would have run out; the paused
+/// replica, once it resumes, does not write the dead member back as live.
+pub async fn a_member_that_dies_behind_a_paused_replica_is_recovered_by_the_others(db: &TestDb) {
+    let (mut pool, doomed, held) = PausedPool::start(db).await;
+    pool.b.pause().await;
+    // What the paused replica last wrote: the record would live until then by its TTL.
+    let (_, record) = db.store.member("m-a").await.unwrap();
+    let ttl_end = record.expect("m-a's record").expires_at_ms;
+    doomed.kill();
+    let moved = wait_assignments(&db.store, "m-a's instance moved", |x| {
+        x.iter().any(|y| y.route == held.route && y.term > held.term)
+    })
+    .await;
+    let moved = moved.into_iter().find(|x| x.route == held.route).unwrap();
+    assert_eq!((moved.member.as_str(), moved.term), ("m-b", held.term + 1));
+    assert!(
+        moved.updated_at_ms < ttl_end,
+        "moved while the paused replica's record of the dead member was still within its TTL \
+         ({} vs {ttl_end})",
+        moved.updated_at_ms
+    );
+    let (now, record) = db.store.member("m-a").await.unwrap();
+    assert!(!record.expect("m-a's record").is_live(now), "expired by the others");
+
+    pool.resume_until_streams_ended().await;
+    let (now, record) = db.store.member("m-a").await.unwrap();
+    assert!(
+        record.as_ref().is_none_or(|r| !r.is_live(now)),
+        "the resumed replica did not write the dead member back: {record:?}"
+    );
+    let op = wait_recovery_succeeded(db, &held.route).await;
+    assert_eq!((op.attempts, op.moves), (1, 1), "{op:?}");
+    pool.stop().await;
+}

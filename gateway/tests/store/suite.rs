@@ -957,6 +957,64 @@ pub async fn a_superseded_stream_cannot_refresh_over_the_newer_record(db: &TestD
     assert_eq!(db.store.member("m1").await.unwrap().1, None);
 }
 
+/// The other replicas expire a member whose serving replica stopped recording that it runs —
+/// only while that replica stays silent and the member did not attach elsewhere — and the
+/// silent replica's stream can never refresh the expired record back to life.
+pub async fn members_of_a_silent_replica_expire_unless_it_runs_or_they_moved(db: &TestDb) {
+    let silence = Duration::from_millis(100);
+    let record = db.store.record_member(&member("m1", "p1"), LONG).await.unwrap();
+    // A replica that never recorded itself: left to the TTL.
+    assert!(
+        !db.store
+            .expire_member_of_silent_replica(&record, silence)
+            .await
+            .unwrap()
+    );
+    db.store.refresh_replica("gw-a").await.unwrap();
+    let replicas = db.store.list_replicas().await.unwrap();
+    assert_eq!(replicas.len(), 1);
+    assert!(
+        !db.store
+            .expire_member_of_silent_replica(&record, silence)
+            .await
+            .unwrap(),
+        "gw-a just recorded itself"
+    );
+    wait_until_db_time(&db.store, replicas[0].1 + 100).await;
+    // The member attached elsewhere (a newer epoch on gw-b): its new record stays.
+    let moved = MemberUpdate {
+        epoch: 2,
+        served_by: "gw-b".into(),
+        ..member("m1", "p1")
+    };
+    db.store.record_member(&moved, LONG).await.unwrap();
+    assert!(
+        !db.store
+            .expire_member_of_silent_replica(&record, silence)
+            .await
+            .unwrap()
+    );
+    // Back on gw-a, silent: expired.
+    let back = MemberUpdate {
+        epoch: 3,
+        ..member("m1", "p1")
+    };
+    let record = db.store.record_member(&back, LONG).await.unwrap();
+    assert!(
+        db.store
+            .expire_member_of_silent_replica(&record, silence)
+            .await
+            .unwrap()
+    );
+    let (now, expired) = db.store.member("m1").await.unwrap();
+    assert!(!expired.unwrap().is_live(now));
+    // gw-a resumes: its stream cannot refresh the record back to life.
+    db.store.refresh_replica("gw-a").await.unwrap();
+    assert_eq!(db.store.refresh_member(&back, LONG).await.unwrap(), None);
+    let (now, still) = db.store.member("m1").await.unwrap();
+    assert!(!still.unwrap().is_live(now));
+}
+
 pub async fn registration_assigns_generations_and_withdrawal_sticks(db: &TestDb) {
     let registration = |uid: &str| Registration {
         route: "team-a/agent-0".into(),
