@@ -137,6 +137,7 @@ pub async fn run_with<C: kubernetes::Cluster>(
             replica.wake.clone(),
             stop.clone(),
         )),
+        tokio::spawn(pool::beat(store.clone(), settings.replica.clone(), stop.clone())),
         tokio::spawn(coordinator::run(replica.clone(), lease_rx.clone(), stop.clone())),
         tokio::spawn(credentials::run(
             replica.clone(),

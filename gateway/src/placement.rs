@@ -105,9 +105,16 @@ pub fn plan(desired: &BTreeSet<String>, owners: &BTreeMap<String, Owner>, live: 
         if owner.is_some_and(|o| alive(o) && !o.failed && !o.stale) {
             continue;
         }
-        // A candidate that failed the term is passed over when others can take it.
-        let others: Vec<Candidate> = match owner.filter(|o| o.failed && !o.stale) {
-            Some(failed) => live.iter().filter(|c| c.member != failed.member).cloned().collect(),
+        // The member of an owner that failed the term, or whose process is gone, is passed
+        // over when others can take the route: a process of that name just failed it or died
+        // (it may be restarting in a loop), and a new process of the name holds nothing of the
+        // old one's.
+        let others: Vec<Candidate> = match owner.filter(|o| !o.stale && (o.failed || !alive(o))) {
+            Some(passed_over) => live
+                .iter()
+                .filter(|c| c.member != passed_over.member)
+                .cloned()
+                .collect(),
             None => Vec::new(),
         };
         let pick_from = if others.iter().any(|c| !c.excluded) {
@@ -332,6 +339,43 @@ mod tests {
                 from: owner("a", 7),
                 to: restarted,
                 term: 8
+            }]
+        );
+    }
+
+    #[test]
+    fn a_gone_owners_member_is_passed_over_while_others_can_take_it() {
+        // a's process died and a new one attached (perhaps to die again): the least loaded,
+        // but its instances go to another member, once, and stay there.
+        let mut owners = BTreeMap::new();
+        owners.insert("ns/x".into(), owner("a", 2));
+        owners.insert("ns/y".into(), owner("b", 1));
+        let desired: BTreeSet<String> = owners.keys().cloned().collect();
+        let restarted = Candidate {
+            process_id: "a-p2".into(),
+            ..member("a")
+        };
+        let live = [restarted.clone(), member("b")];
+        let decisions = plan(&desired, &owners, &live);
+        assert_eq!(
+            decisions,
+            vec![Decision::Recover {
+                route: "ns/x".into(),
+                from: owner("a", 2),
+                to: member("b"),
+                term: 3
+            }]
+        );
+        apply(&mut owners, &decisions);
+        assert!(plan(&desired, &owners, &live).is_empty(), "one decision, one term");
+        // New instances still go to the restarted process (least loaded).
+        let mut more = desired.clone();
+        more.insert("ns/z".into());
+        assert_eq!(
+            plan(&more, &owners, &live),
+            vec![Decision::Place {
+                route: "ns/z".into(),
+                to: restarted
             }]
         );
     }

@@ -6,10 +6,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use proto::common::v1::{InstanceRef, RouteDirectoryEntry};
 use proto::host::v1::{OwnedInstance, OwnershipPhase, Snapshot};
+use proto::timing;
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
@@ -26,6 +27,9 @@ pub const REFRESH_INTERVAL: Duration = Duration::from_millis(200);
 pub struct View {
     /// Database time of the read.
     pub now_ms: i64,
+    /// When this replica started the read (`None`: not read from a store): a stream admitted
+    /// before it finds its own record in it.
+    pub read_at: Option<Instant>,
     /// Every registered instance, withdrawn ones included.
     pub instances: BTreeMap<String, InstanceRecord>,
     pub assignments: BTreeMap<String, Assignment>,
@@ -33,19 +37,41 @@ pub struct View {
     pub members: BTreeMap<String, MemberRecord>,
     pub reports: BTreeMap<String, Report>,
     pub operations: Vec<Operation>,
+    /// When each replica last recorded that it is running (database time).
+    pub replicas: BTreeMap<String, i64>,
 }
 
 impl View {
     pub async fn load(store: &Store) -> store::Result<Self> {
+        let read_at = Some(Instant::now());
         let (now_ms, members) = store.list_members().await?;
         Ok(Self {
             now_ms,
+            read_at,
             instances: by_route(store.list_instances().await?, |i| &i.route),
             assignments: by_route(store.list_assignments().await?, |a| &a.route),
             members: members.into_iter().map(|m| (m.member.clone(), m)).collect(),
             reports: by_route(store.list_reports().await?, |r| &r.route),
             operations: store.list_operations().await?,
+            replicas: store.list_replicas().await?.into_iter().collect(),
         })
+    }
+
+    /// Live member records whose serving replica has not recorded that it is running for
+    /// longer than `silence`: the replica is paused, cut off or dead, and cannot tell whether
+    /// the member still lives. A member that attached elsewhere has a record served by its
+    /// new replica; one whose replica never recorded itself is left to its TTL.
+    pub fn orphaned(&self, silence: Duration) -> Vec<&MemberRecord> {
+        let silence_ms = i64::try_from(silence.as_millis()).unwrap_or(i64::MAX);
+        self.members
+            .values()
+            .filter(|m| m.is_live(self.now_ms))
+            .filter(|m| {
+                self.replicas
+                    .get(&m.served_by)
+                    .is_some_and(|at| *at < self.now_ms.saturating_sub(silence_ms))
+            })
+            .collect()
     }
 
     /// The member process with a live record, if `member` is one.
@@ -204,20 +230,59 @@ fn by_route<T>(items: Vec<T>, route: impl Fn(&T) -> &String) -> BTreeMap<String,
 }
 
 /// Re-read the pool every [`REFRESH_INTERVAL`], or at once when `wake` is
-/// notified, and publish it, until `shutdown`.
+/// notified, and publish it, until `shutdown`. Members whose serving replica went silent
+/// ([`View::orphaned`]) are expired on the way, and the pool read again at once.
 pub async fn refresh(store: Store, publish: watch::Sender<Arc<View>>, wake: Arc<Notify>, shutdown: CancellationToken) {
     loop {
+        let mut again = false;
         match tokio::time::timeout(REFRESH_INTERVAL * 10, View::load(&store)).await {
             Ok(Ok(view)) => {
+                for m in view.orphaned(timing::replica_silence_bound()) {
+                    match store
+                        .expire_member_of_silent_replica(m, timing::replica_silence_bound())
+                        .await
+                    {
+                        Ok(true) => {
+                            warn!(member = %m.member, process = %m.process_id, replica = %m.served_by,
+                                  "the replica serving the member went silent and the member did not attach elsewhere; it counts as gone");
+                            again = true;
+                        }
+                        Ok(false) => {}
+                        Err(err) => {
+                            warn!(error = %err, member = %m.member, "cannot expire the member of a silent replica")
+                        }
+                    }
+                }
                 publish.send_replace(Arc::new(view));
             }
             Ok(Err(err)) => warn!(error = %err, "cannot read the pool"),
             Err(_) => warn!("reading the pool timed out"),
         }
+        if again {
+            continue;
+        }
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = wake.notified() => {}
             () = tokio::time::sleep(REFRESH_INTERVAL) => {}
+        }
+    }
+}
+
+/// Record that replica `name` is running every [`timing::REPLICA_REFRESH`], until `shutdown`.
+pub async fn beat(store: Store, name: String, shutdown: CancellationToken) {
+    let mut every = tokio::time::interval(timing::REPLICA_REFRESH);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = every.tick() => {
+                match tokio::time::timeout(timing::REPLICA_REFRESH, store.refresh_replica(&name)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(err)) => warn!(error = %err, "cannot record that this replica is running"),
+                    Err(_) => warn!("recording that this replica is running timed out"),
+                }
+            }
         }
     }
 }
@@ -303,6 +368,25 @@ mod tests {
         // Another process of the same member owns nothing.
         let other = view().snapshot_for("m1", "m1-other", 60_000);
         assert!(other.instances.is_empty() && other.stop_routes.is_empty());
+    }
+
+    #[test]
+    fn members_of_a_silent_replica_are_orphaned() {
+        let mut v = view();
+        let silence = Duration::from_millis(300);
+        // m1 (live) is served by "gw"; m2 expired already.
+        assert!(v.orphaned(silence).is_empty(), "a replica that never recorded itself");
+        v.replicas.insert("gw".into(), 800);
+        assert!(v.orphaned(silence).is_empty(), "recorded 200 ms ago");
+        v.replicas.insert("gw".into(), 600);
+        let orphaned: Vec<&str> = v.orphaned(silence).iter().map(|m| m.member.as_str()).collect();
+        assert_eq!(orphaned, ["m1"], "silent for 400 ms; the expired record is not listed");
+        // Attached elsewhere: served by a replica that runs.
+        v.replicas.insert("gw-2".into(), 1_000);
+        if let Some(m) = v.members.get_mut("m1") {
+            m.served_by = "gw-2".into();
+        }
+        assert!(v.orphaned(silence).is_empty());
     }
 
     #[test]

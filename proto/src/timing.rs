@@ -22,6 +22,9 @@ pub const MEMBERSHIP_TTL: Duration = Duration::from_secs(15);
 /// The replica serving a member stream refreshes its record this often.
 pub const MEMBERSHIP_REFRESH: Duration = Duration::from_secs(2);
 
+/// Every gateway replica records in the store that it is running this often.
+pub const REPLICA_REFRESH: Duration = Duration::from_secs(1);
+
 /// Bound on one connection attempt (TCP, TLS and the first gateway reply).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -79,6 +82,21 @@ pub const fn reconnect_budget() -> Duration {
     )
 }
 
+/// A member whose stream is held by a replica that has not recorded it is running for this
+/// long counts as gone, unless it attached elsewhere since: the other replicas take over the
+/// liveness decision of a paused or cut-off replica well before the membership TTL. Long
+/// enough for a healthy member behind that replica to notice the same silence and attach
+/// elsewhere (the replica's last record may predate its last message by one refresh), so a
+/// gateway failure still never makes a healthy member count as gone.
+pub const fn replica_silence_bound() -> Duration {
+    let per_attempt = CONNECT_TIMEOUT.as_millis() as u64 + RECONNECT_BACKOFF_MAX.as_millis() as u64;
+    Duration::from_millis(
+        REPLICA_REFRESH.as_millis() as u64
+            + SILENCE_TIMEOUT.as_millis() as u64
+            + RECONNECT_ATTEMPTS as u64 * per_attempt,
+    )
+}
+
 /// The recovery deadline a `*_recovery_deadline_ms` field means: 0 is the default.
 pub const fn recovery_deadline(field_ms: u64) -> Duration {
     if field_ms == 0 {
@@ -120,6 +138,16 @@ mod tests {
             "several refreshes may fail before expiry"
         );
         assert!(SUPERVISOR_TOKEN_LIFETIME / 2 > MEMBERSHIP_TTL);
+    }
+
+    #[test]
+    fn a_silent_replica_loses_its_members_before_the_ttl_but_after_healthy_ones_reattached() {
+        // A healthy member behind the silent replica reattaches within its silence timeout
+        // and every attempt (the new replica records it at admission).
+        let reattached = reconnect_budget() - MEMBERSHIP_REFRESH;
+        assert!(replica_silence_bound() >= REPLICA_REFRESH + reattached);
+        assert!(replica_silence_bound() < MEMBERSHIP_TTL);
+        assert!(SILENCE_TIMEOUT >= REPLICA_REFRESH * 3);
     }
 
     #[test]

@@ -1,8 +1,11 @@
 //! One session per member: which hello may open a stream, and which stream it
 //! supersedes. Pure bookkeeping of one replica; across replicas a stream also
-//! ends when the membership record names a newer process or epoch.
+//! ends when the membership record names a newer process or epoch
+//! ([`check_record`]).
 
 use std::collections::{HashMap, HashSet};
+
+use crate::store::MemberRecord;
 
 /// The stream a member currently has on this replica.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,6 +22,44 @@ pub enum Superseded {
     NewerEpoch,
     /// A new process of the same member: the old process must stop hosting.
     NewerProcess,
+}
+
+/// What a stream concludes from its member's record (as read from the store).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordCheck {
+    /// Nothing: the record is this stream's, or the read may predate its admission.
+    Current,
+    /// A newer stream of the member was admitted after this one.
+    Superseded(Superseded),
+    /// This stream's record was expired or removed after its admission: the member must
+    /// attach again to count as live (it is not told another process took its name).
+    Lapsed,
+}
+
+/// Judge the member's `record`, read at database time `now_ms`, for the stream of
+/// `process_id` at `epoch`. Only a read made after this stream's own record was written
+/// (`read_after_admission`) says anything: an earlier read still shows whatever the
+/// admission replaced, typically the record of a dead predecessor that nobody removed
+/// (its replica paused or cut off), which is older, never newer. Every admission writes
+/// the record, and a stream only refreshes its own, so in a later read a record of
+/// another process, or of a newer epoch, can only come from a newer admission.
+pub fn check_record(
+    process_id: &str,
+    epoch: i64,
+    record: Option<&MemberRecord>,
+    now_ms: i64,
+    read_after_admission: bool,
+) -> RecordCheck {
+    if !read_after_admission {
+        return RecordCheck::Current;
+    }
+    match record {
+        None => RecordCheck::Lapsed,
+        Some(r) if r.process_id != process_id => RecordCheck::Superseded(Superseded::NewerProcess),
+        Some(r) if r.epoch > epoch => RecordCheck::Superseded(Superseded::NewerEpoch),
+        Some(r) if r.epoch == epoch && !r.is_live(now_ms) => RecordCheck::Lapsed,
+        Some(_) => RecordCheck::Current,
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,6 +173,53 @@ mod tests {
         assert!(matches!(s.admit("m", "p1", 6), Admission::Refused(why) if why.contains("superseded")));
         // Other members are independent.
         assert_eq!(admitted(s.admit("n", "p1", 1)).1, None);
+    }
+
+    fn record(process_id: &str, epoch: i64, expires_at_ms: i64) -> MemberRecord {
+        MemberRecord {
+            member: "m".into(),
+            process_id: process_id.into(),
+            epoch,
+            runtime_address: String::new(),
+            capacity: 1,
+            served_by: "gw".into(),
+            leaving: false,
+            expires_at_ms,
+            updated_at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_read_from_before_the_admission_never_supersedes() {
+        // The live record of a dead predecessor, still in a view read before this stream's
+        // own record was written: nothing to conclude.
+        let predecessor = record("p1", 7, 20_000);
+        assert_eq!(
+            check_record("p2", 1, Some(&predecessor), 10_000, false),
+            RecordCheck::Current
+        );
+        // Read after the admission, another process's record is a newer admission.
+        assert_eq!(
+            check_record("p2", 1, Some(&predecessor), 10_000, true),
+            RecordCheck::Superseded(Superseded::NewerProcess)
+        );
+    }
+
+    #[test]
+    fn records_read_after_the_admission() {
+        let check = |r: Option<&MemberRecord>| check_record("p1", 2, r, 10_000, true);
+        assert_eq!(check(Some(&record("p1", 2, 20_000))), RecordCheck::Current);
+        assert_eq!(
+            check(Some(&record("p1", 3, 20_000))),
+            RecordCheck::Superseded(Superseded::NewerEpoch)
+        );
+        assert_eq!(check(Some(&record("p1", 2, 10_000))), RecordCheck::Lapsed, "expired");
+        assert_eq!(check(None), RecordCheck::Lapsed, "removed");
+        // A newer process's record supersedes even once it expired.
+        assert_eq!(
+            check(Some(&record("p9", 1, 0))),
+            RecordCheck::Superseded(Superseded::NewerProcess)
+        );
     }
 
     #[test]

@@ -29,8 +29,8 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::replica::{Counters, Replica};
-use crate::store::{MemberUpdate, Report};
-use admission::{Admission, Superseded};
+use crate::store::{MemberRecord, MemberUpdate, Report};
+use admission::{Admission, RecordCheck, Superseded, check_record};
 use stream::{Dropped, Stream};
 
 /// The `SupervisorHost` service of one replica.
@@ -171,10 +171,19 @@ impl SupervisorHost for Host {
             served_by: self.replica.name.clone(),
             leaving: false,
         };
-        if let Err(err) = self.replica.store.record_member(&record, timing::MEMBERSHIP_TTL).await {
-            self.end_session(&identity, stream_id);
-            return Err(Status::unavailable(format!("cannot record membership: {err}")));
+        match self.replica.store.record_member(&record, timing::MEMBERSHIP_TTL).await {
+            Ok(_) => {}
+            Err(err @ crate::store::Error::Conflict { .. }) => {
+                self.end_session(&identity, stream_id);
+                return Err(Status::failed_precondition(err.to_string()));
+            }
+            Err(err) => {
+                self.end_session(&identity, stream_id);
+                return Err(Status::unavailable(format!("cannot record membership: {err}")));
+            }
         }
+        // Views read from now on show this admission (or a newer one).
+        let admitted_at = std::time::Instant::now();
         self.replica.wake.notify_one();
         info!(member = %identity.member, process = %identity.process_id, epoch = identity.epoch, "member attached");
 
@@ -186,6 +195,7 @@ impl SupervisorHost for Host {
             identity,
             stream_id,
             record,
+            admitted_at,
             tx,
             superseded,
             token_expires_at_ms: principal.expires_at_ms,
@@ -221,6 +231,8 @@ struct Session {
     identity: Identity,
     stream_id: u64,
     record: MemberUpdate,
+    /// When the admission's record was written: only views read after it can supersede.
+    admitted_at: std::time::Instant,
     tx: mpsc::Sender<Result<GatewayMessage, Status>>,
     superseded: watch::Receiver<Option<Superseded>>,
     token_expires_at_ms: i64,
@@ -271,13 +283,12 @@ impl Session {
                     if current.now_ms == 0 {
                         continue; // nothing is sent before the first view
                     }
-                    if let Some(newer) = current.members.get(&self.identity.member)
-                        && (newer.process_id != self.identity.process_id
-                            || newer.epoch > self.record.epoch)
-                        && newer.is_live(current.now_ms)
+                    let read_after_admission = current.read_at.is_some_and(|at| at > self.admitted_at);
+                    if let Some(end) = self
+                        .judge(current.members.get(&self.identity.member), current.now_ms, read_after_admission)
+                        .await
                     {
-                        self.close(Status::aborted("superseded by a newer stream of this member")).await;
-                        break End::Handover;
+                        break end;
                     }
                     let body = current.snapshot_for(&self.identity.member, &self.identity.process_id, replica.recovery_deadline_ms);
                     if let Some(snapshot) = protocol.next_snapshot(body) {
@@ -288,12 +299,23 @@ impl Session {
                     }
                 }
                 _ = refresh.tick() => {
+                    if silence.deadline() <= Instant::now() {
+                        // This replica may have been the one that stopped (paused): an unanswered
+                        // stream never refreshes the record, however late its silence is noticed.
+                        warn!("member silent past the silence timeout; closing its stream");
+                        self.close(Status::deadline_exceeded("member silent past the silence timeout")).await;
+                        break End::Silent;
+                    }
                     match replica.store.refresh_member(&self.record, timing::MEMBERSHIP_TTL).await {
                         Ok(Some(_)) => {}
-                        Ok(None) => {
-                            self.close(Status::aborted("superseded by a newer stream of this member")).await;
-                            break End::Handover;
-                        }
+                        Ok(None) => match replica.store.member(&self.identity.member).await {
+                            Ok((now_ms, record)) => {
+                                if let Some(end) = self.judge(record.as_ref(), now_ms, true).await {
+                                    break end;
+                                }
+                            }
+                            Err(err) => warn!(error = %err, "cannot read membership"),
+                        },
                         Err(err) => warn!(error = %err, "cannot refresh membership"),
                     }
                 }
@@ -333,6 +355,36 @@ impl Session {
             replica.wake.notify_one();
         } else {
             info!("member stream handed over");
+        }
+    }
+
+    /// Act on the member's record as read at `now_ms`: close a superseded or lapsed stream
+    /// (`Some`: how it ended).
+    async fn judge(&self, record: Option<&MemberRecord>, now_ms: i64, read_after_admission: bool) -> Option<End> {
+        match check_record(
+            &self.identity.process_id,
+            self.record.epoch,
+            record,
+            now_ms,
+            read_after_admission,
+        ) {
+            RecordCheck::Current => None,
+            RecordCheck::Superseded(why) => {
+                let status = match why {
+                    Superseded::NewerProcess => "superseded by a new process of this member",
+                    Superseded::NewerEpoch => "superseded by a newer stream of this member",
+                };
+                self.close(Status::aborted(status)).await;
+                Some(End::Handover)
+            }
+            RecordCheck::Lapsed => {
+                warn!("membership record expired or removed under this stream; the member must attach again");
+                self.close(Status::unavailable(
+                    "membership lapsed while this stream was unanswered; attach again",
+                ))
+                .await;
+                Some(End::Handover)
+            }
         }
     }
 

@@ -57,21 +57,7 @@ pub async fn start_replica_with(
     extra: &[&str],
     kubernetes: Option<Integration<Recording>>,
 ) -> Replica {
-    let mut args = vec![
-        "gateway",
-        "--database-url",
-        url,
-        "--replica",
-        name,
-        "--listen",
-        "127.0.0.1:0",
-        "--status-interval-ms",
-        "0",
-        "--lease-length-ms",
-        "2000",
-    ];
-    args.extend_from_slice(extra);
-    let settings = gateway::Settings::parse_from(args);
+    let settings = settings(name, url, extra);
     let listener = gateway::bind(&settings).await.expect("bind");
     let address = listener.local_addr().expect("address");
     let stop = CancellationToken::new();
@@ -86,6 +72,123 @@ pub async fn start_replica_with(
         address,
         stop,
         task,
+    }
+}
+
+fn settings(name: &str, url: &str, extra: &[&str]) -> gateway::Settings {
+    let mut args = vec![
+        "gateway",
+        "--database-url",
+        url,
+        "--replica",
+        name,
+        "--listen",
+        "127.0.0.1:0",
+        "--status-interval-ms",
+        "0",
+        "--lease-length-ms",
+        "2000",
+    ];
+    args.extend_from_slice(extra);
+    gateway::Settings::parse_from(args)
+}
+
+/// A replica on a runtime of its own (one thread), which the test can freeze as SIGSTOP
+/// would: all its tasks, timers and sockets stop, its connections stay open.
+pub struct Pausable {
+    pub replica: Replica,
+    /// The replica's health port (`/metrics`).
+    pub health: SocketAddr,
+    runtime: tokio::runtime::Handle,
+    resume: Option<std::sync::mpsc::Sender<()>>,
+}
+
+impl Pausable {
+    /// Freeze the replica; returns once it stopped.
+    pub async fn pause(&mut self) {
+        let (resume, resumed) = std::sync::mpsc::channel::<()>();
+        let (frozen, is_frozen) = tokio::sync::oneshot::channel();
+        self.runtime.spawn(async move {
+            let _ = frozen.send(());
+            // Blocks the replica runtime's only thread until `resume`.
+            let _ = resumed.recv();
+        });
+        is_frozen.await.expect("replica runtime runs");
+        self.resume = Some(resume);
+    }
+
+    pub fn resume(&mut self) {
+        if let Some(resume) = self.resume.take() {
+            let _ = resume.send(());
+        }
+    }
+
+    /// A gauge of the replica's `/metrics`.
+    pub async fn metric(&self, name: &str) -> Option<i64> {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut socket = tokio::net::TcpStream::connect(self.health).await.ok()?;
+        socket
+            .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            .await
+            .ok()?;
+        let mut body = String::new();
+        socket.read_to_string(&mut body).await.ok()?;
+        let line = format!("openshell_gateway_{name} ");
+        body.lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    pub async fn stop(mut self) {
+        self.resume();
+        self.replica.stop().await;
+    }
+}
+
+/// Start a [`Pausable`] replica named `name` on `url`.
+pub async fn start_pausable_replica(name: &str, url: &str, credentials: &std::path::Path) -> Pausable {
+    let health = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let (dir, health_listen) = (credentials.to_str().expect("utf-8 path"), health.to_string());
+    let settings = settings(
+        name,
+        url,
+        &["--credentials-dir", dir, "--health-listen", &health_listen],
+    );
+    let stop = CancellationToken::new();
+    let shutdown = stop.clone();
+    let (started, is_started) = tokio::sync::oneshot::channel();
+    let (done, is_done) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("replica runtime");
+        runtime.block_on(async move {
+            let listener = gateway::bind(&settings).await.expect("bind");
+            let address = listener.local_addr().expect("address");
+            let _ = started.send((address, tokio::runtime::Handle::current()));
+            gateway::run_with(settings, listener, shutdown, None::<Integration<Recording>>)
+                .await
+                .expect("replica runs");
+        });
+        let _ = done.send(());
+    });
+    let (address, runtime) = is_started.await.expect("replica started");
+    let task = tokio::spawn(async move {
+        let _ = is_done.await;
+    });
+    Pausable {
+        replica: Replica {
+            name: name.into(),
+            address,
+            stop,
+            task,
+        },
+        health,
+        runtime,
+        resume: None,
     }
 }
 

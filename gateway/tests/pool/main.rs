@@ -26,6 +26,8 @@ on_both_backends!(scenarios;
     streams_without_a_valid_token_or_identity_are_refused,
     grants_are_single_use_and_activation_checks_receipt_and_process,
     an_oversized_report_ends_the_stream_with_an_error,
+    a_restarted_member_supersedes_its_dead_predecessor_behind_a_paused_replica,
+    a_member_that_dies_behind_a_paused_replica_is_recovered_by_the_others,
 );
 
 mod with_kubernetes {

@@ -16,8 +16,8 @@ use proto::registry::v1::{DeregisterRequest, RecoveryFailedRequest};
 use proto::trust::{Claims, DEFAULT_ISSUER, Expectation, GrantClaims, Kind, ProofClaims};
 
 use crate::cluster::{
-    Behaviour, Identity, Member, Replica, channel, instance_ref, register, register_as, start_replica, token,
-    wait_assignments, with_token,
+    Behaviour, Identity, Member, Pausable, Replica, channel, instance_ref, register, register_as,
+    start_pausable_replica, start_replica, token, wait_assignments, with_token,
 };
 use crate::support::{TestDb, wait_for};
 
@@ -730,6 +730,173 @@ pub async fn grants_are_single_use_and_activation_checks_receipt_and_process(db:
         ))
         .await
         .unwrap();
+    pool.stop().await;
+}
+
+/// Two replicas: `gw-a` (the coordinator) and `gw-b`, which the test can pause; members
+/// `m-a` on `gw-b` and `m-b` on `gw-a`, one instance each. Returns the pool, the tokens, m-a's
+/// stream, its route and term.
+struct PausedPool {
+    a: Replica,
+    b: Pausable,
+    supervisor_token: String,
+    _others: Vec<Member>,
+    _credentials: tempfile::TempDir,
+}
+
+impl PausedPool {
+    async fn start(db: &TestDb) -> (Self, Member, gateway::store::Assignment) {
+        let credentials = tempfile::tempdir().unwrap();
+        let a = start_replica("gw-a", &db.url, credentials.path()).await;
+        // Tokens are delivered by the coordinator: gw-a holds the lease, gw-b never will.
+        let supervisor_token = token(credentials.path(), "supervisor").await;
+        let instance_token = token(&credentials.path().join("namespaces"), "default").await;
+        let b = start_pausable_replica("gw-b", &db.url, credentials.path()).await;
+        let on_b = Member::attach(
+            &b.replica.endpoint(),
+            &supervisor_token,
+            identity("m-a", "m-a-p1", 1, 256),
+            Behaviour::Healthy,
+        )
+        .await
+        .unwrap();
+        let on_a = Member::attach(
+            &a.endpoint(),
+            &supervisor_token,
+            identity("m-b", "m-b-p1", 1, 256),
+            Behaviour::Healthy,
+        )
+        .await
+        .unwrap();
+        wait_members(db, 2).await;
+        for name in ["agent-0", "agent-1"] {
+            register(&a.endpoint(), &instance_token, name).await.unwrap();
+        }
+        let placed = wait_assignments(&db.store, "one instance per member", |x| {
+            x.len() == 2 && per_member(x).len() == 2
+        })
+        .await;
+        let held = placed.into_iter().find(|x| x.member == "m-a").unwrap();
+        let pool = Self {
+            a,
+            b,
+            supervisor_token,
+            _others: vec![on_a],
+            _credentials: credentials,
+        };
+        (pool, on_b, held)
+    }
+
+    /// Resume gw-b and wait until it ended every member stream it held.
+    async fn resume_until_streams_ended(&mut self) {
+        self.b.resume();
+        let b = &self.b;
+        wait_for("gw-b to end the streams it held", 2000, || async {
+            (b.metric("member_streams").await == Some(0)).then_some(())
+        })
+        .await;
+    }
+
+    async fn stop(self) {
+        self.b.stop().await;
+        self.a.stop().await;
+    }
+}
+
+async fn wait_recovery_succeeded(db: &TestDb, route: &str) -> gateway::store::Operation {
+    wait_for("the recovery to succeed", 2000, || async {
+        let ops = db.store.list_operations().await.ok()?;
+        ops.into_iter()
+            .find(|o| o.kind == OperationKind::Recover && o.target == route && o.phase == OperationPhase::Succeeded)
+    })
+    .await
+}
+
+/// Reliability item 2: the replica holding a member's stream is paused when the member's
+/// process dies; the restarted process (same member name) attaches to another replica. It
+/// is not told that another process took its name (the dead predecessor's record, still
+/// live, is older than its own admission), and the instance moves once, at term + 1, to a
+/// live member; when the paused replica resumes, its dead stream ends, not the new one.
+pub async fn a_restarted_member_supersedes_its_dead_predecessor_behind_a_paused_replica(db: &TestDb) {
+    let (mut pool, old, held) = PausedPool::start(db).await;
+    pool.b.pause().await;
+    old.kill();
+    let mut new = Member::attach(
+        &pool.a.endpoint(),
+        &pool.supervisor_token,
+        identity("m-a", "m-a-p2", 1, 256),
+        Behaviour::Healthy,
+    )
+    .await
+    .unwrap();
+    let moved = wait_assignments(&db.store, "m-a's instance moved", |x| {
+        x.iter().any(|y| y.route == held.route && y.term > held.term)
+    })
+    .await;
+    let moved = moved.into_iter().find(|x| x.route == held.route).unwrap();
+    assert_eq!(
+        (moved.member.as_str(), moved.term),
+        ("m-b", held.term + 1),
+        "to the other live member, at term + 1"
+    );
+    // A snapshot from a view read after the move, so after the new process's admission:
+    // that view did not end its stream.
+    new.wait_snapshot("the directory names the moved route at its new term", |s| {
+        s.directory
+            .iter()
+            .any(|d| d.route == held.route && d.term == u64::try_from(moved.term).unwrap())
+    })
+    .await;
+    assert!(new.ended.borrow().is_none(), "{:?}", new.ended.borrow());
+    let op = wait_recovery_succeeded(db, &held.route).await;
+    assert_eq!((op.attempts, op.moves), (1, 1), "one decision, one term: {op:?}");
+
+    pool.resume_until_streams_ended().await;
+    let (now, record) = db.store.member("m-a").await.unwrap();
+    let record = record.expect("m-a's record");
+    assert_eq!(record.process_id, "m-a-p2", "the newer process keeps the name");
+    assert!(record.is_live(now));
+    assert!(new.ended.borrow().is_none(), "{:?}", new.ended.borrow());
+    let after = db.store.list_assignments().await.unwrap();
+    let after = after.iter().find(|x| x.route == held.route).unwrap();
+    assert_eq!((after.member.as_str(), after.term), ("m-b", held.term + 1));
+    pool.stop().await;
+}
+
+/// Reliability item 3: a member dies while the replica holding its stream is paused. The
+/// other replicas notice that replica's silence and expire the member (it did not attach
+/// elsewhere), so its instance moves before the record's TTL would have run out; the paused
+/// replica, once it resumes, does not write the dead member back as live.
+pub async fn a_member_that_dies_behind_a_paused_replica_is_recovered_by_the_others(db: &TestDb) {
+    let (mut pool, doomed, held) = PausedPool::start(db).await;
+    pool.b.pause().await;
+    // What the paused replica last wrote: the record would live until then by its TTL.
+    let (_, record) = db.store.member("m-a").await.unwrap();
+    let ttl_end = record.expect("m-a's record").expires_at_ms;
+    doomed.kill();
+    let moved = wait_assignments(&db.store, "m-a's instance moved", |x| {
+        x.iter().any(|y| y.route == held.route && y.term > held.term)
+    })
+    .await;
+    let moved = moved.into_iter().find(|x| x.route == held.route).unwrap();
+    assert_eq!((moved.member.as_str(), moved.term), ("m-b", held.term + 1));
+    assert!(
+        moved.updated_at_ms < ttl_end,
+        "moved while the paused replica's record of the dead member was still within its TTL \
+         ({} vs {ttl_end})",
+        moved.updated_at_ms
+    );
+    let (now, record) = db.store.member("m-a").await.unwrap();
+    assert!(!record.expect("m-a's record").is_live(now), "expired by the others");
+
+    pool.resume_until_streams_ended().await;
+    let (now, record) = db.store.member("m-a").await.unwrap();
+    assert!(
+        record.as_ref().is_none_or(|r| !r.is_live(now)),
+        "the resumed replica did not write the dead member back: {record:?}"
+    );
+    let op = wait_recovery_succeeded(db, &held.route).await;
+    assert_eq!((op.attempts, op.moves), (1, 1), "{op:?}");
     pool.stop().await;
 }
 

@@ -32,6 +32,7 @@ on_both_backends!(suite;
     member_removal_needs_the_same_process,
     a_member_that_left_keeps_an_expired_leaving_record,
     a_superseded_stream_cannot_refresh_over_the_newer_record,
+    members_of_a_silent_replica_expire_unless_it_runs_or_they_moved,
     operation_requests_are_idempotent_and_cancels_wait_for_the_coordinator,
     registration_assigns_generations_and_withdrawal_sticks,
     a_missed_recovery_deadline_withdraws_with_the_reason_and_last_owner,

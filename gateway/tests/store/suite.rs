@@ -917,7 +917,10 @@ pub async fn a_member_that_left_keeps_an_expired_leaving_record(db: &TestDb) {
 }
 
 pub async fn a_superseded_stream_cannot_refresh_over_the_newer_record(db: &TestDb) {
-    // The member's own stream refreshes (and may insert when the record is gone).
+    // A stream refreshes only the record its admission wrote: never one that is gone.
+    assert_eq!(db.store.refresh_member(&member("m1", "p1"), LONG).await.unwrap(), None);
+    assert!(db.store.list_members().await.unwrap().1.is_empty());
+    db.store.record_member(&member("m1", "p1"), LONG).await.unwrap();
     let first = db.store.refresh_member(&member("m1", "p1"), LONG).await.unwrap();
     assert_eq!(first.map(|m| m.process_id), Some("p1".into()));
     // A new process is admitted elsewhere: the old stream's refresh changes nothing.
@@ -938,10 +941,78 @@ pub async fn a_superseded_stream_cannot_refresh_over_the_newer_record(db: &TestD
             .collect::<Vec<_>>(),
         [("p2", 2)]
     );
+    // A delayed hello of an older epoch of the recorded process cannot take the record back;
+    // any other process can (the newest admission of a member name wins).
+    assert!(matches!(
+        db.store.record_member(&member("m1", "p2"), LONG).await,
+        Err(gateway::store::Error::Conflict { .. })
+    ));
     // The current stream still refreshes, leaving flag included.
     let leaving = MemberUpdate { leaving: true, ..newer };
     let refreshed = db.store.refresh_member(&leaving, LONG).await.unwrap().unwrap();
     assert!(refreshed.leaving);
+    // Once its stream ended and removed it, an older stream does not bring it back.
+    assert!(db.store.remove_member("m1", "p2", 2).await.unwrap());
+    assert_eq!(db.store.refresh_member(&member("m1", "p1"), LONG).await.unwrap(), None);
+    assert_eq!(db.store.member("m1").await.unwrap().1, None);
+}
+
+/// The other replicas expire a member whose serving replica stopped recording that it runs —
+/// only while that replica stays silent and the member did not attach elsewhere — and the
+/// silent replica's stream can never refresh the expired record back to life.
+pub async fn members_of_a_silent_replica_expire_unless_it_runs_or_they_moved(db: &TestDb) {
+    let silence = Duration::from_millis(100);
+    let record = db.store.record_member(&member("m1", "p1"), LONG).await.unwrap();
+    // A replica that never recorded itself: left to the TTL.
+    assert!(
+        !db.store
+            .expire_member_of_silent_replica(&record, silence)
+            .await
+            .unwrap()
+    );
+    db.store.refresh_replica("gw-a").await.unwrap();
+    let replicas = db.store.list_replicas().await.unwrap();
+    assert_eq!(replicas.len(), 1);
+    assert!(
+        !db.store
+            .expire_member_of_silent_replica(&record, silence)
+            .await
+            .unwrap(),
+        "gw-a just recorded itself"
+    );
+    wait_until_db_time(&db.store, replicas[0].1 + 100).await;
+    // The member attached elsewhere (a newer epoch on gw-b): its new record stays.
+    let moved = MemberUpdate {
+        epoch: 2,
+        served_by: "gw-b".into(),
+        ..member("m1", "p1")
+    };
+    db.store.record_member(&moved, LONG).await.unwrap();
+    assert!(
+        !db.store
+            .expire_member_of_silent_replica(&record, silence)
+            .await
+            .unwrap()
+    );
+    // Back on gw-a, silent: expired.
+    let back = MemberUpdate {
+        epoch: 3,
+        ..member("m1", "p1")
+    };
+    let record = db.store.record_member(&back, LONG).await.unwrap();
+    assert!(
+        db.store
+            .expire_member_of_silent_replica(&record, silence)
+            .await
+            .unwrap()
+    );
+    let (now, expired) = db.store.member("m1").await.unwrap();
+    assert!(!expired.unwrap().is_live(now));
+    // gw-a resumes: its stream cannot refresh the record back to life.
+    db.store.refresh_replica("gw-a").await.unwrap();
+    assert_eq!(db.store.refresh_member(&back, LONG).await.unwrap(), None);
+    let (now, still) = db.store.member("m1").await.unwrap();
+    assert!(!still.unwrap().is_live(now));
 }
 
 pub async fn registration_assigns_generations_and_withdrawal_sticks(db: &TestDb) {
