@@ -1,5 +1,7 @@
 //! The plain-HTTP health port: `/healthz` (the process serves), `/readyz`
 //! (it has read the pool from the store recently), `/metrics` (Prometheus).
+//! It serves from the start: until the store is open (the database may not
+//! be reachable yet) `/healthz` answers 200 and `/readyz` 503.
 
 use std::sync::Arc;
 
@@ -21,39 +23,38 @@ use crate::pool::REFRESH_INTERVAL;
 use crate::replica::{Counters, Replica};
 use crate::store::Lease;
 
+/// What the health port reports on once the store is open.
 #[derive(Clone)]
-struct Health {
-    replica: Arc<Replica>,
-    lease: watch::Receiver<Option<Lease>>,
+pub struct Health {
+    pub replica: Arc<Replica>,
+    pub lease: watch::Receiver<Option<Lease>>,
     /// The gRPC port's certificate, when it speaks TLS.
-    certificate: Option<Arc<CertStore>>,
+    pub certificate: Option<Arc<CertStore>>,
 }
 
-/// Serve until `shutdown`.
-pub async fn serve(
-    listener: TcpListener,
-    replica: Arc<Replica>,
-    lease: watch::Receiver<Option<Lease>>,
-    certificate: Option<Arc<CertStore>>,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
+/// `None` while the gateway waits for the database.
+pub type Readiness = watch::Receiver<Option<Health>>;
+
+const WAITING: &str = "waiting for the database\n";
+
+/// Serve until `shutdown`, reporting on whatever `health` holds.
+pub async fn serve(listener: TcpListener, health: Readiness, shutdown: CancellationToken) -> std::io::Result<()> {
     let app = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
-        .with_state(Health {
-            replica,
-            lease,
-            certificate,
-        });
+        .with_state(health);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
 }
 
-/// Ready once the pool view is fresh (the store answered within the last
-/// few refresh intervals) and, with TLS, a certificate is loaded.
-async fn ready(State(health): State<Health>) -> impl IntoResponse {
+/// Ready once the store is open, the pool view is fresh (the store answered
+/// within the last few refresh intervals) and, with TLS, a certificate is loaded.
+async fn ready(State(health): State<Readiness>) -> impl IntoResponse {
+    let Some(health) = health.borrow().clone() else {
+        return (StatusCode::SERVICE_UNAVAILABLE, WAITING);
+    };
     if health.certificate.as_ref().is_some_and(|c| !c.is_loaded()) {
         return (StatusCode::SERVICE_UNAVAILABLE, "no serving certificate loaded yet\n");
     }
@@ -72,7 +73,10 @@ async fn ready(State(health): State<Health>) -> impl IntoResponse {
     }
 }
 
-async fn metrics(State(health): State<Health>) -> impl IntoResponse {
+async fn metrics(State(health): State<Readiness>) -> impl IntoResponse {
+    let Some(health) = health.borrow().clone() else {
+        return (StatusCode::SERVICE_UNAVAILABLE, WAITING).into_response();
+    };
     let mut registry = Registry::with_prefix("openshell_gateway");
     let view = health.replica.view.borrow().clone();
     let gauge = |registry: &mut Registry, name: &str, help: &str, value: i64| {

@@ -73,7 +73,7 @@ pub async fn bind(settings: &Settings) -> Result<TcpListener, Error> {
 }
 
 /// Run one gateway replica on `listener` until `shutdown` is cancelled: open
-/// the store, campaign for the coordinator lease, keep the pool view, serve
+/// the store (retrying while the database cannot be reached), campaign for the coordinator lease, keep the pool view, serve
 /// gRPC, and print the pool status every `status_interval` (when set). On
 /// shutdown, member streams are told to reconnect elsewhere and a held lease
 /// is released.
@@ -101,7 +101,27 @@ pub async fn run_with<C: kubernetes::Cluster>(
     kubernetes: Option<kubernetes::Integration<C>>,
 ) -> Result<(), Error> {
     let url = settings.database_url()?;
-    let store = store::Store::open(&url, &settings.store_options()).await?;
+    // Background work stops with `stop`, after the server drained (and on any
+    // early return). The health port serves from the start: not ready while
+    // the database is unreachable, but alive.
+    let stop = CancellationToken::new();
+    let _stop_on_return = stop.clone().drop_guard();
+    let (health_tx, health_rx) = watch::channel(None);
+    if let Some(address) = &settings.health_listen {
+        let health = TcpListener::bind(address).await.map_err(|source| Error::Listen {
+            address: address.clone(),
+            source,
+        })?;
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            if let Err(err) = health::serve(health, health_rx, stop).await {
+                tracing::warn!(error = %err, "health port failed");
+            }
+        });
+    }
+    let Some(store) = open_store(&url, &settings.store_options(), &shutdown).await? else {
+        return Ok(());
+    };
     let holder = election::holder_id(&settings.replica, &store);
     let address = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
     info!(replica = %settings.replica, holder = %holder, %address, backend = %store.backend(),
@@ -128,8 +148,6 @@ pub async fn run_with<C: kubernetes::Cluster>(
         ca: settings.tls_ca.clone(),
     });
 
-    // Background work stops with `stop`, after the server drained.
-    let stop = CancellationToken::new();
     let mut tasks = vec![
         tokio::spawn(pool::refresh(
             store.clone(),
@@ -177,19 +195,11 @@ pub async fn run_with<C: kubernetes::Cluster>(
         None => None,
     };
 
-    if let Some(address) = &settings.health_listen {
-        let health = TcpListener::bind(address).await.map_err(|source| Error::Listen {
-            address: address.clone(),
-            source,
-        })?;
-        let (replica, lease, stop) = (replica.clone(), lease_rx.clone(), stop.clone());
-        let certificate = certificate.clone();
-        tokio::spawn(async move {
-            if let Err(err) = health::serve(health, replica, lease, certificate, stop).await {
-                tracing::warn!(error = %err, "health port failed");
-            }
-        });
-    }
+    health_tx.send_replace(Some(health::Health {
+        replica: replica.clone(),
+        lease: lease_rx.clone(),
+        certificate: certificate.clone(),
+    }));
     let served = server::serve(listener, replica, tls, shutdown.clone()).await;
     // The election releases the lease on its way out.
     let _ = election.await;
@@ -199,4 +209,40 @@ pub async fn run_with<C: kubernetes::Cluster>(
     }
     store.close().await;
     served.map_err(Error::from)
+}
+
+/// The first and the longest wait between attempts to reach the database.
+const OPEN_RETRY_FIRST: Duration = Duration::from_millis(200);
+const OPEN_RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// Open the store, retrying with jittered exponential backoff while the
+/// database cannot be reached (it may start after the gateway). A bad URL or
+/// a failed migration ends the gateway at once. `None`: shut down meanwhile.
+async fn open_store(
+    url: &str,
+    options: &store::Options,
+    shutdown: &CancellationToken,
+) -> Result<Option<store::Store>, Error> {
+    let mut delay = OPEN_RETRY_FIRST;
+    for attempt in 1u64.. {
+        let opened = tokio::select! {
+            () = shutdown.cancelled() => return Ok(None),
+            opened = store::Store::open(url, options) => opened,
+        };
+        let err = match opened {
+            Ok(store) => return Ok(Some(store)),
+            Err(err @ store::Error::Connect { .. }) => err,
+            Err(err) => return Err(err.into()),
+        };
+        // Half to all of the delay, so replicas that started together spread out.
+        let wait = delay.mul_f64(rand::random_range(0.5..=1.0));
+        tracing::warn!(attempt, database = %store::redact_url(url), retry_in_ms = wait.as_millis() as u64,
+                       error = %err, "the database is not reachable yet; retrying");
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(None),
+            () = tokio::time::sleep(wait) => {}
+        }
+        delay = (delay * 2).min(OPEN_RETRY_MAX);
+    }
+    Ok(None)
 }

@@ -11,6 +11,12 @@
 //! comes from the database clock, and inside a lease transaction that clock is
 //! sampled only after the lease row is locked: a clock read taken before a
 //! lock wait would judge a lease that expired during the wait as still live.
+//!
+//! No transaction is left open by a cancelled future: every operation that
+//! opens one runs in its own task ([`Store::detached`]), so a caller that gives
+//! up (a timeout, a dropped request) leaves it to commit or roll back on its
+//! own; and a connection that still counts as inside a transaction when it
+//! returns to the pool is closed, never reused.
 
 mod decide;
 mod dialect;
@@ -62,6 +68,9 @@ pub enum Error {
     /// A value read back from the database does not parse.
     #[error("corrupt record in {table}: {detail}")]
     Corrupt { table: &'static str, detail: String },
+    /// The runtime shut down under a store operation.
+    #[error("the store operation was interrupted by the runtime shutting down")]
+    Interrupted,
 }
 
 /// Why a fenced call was refused.
@@ -157,6 +166,19 @@ impl Store {
             .max_connections(options.max_connections)
             .min_connections(1)
             .acquire_timeout(options.connect_timeout)
+            // A connection that comes back inside a transaction (one whose
+            // `BEGIN` was cancelled after it ran, and so has no `Transaction`
+            // left to end it) would hold its locks — SQLite's write lock —
+            // for as long as it lives: close it. A dropped `Transaction` only
+            // queues its rollback; the ping lets it run first.
+            .after_release(|conn, _| {
+                Box::pin(async move {
+                    if conn.is_in_transaction() {
+                        conn.ping().await?;
+                    }
+                    Ok(!conn.is_in_transaction())
+                })
+            })
             .after_connect(move |conn, _| {
                 let setup = setup.clone();
                 Box::pin(async move {
@@ -206,6 +228,25 @@ impl Store {
         self.backend
     }
 
+    /// Run an operation that opens a transaction in a task of its own: the
+    /// caller may stop waiting (a timeout, a cancelled request), the
+    /// transaction still commits or rolls back and its connection returns to
+    /// the pool outside any transaction. Cancelling it half-way instead can
+    /// leave the connection inside `BEGIN` (sqlx only tracks the transaction
+    /// once `begin` returns): on SQLite with the write lock held for good.
+    async fn detached<T, F, Fut>(&self, operation: F) -> Result<T>
+    where
+        F: FnOnce(Store) -> Fut,
+        Fut: std::future::Future<Output = Result<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        match tokio::spawn(operation(self.clone())).await {
+            Ok(outcome) => outcome,
+            Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+            Err(_) => Err(Error::Interrupted),
+        }
+    }
+
     /// This process's liveness key: the suffix of its lease holder id.
     pub fn liveness_key(&self) -> &str {
         &self.key
@@ -231,6 +272,12 @@ impl Store {
     /// on the observed holder and term, to the next term. `None` when the
     /// lease changed since it was observed.
     pub async fn take_over_lease(&self, holder: &str, length: Duration, observed: &LeaseView) -> Result<Option<Lease>> {
+        let (holder, observed) = (holder.to_owned(), observed.clone());
+        self.detached(move |store| async move { store.take_over_lease_now(&holder, length, &observed).await })
+            .await
+    }
+
+    async fn take_over_lease_now(&self, holder: &str, length: Duration, observed: &LeaseView) -> Result<Option<Lease>> {
         let (mut tx, row) = self.lock_lease(LockMode::Exclusive).await?;
         if row.holder != observed.holder || row.term != observed.term {
             return Ok(None);
@@ -285,6 +332,12 @@ impl Store {
 
     /// Try to become (or stay) the coordinator; see [`decide::acquire`].
     pub async fn acquire_lease(&self, holder: &str, length: Duration) -> Result<Acquire> {
+        let holder = holder.to_owned();
+        self.detached(move |store| async move { store.acquire_lease_now(&holder, length).await })
+            .await
+    }
+
+    async fn acquire_lease_now(&self, holder: &str, length: Duration) -> Result<Acquire> {
         let (mut tx, row) = self.lock_lease(LockMode::Exclusive).await?;
         let outcome = decide::acquire(&row, holder, millis(length));
         if let Acquire::Acquired(lease) = &outcome {
@@ -304,6 +357,12 @@ impl Store {
 
     /// Extend the caller's lease: only the same holder and term, before expiry.
     pub async fn renew_lease(&self, lease: &Lease, length: Duration) -> Result<Lease> {
+        let lease = lease.clone();
+        self.detached(move |store| async move { store.renew_lease_now(&lease, length).await })
+            .await
+    }
+
+    async fn renew_lease_now(&self, lease: &Lease, length: Duration) -> Result<Lease> {
         let (mut tx, row) = self.lock_lease(LockMode::Exclusive).await?;
         decide::fence(&row, lease)?;
         let renewed = Lease {
@@ -319,6 +378,12 @@ impl Store {
     /// next acquire (by anyone) takes the next term without waiting. Returns
     /// `false` when the lease was already lost (nothing changes then).
     pub async fn release_lease(&self, lease: &Lease) -> Result<bool> {
+        let lease = lease.clone();
+        self.detached(move |store| async move { store.release_lease_now(&lease).await })
+            .await
+    }
+
+    async fn release_lease_now(&self, lease: &Lease) -> Result<bool> {
         let (mut tx, row) = self.lock_lease(LockMode::Exclusive).await?;
         if decide::fence(&row, lease).is_err() {
             return Ok(false);
@@ -375,6 +440,12 @@ impl Store {
     /// or a batch with one failed compare-and-set, changes nothing.
     pub async fn write_fenced(&self, lease: &Lease, writes: &[FencedWrite]) -> Result<()> {
         decide::validate(writes)?;
+        let (lease, writes) = (lease.clone(), writes.to_vec());
+        self.detached(move |store| async move { store.write_fenced_now(&lease, &writes).await })
+            .await
+    }
+
+    async fn write_fenced_now(&self, lease: &Lease, writes: &[FencedWrite]) -> Result<()> {
         let (mut tx, row) = self.lock_lease(LockMode::Shared).await?;
         decide::fence(&row, lease)?;
         for write in writes {
@@ -545,6 +616,12 @@ impl Store {
     /// replaced is remembered and can never register the route again. A withdrawn workload
     /// stays withdrawn.
     pub async fn register_instance(&self, r: &Registration) -> Result<Registered> {
+        let r = r.clone();
+        self.detached(move |store| async move { store.register_instance_now(&r).await })
+            .await
+    }
+
+    async fn register_instance_now(&self, r: &Registration) -> Result<Registered> {
         let mut tx = self.pool.begin_with(self.backend.begin_sql()).await?;
         let replaced: i64 = sqlx::query_scalar("SELECT count(*) FROM replaced_instances WHERE route = $1 AND uid = $2")
             .bind(&r.route)
@@ -754,6 +831,12 @@ impl Store {
     /// reserved term and its candidate process, and only once per term (a
     /// second call fails even if the first caller lost the response).
     pub async fn issue_grant(&self, grant: &GrantRecord) -> Result<()> {
+        let grant = grant.clone();
+        self.detached(move |store| async move { store.issue_grant_now(&grant).await })
+            .await
+    }
+
+    async fn issue_grant_now(&self, grant: &GrantRecord) -> Result<()> {
         let mut tx = self.pool.begin_with(self.backend.begin_sql()).await?;
         let current = sqlx::query(&format!(
             "SELECT term, process_id, phase FROM assignments WHERE route = $1{}",
@@ -811,6 +894,25 @@ impl Store {
     /// instance's checkpoint (adopted when none is recorded). Returns the
     /// database time of the activation.
     pub async fn activate(
+        &self,
+        route: &str,
+        term: i64,
+        process_id: &str,
+        jti: &str,
+        digest: &[u8],
+        workload: &Checkpoint,
+    ) -> Result<i64> {
+        let (route, process_id, jti) = (route.to_owned(), process_id.to_owned(), jti.to_owned());
+        let (digest, workload) = (digest.to_vec(), workload.clone());
+        self.detached(move |store| async move {
+            store
+                .activate_now(&route, term, &process_id, &jti, &digest, &workload)
+                .await
+        })
+        .await
+    }
+
+    async fn activate_now(
         &self,
         route: &str,
         term: i64,

@@ -12,6 +12,7 @@ mod cluster;
 mod kubernetes;
 mod operations;
 mod scenarios;
+mod startup;
 
 on_both_backends!(scenarios;
     placement_spreads_and_is_stable,

@@ -6,6 +6,7 @@
 #[macro_use]
 mod support;
 
+mod cancellation;
 mod errors;
 mod postgres_locks;
 mod suite;
@@ -39,3 +40,9 @@ on_both_backends!(suite;
     reports_never_regress_in_term,
     migrations_are_idempotent_across_replicas,
 );
+
+mod cancelled {
+    on_both_backends!(cancellation;
+        a_campaign_cancelled_inside_its_transaction_leaves_the_store_usable,
+    );
+}
