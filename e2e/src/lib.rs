@@ -4,7 +4,7 @@
 //! - [`process`]: one child process with its log file and signals;
 //! - [`local`]: a local pool — gateway replicas and supervisor members — and
 //!   its status over the operator API;
-//! - [`cluster`]: a real cluster through `kubectl`, for the cluster test (only with `KUBECONFIG`).
+//! - [`cluster`]: a real cluster through `kubectl`, for the cluster test (`scripts/test-cluster`).
 
 pub mod agent_log;
 pub mod cluster;
