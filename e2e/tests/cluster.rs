@@ -628,6 +628,12 @@ impl Flow {
     async fn rollout(&mut self) -> Result<(), Error> {
         let base = self.baseline().await?;
         let old_members: BTreeSet<&str> = base.status.members.iter().map(|m| m.name.as_str()).collect();
+        // MemberLost Events from earlier steps (a member SIGKILLed before): none may be added
+        // or updated by the rollout.
+        let mut lost_before = BTreeMap::new();
+        for member in &old_members {
+            lost_before.insert(*member, self.member_lost(member).await?);
+        }
         let args = [
             "rollout",
             "restart",
@@ -667,10 +673,23 @@ impl Flow {
                     .is_some_and(|u| !u.is_empty()),
                 || format!("the MemberLeft Event on {member} names the Pod's UID: {left}"),
             )?;
-            let lost = events(&self.kubectl, &self.install, member, "MemberLost").await?;
-            check(lost.is_empty(), || format!("{member} left on purpose, yet: {lost:?}"))?;
+            let lost = self.member_lost(member).await?;
+            check(Some(&lost) == lost_before.get(member), || {
+                format!("{member} left on purpose, yet it was reported lost: {lost:?}")
+            })?;
         }
         Ok(())
+    }
+
+    /// The MemberLost Events on `member`'s Pod: name → resourceVersion (a repeat updates the
+    /// Event's series, which changes its resourceVersion).
+    async fn member_lost(&self, member: &str) -> Result<BTreeMap<String, String>, Error> {
+        let found = events(&self.kubectl, &self.install, member, "MemberLost").await?;
+        let field = |e: &Value, p: &str| e.pointer(p).and_then(Value::as_str).unwrap_or_default().to_owned();
+        Ok(found
+            .iter()
+            .map(|e| (field(e, "/metadata/name"), field(e, "/metadata/resourceVersion")))
+            .collect())
     }
 
     async fn pod_replaced(&mut self) -> Result<(), Error> {
