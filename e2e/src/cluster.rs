@@ -16,7 +16,7 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 pub enum Error {
     #[error("cannot run kubectl: {0}")]
     Spawn(#[from] std::io::Error),
-    #[error("kubectl {args} timed out after {CALL_TIMEOUT:?}")]
+    #[error("kubectl {args} did not finish in time")]
     Timeout { args: String },
     #[error("kubectl {args} failed: {stderr}")]
     Failed { args: String, stderr: String },
@@ -37,6 +37,14 @@ pub fn check(holds: bool, what: impl FnOnce() -> String) -> Result<(), Error> {
     if holds { Ok(()) } else { Err(Error::Check(what())) }
 }
 
+/// The bound on one call: [`CALL_TIMEOUT`], or half a minute more than the call's own
+/// `--timeout=Ns` (`rollout status`, `wait`, `delete --wait`).
+fn call_limit(args: &[&str]) -> Duration {
+    args.iter()
+        .find_map(|a| a.strip_prefix("--timeout=")?.strip_suffix('s')?.parse::<u64>().ok())
+        .map_or(CALL_TIMEOUT, |secs| Duration::from_secs(secs + 30).max(CALL_TIMEOUT))
+}
+
 /// `kubectl`, with the ambient `KUBECONFIG`.
 #[derive(Debug, Clone, Default)]
 pub struct Kubectl;
@@ -55,7 +63,7 @@ impl Kubectl {
             pipe.write_all(input.as_bytes()).await?;
         }
         let joined = args.join(" ");
-        let output = tokio::time::timeout(CALL_TIMEOUT, child.wait_with_output())
+        let output = tokio::time::timeout(call_limit(args), child.wait_with_output())
             .await
             .map_err(|_| Error::Timeout { args: joined.clone() })??;
         if !output.status.success() {
@@ -222,6 +230,8 @@ impl Pool {
 /// Write every container's log (and the previous one after a restart), the Pods and the
 /// Events of `namespaces` into `dir`, and print the end of each log to stderr.
 pub async fn dump_logs(kubectl: &Kubectl, namespaces: &[&str], dir: &std::path::Path) {
+    // Only this failure's logs: an earlier run's would mislead.
+    let _ = tokio::fs::remove_dir_all(dir).await;
     let _ = tokio::fs::create_dir_all(dir).await;
     for namespace in namespaces {
         for (what, args) in [
@@ -272,4 +282,24 @@ pub async fn dump_logs(kubectl: &Kubectl, namespaces: &[&str], dir: &std::path::
         }
     }
     eprintln!("---- logs written to {}", dir.display());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_with_its_own_timeout_is_bounded_a_little_after_it() {
+        assert_eq!(call_limit(&["get", "pods"]), CALL_TIMEOUT);
+        assert_eq!(
+            call_limit(&["rollout", "status", "--timeout=180s"]),
+            Duration::from_secs(210)
+        );
+        assert_eq!(call_limit(&["wait", "--timeout=5s"]), CALL_TIMEOUT);
+        assert_eq!(
+            call_limit(&["wait", "--timeout=5m"]),
+            CALL_TIMEOUT,
+            "minutes are not parsed"
+        );
+    }
 }
