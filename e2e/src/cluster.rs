@@ -230,8 +230,8 @@ impl Pool {
 /// Write every container's log (and the previous one after a restart), the Pods and the
 /// Events of `namespaces` into `dir`, and print the end of each log to stderr.
 pub async fn dump_logs(kubectl: &Kubectl, namespaces: &[&str], dir: &std::path::Path) {
-    // Only this failure's logs: an earlier run's would mislead.
-    let _ = tokio::fs::remove_dir_all(dir).await;
+    // One directory per run, so an earlier run's logs never mix in (nothing is deleted).
+    let dir = &dir.join(format!("run-{}", std::process::id()));
     let _ = tokio::fs::create_dir_all(dir).await;
     for namespace in namespaces {
         for (what, args) in [

@@ -210,6 +210,12 @@ impl Flow {
             let dir = PathBuf::from(env_or("OPENSHELL_E2E_LOGS", "target/cluster-logs"));
             let namespaces: Vec<&str> = namespaces.iter().map(String::as_str).collect();
             dump_logs(&kubectl, &namespaces, &dir).await;
+            // Leave a long-lived cluster as it was found (kube-node goes down anyway).
+            let overlay = Self::root_arg(&env_or("OPENSHELL_E2E_OVERLAY", "kustomize/overlays/test"));
+            let _ = kubectl
+                .run(&["delete", "namespace", namespaces[1], "--wait=false"])
+                .await;
+            let _ = kubectl.run(&["delete", "-k", &overlay, "--wait=false"]).await;
             panic!(
                 "step `{name}` failed after {:.1} s: {err}",
                 started.elapsed().as_secs_f64()

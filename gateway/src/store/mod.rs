@@ -622,13 +622,18 @@ impl Store {
     }
 
     async fn register_instance_now(&self, r: &Registration) -> Result<Registered> {
+        /// Whether a newer workload already replaced this one under its route.
+        async fn replaced(tx: &mut sqlx::Transaction<'static, sqlx::Any>, r: &Registration) -> Result<bool> {
+            let count: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM replaced_instances WHERE route = $1 AND uid = $2")
+                    .bind(&r.route)
+                    .bind(&r.uid)
+                    .fetch_one(&mut **tx)
+                    .await?;
+            Ok(count > 0)
+        }
         let mut tx = self.pool.begin_with(self.backend.begin_sql()).await?;
-        let replaced: i64 = sqlx::query_scalar("SELECT count(*) FROM replaced_instances WHERE route = $1 AND uid = $2")
-            .bind(&r.route)
-            .bind(&r.uid)
-            .fetch_one(&mut *tx)
-            .await?;
-        if replaced > 0 {
+        if replaced(&mut tx, r).await? {
             return Ok(Registered::Replaced);
         }
         let clock = self.backend.clock_expr();
@@ -674,7 +679,13 @@ impl Store {
             tx.commit().await?;
             return Ok(Registered::Desired { generation });
         }
-        // Another workload under the route: the next generation, from scratch.
+        // Another workload under the route. Checked again under the row lock: a registration
+        // that replaced this very workload may have committed while this one waited for the
+        // lock (the check above ran before it), and a replaced workload never comes back.
+        if replaced(&mut tx, r).await? {
+            return Ok(Registered::Replaced);
+        }
+        // The next generation, from scratch.
         sqlx::query(&format!(
             "INSERT INTO replaced_instances (route, uid, replaced_at_ms) VALUES ($1, $2, ({clock})) \
              ON CONFLICT DO NOTHING"

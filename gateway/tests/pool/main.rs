@@ -1,6 +1,6 @@
 //! Pool control over real sockets: two gateway replicas sharing one database,
 //! scripted members speaking the host protocol. Every test runs on PostgreSQL
-//! and on SQLite.
+//! and on SQLite, except the paused-replica scenarios (PostgreSQL only, see `on_postgres!`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -27,9 +27,15 @@ on_both_backends!(scenarios;
     streams_without_a_valid_token_or_identity_are_refused,
     grants_are_single_use_and_activation_checks_receipt_and_process,
     an_oversized_report_ends_the_stream_with_an_error,
-    a_restarted_member_supersedes_its_dead_predecessor_behind_a_paused_replica,
-    a_member_that_dies_behind_a_paused_replica_is_recovered_by_the_others,
 );
+
+/// A replica frozen as by SIGSTOP (see `cluster::Pausable`): PostgreSQL only.
+mod paused_replica {
+    on_postgres!(scenarios;
+        a_restarted_member_supersedes_its_dead_predecessor_behind_a_paused_replica,
+        a_member_that_dies_behind_a_paused_replica_is_recovered_by_the_others,
+    );
+}
 
 mod with_kubernetes {
     on_both_backends!(kubernetes;
