@@ -280,13 +280,19 @@ def check_container(target, res, c, volumes):
         if tls_name is not None and tls_name not in service_names("openshell-supervisor"):
             err(target, res, f"container webhook: OPENSHELL_WEBHOOK_SUPERVISOR_TLS_NAME={tls_name} is not a name of the supervisor certificate")
     if name == "supervisor":
-        # The token file lives in the mounted openshell-supervisor-token Secret.
+        # The token file is the Pod's own ServiceAccount token for the gateway's audience,
+        # projected beside trust.jwks from the openshell-supervisor-token Secret.
         token_file = (env.get("OPENSHELL_SUPERVISOR_TOKEN_FILE") or {}).get("value") or ""
-        mounts = [m for m in c.get("volumeMounts") or []
-                  if ((volumes.get(m.get("name")) or {}).get("secret") or {}).get("secretName")
-                  == "openshell-supervisor-token"]
+        def projects_token(volume):
+            sources = ((volume or {}).get("projected") or {}).get("sources") or []
+            token = any((s.get("serviceAccountToken") or {}).get("audience") == "openshell-gateway"
+                        and (s.get("serviceAccountToken") or {}).get("path") == os.path.basename(token_file)
+                        for s in sources)
+            trust = any((s.get("secret") or {}).get("name") == "openshell-supervisor-token" for s in sources)
+            return token and trust
+        mounts = [m for m in c.get("volumeMounts") or [] if projects_token(volumes.get(m.get("name")))]
         if not any(os.path.dirname(token_file) == m.get("mountPath", "").rstrip("/") for m in mounts):
-            err(target, res, "container supervisor: OPENSHELL_SUPERVISOR_TOKEN_FILE must be in the openshell-supervisor-token Secret mount")
+            err(target, res, "container supervisor: OPENSHELL_SUPERVISOR_TOKEN_FILE must be the Pod's ServiceAccount token (audience openshell-gateway) projected with the openshell-supervisor-token Secret")
 
 
 def check_webhook(target, res):

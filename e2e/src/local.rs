@@ -247,7 +247,7 @@ impl LocalPool {
         for i in 0..pool.config.gateways {
             pool.start_gateway(&format!("gateway-{i}")).await?;
         }
-        let token = pool.credentials().join("supervisor").join(proto::trust::TOKEN_FILE);
+        let token = pool.credentials().join("operator").join(proto::trust::TOKEN_FILE);
         pool.wait_for("the coordinator to deliver tokens", Duration::from_secs(30), || {
             token.is_file()
         })
@@ -272,6 +272,17 @@ impl LocalPool {
             self.database_url.clone(),
             "--credentials-dir".into(),
             self.credentials().display().to_string(),
+            // Each member and each sandbox gets a token of its own.
+            "--members".into(),
+            (0..self.config.members)
+                .map(|i| format!("supervisor-{i}"))
+                .collect::<Vec<_>>()
+                .join(","),
+            "--instances".into(),
+            (0..self.config.sandboxes)
+                .map(|i| format!("default/sandbox-{i}"))
+                .collect::<Vec<_>>()
+                .join(","),
             "--status-interval-ms".into(),
             "0".into(),
             "--lease-length-ms".into(),
@@ -305,7 +316,8 @@ impl LocalPool {
             (
                 "OPENSHELL_SUPERVISOR_TOKEN_FILE".to_owned(),
                 self.credentials()
-                    .join("supervisor")
+                    .join("members")
+                    .join(name)
                     .join(proto::trust::TOKEN_FILE)
                     .display()
                     .to_string(),
@@ -333,7 +345,7 @@ impl LocalPool {
 
     /// Start a sidecar for workload `name` in namespace `default`, and the
     /// counting agent that talks to it. The sidecar verifies the pool with the
-    /// `ca.crt` the coordinator delivered beside its namespace token (as in
+    /// `ca.crt` the coordinator delivered beside its instance token (as in
     /// Kubernetes, where it comes in the namespace Secret).
     pub fn start_sandbox(&mut self, name: &str) -> Result<(), Error> {
         let dir = self.config.root.join("sandboxes").join(name);
@@ -341,7 +353,7 @@ impl LocalPool {
         let socket = dir.join("workload.sock");
         let uid = uuid_like();
         let route: Vec<String> = self.members.iter().map(|m| m.runtime_address.clone()).collect();
-        let supervision = self.credentials().join("namespaces").join("default");
+        let supervision = self.credentials().join("instances").join("default").join(name);
         let env = vec![
             ("OPENSHELL_SUPERVISOR_ROUTE".to_owned(), route.join(",")),
             ("OPENSHELL_GATEWAY_ENDPOINTS".to_owned(), self.endpoints().join(",")),

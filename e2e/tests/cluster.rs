@@ -1,6 +1,7 @@
 //! The whole user flow on a real cluster, as `kustomize/README.md` walks it: install with
 //! `kubectl apply -k`, certificates with `kustomize/pool-certs.sh`, label a namespace, run
-//! counting agents (a Deployment and a StatefulSet) that get injected and supervised, then
+//! counting agents (a Deployment and a StatefulSet) that get injected and supervised, show
+//! that a Pod of another namespace cannot act for them, then
 //! take the pool through failures and maintenance — a supervisor Pod force-deleted, a member
 //! process SIGKILLed on the node, the coordinator's Pod deleted, a drain with `poolctl`, a
 //! rollout restart of the members — checking after each that no agent restarted, kept its PID
@@ -57,6 +58,65 @@ fn agent_container(image: &str) -> String {
               drop: ["ALL"]
             seccompProfile:
               type: RuntimeDefault
+"#
+    )
+}
+
+/// A Pod of `namespace` (no sidecar) that runs `probe` against the instance `route`/`uid` with
+/// its own projected ServiceAccount token and its namespace's CA.
+fn probe_pod(namespace: &str, image: &str, route: &str, uid: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: probe
+  namespace: {namespace}
+  labels:
+    supervision.openshell.ai/inject: disabled
+spec:
+  restartPolicy: Never
+  securityContext:
+    runAsNonRoot: true
+    runAsUser: 65532
+    seccompProfile:
+      type: RuntimeDefault
+  containers:
+    - name: probe
+      image: {image}
+      imagePullPolicy: Never
+      command: ["/usr/local/bin/probe", "--route", "{route}", "--uid", "{uid}"]
+      env:
+        - name: OPENSHELL_GATEWAY_ENDPOINTS
+          value: https://openshell-gateway.openshell-supervision.svc:8443
+        - name: OPENSHELL_SUPERVISION_DIR
+          value: /var/run/openshell/supervision
+        - name: OPENSHELL_POD_NAMESPACE
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.namespace
+      securityContext:
+        allowPrivilegeEscalation: false
+        readOnlyRootFilesystem: true
+        capabilities:
+          drop: ["ALL"]
+      volumeMounts:
+        - name: credentials
+          mountPath: /var/run/openshell/supervision
+          readOnly: true
+  volumes:
+    - name: credentials
+      projected:
+        defaultMode: 0444
+        sources:
+          - secret:
+              name: {SECRET}
+              items:
+                - key: ca.crt
+                  path: ca.crt
+          - serviceAccountToken:
+              audience: openshell-gateway
+              expirationSeconds: 600
+              path: token
 "#
     )
 }
@@ -173,6 +233,8 @@ async fn the_user_flow_on_a_real_cluster() {
     let started = Instant::now();
     flow.step("install", Flow::install).await;
     flow.step("label a namespace and run agents", Flow::supervise).await;
+    flow.step("another namespace's Pod acts for ours", Flow::cross_namespace)
+        .await;
     flow.step("supervisor Pod force-deleted", Flow::supervisor_pod_deleted)
         .await;
     if std::env::var("OPENSHELL_E2E_NODE_LOCAL").as_deref() == Ok("1") {
@@ -768,26 +830,91 @@ impl Flow {
     }
 
     async fn secret_present(&self, present: bool) -> Result<(), Error> {
+        self.secret_present_in(&self.namespace, present).await
+    }
+
+    /// The gateway's Secret in `namespace` holds the trust bundle and the CA, and no token:
+    /// each Pod authenticates with its own ServiceAccount token.
+    async fn secret_present_in(&self, namespace: &str, present: bool) -> Result<(), Error> {
         let what = if present {
-            "the namespace token Secret"
+            "the namespace's trust Secret"
         } else {
-            "the token Secret removed"
+            "the trust Secret removed"
         };
         wait_for(what, MINUTE, || async {
-            let secret = self
-                .kubectl
-                .json(&["get", "secret", SECRET, "-n", &self.namespace])
-                .await;
+            let secret = self.kubectl.json(&["get", "secret", SECRET, "-n", namespace]).await;
             match secret {
                 Ok(secret) => {
                     let data = secret.get("data")?;
-                    let complete = ["token", "trust.jwks", "ca.crt"].iter().all(|k| data.get(k).is_some());
-                    (present && complete).then_some(())
+                    let complete = ["trust.jwks", "ca.crt"].iter().all(|k| data.get(k).is_some());
+                    (present && complete && data.get("token").is_none()).then_some(())
                 }
                 Err(_) => (!present).then_some(()),
             }
         })
         .await
+    }
+
+    /// A Pod of another labelled namespace, with its own ServiceAccount token, tries to
+    /// register, withdraw and report for one of ours: every call is refused with
+    /// PERMISSION_DENIED and our workloads never notice.
+    async fn cross_namespace(&mut self) -> Result<(), Error> {
+        let base = self.baseline().await?;
+        let other = format!("{}-b", self.namespace);
+        self.kubectl.run(&["create", "namespace", &other]).await?;
+        self.kubectl.run(&["label", "namespace", &other, LABEL]).await?;
+        self.secret_present_in(&other, true).await?;
+        let victim = base
+            .names
+            .iter()
+            .next()
+            .cloned()
+            .ok_or_else(|| Error::Check("no agent".into()))?;
+        let pod = self
+            .kubectl
+            .json(&["get", "pod", &victim, "-n", &self.namespace])
+            .await?;
+        let uid = pod
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let manifest = probe_pod(&other, &self.image, &format!("{}/{victim}", self.namespace), &uid);
+        // The namespace's default ServiceAccount appears a moment after the namespace.
+        let kubectl = self.kubectl.clone();
+        wait_for("the probe Pod created", MINUTE, || async {
+            kubectl.apply(&manifest).await.ok()
+        })
+        .await?;
+        let done = wait_for("the probe Pod finished", 2 * MINUTE, || async {
+            let pod = kubectl.json(&["get", "pod", "probe", "-n", &other]).await.ok()?;
+            let phase = pod.pointer("/status/phase").and_then(Value::as_str)?.to_owned();
+            matches!(phase.as_str(), "Succeeded" | "Failed").then_some(phase)
+        })
+        .await?;
+        let log = self.kubectl.run(&["logs", "probe", "-n", &other]).await?;
+        let answers: Vec<&str> = log.lines().filter(|l| l.starts_with("probe call=")).collect();
+        eprintln!("   probe ({done}):\n      {}", answers.join("\n      "));
+        check(done == "Succeeded" && answers.len() == 6, || {
+            format!("the probe made its six calls: {done}, log:\n{log}")
+        })?;
+        check(answers.iter().all(|a| a.ends_with("code=PermissionDenied")), || {
+            format!("every call of another namespace's Pod is refused with PermissionDenied:\n{log}")
+        })?;
+        let status = self.pool.status().await?;
+        let route = format!("{}/{victim}", self.namespace);
+        check(
+            status
+                .of(&self.namespace)
+                .iter()
+                .any(|i| i.route == route && i.workload_pid != 0),
+            || format!("{route} is still supervised: {status:?}"),
+        )?;
+        self.kubectl
+            .run(&["delete", "namespace", &other, "--wait=false"])
+            .await?;
+        let seconds = base.t0.elapsed().as_secs_f64();
+        self.survived("cross-namespace probe", seconds, &base).await
     }
 
     async fn label_and_secret(&mut self) -> Result<(), Error> {

@@ -2,15 +2,22 @@
 //! against the current trust bundle, and the keyring that mints grants and
 //! proofs. Verification itself — algorithm pinned, kid, audience, issuer,
 //! expiry — is `proto::trust`.
+//!
+//! Who is calling ([`InstanceCaller`], [`MemberCaller`]) comes only from the
+//! credential: a gateway-minted JWT (subject `instance:<route>` or
+//! `member:<name>`), or in Kubernetes a Pod's projected ServiceAccount token,
+//! which the API server reviews ([`Accounts`]). Never from the request.
 
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use proto::trust::{self, Claims, Expectation, Kind};
+use proto::common::v1::InstanceRef;
+use proto::trust::{self, Claims, Expectation, InstanceTokenClaims, Kind};
 use serde::de::DeserializeOwned;
 use tonic::Status;
 use tracing::warn;
 
+use crate::kubernetes::review::{self, Review};
 use crate::store::Store;
 use crate::tokens::Keyring;
 
@@ -26,6 +33,80 @@ pub struct Principal {
     pub expires_at_ms: i64,
 }
 
+/// The workload an instance credential was issued to: its calls act on this route only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceCaller {
+    pub route: String,
+    pub namespace: String,
+    pub name: String,
+    /// The Pod UID the credential is bound to (Kubernetes, and tokens issued at
+    /// registration); `None` for a local bootstrap token bound to the route only.
+    pub uid: Option<String>,
+}
+
+impl InstanceCaller {
+    /// The call may act on `route` and `instance` only when they are the caller's own.
+    pub fn owns(&self, route: &str, instance: &InstanceRef) -> Result<(), Status> {
+        let uid_ok = self.uid.as_deref().is_none_or(|uid| uid == instance.uid);
+        if route == self.route && instance.namespace == self.namespace && instance.name == self.name && uid_ok {
+            return Ok(());
+        }
+        warn!(caller = %self.route, route = %proto::text::bounded(route, 300),
+              "refused: an instance credential used for another route or workload");
+        Err(Status::permission_denied(format!(
+            "the credential is for instance {} and may act only on it",
+            self.route
+        )))
+    }
+}
+
+/// The pool member a member credential was issued to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberCaller {
+    pub member: String,
+    /// When the credential expires (ms since the Unix epoch).
+    pub expires_at_ms: i64,
+}
+
+impl MemberCaller {
+    /// The call may act for `member` only when it is the caller.
+    pub fn is(&self, member: &str) -> Result<(), Status> {
+        if member == self.member {
+            return Ok(());
+        }
+        warn!(caller = %self.member, member = %proto::text::bounded(member, 300),
+              "refused: a member credential used for another member");
+        Err(Status::permission_denied(format!(
+            "the credential is for member {} and may act only for it",
+            self.member
+        )))
+    }
+}
+
+/// Kubernetes ServiceAccount tokens: reviewed by the API server; the supervisor
+/// ServiceAccount of the install namespace is the pool's members', any other
+/// account's Pod is an instance.
+pub struct Accounts {
+    pub review: Arc<dyn Review>,
+    pub install_namespace: String,
+    pub supervisor_account: String,
+}
+
+impl std::fmt::Debug for Accounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Accounts")
+            .field("install_namespace", &self.install_namespace)
+            .field("supervisor_account", &self.supervisor_account)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Accounts {
+    fn is_member(&self, account: &review::Account) -> bool {
+        account.namespace == self.install_namespace && account.service_account == self.supervisor_account
+    }
+}
+
 /// The latest keyring: verifies bearer tokens, mints grants and proofs.
 #[derive(Debug)]
 pub struct Keys {
@@ -33,6 +114,7 @@ pub struct Keys {
     store: Store,
     keyring: RwLock<Arc<Keyring>>,
     last_reload: Mutex<Option<Instant>>,
+    accounts: Option<Accounts>,
 }
 
 impl Keys {
@@ -43,7 +125,91 @@ impl Keys {
             issuer,
             store,
             last_reload: Mutex::new(None),
+            accounts: None,
         }
+    }
+
+    /// Also accept Kubernetes ServiceAccount tokens, reviewed through `accounts`.
+    #[must_use]
+    pub fn with_accounts(mut self, accounts: Option<Accounts>) -> Self {
+        self.accounts = accounts;
+        self
+    }
+
+    /// A Kubernetes token (another issuer than ours) reviewed by the API server;
+    /// `None` when this replica takes only its own tokens or the token is ours.
+    async fn account(&self, token: &str) -> Option<Result<review::Account, Status>> {
+        let accounts = self.accounts.as_ref()?;
+        if trust::unverified(token).is_some_and(|t| t.iss == self.issuer) {
+            return None;
+        }
+        Some(accounts.review.review(token).await.map_err(|err| match err {
+            review::Error::Unavailable(_) => Status::unavailable(err.to_string()),
+            review::Error::Refused(_) | review::Error::NotPodBound => Status::unauthenticated(err.to_string()),
+        }))
+    }
+
+    /// The instance whose credential the call carries.
+    pub async fn instance<T>(&self, request: &tonic::Request<T>) -> Result<InstanceCaller, Status> {
+        let token = bearer(request)?;
+        if let Some(account) = self.account(token).await {
+            let account = account?;
+            if self.accounts.as_ref().is_some_and(|a| a.is_member(&account)) {
+                return Err(Status::permission_denied(
+                    "a pool member's credential is not an instance's",
+                ));
+            }
+            return Ok(InstanceCaller {
+                route: format!("{}/{}", account.namespace, account.pod_name),
+                namespace: account.namespace,
+                name: account.pod_name,
+                uid: Some(account.pod_uid),
+            });
+        }
+        let claims: Claims<InstanceTokenClaims> = self
+            .verify_claims(Kind::Instance, token)
+            .await
+            .map_err(|err| Status::unauthenticated(format!("instance token refused: {err}")))?;
+        let route =
+            trust::route_of(&claims.sub).ok_or_else(|| Status::unauthenticated("the instance token names no route"))?;
+        Ok(InstanceCaller {
+            route: route.to_owned(),
+            namespace: claims.extra.namespace,
+            name: claims.extra.name,
+            uid: claims.extra.uid,
+        })
+    }
+
+    /// The pool member whose credential the call carries.
+    pub async fn member<T>(&self, request: &tonic::Request<T>) -> Result<MemberCaller, Status> {
+        let token = bearer(request)?;
+        if let Some(account) = self.account(token).await {
+            let account = account?;
+            if !self.accounts.as_ref().is_some_and(|a| a.is_member(&account)) {
+                return Err(Status::permission_denied(
+                    "the credential is not a pool member's (the supervisor ServiceAccount of the install namespace)",
+                ));
+            }
+            // The API server verified the token: its own expiry is authentic. (Pod-bound tokens
+            // always carry one; without it the stream is re-authenticated within the usual
+            // token lifetime.)
+            let lifetime_ms = i64::try_from(proto::timing::SUPERVISOR_TOKEN_LIFETIME.as_millis()).unwrap_or(i64::MAX);
+            let expires_at_ms = trust::unverified(token)
+                .and_then(|t| t.exp)
+                .map(|exp| exp.saturating_mul(1000))
+                .unwrap_or_else(|| trust::unix_ms(std::time::SystemTime::now()).saturating_add(lifetime_ms));
+            return Ok(MemberCaller {
+                member: account.pod_name,
+                expires_at_ms,
+            });
+        }
+        let principal = self.verify(Kind::Supervisor, token).await?;
+        let member = trust::member_of(&principal.subject)
+            .ok_or_else(|| Status::unauthenticated("the supervisor token names no member"))?;
+        Ok(MemberCaller {
+            member: member.to_owned(),
+            expires_at_ms: principal.expires_at_ms,
+        })
     }
 
     pub fn issuer(&self) -> &str {
@@ -111,10 +277,4 @@ impl Keys {
 pub fn bearer<T>(request: &tonic::Request<T>) -> Result<&str, Status> {
     proto::bearer_token_from_metadata(request.metadata())
         .ok_or_else(|| Status::unauthenticated("missing authorization: Bearer token"))
-}
-
-/// The namespace a verified instance token may act for.
-pub fn token_namespace(principal: &Principal) -> Result<&str, Status> {
-    trust::namespace_of(&principal.subject)
-        .ok_or_else(|| Status::permission_denied("the token does not name a namespace"))
 }

@@ -51,23 +51,21 @@ pub struct Settings {
     #[arg(long, env = "OPENSHELL_GATEWAY_ISSUER", default_value = proto::trust::DEFAULT_ISSUER)]
     pub issuer: String,
 
-    /// Name of the supervisor pool (the subject of its members' token).
-    #[arg(long, env = "OPENSHELL_GATEWAY_POOL", default_value = "default")]
-    pub pool: String,
-
-    /// Local mode: directory where the coordinator writes the supervisor,
-    /// operator and namespace tokens with the trust bundle. Unset: no files.
+    /// Local mode: directory where the coordinator writes the operator's, each member's
+    /// and each instance's token with the trust bundle. Unset: no files.
     #[arg(long, env = "OPENSHELL_GATEWAY_CREDENTIALS_DIR")]
     pub credentials_dir: Option<PathBuf>,
 
-    /// Local mode: namespaces whose sidecars get a token file (comma-separated).
-    #[arg(
-        long,
-        env = "OPENSHELL_GATEWAY_NAMESPACES",
-        value_delimiter = ',',
-        default_value = "default"
-    )]
-    pub namespaces: Vec<String>,
+    /// Local mode: pool members that get a token of their own in
+    /// `<credentials-dir>/members/<member>/` (comma-separated).
+    #[arg(long, env = "OPENSHELL_GATEWAY_MEMBERS", value_delimiter = ',')]
+    pub members: Vec<String>,
+
+    /// Local mode: instance routes "<namespace>/<name>" whose sidecars get a bootstrap token
+    /// bound to that route in `<credentials-dir>/instances/<namespace>/<name>/`
+    /// (comma-separated).
+    #[arg(long, env = "OPENSHELL_GATEWAY_INSTANCES", value_delimiter = ',')]
+    pub instances: Vec<String>,
 
     /// Kubernetes mode: follow labelled namespaces and supervised Pods, keep the token
     /// Secrets, record Events (in-cluster config or KUBECONFIG).
@@ -78,6 +76,25 @@ pub struct Settings {
     /// supervisor members and the operator go there).
     #[arg(long, env = "OPENSHELL_POD_NAMESPACE", default_value = "openshell-supervision")]
     pub install_namespace: String,
+
+    /// Instances one namespace may have registered at once (in Kubernetes the namespace's
+    /// `supervision.openshell.ai/max-instances` annotation overrides it).
+    #[arg(long, env = "OPENSHELL_GATEWAY_NAMESPACE_INSTANCE_LIMIT", default_value_t = 256)]
+    pub namespace_instance_limit: u32,
+
+    /// Kubernetes mode: the audience of the projected ServiceAccount tokens sidecars and
+    /// members authenticate with (checked by TokenReview).
+    #[arg(long, env = "OPENSHELL_GATEWAY_TOKEN_AUDIENCE", default_value = proto::trust::KUBERNETES_AUDIENCE)]
+    pub token_audience: String,
+
+    /// Kubernetes mode: the ServiceAccount (in the install namespace) of the supervisor
+    /// Pods; a token of any other account is never a member's.
+    #[arg(
+        long,
+        env = "OPENSHELL_GATEWAY_SUPERVISOR_ACCOUNT",
+        default_value = "openshell-supervisor"
+    )]
+    pub supervisor_account: String,
 
     /// Recovery deadline offered to sidecars, in milliseconds.
     #[arg(long, env = "OPENSHELL_SUPERVISOR_POOL_RECOVERY_TIMEOUT_MS", default_value_t = 60_000,

@@ -18,6 +18,7 @@ use crate::store::Lease;
 use crate::tokens::{
     Delivered, Delivery, FileDelivery, Keyring, Minted, NoExtra, OperatorClaims, PLATFORM_ADMIN, Policy, rotate,
 };
+use proto::trust::InstanceTokenClaims;
 
 /// How often every replica reloads its keyring (well under the rotation's
 /// publish-ahead period).
@@ -26,13 +27,13 @@ pub const KEYRING_REFRESH: Duration = Duration::from_secs(5);
 /// Where local-mode tokens go.
 #[derive(Debug, Clone)]
 pub struct LocalDelivery {
-    /// Directory with `supervisor/`, `operator/` and `namespaces/<ns>/`,
-    /// each holding `token` and `trust.jwks`.
+    /// Directory with `operator/`, `members/<member>/` and
+    /// `instances/<namespace>/<name>/`, each holding `token` and `trust.jwks`.
     pub dir: PathBuf,
-    /// Pool name in the supervisor token's subject.
-    pub pool: String,
-    /// Namespaces whose sidecars get an instance token.
-    pub namespaces: Vec<String>,
+    /// Members that get a token of their own.
+    pub members: Vec<String>,
+    /// Instance routes ("<namespace>/<name>") whose sidecars get a bootstrap token.
+    pub instances: Vec<String>,
     /// CA bundle delivered as `ca.crt` beside each token.
     pub ca: Option<PathBuf>,
 }
@@ -55,7 +56,7 @@ pub async fn run(
     delivery: Option<LocalDelivery>,
     shutdown: CancellationToken,
 ) {
-    let mut delivered: Option<Minted> = None;
+    let mut delivered: Option<Issued> = None;
     let mut delivered_ca: Option<String> = None;
     loop {
         let held = lease.borrow_and_update().clone();
@@ -85,10 +86,10 @@ pub async fn run(
                         }
                     };
                     if is_due(delivered.as_ref(), &keyring, now_ms) || ca != delivered_ca {
-                        match deliver(&keyring, delivery, ca.as_ref()).await {
-                            Ok(minted) => {
-                                info!(kid = %minted.kid, dir = %delivery.dir.display(), "delivered tokens");
-                                delivered = Some(minted);
+                        match deliver(&keyring, delivery, ca.as_ref(), now_ms).await {
+                            Ok(issued) => {
+                                info!(kid = %issued.kid, dir = %delivery.dir.display(), "delivered tokens");
+                                delivered = Some(issued);
                                 delivered_ca = ca;
                             }
                             Err(err) => warn!(error = %err, "cannot deliver tokens"),
@@ -106,61 +107,129 @@ pub async fn run(
     }
 }
 
-/// Who a delivered token is for.
+/// Who a delivery is for.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Target {
-    /// The pool's members (one token for the pool).
-    Supervisor,
+    /// Local mode: one pool member (its own token, subject `member:<name>`).
+    Member(String),
     /// The local operator (platform admin).
     Operator,
-    /// The sidecars of one namespace.
+    /// Local mode: one instance's bootstrap token, bound to its route `<namespace>/<name>`.
+    Instance { namespace: String, name: String },
+    /// Kubernetes: the supervisor Pods' Secret. Trust bundle and CA only: each member
+    /// authenticates with its own Pod's ServiceAccount token.
+    Supervisor,
+    /// Kubernetes: one labelled namespace's Secret. Trust bundle and CA only: each sidecar
+    /// authenticates with its own Pod's ServiceAccount token.
     Namespace(String),
 }
 
-/// Mint the token `target` gets, valid for [`SUPERVISOR_TOKEN_LIFETIME`].
-pub fn mint(keyring: &Keyring, target: &Target, pool: &str) -> Result<Minted, crate::tokens::Error> {
+/// One delivery: the token minted for it (none for trust-only targets) and when it is due
+/// again (from half the token lifetime on, or when another key signs).
+#[derive(Debug, Clone)]
+pub struct Issued {
+    pub token: Option<Minted>,
+    pub kid: String,
+    pub issued_at_ms: i64,
+    pub expires_at_ms: i64,
+}
+
+impl Issued {
+    pub fn needs_renewal(&self, now_ms: i64) -> bool {
+        crate::tokens::needs_renewal(self.issued_at_ms, self.expires_at_ms, now_ms)
+    }
+
+    /// What the target gets: the token (if any), the trust bundle and the CA.
+    pub fn delivered(&self, keyring: &Keyring, ca: Option<&String>) -> Delivered {
+        Delivered::new(self.token.as_ref(), keyring.trust_bundle()).with_ca(ca.cloned())
+    }
+}
+
+/// Mint what `target` gets, valid for [`SUPERVISOR_TOKEN_LIFETIME`].
+pub fn issue(keyring: &Keyring, target: &Target, now_ms: i64) -> Result<Issued, crate::tokens::Error> {
     let lifetime = SUPERVISOR_TOKEN_LIFETIME;
-    match target {
-        Target::Supervisor => keyring.mint(Kind::Supervisor, &trust::pool_subject(pool), lifetime, &NoExtra {}),
+    let token = match target {
+        Target::Member(member) => {
+            Some(keyring.mint(Kind::Supervisor, &trust::member_subject(member), lifetime, &NoExtra {})?)
+        }
         Target::Operator => {
             let roles = OperatorClaims {
                 roles: vec![PLATFORM_ADMIN.into()],
             };
-            keyring.mint(Kind::Operator, "local-operator", lifetime, &roles)
+            Some(keyring.mint(Kind::Operator, "local-operator", lifetime, &roles)?)
         }
-        Target::Namespace(namespace) => keyring.mint(
-            Kind::Instance,
-            &trust::namespace_subject(namespace),
-            lifetime,
-            &NoExtra {},
-        ),
-    }
+        Target::Instance { namespace, name } => {
+            let claims = InstanceTokenClaims {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                uid: None,
+            };
+            let route = format!("{namespace}/{name}");
+            Some(keyring.mint(Kind::Instance, &trust::instance_subject(&route), lifetime, &claims)?)
+        }
+        Target::Supervisor | Target::Namespace(_) => None,
+    };
+    let kid = keyring
+        .signing_kid()
+        .ok_or(crate::tokens::Error::NoSigningKey)?
+        .to_owned();
+    Ok(match token {
+        Some(minted) => Issued {
+            kid: minted.kid.clone(),
+            issued_at_ms: minted.issued_at_ms,
+            expires_at_ms: minted.expires_at_ms,
+            token: Some(minted),
+        },
+        None => Issued {
+            token: None,
+            kid,
+            issued_at_ms: now_ms,
+            expires_at_ms: now_ms.saturating_add(i64::try_from(lifetime.as_millis()).unwrap_or(i64::MAX)),
+        },
+    })
 }
 
-/// Whether a token delivered earlier must be replaced: it is due for renewal,
-/// or another key signs now.
-pub fn is_due(delivered: Option<&Minted>, keyring: &Keyring, now_ms: i64) -> bool {
-    delivered.is_none_or(|m| m.needs_renewal(now_ms) || Some(m.kid.as_str()) != keyring.signing_kid())
+/// Whether a delivery made earlier must be replaced: it is due for renewal, or another key
+/// signs now.
+pub fn is_due(delivered: Option<&Issued>, keyring: &Keyring, now_ms: i64) -> bool {
+    delivered.is_none_or(|d| d.needs_renewal(now_ms) || Some(d.kid.as_str()) != keyring.signing_kid())
 }
 
-/// Mint and write every local token; returns the supervisor token's record.
+/// The routes of `--instances` entries ("<namespace>/<name>").
+pub fn instance_target(route: &str) -> Option<Target> {
+    let (namespace, name) = route.split_once('/')?;
+    let ok =
+        |s: &str| !s.is_empty() && !s.contains('/') && !s.contains("..") && s.bytes().all(|b| b.is_ascii_graphic());
+    (ok(namespace) && ok(name)).then(|| Target::Instance {
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+    })
+}
+
+/// Mint and write every local token; returns the first member's record (or the operator's).
 async fn deliver(
     keyring: &Keyring,
     delivery: &LocalDelivery,
     ca: Option<&String>,
-) -> Result<Minted, crate::tokens::Error> {
-    let bundle = keyring.trust_bundle();
-    let write = |minted: &Minted, dir: PathBuf| {
-        let delivered = Delivered::new(minted, bundle).with_ca(ca.cloned());
+    now_ms: i64,
+) -> Result<Issued, crate::tokens::Error> {
+    let write = |issued: &Issued, dir: PathBuf| {
+        let delivered = issued.delivered(keyring, ca);
         async move { FileDelivery::new(dir).deliver(&delivered).await }
     };
-    let supervisor = mint(keyring, &Target::Supervisor, &delivery.pool)?;
-    write(&supervisor, delivery.dir.join("supervisor")).await?;
-    let operator = mint(keyring, &Target::Operator, &delivery.pool)?;
+    let operator = issue(keyring, &Target::Operator, now_ms)?;
     write(&operator, delivery.dir.join("operator")).await?;
-    for namespace in &delivery.namespaces {
-        let minted = mint(keyring, &Target::Namespace(namespace.clone()), &delivery.pool)?;
-        write(&minted, delivery.dir.join("namespaces").join(namespace)).await?;
+    for member in &delivery.members {
+        let issued = issue(keyring, &Target::Member(member.clone()), now_ms)?;
+        write(&issued, delivery.dir.join("members").join(member)).await?;
     }
-    Ok(supervisor)
+    for route in &delivery.instances {
+        let Some(target) = instance_target(route) else {
+            warn!(%route, "not an instance route <namespace>/<name>: no token delivered");
+            continue;
+        };
+        let issued = issue(keyring, &target, now_ms)?;
+        write(&issued, delivery.dir.join("instances").join(route)).await?;
+    }
+    Ok(operator)
 }

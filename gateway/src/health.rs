@@ -126,6 +126,12 @@ async fn metrics(State(health): State<Readiness>) -> impl IntoResponse {
         let value = i64::try_from(Counters::get(counter)).unwrap_or(i64::MAX);
         gauge(&mut registry, name, "Member messages dropped since start", value);
     }
+    gauge(
+        &mut registry,
+        "denied_calls",
+        "Calls refused since start: a credential used for another instance or member",
+        i64::try_from(Counters::get(&c.denied)).unwrap_or(i64::MAX),
+    );
     let mut body = String::new();
     match encode(&mut body, &registry) {
         Ok(()) => (

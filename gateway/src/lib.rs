@@ -16,6 +16,7 @@ pub mod operator;
 pub mod placement;
 pub mod pool;
 pub mod poolctl;
+pub mod quota;
 pub mod recovery;
 pub mod registry;
 pub mod replica;
@@ -85,7 +86,8 @@ pub async fn run(settings: Settings, listener: TcpListener, shutdown: Cancellati
         ca_file: settings.tls_ca.clone(),
         ..kubernetes::Scope::new(settings.install_namespace.clone())
     };
-    let (integration, watches) = kubernetes::Integration::connect(scope, &settings.replica, &shutdown).await?;
+    let (integration, watches) =
+        kubernetes::Integration::connect(scope, &settings.replica, &settings.token_audience, &shutdown).await?;
     let outcome = run_with(settings, listener, shutdown, Some(integration)).await;
     for watch in watches {
         watch.abort();
@@ -127,6 +129,11 @@ pub async fn run_with<C: kubernetes::Cluster>(
     info!(replica = %settings.replica, holder = %holder, %address, backend = %store.backend(),
           database = %store::redact_url(&url), "gateway started");
 
+    let accounts = kubernetes.as_ref().map(|integration| auth::Accounts {
+        review: integration.review.clone(),
+        install_namespace: settings.install_namespace.clone(),
+        supervisor_account: settings.supervisor_account.clone(),
+    });
     let (view_tx, view_rx) = watch::channel(Arc::new(pool::View::default()));
     let replica = Arc::new(replica::Replica {
         name: settings.replica.clone(),
@@ -134,7 +141,11 @@ pub async fn run_with<C: kubernetes::Cluster>(
         view: view_rx,
         wake: Arc::new(Notify::new()),
         sessions: Mutex::default(),
-        keys: Arc::new(auth::Keys::new(settings.issuer.clone(), store.clone())),
+        keys: Arc::new(auth::Keys::new(settings.issuer.clone(), store.clone()).with_accounts(accounts)),
+        quota: quota::Quota {
+            default_limit: settings.namespace_instance_limit,
+            namespaces: kubernetes.as_ref().map(|integration| integration.shared.clone()),
+        },
         recovery_deadline_ms: settings.recovery_deadline_ms,
         counters: replica::Counters::default(),
         shutdown: shutdown.clone(),
@@ -143,8 +154,8 @@ pub async fn run_with<C: kubernetes::Cluster>(
     let timing = election::Timing::from_lease_length(Duration::from_millis(settings.lease_length_ms));
     let delivery = settings.credentials_dir.clone().map(|dir| credentials::LocalDelivery {
         dir,
-        pool: settings.pool.clone(),
-        namespaces: settings.namespaces.clone(),
+        members: settings.members.clone(),
+        instances: settings.instances.clone(),
         ca: settings.tls_ca.clone(),
     });
 
@@ -166,7 +177,7 @@ pub async fn run_with<C: kubernetes::Cluster>(
         )),
     ];
     if let Some(integration) = kubernetes {
-        tasks.push(integration.spawn_writer(replica.clone(), settings.pool.clone(), lease_rx.clone(), stop.clone()));
+        tasks.push(integration.spawn_writer(replica.clone(), lease_rx.clone(), stop.clone()));
     }
     let election = tokio::spawn(election::run(
         store.clone(),

@@ -174,7 +174,10 @@ pub(crate) fn least_loaded<'a>(live: &'a [Candidate], load: &BTreeMap<String, us
         .ok_or_else(|| {
             let limits: Vec<String> = open
                 .iter()
-                .map(|c| format!("{} holds {}", c.member, limit(c)))
+                .map(|c| {
+                    let held = load.get(&c.member).copied().unwrap_or(0);
+                    format!("{} holds {held} of {}", c.member, limit(c))
+                })
                 .collect();
             format!(
                 "all {} eligible pool members are at capacity ({})",

@@ -19,7 +19,6 @@ use proto::trust::{self, GrantClaims, InstanceClaim, Kind, ProofClaims};
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
-use crate::auth::bearer;
 use crate::registry::check_route;
 use crate::replica::Replica;
 use crate::store::{self, Checkpoint, GrantRecord, InstanceRecord};
@@ -35,6 +34,14 @@ pub struct Recovery {
 impl Recovery {
     pub fn new(replica: Arc<Replica>) -> Self {
         Self { replica }
+    }
+
+    /// Count a refusal for acting as another member.
+    fn denied(&self, check: Result<(), Status>) -> Result<(), Status> {
+        if check.is_err() {
+            crate::replica::Counters::bump(&self.replica.counters.denied);
+        }
+        check
     }
 
     /// The registered instance of `route`; a withdrawn one only when
@@ -81,9 +88,11 @@ fn same_instance(receipt: &Receipt, instance: &InstanceRecord) -> bool {
 #[tonic::async_trait]
 impl SupervisorRecovery for Recovery {
     async fn issue_grant(&self, request: Request<IssueGrantRequest>) -> Result<Response<IssueGrantResponse>, Status> {
-        self.replica.keys.verify_request(Kind::Supervisor, &request).await?;
+        let caller = self.replica.keys.member(&request).await?;
         let request = request.into_inner();
         check_route(&request.route)?;
+        // A member asks for its own grants only.
+        self.denied(caller.is(&request.member))?;
         if request.member.is_empty() || request.process_id.is_empty() || request.term == 0 {
             return Err(Status::invalid_argument(
                 "a grant needs a term, a member and a process_id",
@@ -122,7 +131,7 @@ impl SupervisorRecovery for Recovery {
     }
 
     async fn activate(&self, request: Request<ActivateRequest>) -> Result<Response<ActivateResponse>, Status> {
-        self.replica.keys.verify_request(Kind::Supervisor, &request).await?;
+        let caller = self.replica.keys.member(&request).await?;
         let request = request.into_inner();
         let receipt = request
             .receipt
@@ -145,6 +154,8 @@ impl SupervisorRecovery for Recovery {
         if grant.jti != receipt.grant_id || grant.extra.route != receipt.route || grant.extra.term != receipt.term {
             return Err(Status::failed_precondition("the receipt does not match its grant"));
         }
+        // Only the member the grant was issued to completes its activation.
+        self.denied(caller.is(&grant.extra.member))?;
         let instance = self.instance(&receipt.route, false).await?;
         if !same_instance(&receipt, &instance) {
             return Err(Status::failed_precondition("the receipt names another instance"));
@@ -222,10 +233,9 @@ impl SupervisorRecovery for Recovery {
         &self,
         request: Request<TrustBundleRequest>,
     ) -> Result<Response<TrustBundleResponse>, Status> {
-        let token = bearer(&request)?;
         let keys = &self.replica.keys;
-        if keys.verify(Kind::Supervisor, token).await.is_err() {
-            keys.verify(Kind::Instance, token).await?;
+        if keys.member(&request).await.is_err() {
+            keys.instance(&request).await?;
         }
         let keyring = keys.keyring();
         Ok(Response::new(TrustBundleResponse {

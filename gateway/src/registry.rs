@@ -1,9 +1,10 @@
 //! The instance registry (`registry.v1.InstanceRegistry`), served by every
 //! replica: a sidecar registers its instance (the desired set is durable in
 //! the store), deregisters it when the workload ends, and reports a missed
-//! recovery deadline. Authenticated with the namespace's instance token.
+//! recovery deadline. Each call acts only on the caller's own route and
+//! workload ([`InstanceCaller`]); a namespace's registered instances are
+//! limited by its quota.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use proto::common::v1::{InstanceRef, RouteDirectoryEntry};
@@ -12,12 +13,12 @@ use proto::registry::v1::{
     DeregisterRequest, DeregisterResponse, RecoveryFailedRequest, RecoveryFailedResponse, RegisterRequest,
     RegisterResponse,
 };
-use proto::trust::Kind;
+use proto::timing::INSTANCE_TOKEN_LIFETIME;
+use proto::trust::{self, InstanceTokenClaims, Kind};
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
-use crate::auth::token_namespace;
-use crate::placement::{self, Decision};
+use crate::auth::InstanceCaller;
 use crate::registration::{Binding, Material};
 use crate::replica::Replica;
 use crate::store::{Registered, Registration, SecretBytes};
@@ -32,19 +33,39 @@ impl Registry {
         Self { replica }
     }
 
-    /// Authenticate and check that the token's namespace owns `instance`.
+    /// Authenticate, and check that the call is about the caller's own route and workload.
     async fn authorize<T: Sync>(
         &self,
         request: &Request<T>,
+        route: &str,
         instance: Option<&InstanceRef>,
-    ) -> Result<InstanceRef, Status> {
-        let principal = self.replica.keys.verify_request(Kind::Instance, request).await?;
-        let namespace = token_namespace(&principal)?;
+    ) -> Result<(InstanceCaller, InstanceRef), Status> {
+        let caller = self.replica.keys.instance(request).await?;
         let instance = instance.ok_or_else(|| Status::invalid_argument("the request names no instance"))?;
-        if instance.namespace != namespace {
-            return Err(Status::permission_denied("the token is for another namespace"));
+        if let Err(denied) = caller.owns(route, instance) {
+            crate::replica::Counters::bump(&self.replica.counters.denied);
+            return Err(denied);
         }
-        Ok(instance.clone())
+        Ok((caller, instance.clone()))
+    }
+
+    /// The instance token of a registered workload: bound to its route and Pod UID.
+    fn instance_token(&self, caller: &InstanceCaller, uid: &str) -> Result<crate::tokens::Minted, Status> {
+        let claims = InstanceTokenClaims {
+            namespace: caller.namespace.clone(),
+            name: caller.name.clone(),
+            uid: Some(uid.to_owned()),
+        };
+        self.replica
+            .keys
+            .keyring()
+            .mint(
+                Kind::Instance,
+                &trust::instance_subject(&caller.route),
+                INSTANCE_TOKEN_LIFETIME,
+                &claims,
+            )
+            .map_err(|err| Status::unavailable(format!("cannot sign the instance token: {err}")))
     }
 }
 
@@ -74,7 +95,9 @@ fn check_instance(instance: &InstanceRef) -> Result<(), Status> {
 #[tonic::async_trait]
 impl InstanceRegistry for Registry {
     async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<RegisterResponse>, Status> {
-        let instance = self.authorize(&request, request.get_ref().instance.as_ref()).await?;
+        let (caller, instance) = self
+            .authorize(&request, &request.get_ref().route, request.get_ref().instance.as_ref())
+            .await?;
         let request = request.into_inner();
         check_route(&request.route)?;
         check_instance(&instance)?;
@@ -93,8 +116,18 @@ impl InstanceRegistry for Registry {
             uid: instance.uid.clone(),
             material: SecretBytes(request.registration_material),
         };
+        let limit = self.replica.quota.limit(&instance.namespace)?;
         let store = &self.replica.store;
-        let generation = match store.register_instance(&registration).await {
+        let generation = match store.register_instance_within(&registration, Some(limit)).await {
+            Ok(Registered::OverQuota { registered, limit }) => {
+                warn!(namespace = %instance.namespace, registered, limit, route = %request.route,
+                      "registration refused: the namespace's instance quota is used up");
+                return Err(Status::resource_exhausted(format!(
+                    "namespace {} has {registered} registered instances, its limit is {limit}; \
+                     nothing was stored",
+                    instance.namespace
+                )));
+            }
             Ok(Registered::Desired { generation }) => generation,
             Ok(Registered::Withdrawn { .. }) => {
                 return Err(Status::failed_precondition(
@@ -116,24 +149,13 @@ impl InstanceRegistry for Registry {
             .await
             .map_err(|err| Status::unavailable(format!("cannot read the pool: {err}")))?;
         let assignment = view.current_assignment(&request.route);
-        if assignment.is_none() {
-            // Say now, with the pool's reason, when nobody can take it.
-            let desired = BTreeSet::from([request.route.clone()]);
-            let owners = BTreeMap::new();
-            let mut candidates = view.candidates(&BTreeSet::new());
-            for c in &mut candidates {
-                let held = view
-                    .assignments
-                    .values()
-                    .filter(|a| a.member == c.member && view.holds_desired(a))
-                    .count();
-                c.capacity = c.capacity.min(placement::MAX_INSTANCES_PER_MEMBER).saturating_sub(held);
-            }
-            if let Some(Decision::Unplaced { reason, .. }) = placement::plan(&desired, &owners, &candidates).pop() {
-                return Err(Status::resource_exhausted(format!(
-                    "no pool member can take the instance: {reason}"
-                )));
-            }
+        if assignment.is_none()
+            && let Some(reason) = crate::coordinator::unplaced(&view).remove(&request.route)
+        {
+            // Said now, with the pool's reason (the coordinator's plan over the same view).
+            return Err(Status::resource_exhausted(format!(
+                "no pool member can take the instance: {reason}"
+            )));
         }
         let owner = assignment.map(|a| RouteDirectoryEntry {
             route: a.route.clone(),
@@ -145,6 +167,7 @@ impl InstanceRegistry for Registry {
                 .unwrap_or_default(),
             term: u64::try_from(a.term).unwrap_or(0),
         });
+        let token = self.instance_token(&caller, &instance.uid)?;
         Ok(Response::new(RegisterResponse {
             instance: Some(InstanceRef {
                 generation: u64::try_from(generation).unwrap_or(0),
@@ -153,11 +176,15 @@ impl InstanceRegistry for Registry {
             term: owner.as_ref().map_or(0, |o| o.term),
             owner,
             recovery_deadline_ms: self.replica.recovery_deadline_ms,
+            instance_token: token.token,
+            instance_token_expires_at_ms: token.expires_at_ms,
         }))
     }
 
     async fn deregister(&self, request: Request<DeregisterRequest>) -> Result<Response<DeregisterResponse>, Status> {
-        let instance = self.authorize(&request, request.get_ref().instance.as_ref()).await?;
+        let (_, instance) = self
+            .authorize(&request, &request.get_ref().route, request.get_ref().instance.as_ref())
+            .await?;
         let request = request.into_inner();
         check_route(&request.route)?;
         let withdrawn = self
@@ -179,7 +206,9 @@ impl InstanceRegistry for Registry {
         &self,
         request: Request<RecoveryFailedRequest>,
     ) -> Result<Response<RecoveryFailedResponse>, Status> {
-        let instance = self.authorize(&request, request.get_ref().instance.as_ref()).await?;
+        let (_, instance) = self
+            .authorize(&request, &request.get_ref().route, request.get_ref().instance.as_ref())
+            .await?;
         let request = request.into_inner();
         check_route(&request.route)?;
         // Only the workload registered under the route now may report for it: a replaced

@@ -21,6 +21,8 @@ pub struct Replica {
     pub wake: Arc<Notify>,
     pub sessions: Mutex<Sessions>,
     pub keys: Arc<Keys>,
+    /// Which namespaces may register instances, and how many.
+    pub quota: crate::quota::Quota,
     /// Recovery deadline offered to sidecars.
     pub recovery_deadline_ms: u64,
     pub counters: Counters,
@@ -36,12 +38,14 @@ impl Replica {
     }
 }
 
-/// Messages dropped by the member streams of this replica.
+/// Messages dropped by the member streams of this replica, and calls refused because a
+/// credential was used for another instance or member.
 #[derive(Debug, Default)]
 pub struct Counters {
     pub acks_never_sent: AtomicU64,
     pub acks_regressed: AtomicU64,
     pub oversized_reports: AtomicU64,
+    pub denied: AtomicU64,
 }
 
 impl Counters {

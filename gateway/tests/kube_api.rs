@@ -462,7 +462,7 @@ async fn pod_watch_retries_a_forbidden_list_with_backoff() {
 
 fn delivered() -> Delivered {
     Delivered {
-        token: "eyJhbGciOiJFZERTQSJ9.fake-token-3.c2ln".to_owned(),
+        token: Some("eyJhbGciOiJFZERTQSJ9.fake-token-3.c2ln".to_owned()),
         expires_at_ms: 1_795_942_538_000,
         trust_jwks:
             r#"{"keys":[{"kty":"OKP","crv":"Ed25519","kid":"k1","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}]}"#
@@ -488,13 +488,14 @@ fn assert_apply(request: &Seen, delivered: &Delivered) {
         "supervision-gateway"
     );
     let data = body["data"].as_object().expect("data");
-    let mut keys = vec!["token", "trust.jwks"];
-    if let Some(ca) = &delivered.ca_pem {
-        keys.insert(0, "ca.crt");
-        assert_eq!(data["ca.crt"], STANDARD.encode(ca));
-    }
+    // ca.crt always (empty without a CA): the sidecars' projected volume names the key.
+    let keys = vec!["ca.crt", "token", "trust.jwks"];
+    assert_eq!(
+        data["ca.crt"],
+        STANDARD.encode(delivered.ca_pem.as_deref().unwrap_or_default())
+    );
     assert_eq!(data.keys().collect::<Vec<_>>(), keys);
-    assert_eq!(data["token"], STANDARD.encode(&delivered.token));
+    assert_eq!(data["token"], STANDARD.encode(delivered.token.as_deref().unwrap()));
     assert_eq!(data["trust.jwks"], STANDARD.encode(&delivered.trust_jwks));
     // Server-side apply owns what it sends: no resourceVersion pinning a stale copy.
     assert!(body["metadata"].get("resourceVersion").is_none());
@@ -514,7 +515,7 @@ async fn against<T>(server: api::Server, script: Vec<api::Step>, call: impl Futu
 async fn apply_secret_creates_and_updates_by_server_side_apply() {
     let delivered = delivered();
     assert!(
-        !format!("{delivered:?}").contains(&delivered.token),
+        !format!("{delivered:?}").contains(delivered.token.as_deref().unwrap()),
         "Debug leaks the token: {delivered:?}"
     );
 
@@ -558,7 +559,7 @@ async fn apply_secret_reports_a_refusal() {
     let err = result.expect_err("forbidden");
     assert!(err.to_string().contains("forbidden"), "{err}");
     assert!(
-        !err.to_string().contains(&delivered().token),
+        !err.to_string().contains(delivered().token.as_deref().unwrap()),
         "the error must not carry the token: {err}"
     );
 }

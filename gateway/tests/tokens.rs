@@ -11,7 +11,7 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use gateway::store::{self, Acquire, Lease, Store};
 use gateway::tokens::{
-    self, Delivered, Delivery, FileDelivery, KeyPair, Keyring, Kind, NoExtra, Policy, TrustBundle, pool_subject,
+    self, Delivered, Delivery, FileDelivery, KeyPair, Keyring, Kind, NoExtra, Policy, TrustBundle, member_subject,
 };
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use proto::timing::MAX_CLOCK_SKEW;
@@ -46,7 +46,7 @@ async fn ready(store: &Store) -> (Keyring, i64) {
 }
 
 fn supervisor_token(ring: &Keyring, now: i64) -> String {
-    ring.mint_at(Kind::Supervisor, &pool_subject("main"), LIFETIME, &NoExtra {}, now)
+    ring.mint_at(Kind::Supervisor, &member_subject("main"), LIFETIME, &NoExtra {}, now)
         .unwrap()
         .token
 }
@@ -71,12 +71,12 @@ async fn mint_and_verify_round_trip() {
     let db = support::TestDb::sqlite().await;
     let (ring, now) = ready(&db.store).await;
     let minted = ring
-        .mint_at(Kind::Supervisor, &pool_subject("main"), LIFETIME, &NoExtra {}, now)
+        .mint_at(Kind::Supervisor, &member_subject("main"), LIFETIME, &NoExtra {}, now)
         .unwrap();
     let claims = verify(&ring, &minted.token, now).unwrap();
     assert_eq!(
         (claims.iss.as_str(), claims.aud.as_str(), claims.sub.as_str()),
-        (ISS, tokens::SUPERVISOR, "pool:main")
+        (ISS, tokens::SUPERVISOR, "member:main")
     );
     assert_eq!((claims.exp - claims.iat, claims.jti), (3600, minted.jti.clone()));
     assert_eq!(Some(minted.kid.as_str()), ring.signing_kid());
@@ -84,7 +84,7 @@ async fn mint_and_verify_round_trip() {
     let published = TrustBundle::from_jwks(ring.trust_bundle().to_jwks().as_bytes()).unwrap();
     let expected = trust::Expectation::kind(Kind::Supervisor, ISS);
     let claims: Claims = published.verify_at(&minted.token, &expected, now).unwrap();
-    assert_eq!(claims.sub, "pool:main");
+    assert_eq!(claims.sub, "member:main");
     assert!(!minted.needs_renewal(now + 1_799_000) && minted.needs_renewal(now + 1_800_000));
     db.finish().await;
 }
@@ -113,7 +113,7 @@ async fn wrong_audience_and_wrong_issuer_are_refused() {
     let instance = ring
         .mint_at(
             Kind::Instance,
-            &tokens::namespace_subject("team-a"),
+            &tokens::instance_subject("team-a/web-0"),
             LIFETIME,
             &NoExtra {},
             now,
@@ -351,14 +351,19 @@ async fn delivery_replaces_files_atomically_and_keeps_the_token_private() {
     let dir = tempfile::tempdir().unwrap();
     let delivery = FileDelivery::new(dir.path().join("pool"));
     let first = Delivered::new(
-        &ring
-            .mint_at(Kind::Supervisor, "pool:main", LIFETIME, &NoExtra {}, now)
-            .unwrap(),
+        Some(
+            &ring
+                .mint_at(Kind::Supervisor, "member:main", LIFETIME, &NoExtra {}, now)
+                .unwrap(),
+        ),
         ring.trust_bundle(),
     );
     delivery.deliver(&first).await.unwrap();
     let token_path = delivery.token_path();
-    assert_eq!(std::fs::read_to_string(&token_path).unwrap(), first.token);
+    assert_eq!(
+        std::fs::read_to_string(&token_path).unwrap(),
+        first.token.clone().unwrap()
+    );
     assert_eq!(
         std::fs::metadata(&token_path).unwrap().permissions().mode() & 0o777,
         0o600
@@ -371,15 +376,20 @@ async fn delivery_replaces_files_atomically_and_keeps_the_token_private() {
     let held = std::fs::File::open(&token_path).unwrap();
     let old_inode = held.metadata().unwrap().ino();
     let second = Delivered::new(
-        &ring
-            .mint_at(Kind::Supervisor, "pool:main", LIFETIME, &NoExtra {}, now + 1000)
-            .unwrap(),
+        Some(
+            &ring
+                .mint_at(Kind::Supervisor, "member:main", LIFETIME, &NoExtra {}, now + 1000)
+                .unwrap(),
+        ),
         ring.trust_bundle(),
     );
     assert_ne!(first.token, second.token);
     delivery.deliver(&second).await.unwrap();
-    assert_eq!(std::io::read_to_string(&held).unwrap(), first.token);
-    assert_eq!(std::fs::read_to_string(&token_path).unwrap(), second.token);
+    assert_eq!(std::io::read_to_string(&held).unwrap(), first.token.clone().unwrap());
+    assert_eq!(
+        std::fs::read_to_string(&token_path).unwrap(),
+        second.token.clone().unwrap()
+    );
     let meta = std::fs::metadata(&token_path).unwrap();
     assert_ne!(meta.ino(), old_inode);
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);
@@ -407,7 +417,7 @@ async fn debug_output_never_shows_private_keys_or_tokens() {
     let minted = ring
         .mint_at(Kind::Supervisor, "pool:main", LIFETIME, &NoExtra {}, now)
         .unwrap();
-    let delivered = Delivered::new(&minted, ring.trust_bundle());
+    let delivered = Delivered::new(Some(&minted), ring.trust_bundle());
     let pair = KeyPair::from_record(&record).unwrap();
     let shown = format!("{ring:?} {pair:?} {record:?} {minted:?} {delivered:?}");
     assert!(!shown.contains(&body), "{shown}");

@@ -60,6 +60,9 @@ pub const MAX_OPERATION_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
 /// Supervisor tokens live this long and are renewed at half their lifetime.
 pub const SUPERVISOR_TOKEN_LIFETIME: Duration = Duration::from_secs(3600);
+/// Instance tokens issued at registration live this long; the sidecar registers again at
+/// half their lifetime for a new one.
+pub const INSTANCE_TOKEN_LIFETIME: Duration = SUPERVISOR_TOKEN_LIFETIME;
 
 /// Kubernetes: how long a registered instance may go without its Pod in the gateway's Pod
 /// watch before the gateway takes the Pod for gone and withdraws the instance (covers the

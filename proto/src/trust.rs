@@ -45,10 +45,13 @@ pub const DEFAULT_ISSUER: &str = "openshell-gateway";
 pub const SUPERVISOR_AUDIENCE: &str = "openshell-supervisor";
 /// Audience of recovery grants and activation proofs (verified by the sidecar).
 pub const SIDECAR_AUDIENCE: &str = "openshell-sidecar";
-/// Audience of namespace tokens (a sidecar calling the registry and its member).
+/// Audience of instance tokens (a sidecar calling the registry and its member).
 pub const INSTANCE_AUDIENCE: &str = "openshell-instance";
 /// Audience of operator tokens (the operator API).
 pub const OPERATOR_AUDIENCE: &str = "openshell-operator";
+/// Default audience of the projected ServiceAccount tokens sidecars and members present in
+/// Kubernetes (the gateway reviews them with exactly this audience).
+pub const KUBERNETES_AUDIENCE: &str = "openshell-gateway";
 
 /// Header `typ` of bearer tokens.
 pub const JWT_TYP: &str = "JWT";
@@ -62,9 +65,10 @@ pub const MAX_PROOF_LIFETIME: Duration = Duration::from_secs(60);
 /// The kinds of token the gateway signs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
-    /// Bearer token of the pool's members; subject [`pool_subject`].
+    /// Bearer token of one pool member; subject [`member_subject`].
     Supervisor,
-    /// Bearer token of one namespace's sidecars; subject [`namespace_subject`].
+    /// Bearer token of one instance's sidecar; subject [`instance_subject`], extra claims
+    /// [`InstanceTokenClaims`].
     Instance,
     /// Bearer token of an operator; extra claims [`OperatorClaims`].
     Operator,
@@ -111,19 +115,48 @@ impl Kind {
     }
 }
 
-/// Subject of the supervisor token shared by every member of `pool`.
-pub fn pool_subject(pool: &str) -> String {
-    format!("pool:{pool}")
+/// Subject of the bearer token of pool member `member` (its Pod name in Kubernetes).
+pub fn member_subject(member: &str) -> String {
+    format!("member:{member}")
 }
 
-/// Subject of the namespace token of `namespace`.
-pub fn namespace_subject(namespace: &str) -> String {
-    format!("namespace:{namespace}")
+/// The member a member token's subject names.
+pub fn member_of(subject: &str) -> Option<&str> {
+    subject.strip_prefix("member:").filter(|m| !m.is_empty())
 }
 
-/// The namespace a namespace token's subject names.
-pub fn namespace_of(subject: &str) -> Option<&str> {
-    subject.strip_prefix("namespace:").filter(|ns| !ns.is_empty())
+/// Subject of the bearer token of the instance at `route`.
+pub fn instance_subject(route: &str) -> String {
+    format!("instance:{route}")
+}
+
+/// The route an instance token's subject names.
+pub fn route_of(subject: &str) -> Option<&str> {
+    subject.strip_prefix("instance:").filter(|r| !r.is_empty())
+}
+
+/// The `iss` and `exp` of a JWT, read WITHOUT verifying it: only to choose who verifies the
+/// token (the gateway's keys, or a Kubernetes TokenReview), and the expiry of a token someone
+/// else verified. `None` for anything that is not a bounded, well-formed JWT with a string
+/// `iss`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Unverified {
+    pub iss: String,
+    /// Seconds since the Unix epoch.
+    #[serde(default)]
+    pub exp: Option<i64>,
+}
+
+pub fn unverified(token: &str) -> Option<Unverified> {
+    use base64::Engine as _;
+    if token.len() > MAX_TOKEN_BYTES {
+        return None;
+    }
+    let mut parts = token.split('.');
+    let (_header, payload) = (parts.next()?, parts.next()?);
+    parts.next()?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload).ok()?;
+    serde_json::from_slice::<Unverified>(&bytes).ok()
 }
 
 /// The registered claims every gateway token carries, plus the kind's `extra` claims
@@ -150,6 +183,17 @@ pub struct NoExtra {}
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OperatorClaims {
     pub roles: Vec<String>,
+}
+
+/// Extra claims of an instance token: the workload it was issued to. `uid` is set in tokens
+/// the gateway issues at registration (bound to that Pod), unset in local bootstrap tokens
+/// (bound to the route only).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceTokenClaims {
+    pub namespace: String,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
 }
 
 /// The `instance` claim of grants and proofs.
@@ -689,7 +733,10 @@ mod tests {
         for kind in Kind::ALL {
             assert!(kind.max_lifetime() <= SUPERVISOR_TOKEN_LIFETIME, "{kind:?}");
         }
-        assert_eq!(namespace_of(&namespace_subject("team-a")), Some("team-a"));
-        assert_eq!(namespace_of("pool:p"), None);
+        assert_eq!(route_of(&instance_subject("team-a/web-0")), Some("team-a/web-0"));
+        assert_eq!(route_of("member:m"), None);
+        assert_eq!(member_of(&member_subject("supervisor-0")), Some("supervisor-0"));
+        assert_eq!(member_of("instance:a/b"), None);
+        assert_eq!(member_of("member:"), None);
     }
 }

@@ -137,6 +137,8 @@ fn registry_register_round_trips() -> TestResult {
         }),
         term: 1,
         recovery_deadline_ms: 60_000,
+        instance_token: "header.claims.signature".into(),
+        instance_token_expires_at_ms: 1_800_000_000_000,
     })
 }
 

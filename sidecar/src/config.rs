@@ -1,6 +1,6 @@
 //! The sidecar's configuration: command-line flags, each also read from an `OPENSHELL_*`
 //! environment variable (the webhook injects them in Kubernetes; the local launcher sets them).
-//! Holds no secret: the namespace token is read from `supervision_dir` when it is needed.
+//! Holds no secret: the token is read from `supervision_dir` when it is needed.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -42,7 +42,8 @@ pub struct Config {
     /// Route of the instance; defaults to "<namespace>/<name>".
     #[arg(long, env = "OPENSHELL_ROUTE")]
     pub route: Option<String>,
-    /// Directory holding `token` (the namespace token), `trust.jwks` (the gateway's keys) and
+    /// Directory holding `token` (the Pod's ServiceAccount token in Kubernetes, the route's
+    /// bootstrap token locally), `trust.jwks` (the gateway's keys) and
     /// `ca.crt` (the CA of the pool's TLS certificates); all are re-read when they change.
     #[arg(long, env = "OPENSHELL_SUPERVISION_DIR")]
     pub supervision_dir: PathBuf,

@@ -129,6 +129,9 @@ pub(crate) struct Engine {
     dial: Dial,
     ending: Option<Ending>,
     done: Option<(Ending, Option<Exit>)>,
+    /// The instance token the last registration issued (bound to this Pod): what pool
+    /// members are shown. Before it, the mounted bootstrap token.
+    instance_token: Option<Token>,
 }
 
 /// The engine's inputs.
@@ -181,6 +184,7 @@ impl Engine {
             },
             ending: None,
             done: None,
+            instance_token: None,
         }
     }
 
@@ -248,6 +252,9 @@ impl Engine {
             return;
         };
         info!(generation, term = response.term, "registered");
+        if !response.instance_token.is_empty() {
+            self.instance_token = Some(Token::new(response.instance_token.clone()));
+        }
         if self.state.generation == generation && !matches!(self.mode, Mode::Unregistered) {
             return; // already running on the generation persisted before a restart
         }
@@ -842,10 +849,14 @@ impl Engine {
             None if self.addresses.is_empty() => return,
             None => self.addresses[self.dial.cursor % self.addresses.len()].clone(),
         };
-        let token = match read_token(&self.cfg.supervision_dir) {
+        let token = match self
+            .instance_token
+            .clone()
+            .map_or_else(|| read_token(&self.cfg.supervision_dir), Ok)
+        {
             Ok(token) => token,
             Err(err) => {
-                warn!(%err, "cannot read the namespace token; retrying");
+                warn!(%err, "cannot read the instance token; retrying");
                 self.dial.backoff();
                 return;
             }

@@ -117,8 +117,16 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
     let registration = tokio::spawn({
         let registry = registry.clone();
         async move {
-            let response = registry.register(register).await;
-            let _ = registered_tx.send(response).await;
+            // Registered again (idempotent: same workload, same generation) from half the
+            // instance token's lifetime on, for a new token before the old one expires.
+            loop {
+                let response = registry.register(register.clone()).await;
+                let renew_in = renewal_delay(response.instance_token_expires_at_ms);
+                if registered_tx.send(response).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(renew_in).await;
+            }
         }
     });
     let (workload_tx, workload_rx) = mpsc::channel(64);
@@ -142,6 +150,16 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
     let _ = std::fs::remove_file(&cfg.socket);
     info!(?outcome, "sidecar finished");
     Ok(outcome)
+}
+
+/// Half the time left until `expires_at_ms` (at least a second; an hour when unknown).
+fn renewal_delay(expires_at_ms: i64) -> std::time::Duration {
+    let now_ms = proto::trust::unix_ms(std::time::SystemTime::now());
+    let left_ms = u64::try_from(expires_at_ms.saturating_sub(now_ms)).unwrap_or(0);
+    match expires_at_ms {
+        0 => std::time::Duration::from_secs(3600),
+        _ => std::time::Duration::from_millis((left_ms / 2).max(1000)),
+    }
 }
 
 /// Starts the configured command, or finds the workload pinned before a restart.

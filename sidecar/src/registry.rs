@@ -1,4 +1,5 @@
-//! The gateway's instance registry (registry.v1), called with the namespace token. Every call
+//! The gateway's instance registry (registry.v1), called with the mounted token (the Pod's
+//! ServiceAccount token in Kubernetes, the route's bootstrap token locally). Every call
 //! is bounded in time and retried with backoff over the gateway endpoints in turn (the three
 //! RPCs are idempotent): Register until it succeeds, Deregister and ReportRecoveryFailed a
 //! bounded number of times.

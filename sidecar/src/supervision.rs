@@ -1,4 +1,5 @@
-//! The mounted supervision files: the namespace token (`token`, a secret: never logged, never
+//! The mounted supervision files: the token (`token`: the Pod's ServiceAccount token in Kubernetes, the route's
+//! bootstrap token locally; a secret: never logged, never
 //! in `Debug`) and the gateway's trust bundle (`trust.jwks`). Both are re-read when they change
 //! (a Kubernetes Secret mount swaps them atomically); the bundle also on an unknown `kid`.
 
@@ -17,13 +18,13 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    #[error("the namespace token in {0} is empty, larger than {MAX_TOKEN_BYTES} bytes or not ASCII")]
+    #[error("the token in {0} is empty, larger than {MAX_TOKEN_BYTES} bytes or not ASCII")]
     BadToken(String),
     #[error(transparent)]
     Bundle(#[from] proto::trust::Error),
 }
 
-/// The namespace token.
+/// A bearer token (the mounted one, or the instance token a registration issued).
 #[derive(Clone)]
 pub struct Token(String);
 
@@ -51,7 +52,7 @@ impl Token {
     }
 }
 
-/// Reads the namespace token from `dir/token` (bounded, surrounding whitespace trimmed).
+/// Reads the mounted token from `dir/token` (bounded, surrounding whitespace trimmed).
 pub fn read_token(dir: &Path) -> Result<Token, Error> {
     let path = dir.join(TOKEN_FILE);
     let read_error = |source| Error::Read {

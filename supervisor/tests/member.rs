@@ -30,7 +30,7 @@ async fn hello_carries_identity_and_the_token_from_the_file() {
     assert_eq!(connection.token.as_deref(), Some("token-one"));
 
     // The advertised runtime address is real: the runtime service answers there (and wants a
-    // namespace token).
+    // instance token).
     assert!(
         hello.runtime_address.starts_with("http://127.0.0.1:"),
         "{}",

@@ -102,7 +102,7 @@ impl Pool {
     }
 
     async fn sidecar(&self, first: sidecar_message::Kind) -> FakeSidecar {
-        let token = self.gateway.recovery.keys.namespace_token("team-a");
+        let token = self.gateway.recovery.keys.instance_token(ROUTE, None);
         FakeSidecar::connect(&self.runtime_address, Some(&token), first)
             .await
             .unwrap()
@@ -238,7 +238,7 @@ async fn first_placement_takes_over_end_to_end_and_relays() {
 }
 
 #[tokio::test]
-async fn sidecars_are_authenticated_by_namespace_token_and_trust_follows_rotation() {
+async fn sidecars_are_authenticated_by_instance_token_and_trust_follows_rotation() {
     let mut pool = Pool::start().await;
     let instance = generation(1);
     pool.own(vec![placed(ROUTE, &instance, 2, Owned)]).await;
@@ -252,14 +252,29 @@ async fn sidecars_are_authenticated_by_namespace_token_and_trust_follows_rotatio
 
     assert_eq!(refused(connect(None).await), Code::Unauthenticated);
     assert_eq!(refused(connect(Some("not-a-jwt".into())).await), Code::Unauthenticated);
-    let forged = Keys::new(9, "gateway-key-1").namespace_token("team-a");
+    let forged = Keys::new(9, "gateway-key-1").instance_token(ROUTE, None);
     assert_eq!(refused(connect(Some(forged)).await), Code::Unauthenticated);
-    assert_eq!(
-        refused(connect(Some(keys.namespace_token("team-b"))).await),
-        Code::PermissionDenied
+    // A token of another namespace, of another workload of the same namespace, or bound to
+    // another Pod UID of the same route: never this instance's stream.
+    for other in [
+        keys.instance_token("team-b/agent", None),
+        keys.instance_token("team-a/other", None),
+        keys.instance_token(ROUTE, Some("uid-of-another-pod")),
+    ] {
+        assert_eq!(refused(connect(Some(other)).await), Code::PermissionDenied);
+    }
+    // A token for the route in the request, but naming another workload in its claims.
+    let lying = keys.mint(
+        proto::trust::Kind::Instance,
+        &proto::trust::instance_subject(ROUTE),
+        600,
+        serde_json::json!({ "namespace": "team-b", "name": "agent" }),
     );
+    assert_eq!(refused(connect(Some(lying)).await), Code::PermissionDenied);
     // The bundle came from the gateway (no trust file yet): a valid token attaches.
-    let mut sidecar = connect(Some(keys.namespace_token("team-a"))).await.unwrap();
+    let mut sidecar = connect(Some(keys.instance_token(ROUTE, Some(&instance.uid))))
+        .await
+        .unwrap();
     assert!(
         matches!(sidecar.expect().await, Kind::Attached(a) if a.term == 2 && a.recovery_deadline_ms == DEADLINE_MS)
     );
@@ -267,11 +282,11 @@ async fn sidecars_are_authenticated_by_namespace_token_and_trust_follows_rotatio
     // A rotated key delivered in the trust file is picked up at once (unknown kid).
     let rotated = Keys::new(2, "gateway-key-2");
     pool.member.write_trust(&rotated.bundle());
-    let mut again = connect(Some(rotated.namespace_token("team-a"))).await.unwrap();
+    let mut again = connect(Some(rotated.instance_token(ROUTE, None))).await.unwrap();
     assert!(matches!(again.expect().await, Kind::Attached(_)));
     // The file now rules: the old key is no longer trusted.
     assert_eq!(
-        refused(connect(Some(keys.namespace_token("team-a"))).await),
+        refused(connect(Some(keys.instance_token(ROUTE, None))).await),
         Code::Unauthenticated
     );
 }

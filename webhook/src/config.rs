@@ -100,6 +100,16 @@ pub struct Config {
     #[arg(long, env = "OPENSHELL_WEBHOOK_SIDECAR_MODE", value_enum, default_value = "native")]
     pub sidecar_mode: SidecarMode,
 
+    /// Audience of the projected ServiceAccount token the sidecar authenticates to the gateway
+    /// with (the gateway's `OPENSHELL_GATEWAY_TOKEN_AUDIENCE`).
+    #[arg(long, env = "OPENSHELL_WEBHOOK_TOKEN_AUDIENCE", default_value = proto::trust::KUBERNETES_AUDIENCE)]
+    pub token_audience: String,
+
+    /// Lifetime of that token in seconds (the kubelet renews it at 80 %; at least 600).
+    #[arg(long, env = "OPENSHELL_WEBHOOK_TOKEN_EXPIRATION_SECONDS", default_value_t = 3600,
+          value_parser = clap::value_parser!(i64).range(600..=86_400))]
+    pub token_expiration_seconds: i64,
+
     /// Supervisor pool address given to sidecars and workloads (`OPENSHELL_SUPERVISOR_ROUTE`):
     /// the supervisor Service, gRPC over TLS (`https://`; `http://` for a plaintext pool).
     #[arg(long, env = "OPENSHELL_WEBHOOK_SUPERVISOR_ROUTE", default_value = DEFAULT_SUPERVISOR_ROUTE)]
@@ -199,6 +209,8 @@ impl Config {
                 memory_limit: self.sidecar_memory_limit.clone(),
             },
             run_as_user: self.sidecar_run_as_user,
+            token_audience: self.token_audience.clone(),
+            token_expiration_seconds: self.token_expiration_seconds,
             version: env!("CARGO_PKG_VERSION").into(),
         }
     }

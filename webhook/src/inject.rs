@@ -29,12 +29,14 @@ pub const INJECT_DISABLED: &str = "disabled";
 pub const SUPERVISED_LABEL: &str = "supervision.openshell.ai/supervised";
 /// Value of [`SUPERVISED_LABEL`].
 pub const SUPERVISED_VALUE: &str = "true";
-/// The token/trust Secret the gateway keeps in every labelled namespace (keys
-/// `token` and `trust.jwks`).
+/// The trust Secret the gateway keeps in every labelled namespace (keys `trust.jwks` and
+/// `ca.crt`).
 pub const TOKEN_SECRET: &str = "openshell-supervision-token";
-/// Name of the Pod volume holding [`TOKEN_SECRET`].
+/// Name of the Pod's projected volume: `trust.jwks` and `ca.crt` from [`TOKEN_SECRET`], and
+/// `token`, the Pod's own ServiceAccount token for the gateway's audience (the kubelet
+/// renews it), which proves to the gateway which Pod the sidecar is.
 pub const TOKEN_VOLUME: &str = "openshell-supervision-token";
-/// Where the sidecar sees the token Secret (read-only): its `OPENSHELL_SUPERVISION_DIR`.
+/// Where the sidecar sees that volume (read-only): its `OPENSHELL_SUPERVISION_DIR`.
 pub const SUPERVISION_DIR: &str = "/var/run/openshell/supervision";
 /// Name of the in-memory `emptyDir` holding the sidecar's workload socket; mounted in the
 /// sidecar and in every workload container.
@@ -138,6 +140,10 @@ pub struct InjectConfig {
     /// (so the sidecar runs as the workload's user and may signal it) or to the image's
     /// numeric `USER`.
     pub run_as_user: Option<i64>,
+    /// Audience of the sidecar's projected ServiceAccount token (the gateway's).
+    pub token_audience: String,
+    /// Lifetime of that token in seconds.
+    pub token_expiration_seconds: i64,
     /// Recorded in the annotation.
     pub version: String,
 }
@@ -154,6 +160,8 @@ impl Default for InjectConfig {
             install_namespace: "openshell-supervision".into(),
             resources: SidecarResources::default(),
             run_as_user: None,
+            token_audience: proto::trust::KUBERNETES_AUDIENCE.into(),
+            token_expiration_seconds: 3600,
             version: env!("CARGO_PKG_VERSION").into(),
         }
     }
@@ -308,7 +316,10 @@ fn object_or_absent<'a>(value: Option<&'a Value>, path: &str) -> Result<Option<&
 /// and state.
 fn is_our_volume(name: &str, existing: &Value) -> bool {
     if name == TOKEN_VOLUME {
-        existing.pointer("/secret/secretName").and_then(Value::as_str) == Some(TOKEN_SECRET)
+        existing
+            .pointer("/projected/sources/0/secret/name")
+            .and_then(Value::as_str)
+            == Some(TOKEN_SECRET)
     } else {
         existing.get("emptyDir").is_some_and(Value::is_object)
     }
@@ -426,7 +437,20 @@ impl Injector {
             // Pod sets fsGroup. Only the sidecar mounts it.
             json!({
                 "name": TOKEN_VOLUME,
-                "secret": { "secretName": TOKEN_SECRET, "defaultMode": 0o444 },
+                "projected": {
+                    "defaultMode": 0o444,
+                    "sources": [
+                        { "secret": { "name": TOKEN_SECRET, "items": [
+                            { "key": "trust.jwks", "path": "trust.jwks" },
+                            { "key": "ca.crt", "path": "ca.crt" },
+                        ] } },
+                        { "serviceAccountToken": {
+                            "audience": config.token_audience,
+                            "expirationSeconds": config.token_expiration_seconds,
+                            "path": "token",
+                        } },
+                    ],
+                },
             }),
             json!({
                 "name": SOCKET_VOLUME,

@@ -196,11 +196,25 @@ fn assert_injected(pod: &Pod, mode: SidecarMode, original: &Value) {
             .find(|v| v.name == name)
             .unwrap_or_else(|| panic!("volume {name}"))
     };
-    let secret = volume_of(TOKEN_VOLUME).secret.as_ref().unwrap();
-    assert_eq!(secret.secret_name.as_deref(), Some(TOKEN_SECRET));
+    let projected = volume_of(TOKEN_VOLUME).projected.as_ref().unwrap();
+    let sources = projected.sources.as_ref().unwrap();
+    let secret = sources[0].secret.as_ref().unwrap();
+    assert_eq!(secret.name, TOKEN_SECRET);
     assert_eq!(secret.optional, None, "the Pod waits for the gateway's Secret");
+    let keys: Vec<_> = secret.items.iter().flatten().map(|i| i.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        ["trust.jwks", "ca.crt"],
+        "no token from the Secret: the Pod brings its own"
+    );
+    // The Pod's own ServiceAccount token, for the gateway's audience: it proves which Pod
+    // the sidecar is.
+    let token = sources[1].service_account_token.as_ref().unwrap();
+    assert_eq!(token.audience.as_deref(), Some(proto::trust::KUBERNETES_AUDIENCE));
+    assert_eq!(token.path, "token");
+    assert_eq!(token.expiration_seconds, Some(3600));
     // Readable by whatever non-root user the sidecar runs as (no fsGroup is assumed).
-    assert_eq!(secret.default_mode, Some(0o444));
+    assert_eq!(projected.default_mode, Some(0o444));
     let socket = volume_of(SOCKET_VOLUME).empty_dir.as_ref().expect("socket emptyDir");
     assert_eq!(socket.medium.as_deref(), Some("Memory"));
     assert!(socket.size_limit.is_some());
@@ -608,8 +622,8 @@ fn our_volumes_already_present_are_reused_and_foreign_ones_leave_the_pod_alone()
         ),
         (
             TOKEN_VOLUME,
-            json!({ "name": TOKEN_VOLUME, "secret": { "secretName": TOKEN_SECRET } }),
-            json!({ "name": TOKEN_VOLUME, "secret": { "secretName": "someone-elses" } }),
+            json!({ "name": TOKEN_VOLUME, "projected": { "sources": [{ "secret": { "name": TOKEN_SECRET } }] } }),
+            json!({ "name": TOKEN_VOLUME, "projected": { "sources": [{ "secret": { "name": "someone-elses" } }] } }),
         ),
     ] {
         // Ours: reused, not added a second time; the other two are still added.

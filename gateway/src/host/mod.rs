@@ -19,7 +19,6 @@ use proto::host::v1::member_message::Kind as MemberKind;
 use proto::host::v1::supervisor_host_server::SupervisorHost;
 use proto::host::v1::{GatewayMessage, HeartbeatAck, Hello, MemberMessage, gateway_message};
 use proto::timing;
-use proto::trust::Kind;
 use std::collections::HashMap;
 
 use tokio::sync::{mpsc, watch};
@@ -129,7 +128,7 @@ impl SupervisorHost for Host {
     type AttachStream = Outbound;
 
     async fn attach(&self, request: Request<Streaming<MemberMessage>>) -> Result<Response<Outbound>, Status> {
-        let principal = self.replica.keys.verify_request(Kind::Supervisor, &request).await?;
+        let caller = self.replica.keys.member(&request).await?;
         let mut inbound = request.into_inner();
         let first = timeout(timing::SILENCE_TIMEOUT, inbound.message())
             .await
@@ -143,6 +142,11 @@ impl SupervisorHost for Host {
             ));
         };
         let identity = validate_hello(&hello)?;
+        // A member attaches only under its own name.
+        if let Err(denied) = caller.is(&identity.member) {
+            Counters::bump(&self.replica.counters.denied);
+            return Err(denied);
+        }
 
         let admission = self
             .replica
@@ -198,7 +202,7 @@ impl SupervisorHost for Host {
             admitted_at,
             tx,
             superseded,
-            token_expires_at_ms: principal.expires_at_ms,
+            token_expires_at_ms: caller.expires_at_ms,
         };
         tokio::spawn(session.run(inbound).instrument(span));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx)) as Outbound))

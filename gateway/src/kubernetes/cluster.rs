@@ -77,21 +77,23 @@ pub trait Cluster: Send + Sync + 'static {
     fn publish(&self, notice: &Notice) -> impl Future<Output = Result<(), Error>> + Send;
 }
 
-/// The Secret as the gateway writes it: the token, the trust bundle and (when configured) the
-/// CA bundle under the file names the sidecar and the supervisor read from the mount. `owner`
+/// The Secret as the gateway writes it: the token (operator only), the trust bundle and the
+/// CA bundle (empty when none is configured) under the file names the sidecar and the
+/// supervisor read from the mount. `owner`
 /// (the install's Namespace) makes the garbage collector remove the Secret when the install
 /// is deleted, whichever namespace it is in.
 pub fn secret(namespace: &str, name: &str, delivered: &Delivered, owner: Option<&OwnerReference>) -> Secret {
-    let mut data = BTreeMap::from([
-        (TOKEN_FILE.to_owned(), ByteString(delivered.token.as_bytes().to_vec())),
-        (
-            TRUST_BUNDLE_FILE.to_owned(),
-            ByteString(delivered.trust_jwks.as_bytes().to_vec()),
-        ),
-    ]);
-    if let Some(ca) = &delivered.ca_pem {
-        data.insert(CA_FILE.to_owned(), ByteString(ca.as_bytes().to_vec()));
+    let mut data = BTreeMap::from([(
+        TRUST_BUNDLE_FILE.to_owned(),
+        ByteString(delivered.trust_jwks.as_bytes().to_vec()),
+    )]);
+    if let Some(token) = &delivered.token {
+        data.insert(TOKEN_FILE.to_owned(), ByteString(token.as_bytes().to_vec()));
     }
+    // Always present (empty without a CA: a plaintext pool): the sidecar's projected volume
+    // names the key.
+    let ca = delivered.ca_pem.as_deref().unwrap_or_default();
+    data.insert(CA_FILE.to_owned(), ByteString(ca.as_bytes().to_vec()));
     Secret {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
@@ -343,7 +345,7 @@ mod tests {
         };
         let owner = namespace_owner(&install);
         let delivered = Delivered {
-            token: "t".into(),
+            token: Some("t".into()),
             expires_at_ms: 0,
             trust_jwks: "{}".into(),
             ca_pem: None,

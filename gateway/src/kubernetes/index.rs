@@ -31,6 +31,8 @@ pub struct Index {
     /// Namespaces whose token Secret must be written now, whatever the token's age: it was
     /// deleted (by hand, or with the label), or the namespace (re)appeared in the index.
     missing_secrets: BTreeSet<String>,
+    /// Per-namespace instance limits set by annotation ([`LIMIT_ANNOTATION`]).
+    limits: BTreeMap<String, u32>,
     /// Supervised Pods by uid.
     pods: BTreeMap<String, Pod>,
     /// The supervisor Pods of the install namespace (members are named by their Pod): UID by
@@ -47,7 +49,38 @@ pub struct Index {
     version: u64,
 }
 
+/// Namespace annotation overriding the gateway's per-namespace instance limit.
+pub const LIMIT_ANNOTATION: &str = "supervision.openshell.ai/max-instances";
+
+/// The limit an annotation value sets: a decimal count, else none (the default applies).
+pub fn parse_limit(value: Option<&str>) -> Option<u32> {
+    value.and_then(|v| v.trim().parse::<u32>().ok())
+}
+
 impl Index {
+    /// Set (or clear) the instance limit of `namespace`; no writer wake-up needed.
+    pub fn set_limit(&mut self, namespace: &str, limit: Option<u32>) {
+        match limit {
+            Some(limit) => self.limits.insert(namespace.to_owned(), limit),
+            None => self.limits.remove(namespace),
+        };
+    }
+
+    /// A (re)list: exactly these namespaces have an annotated limit.
+    pub fn reset_limits(&mut self, limits: impl IntoIterator<Item = (String, u32)>) {
+        self.limits = limits.into_iter().collect();
+    }
+
+    /// The annotated instance limit of `namespace`, if any.
+    pub fn limit(&self, namespace: &str) -> Option<u32> {
+        self.limits.get(namespace).copied()
+    }
+
+    /// Whether `namespace` is labelled now (and not being deleted).
+    pub fn is_labelled(&self, namespace: &str) -> bool {
+        self.labelled.contains(namespace)
+    }
+
     pub fn apply_namespace(&mut self, name: &str) {
         if self.terminating.contains(name) {
             return;

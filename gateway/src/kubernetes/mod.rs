@@ -17,6 +17,7 @@ pub mod cluster;
 pub mod index;
 pub mod notice;
 pub mod plan;
+pub mod review;
 pub mod watch;
 pub mod writer;
 
@@ -45,6 +46,8 @@ pub struct Integration<C> {
     pub cluster: C,
     pub shared: Shared,
     pub scope: Scope,
+    /// Reviews the ServiceAccount tokens of sidecars and members.
+    pub review: Arc<dyn review::Review>,
 }
 
 impl Integration<Kube> {
@@ -53,6 +56,7 @@ impl Integration<Kube> {
     pub async fn connect(
         scope: Scope,
         instance: &str,
+        audience: &str,
         shutdown: &CancellationToken,
     ) -> Result<(Self, Vec<JoinHandle<()>>), Error> {
         let client = kube::Client::try_default().await?;
@@ -69,9 +73,12 @@ impl Integration<Kube> {
             )),
         ];
         let integration = Self {
-            cluster: Kube::new(client, instance).owned_by(&scope.install_namespace).await,
+            cluster: Kube::new(client.clone(), instance)
+                .owned_by(&scope.install_namespace)
+                .await,
             shared,
             scope,
+            review: Arc::new(review::Kube::new(client, audience)),
         };
         Ok((integration, tasks))
     }
@@ -82,7 +89,6 @@ impl<C: Cluster> Integration<C> {
     pub fn spawn_writer(
         self,
         replica: Arc<Replica>,
-        pool: String,
         lease: channel::Receiver<Option<Lease>>,
         shutdown: CancellationToken,
     ) -> JoinHandle<()> {
@@ -91,7 +97,6 @@ impl<C: Cluster> Integration<C> {
             shared: self.shared,
             replica,
             scope: self.scope,
-            pool,
         };
         tokio::spawn(writer.run(lease, shutdown))
     }

@@ -603,7 +603,7 @@ mod tests {
             .collect();
         assert_eq!(notices.len(), 1, "{notices:?}");
         assert!(
-            notices[0].note.contains("at capacity (m holds 1)"),
+            notices[0].note.contains("at capacity (m holds 1 of 1)"),
             "{}",
             notices[0].note
         );

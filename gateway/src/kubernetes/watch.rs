@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use super::index::{self, Index};
+use super::index::{self, Index, LIMIT_ANNOTATION, parse_limit};
 use super::plan::NAMESPACE_SECRET;
 
 /// Namespaces opt in with this label…
@@ -24,7 +24,7 @@ pub const SHARED_ENABLED: &str = "enabled";
 pub const SUPERVISED_LABEL: &str = "supervision.openshell.ai/supervised";
 
 /// Shared between the watches (writers) and the coordinator's writer (reader).
-#[derive(Clone, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Shared {
     index: Arc<Mutex<Index>>,
     /// Wakes the writer after a change.
@@ -50,14 +50,24 @@ impl Shared {
 pub async fn namespaces(client: Client, shared: Shared, shutdown: CancellationToken) {
     let config = watcher::Config::default().labels(&format!("{SHARED_LABEL}={SHARED_ENABLED}"));
     let events = watcher(Api::<Namespace>::all(client), config).default_backoff();
+    let limit = |ns: &Namespace| parse_limit(ns.annotations().get(LIMIT_ANNOTATION).map(String::as_str));
     follow(events, shared, shutdown, "namespaces", |index, event| match event {
         Change::Apply(ns) if is_terminating(&ns) => index.terminate_namespace(&ns.name_any()),
-        Change::Apply(ns) => index.apply_namespace(&ns.name_any()),
-        Change::Delete(ns) => index.delete_namespace(&ns.name_any()),
-        Change::Reset(all) => index.reset_namespaces_with(
-            all.iter().map(ResourceExt::name_any),
-            all.iter().filter(|ns| is_terminating(ns)).map(ResourceExt::name_any),
-        ),
+        Change::Apply(ns) => {
+            index.set_limit(&ns.name_any(), limit(&ns));
+            index.apply_namespace(&ns.name_any());
+        }
+        Change::Delete(ns) => {
+            index.set_limit(&ns.name_any(), None);
+            index.delete_namespace(&ns.name_any());
+        }
+        Change::Reset(all) => {
+            index.reset_limits(all.iter().filter_map(|ns| limit(ns).map(|l| (ns.name_any(), l))));
+            index.reset_namespaces_with(
+                all.iter().map(ResourceExt::name_any),
+                all.iter().filter(|ns| is_terminating(ns)).map(ResourceExt::name_any),
+            );
+        }
     })
     .await;
 }

@@ -19,10 +19,9 @@ use super::cluster::{self, Cluster};
 use super::notice;
 use super::plan::{self, Scope, Write};
 use super::watch::Shared;
-use crate::credentials::{self, Target};
+use crate::credentials::{self, Issued, Target};
 use crate::replica::Replica;
 use crate::store::Lease;
-use crate::tokens::{Delivered, Minted};
 
 /// Everything the writer needs.
 pub struct Writer<C> {
@@ -30,8 +29,6 @@ pub struct Writer<C> {
     pub shared: Shared,
     pub replica: Arc<Replica>,
     pub scope: Scope,
-    /// Pool name (subject of the supervisor token).
-    pub pool: String,
 }
 
 impl<C: Cluster> Writer<C> {
@@ -57,7 +54,7 @@ impl<C: Cluster> Writer<C> {
         let mut view_rx = self.replica.view.clone();
         // What happened before this term is not ours to report.
         let mut before = view_rx.borrow_and_update().clone();
-        let mut sent: BTreeMap<Target, Minted> = BTreeMap::new();
+        let mut sent: BTreeMap<Target, Issued> = BTreeMap::new();
         let mut failed: HashMap<Write, Instant> = HashMap::new();
         let mut ca: Option<String> = None;
         let mut ca_read: Option<Instant> = None;
@@ -152,7 +149,7 @@ impl<C: Cluster> Writer<C> {
         write: &Write,
         keyring: &crate::tokens::Keyring,
         ca: Option<&String>,
-        sent: &mut BTreeMap<Target, Minted>,
+        sent: &mut BTreeMap<Target, Issued>,
     ) -> Result<(), Error> {
         match write {
             Write::Secret {
@@ -160,8 +157,9 @@ impl<C: Cluster> Writer<C> {
                 name,
                 target,
             } => {
-                let minted = credentials::mint(keyring, target, &self.pool)?;
-                let delivered = Delivered::new(&minted, keyring.trust_bundle()).with_ca(ca.cloned());
+                let now_ms = proto::trust::unix_ms(std::time::SystemTime::now());
+                let issued = credentials::issue(keyring, target, now_ms)?;
+                let delivered = issued.delivered(keyring, ca);
                 // Cleared before the write: a deletion seen meanwhile asks for another one.
                 let needed = match target {
                     Target::Namespace(ns) => self.shared.with(|index| index.secret_written(ns)),
@@ -173,8 +171,8 @@ impl<C: Cluster> Writer<C> {
                     }
                     return Err(err.into());
                 }
-                info!(%namespace, secret = name, kid = %minted.kid, "delivered token");
-                sent.insert(target.clone(), minted);
+                info!(%namespace, secret = name, kid = %issued.kid, "delivered credentials");
+                sent.insert(target.clone(), issued);
             }
             Write::RemoveSecret { namespace } => {
                 self.cluster.delete_secret(namespace, plan::NAMESPACE_SECRET).await?;

@@ -52,6 +52,15 @@ impl Backend {
         }
     }
 
+    /// Statement taking a transaction-scoped lock on one namespace's registrations (bound:
+    /// the namespace); SQLite's `BEGIN IMMEDIATE` already serializes every writer.
+    pub(super) fn namespace_lock_sql(self) -> Option<&'static str> {
+        match self {
+            Self::Postgres => Some("SELECT pg_advisory_xact_lock(hashtext($1)) IS NULL"),
+            Self::Sqlite => None,
+        }
+    }
+
     /// Suffix that locks the selected rows for the rest of the transaction
     /// (SQLite's `BEGIN IMMEDIATE` already holds the write lock).
     pub(super) fn row_lock(self) -> &'static str {

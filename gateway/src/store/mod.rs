@@ -616,12 +616,19 @@ impl Store {
     /// replaced is remembered and can never register the route again. A withdrawn workload
     /// stays withdrawn.
     pub async fn register_instance(&self, r: &Registration) -> Result<Registered> {
+        self.register_instance_within(r, None).await
+    }
+
+    /// [`Store::register_instance`], refused ([`Registered::OverQuota`], nothing stored) when
+    /// a new workload would give its namespace more than `limit` registered instances. The
+    /// same workload registering again is never refused.
+    pub async fn register_instance_within(&self, r: &Registration, limit: Option<u32>) -> Result<Registered> {
         let r = r.clone();
-        self.detached(move |store| async move { store.register_instance_now(&r).await })
+        self.detached(move |store| async move { store.register_instance_now(&r, limit).await })
             .await
     }
 
-    async fn register_instance_now(&self, r: &Registration) -> Result<Registered> {
+    async fn register_instance_now(&self, r: &Registration, limit: Option<u32>) -> Result<Registered> {
         /// Whether a newer workload already replaced this one under its route.
         async fn replaced(tx: &mut sqlx::Transaction<'static, sqlx::Any>, r: &Registration) -> Result<bool> {
             let count: i64 =
@@ -635,6 +642,33 @@ impl Store {
         let mut tx = self.pool.begin_with(self.backend.begin_sql()).await?;
         if replaced(&mut tx, r).await? {
             return Ok(Registered::Replaced);
+        }
+        if let Some(limit) = limit {
+            // One registration per namespace at a time counts (SQLite: the write lock).
+            if let Some(lock) = self.backend.namespace_lock_sql() {
+                sqlx::query(lock).bind(&r.namespace).execute(&mut *tx).await?;
+            }
+            let same: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM instances WHERE route = $1 AND uid = $2 AND NOT withdrawn")
+                    .bind(&r.route)
+                    .bind(&r.uid)
+                    .fetch_one(&mut *tx)
+                    .await?;
+            if same == 0 {
+                let registered: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM instances WHERE namespace = $1 AND NOT withdrawn AND route <> $2",
+                )
+                .bind(&r.namespace)
+                .bind(&r.route)
+                .fetch_one(&mut *tx)
+                .await?;
+                if registered >= i64::from(limit) {
+                    return Ok(Registered::OverQuota {
+                        registered,
+                        limit: i64::from(limit),
+                    });
+                }
+            }
         }
         let clock = self.backend.clock_expr();
         let inserted = sqlx::query(&format!(

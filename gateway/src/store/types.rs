@@ -179,6 +179,8 @@ pub enum Registered {
     Withdrawn { generation: i64 },
     /// Another workload (uid) registered the route after this one: it cannot come back.
     Replaced,
+    /// The namespace already has `registered` instances, its limit: nothing was stored.
+    OverQuota { registered: i64, limit: i64 },
 }
 
 /// A recovery grant as the ledger records it.

@@ -1,4 +1,5 @@
-//! Handing the current supervisor token and the trust bundle to the pool's members. Local
+//! Handing tokens (when the target gets one) and the trust bundle to members, sidecars and the
+//! operator. Local
 //! mode writes files the members re-read before every (re)connect ([`FileDelivery`]); the
 //! Kubernetes Secret delivery will implement the same [`Delivery`] trait.
 
@@ -18,7 +19,8 @@ use super::keyring::Minted;
 /// What one delivery hands over. `Debug` does not show the token.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Delivered {
-    pub token: String,
+    /// None for trust-only deliveries (Kubernetes: the Pods bring their own tokens).
+    pub token: Option<String>,
     pub expires_at_ms: i64,
     /// The trust bundle as JWKS JSON.
     pub trust_jwks: String,
@@ -27,10 +29,10 @@ pub struct Delivered {
 }
 
 impl Delivered {
-    pub fn new(token: &Minted, bundle: &TrustBundle) -> Self {
+    pub fn new(token: Option<&Minted>, bundle: &TrustBundle) -> Self {
         Self {
-            token: token.token.clone(),
-            expires_at_ms: token.expires_at_ms,
+            token: token.map(|t| t.token.clone()),
+            expires_at_ms: token.map_or(0, |t| t.expires_at_ms),
             trust_jwks: bundle.to_jwks(),
             ca_pem: None,
         }
@@ -93,7 +95,10 @@ impl Delivery for FileDelivery {
             if let Some(ca) = &delivered.ca_pem {
                 write_atomic(&dir, CA_FILE, ca.as_bytes(), 0o644)?;
             }
-            write_atomic(&dir, TOKEN_FILE, delivered.token.as_bytes(), 0o600)
+            match &delivered.token {
+                Some(token) => write_atomic(&dir, TOKEN_FILE, token.as_bytes(), 0o600),
+                None => Ok(()),
+            }
         })
         .await
         .map_err(|e| write_error(&self.dir, io::Error::other(e)))?

@@ -5,14 +5,15 @@
 //!   `write_fenced` (lifecycle: created and published → signer → retired → deleted).
 //! - `keyring`: the [`Keyring`] every replica loads from the store: [`Keyring::mint`],
 //!   [`Keyring::trust_bundle`], [`Keyring::verify`] (through [`proto::trust`]).
-//! - `delivery`: handing the supervisor token and the trust bundle to the members
+//! - `delivery`: handing tokens and the trust bundle to members, sidecars and the operator
 //!   ([`Delivery`]; [`FileDelivery`] in local mode).
 //!
 //! Token kinds ([`Kind`]) fix audience, header `typ` and longest lifetime: [`SUPERVISOR`]
-//! (subject [`pool_subject`], one token shared by every member; the member's identity comes
-//! from its Hello), [`SIDECAR`] (recovery grants and activation proofs), [`INSTANCE`] (a
-//! namespace's token, subject [`namespace_subject`]) and [`OPERATOR`] (claims
-//! [`OperatorClaims`] with `roles`).
+//! (one member's token, subject [`member_subject`]), [`SIDECAR`] (recovery grants and
+//! activation proofs), [`INSTANCE`] (one instance's token, subject [`instance_subject`],
+//! claims [`InstanceTokenClaims`]) and [`OPERATOR`] (claims [`OperatorClaims`] with `roles`).
+//! In Kubernetes members and sidecars authenticate with their Pods' ServiceAccount tokens
+//! instead (`kubernetes::review`); registration still issues each instance its token.
 //!
 //! [`SigningKey`]: crate::store::SigningKey
 
@@ -27,8 +28,8 @@ pub use delivery::{Delivered, Delivery, FileDelivery};
 pub use keyring::{Keyring, Minted};
 pub use keys::{ALGORITHM, KeyPair, public_key};
 pub use proto::trust::{
-    Claims, DEFAULT_ISSUER, GrantClaims, InstanceClaim, Kind, NoExtra, OperatorClaims, ProofClaims, TrustBundle,
-    namespace_of, namespace_subject, pool_subject,
+    Claims, DEFAULT_ISSUER, GrantClaims, InstanceClaim, InstanceTokenClaims, Kind, NoExtra, OperatorClaims,
+    ProofClaims, TrustBundle, instance_subject, member_subject, route_of,
 };
 pub use rotation::{Plan, Policy, plan, rotate, signer};
 

@@ -193,6 +193,150 @@ pub async fn start_pausable_replica(name: &str, url: &str, credentials: &std::pa
 }
 
 /// Read a delivered token, waiting for the coordinator to write it.
+/// A member's hello identity.
+pub fn identity(member: &str, process_id: &str, epoch: u64, capacity: u32) -> Identity {
+    Identity {
+        member: member.into(),
+        process_id: process_id.into(),
+        epoch,
+        capacity,
+    }
+}
+
+/// Member `member` (process `<member>-p1`, capacity 256) attached with `token`, once its
+/// membership is live.
+pub async fn attach_live(
+    db: &crate::support::TestDb,
+    endpoint: &str,
+    token: &str,
+    member: &str,
+    behaviour: Behaviour,
+) -> Member {
+    let attached = Member::attach(
+        endpoint,
+        token,
+        identity(member, &format!("{member}-p1"), 1, 256),
+        behaviour,
+    )
+    .await
+    .unwrap();
+    crate::support::wait_for("the member live", 2000, || async {
+        let (now, all) = db.store.list_members().await.ok()?;
+        all.iter().any(|m| m.member == member && m.is_live(now)).then_some(())
+    })
+    .await;
+    attached
+}
+
+/// Mints the credentials the coordinator's keys sign: each member's and each instance's own.
+#[derive(Clone)]
+pub struct Tokens {
+    keyring: Arc<gateway::tokens::Keyring>,
+}
+
+impl Tokens {
+    /// Waits until the coordinator created a signing key.
+    pub async fn load(store: &Store) -> Self {
+        let keyring = crate::support::wait_for("a signing key", 1000, || async {
+            let keyring = gateway::tokens::Keyring::load(store, proto::trust::DEFAULT_ISSUER)
+                .await
+                .ok()?;
+            keyring.signing_kid().is_some().then_some(keyring)
+        })
+        .await;
+        Self {
+            keyring: Arc::new(keyring),
+        }
+    }
+
+    /// The token of pool member `member`.
+    pub fn member(&self, member: &str) -> String {
+        self.keyring
+            .mint(
+                proto::trust::Kind::Supervisor,
+                &proto::trust::member_subject(member),
+                Duration::from_secs(600),
+                &proto::trust::NoExtra {},
+            )
+            .expect("mint")
+            .token
+    }
+
+    /// An operator token with `roles`.
+    pub fn operator(&self, roles: &[&str]) -> String {
+        let claims = proto::trust::OperatorClaims {
+            roles: roles.iter().map(|r| (*r).to_owned()).collect(),
+        };
+        self.keyring
+            .mint(
+                proto::trust::Kind::Operator,
+                "test-operator",
+                Duration::from_secs(600),
+                &claims,
+            )
+            .expect("mint")
+            .token
+    }
+
+    /// Member `member`'s token, expired an hour ago.
+    pub fn expired_member(&self, member: &str) -> String {
+        let two_hours_ago = proto::trust::unix_ms(std::time::SystemTime::now()) - 2 * 3600 * 1000;
+        self.keyring
+            .mint_at(
+                proto::trust::Kind::Supervisor,
+                &proto::trust::member_subject(member),
+                Duration::from_secs(3600),
+                &proto::trust::NoExtra {},
+                two_hours_ago,
+            )
+            .expect("mint")
+            .token
+    }
+
+    /// Instance `default/<name>`'s bootstrap token, expired an hour ago.
+    pub fn expired_instance(&self, name: &str) -> String {
+        let two_hours_ago = proto::trust::unix_ms(std::time::SystemTime::now()) - 2 * 3600 * 1000;
+        let claims = proto::trust::InstanceTokenClaims {
+            namespace: "default".into(),
+            name: name.into(),
+            uid: None,
+        };
+        self.keyring
+            .mint_at(
+                proto::trust::Kind::Instance,
+                &proto::trust::instance_subject(&format!("default/{name}")),
+                Duration::from_secs(3600),
+                &claims,
+                two_hours_ago,
+            )
+            .expect("mint")
+            .token
+    }
+
+    /// The bootstrap token of instance `default/<name>` (bound to the route only).
+    pub fn instance(&self, name: &str) -> String {
+        self.instance_in("default", name)
+    }
+
+    /// The bootstrap token of instance `<namespace>/<name>`.
+    pub fn instance_in(&self, namespace: &str, name: &str) -> String {
+        let claims = proto::trust::InstanceTokenClaims {
+            namespace: namespace.into(),
+            name: name.into(),
+            uid: None,
+        };
+        self.keyring
+            .mint(
+                proto::trust::Kind::Instance,
+                &proto::trust::instance_subject(&format!("{namespace}/{name}")),
+                Duration::from_secs(600),
+                &claims,
+            )
+            .expect("mint")
+            .token
+    }
+}
+
 pub async fn token(credentials: &std::path::Path, who: &str) -> String {
     let path: PathBuf = credentials.join(who).join("token");
     crate::support::wait_for("a delivered token", 1000, || {
@@ -219,6 +363,56 @@ pub fn with_token<T>(message: T, token: &str) -> tonic::Request<T> {
     request
 }
 
+/// A receipt as the instance's sidecar would build it (receipt key [7; 32],
+/// as `cluster::register` registers it).
+pub fn receipt(
+    grant: &proto::recovery::v1::IssueGrantResponse,
+    term: u64,
+    fenced: u64,
+    pid: u32,
+) -> proto::recovery::v1::Receipt {
+    let instance = grant.instance.clone();
+    let mut receipt = proto::recovery::v1::Receipt {
+        route: "default/agent-0".into(),
+        instance,
+        term,
+        grant_id: grant.grant_id.clone(),
+        grant_digest: proto::sha256(grant.grant.as_bytes()),
+        fenced_term: fenced,
+        workload: Some(proto::common::v1::WorkloadIdentity {
+            pid,
+            start_time_ticks: 1234,
+            exe_digest: vec![5; 32],
+        }),
+        issued_at_ms: 1,
+        mac: Vec::new(),
+    };
+    receipt.mac = receipt.compute_mac(&[7u8; 32]);
+    receipt
+}
+
+/// A registration of Pod `<namespace>/<name>` with Pod UID `uid` (receipt key [7; 32]).
+pub fn registration(namespace: &str, name: &str, uid: &str) -> RegisterRequest {
+    let route = format!("{namespace}/{name}");
+    let binding = Binding {
+        route: &route,
+        namespace,
+        name,
+        uid,
+    };
+    RegisterRequest {
+        registration_material: Material::new(&binding, &[7u8; 32]).encode(),
+        route,
+        instance: Some(InstanceRef {
+            namespace: namespace.into(),
+            name: name.into(),
+            uid: uid.into(),
+            generation: 0,
+        }),
+        workload: None,
+    }
+}
+
 /// Register an instance `default/<name>` through the registry of `endpoint`.
 pub async fn register(endpoint: &str, token: &str, name: &str) -> Result<RegisterResponse, tonic::Status> {
     register_as(endpoint, token, name, &format!("uid-{name}")).await
@@ -241,20 +435,7 @@ pub async fn register_as(
     name: &str,
     uid: &str,
 ) -> Result<RegisterResponse, tonic::Status> {
-    let route = format!("default/{name}");
-    let binding = Binding {
-        route: &route,
-        namespace: "default",
-        name,
-        uid,
-    };
-    let material = Material::new(&binding, &[7u8; 32]).encode();
-    let request = RegisterRequest {
-        route: route.clone(),
-        instance: Some(instance_ref(name, uid)),
-        registration_material: material,
-        workload: None,
-    };
+    let request = registration("default", name, uid);
     let mut client = InstanceRegistryClient::new(channel(endpoint).await);
     client
         .register(with_token(request, token))
@@ -282,6 +463,7 @@ pub struct Member {
     cancel: CancellationToken,
 }
 
+#[derive(Debug, Clone)]
 pub struct Identity {
     pub member: String,
     pub process_id: String,

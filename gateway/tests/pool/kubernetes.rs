@@ -3,6 +3,7 @@
 //! coordinator intends off the recording cluster's channel. The API calls themselves are
 //! tested against captured responses in `tests/kube_api.rs`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use gateway::kubernetes::cluster::Call;
@@ -12,12 +13,13 @@ use gateway::kubernetes::notice::{
     REASON_UNPLACEABLE,
 };
 use gateway::kubernetes::plan::{NAMESPACE_SECRET, OPERATOR_SECRET, SUPERVISOR_SECRET};
+use gateway::kubernetes::review::{Account, Scripted};
 use gateway::kubernetes::{Integration, Recording, Scope, Shared};
 use proto::host::v1::Leaving;
 use proto::host::v1::member_message::Kind as MemberKind;
 use proto::registry::v1::RecoveryFailedRequest;
 use proto::registry::v1::instance_registry_client::InstanceRegistryClient;
-use proto::trust::{Claims, DEFAULT_ISSUER, Expectation, Kind, TrustBundle};
+use proto::trust::TrustBundle;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tonic::Code;
 
@@ -45,7 +47,29 @@ async fn next_call(calls: &mut UnboundedReceiver<Call>, what: &str, mut want: im
     }
 }
 
-fn applied(call: &Call, namespace: &str, name: &str) -> Option<(String, String)> {
+/// A replica `name` with a recording cluster, the TokenReview stand-in and `shared` as its
+/// watches' index: the replica, the recording cluster and the calls it records.
+async fn replica_with(
+    db: &TestDb,
+    name: &str,
+    scope: Scope,
+    shared: &Shared,
+) -> (crate::cluster::Replica, Recording, UnboundedReceiver<Call>) {
+    let (cluster, calls) = Recording::new();
+    let integration = Integration {
+        cluster: cluster.clone(),
+        shared: shared.clone(),
+        scope,
+        review: Arc::new(Scripted),
+    };
+    (
+        start_replica_with(name, &db.url, &[], Some(integration)).await,
+        cluster,
+        calls,
+    )
+}
+
+fn applied(call: &Call, namespace: &str, name: &str) -> Option<(Option<String>, String)> {
     match call {
         Call::ApplySecret {
             namespace: ns,
@@ -56,11 +80,34 @@ fn applied(call: &Call, namespace: &str, name: &str) -> Option<(String, String)>
     }
 }
 
+/// The ServiceAccount token of supervisor Pod `pod` (as the review stand-in takes it).
+fn member_token(pod: &str) -> String {
+    Scripted::token(&Account {
+        namespace: INSTALL.into(),
+        service_account: "openshell-supervisor".into(),
+        pod_name: pod.into(),
+        pod_uid: format!("uid-{pod}"),
+    })
+}
+
+/// The ServiceAccount token of Pod `default/<pod>` (UID `uid-<pod>`, as `register` uses).
+fn pod_token(pod: &str) -> String {
+    pod_token_in("default", "default", pod)
+}
+
+fn pod_token_in(namespace: &str, account: &str, pod: &str) -> String {
+    Scripted::token(&Account {
+        namespace: namespace.into(),
+        service_account: account.into(),
+        pod_name: pod.into(),
+        pod_uid: format!("uid-{pod}"),
+    })
+}
+
 /// Secrets follow the namespace labels, the delivered tokens work, and an instance whose
 /// Pod is gone is withdrawn.
 pub async fn secrets_follow_labels_and_pods_decide_desired_instances(db: &TestDb) {
     let shared = Shared::default();
-    let (cluster, mut calls) = Recording::new();
     let dir = tempfile::tempdir().unwrap();
     let ca = rcgen::generate_simple_self_signed(vec!["ca".to_owned()])
         .unwrap()
@@ -73,24 +120,16 @@ pub async fn secrets_follow_labels_and_pods_decide_desired_instances(db: &TestDb
         ca_file: Some(ca_file),
         ..Scope::new(INSTALL)
     };
-    let integration = Integration {
-        cluster,
-        shared: shared.clone(),
-        scope,
-    };
-    let replica = start_replica_with("gw-k", &db.url, &[], Some(integration)).await;
+    let (replica, _, mut calls) = replica_with(db, "gw-k", scope, &shared).await;
 
     // As coordinator it writes the install namespace's Secrets first.
     let call = next_call(&mut calls, "the supervisor Secret", |c| {
         applied(c, INSTALL, SUPERVISOR_SECRET).is_some()
     })
     .await;
-    let (supervisor_token, jwks) = applied(&call, INSTALL, SUPERVISOR_SECRET).unwrap();
-    let bundle = TrustBundle::from_jwks(jwks.as_bytes()).expect("the Secret's trust.jwks parses");
-    let claims: Claims = bundle
-        .verify(&supervisor_token, &Expectation::kind(Kind::Supervisor, DEFAULT_ISSUER))
-        .expect("the supervisor token verifies against the delivered bundle");
-    assert_eq!(claims.sub, proto::trust::pool_subject("default"));
+    let (token, jwks) = applied(&call, INSTALL, SUPERVISOR_SECRET).unwrap();
+    TrustBundle::from_jwks(jwks.as_bytes()).expect("the Secret's trust.jwks parses");
+    assert_eq!(token, None, "members bring their own ServiceAccount tokens");
     next_call(&mut calls, "the operator Secret", |c| {
         applied(c, INSTALL, OPERATOR_SECRET).is_some()
     })
@@ -104,7 +143,8 @@ pub async fn secrets_follow_labels_and_pods_decide_desired_instances(db: &TestDb
         |c| matches!(c, Call::ApplySecret { namespace, .. } if namespace != INSTALL),
     )
     .await;
-    let (instance_token, _) = applied(&call, "default", NAMESPACE_SECRET).expect("only default gets a Secret");
+    let (token, _) = applied(&call, "default", NAMESPACE_SECRET).expect("only default gets a Secret");
+    assert_eq!(token, None, "sidecars bring their own ServiceAccount tokens");
     let Call::ApplySecret { delivered, .. } = &call else {
         unreachable!()
     };
@@ -121,9 +161,14 @@ pub async fn secrets_follow_labels_and_pods_decide_desired_instances(db: &TestDb
         epoch: 1,
         capacity: 8,
     };
-    let _member = Member::attach(&replica.endpoint(), &supervisor_token, supervisor, Behaviour::Healthy)
-        .await
-        .expect("the delivered supervisor token is accepted");
+    let _member = Member::attach(
+        &replica.endpoint(),
+        &member_token("supervisor-0"),
+        supervisor,
+        Behaviour::Healthy,
+    )
+    .await
+    .expect("the supervisor Pod's token is accepted");
     let call = next_call(
         &mut calls,
         "MemberJoined",
@@ -136,10 +181,10 @@ pub async fn secrets_follow_labels_and_pods_decide_desired_instances(db: &TestDb
         (INSTALL, "supervisor-0")
     );
 
-    // The namespace token registers an instance (now that a member can take it).
-    register(&replica.endpoint(), &instance_token, "agent-0")
+    // The Pod's own token registers its instance (now that a member can take it).
+    register(&replica.endpoint(), &pod_token("agent-0"), "agent-0")
         .await
-        .expect("the delivered namespace token is accepted");
+        .expect("the Pod's token is accepted");
 
     // The Pod watch lists: agent-0's Pod is not among them, so it is withdrawn.
     let other = Pod {
@@ -175,13 +220,7 @@ pub async fn secrets_follow_labels_and_pods_decide_desired_instances(db: &TestDb
 /// the same at once, never retried.
 pub async fn terminating_namespaces_get_no_writes_and_are_not_retried(db: &TestDb) {
     let shared = Shared::default();
-    let (cluster, mut calls) = Recording::new();
-    let integration = Integration {
-        cluster: cluster.clone(),
-        shared: shared.clone(),
-        scope: Scope::new(INSTALL),
-    };
-    let replica = start_replica_with("gw-k", &db.url, &[], Some(integration)).await;
+    let (replica, cluster, mut calls) = replica_with(db, "gw-k", Scope::new(INSTALL), &shared).await;
     next_call(&mut calls, "the operator Secret", |c| {
         applied(c, INSTALL, OPERATOR_SECRET).is_some()
     })
@@ -223,17 +262,11 @@ pub async fn terminating_namespaces_get_no_writes_and_are_not_retried(db: &TestD
     }
 }
 
-/// A namespace token Secret deleted by hand, or removed with the label that then comes back,
+/// A namespace trust Secret deleted by hand, or removed with the label that then comes back,
 /// is written again at once — not when its token would have been renewed.
 pub async fn deleted_and_relabelled_namespace_secrets_are_rewritten_at_once(db: &TestDb) {
     let shared = Shared::default();
-    let (cluster, mut calls) = Recording::new();
-    let integration = Integration {
-        cluster,
-        shared: shared.clone(),
-        scope: Scope::new(INSTALL),
-    };
-    let replica = start_replica_with("gw-k", &db.url, &[], Some(integration)).await;
+    let (replica, _, mut calls) = replica_with(db, "gw-k", Scope::new(INSTALL), &shared).await;
     let team_a = |c: &Call| applied(c, "team-a", NAMESPACE_SECRET).is_some();
     shared.with(|index| index.reset_namespaces(["team-a".to_owned()]));
     next_call(&mut calls, "team-a's Secret", team_a).await;
@@ -262,18 +295,12 @@ pub async fn deleted_and_relabelled_namespace_secrets_are_rewritten_at_once(db: 
 /// MemberLost warning.
 pub async fn a_member_that_leaves_gracefully_is_reported_left_on_its_pod(db: &TestDb) {
     let shared = Shared::default();
-    let (cluster, mut calls) = Recording::new();
-    let integration = Integration {
-        cluster,
-        shared: shared.clone(),
-        scope: Scope::new(INSTALL),
-    };
-    let replica = start_replica_with("gw-k", &db.url, &[], Some(integration)).await;
+    let (replica, _, mut calls) = replica_with(db, "gw-k", Scope::new(INSTALL), &shared).await;
     let call = next_call(&mut calls, "the supervisor Secret", |c| {
         applied(c, INSTALL, SUPERVISOR_SECRET).is_some()
     })
     .await;
-    let (supervisor_token, _) = applied(&call, INSTALL, SUPERVISOR_SECRET).unwrap();
+    applied(&call, INSTALL, SUPERVISOR_SECRET).unwrap();
     shared.with(|index| index.reset_member_pods([("supervisor-0".to_owned(), "uid-supervisor-0".to_owned())]));
 
     let identity = Identity {
@@ -282,9 +309,14 @@ pub async fn a_member_that_leaves_gracefully_is_reported_left_on_its_pod(db: &Te
         epoch: 1,
         capacity: 8,
     };
-    let member = Member::attach(&replica.endpoint(), &supervisor_token, identity, Behaviour::Healthy)
-        .await
-        .unwrap();
+    let member = Member::attach(
+        &replica.endpoint(),
+        &member_token("supervisor-0"),
+        identity,
+        Behaviour::Healthy,
+    )
+    .await
+    .unwrap();
     let joined = next_call(
         &mut calls,
         "MemberJoined",
@@ -336,24 +368,18 @@ fn event_on<'a>(call: &'a Call, reason: &str, pod: &str) -> Option<&'a Notice> {
 }
 
 /// A coordinator with the recording cluster and a labelled `default` namespace whose
-/// Pods `pods` the watch lists: the supervisor and namespace tokens.
+/// Pods `pods` the watch lists.
 async fn coordinator_with_default_namespace(
     db: &TestDb,
     pods: &[&str],
-) -> (crate::cluster::Replica, UnboundedReceiver<Call>, String, String) {
+) -> (crate::cluster::Replica, UnboundedReceiver<Call>) {
     let shared = Shared::default();
-    let (cluster, mut calls) = Recording::new();
-    let integration = Integration {
-        cluster,
-        shared: shared.clone(),
-        scope: Scope::new(INSTALL),
-    };
-    let replica = start_replica_with("gw-k", &db.url, &[], Some(integration)).await;
+    let (replica, _, mut calls) = replica_with(db, "gw-k", Scope::new(INSTALL), &shared).await;
     let call = next_call(&mut calls, "the supervisor Secret", |c| {
         applied(c, INSTALL, SUPERVISOR_SECRET).is_some()
     })
     .await;
-    let (supervisor_token, _) = applied(&call, INSTALL, SUPERVISOR_SECRET).unwrap();
+    applied(&call, INSTALL, SUPERVISOR_SECRET).unwrap();
     shared.with(|index| {
         index.reset_namespaces(["default".to_owned()]);
         index.reset_pods(pods.iter().map(|name| Pod {
@@ -366,8 +392,8 @@ async fn coordinator_with_default_namespace(
         applied(c, "default", NAMESPACE_SECRET).is_some()
     })
     .await;
-    let (instance_token, _) = applied(&call, "default", NAMESPACE_SECRET).unwrap();
-    (replica, calls, supervisor_token, instance_token)
+    applied(&call, "default", NAMESPACE_SECRET).unwrap();
+    (replica, calls)
 }
 
 /// Supervisors scaled to zero: the instance's owner is gone and nobody can take it over
@@ -375,10 +401,13 @@ async fn coordinator_with_default_namespace(
 /// reports it to another replica: the coordinator records SupervisorRecoveryFailed on the
 /// Pod, once, naming the last owner and term.
 pub async fn a_workload_stopped_at_its_recovery_deadline_is_reported_on_its_pod(db: &TestDb) {
-    let (coordinator, mut calls, supervisor_token, instance_token) =
-        coordinator_with_default_namespace(db, &["agent-0", "agent-1"]).await;
-    // Another replica, which never writes to the cluster, serves the sidecar's report.
-    let follower = start_replica_with("gw-f", &db.url, &[], None).await;
+    let (coordinator, mut calls) = coordinator_with_default_namespace(db, &["agent-0", "agent-1"]).await;
+    let supervisor_token = member_token("supervisor-0");
+    let instance_token = pod_token("agent-0");
+    // Another replica, a follower (its writer never acts), serves the sidecar's report.
+    let listed = Shared::default();
+    listed.with(|index| index.reset_namespaces(["default".to_owned()]));
+    let (follower, _, _ignored) = replica_with(db, "gw-f", Scope::new(INSTALL), &listed).await;
 
     let supervisor = Identity {
         member: "supervisor-0".into(),
@@ -469,7 +498,7 @@ pub async fn a_workload_stopped_at_its_recovery_deadline_is_reported_on_its_pod(
         .report_recovery_failed(with_token(report(), &instance_token))
         .await
         .unwrap();
-    let refused = register(&follower.endpoint(), &instance_token, "agent-1")
+    let refused = register(&follower.endpoint(), &pod_token("agent-1"), "agent-1")
         .await
         .unwrap_err();
     assert_eq!(refused.code(), Code::ResourceExhausted);
@@ -492,8 +521,9 @@ pub async fn a_workload_stopped_at_its_recovery_deadline_is_reported_on_its_pod(
 /// says why (no members), once however often its sidecar retries; a member that joins takes
 /// it.
 pub async fn an_instance_registered_without_members_is_reported_unplaceable(db: &TestDb) {
-    let (replica, mut calls, supervisor_token, instance_token) =
-        coordinator_with_default_namespace(db, &["agent-0"]).await;
+    let (replica, mut calls) = coordinator_with_default_namespace(db, &["agent-0"]).await;
+    let supervisor_token = member_token("supervisor-0");
+    let instance_token = pod_token("agent-0");
 
     let refused = register(&replica.endpoint(), &instance_token, "agent-0")
         .await
@@ -546,5 +576,109 @@ pub async fn an_instance_registered_without_members_is_reported_unplaceable(db: 
             .any(|a| a.route == "default/agent-0" && a.member == "supervisor-0")
     })
     .await;
+    replica.stop().await;
+}
+
+/// The code a call was refused with (`None`: it succeeded).
+fn code<T>(result: Result<T, tonic::Status>) -> Option<Code> {
+    result.err().map(|s| s.code())
+}
+
+/// Tenancy in Kubernetes: who calls is what the TokenReview says (namespace, Pod name, Pod
+/// UID), never the request. A Pod of namespace team-b cannot register, withdraw or report
+/// for a Pod of `default`; a Pod of a namespace without the label takes no part; a member's
+/// token is no instance's and an instance's no member's; a namespace's annotation sets its
+/// quota.
+pub async fn a_pod_acts_only_for_itself_within_its_namespace_quota(db: &TestDb) {
+    let shared = Shared::default();
+    shared.with(|index| index.reset_namespaces(["default".to_owned(), "team-b".to_owned()]));
+    let (replica, _, _calls) = replica_with(db, "gw-k", Scope::new(INSTALL), &shared).await;
+    let supervisor = Identity {
+        member: "supervisor-0".into(),
+        process_id: "p1".into(),
+        epoch: 1,
+        capacity: 8,
+    };
+    let _member = Member::attach(
+        &replica.endpoint(),
+        &member_token("supervisor-0"),
+        supervisor.clone(),
+        Behaviour::Healthy,
+    )
+    .await
+    .unwrap();
+    register(&replica.endpoint(), &pod_token("agent-0"), "agent-0")
+        .await
+        .unwrap();
+    let victim = || async { db.store.instance("default/agent-0").await.unwrap().unwrap() };
+    let before = victim().await;
+
+    let mut registry = InstanceRegistryClient::new(channel(&replica.endpoint()).await);
+    let intruder = pod_token_in("team-b", "default", "intruder");
+    for claimed in ["team-b", "default"] {
+        let answers = crate::tenancy::act_for_agent_0(&mut registry, &intruder, claimed).await;
+        assert!(
+            answers.iter().all(|(_, code)| *code == Some(Code::PermissionDenied)),
+            "claiming {claimed}: {answers:?}"
+        );
+    }
+    let after = victim().await;
+    assert_eq!(
+        (after.namespace, after.uid, after.generation, after.withdrawn),
+        (before.namespace, before.uid, before.generation, before.withdrawn),
+        "nothing changed"
+    );
+
+    // A namespace without the label takes no part, whatever its Pods' tokens say.
+    let outside = with_token(
+        crate::cluster::registration("team-c", "x", "uid-x"),
+        &pod_token_in("team-c", "default", "x"),
+    );
+    assert_eq!(code(registry.register(outside).await), Some(Code::PermissionDenied));
+    // A member's token is no instance's; an instance's is no member's; a token the API
+    // server refuses is nobody's.
+    let as_member = with_token(
+        crate::cluster::registration(INSTALL, "supervisor-0", "uid-supervisor-0"),
+        &member_token("supervisor-0"),
+    );
+    assert_eq!(code(registry.register(as_member).await), Some(Code::PermissionDenied));
+    let refused = match Member::attach(
+        &replica.endpoint(),
+        &pod_token("agent-0"),
+        Identity {
+            member: "agent-0".into(),
+            ..supervisor
+        },
+        Behaviour::Healthy,
+    )
+    .await
+    {
+        Ok(mut m) => m.wait_ended().await,
+        Err(status) => status,
+    };
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    let forged = with_token(
+        crate::cluster::registration("default", "agent-1", "uid-agent-1"),
+        "forged",
+    );
+    assert_eq!(code(registry.register(forged).await), Some(Code::Unauthenticated));
+
+    // team-b's annotation allows one instance.
+    shared.with(|index| index.set_limit("team-b", Some(1)));
+    let web = |name: &str| {
+        with_token(
+            crate::cluster::registration("team-b", name, &format!("uid-{name}")),
+            &pod_token_in("team-b", "default", name),
+        )
+    };
+    registry.register(web("web-0")).await.unwrap();
+    let over = registry.register(web("web-1")).await.unwrap_err();
+    assert_eq!(over.code(), Code::ResourceExhausted);
+    assert!(
+        over.message()
+            .contains("namespace team-b has 1 registered instances, its limit is 1"),
+        "{over:?}"
+    );
+    assert!(db.store.instance("team-b/web-1").await.unwrap().is_none());
     replica.stop().await;
 }

@@ -8,11 +8,13 @@
 #[macro_use]
 mod support;
 
+mod authorization;
 mod cluster;
 mod kubernetes;
 mod operations;
 mod scenarios;
 mod startup;
+mod tenancy;
 
 on_both_backends!(scenarios;
     placement_spreads_and_is_stable,
@@ -45,6 +47,20 @@ mod with_kubernetes {
         a_member_that_leaves_gracefully_is_reported_left_on_its_pod,
         a_workload_stopped_at_its_recovery_deadline_is_reported_on_its_pod,
         an_instance_registered_without_members_is_reported_unplaceable,
+        a_pod_acts_only_for_itself_within_its_namespace_quota,
+    );
+}
+
+mod with_authorization {
+    on_both_backends!(authorization;
+        every_rpc_refuses_every_caller_but_the_right_one,
+    );
+}
+
+mod with_tenancy {
+    on_both_backends!(tenancy;
+        instance_credentials_act_only_on_their_own_route_and_workload,
+        a_namespace_quota_refuses_beyond_its_limit_and_stores_nothing,
     );
 }
 

@@ -58,9 +58,8 @@ pub async fn drain_and_rebalance_move_instances_at_term_plus_one(db: &TestDb) {
     let credentials = tempfile::tempdir().unwrap();
     let replica = start_replica("gw-ops", &db.url, credentials.path()).await;
     let endpoint = replica.endpoint();
-    let supervisor = token(credentials.path(), "supervisor").await;
     let operator = token(credentials.path(), "operator").await;
-    let instance = token(&credentials.path().join("namespaces"), "default").await;
+    let tokens = crate::cluster::Tokens::load(&db.store).await;
     let mut members = Vec::new();
     for name in ["m-a", "m-b"] {
         let id = Identity {
@@ -70,7 +69,7 @@ pub async fn drain_and_rebalance_move_instances_at_term_plus_one(db: &TestDb) {
             capacity: 16,
         };
         members.push(
-            Member::attach(&endpoint, &supervisor, id, Behaviour::Healthy)
+            Member::attach(&endpoint, &tokens.member(name), id, Behaviour::Healthy)
                 .await
                 .unwrap(),
         );
@@ -81,7 +80,8 @@ pub async fn drain_and_rebalance_move_instances_at_term_plus_one(db: &TestDb) {
     })
     .await;
     for i in 0..4 {
-        register(&endpoint, &instance, &format!("agent-{i}")).await.unwrap();
+        let name = format!("agent-{i}");
+        register(&endpoint, &tokens.instance(&name), &name).await.unwrap();
     }
     wait_assignments(&db.store, "two instances on each member", |a| {
         a.len() == 4 && a.iter().filter(|a| a.member == "m-a").count() == 2
@@ -105,7 +105,7 @@ pub async fn drain_and_rebalance_move_instances_at_term_plus_one(db: &TestDb) {
         .await
         .unwrap_err();
     assert_eq!(refused.code(), Code::InvalidArgument, "{refused}");
-    let refused = start(&endpoint, &supervisor, OperationKind::Rebalance, "", 1)
+    let refused = start(&endpoint, &tokens.member("m-a"), OperationKind::Rebalance, "", 1)
         .await
         .unwrap_err();
     assert_eq!(
@@ -142,7 +142,9 @@ pub async fn drain_and_rebalance_move_instances_at_term_plus_one(db: &TestDb) {
     assert_eq!(member_state(&endpoint, &operator, "m-a").await, MemberState::Drained);
 
     // A drained member takes nothing new.
-    register(&endpoint, &instance, "agent-4").await.unwrap();
+    register(&endpoint, &tokens.instance("agent-4"), "agent-4")
+        .await
+        .unwrap();
     wait_assignments(&db.store, "the new instance on m-b", |a| {
         a.iter().any(|a| a.route == "default/agent-4" && a.member == "m-b")
     })

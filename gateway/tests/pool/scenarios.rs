@@ -7,7 +7,6 @@ use proto::host::v1::member_message::Kind as MemberKind;
 use proto::host::v1::{Ack, StatusReport};
 use tonic::Code;
 
-use proto::common::v1::WorkloadIdentity;
 use proto::host::v1::OwnershipPhase;
 use proto::recovery::v1::supervisor_recovery_client::SupervisorRecoveryClient;
 use proto::recovery::v1::{ActivateRequest, IssueGrantRequest, IssueGrantResponse, Receipt, TrustBundleRequest};
@@ -16,16 +15,15 @@ use proto::registry::v1::{DeregisterRequest, RecoveryFailedRequest};
 use proto::trust::{Claims, DEFAULT_ISSUER, Expectation, GrantClaims, Kind, ProofClaims};
 
 use crate::cluster::{
-    Behaviour, Identity, Member, Pausable, Replica, channel, instance_ref, register, register_as,
-    start_pausable_replica, start_replica, token, wait_assignments, with_token,
+    Behaviour, Identity, Member, Pausable, Replica, Tokens, channel, identity, instance_ref, receipt, register,
+    register_as, start_pausable_replica, start_replica, wait_assignments, with_token,
 };
 use crate::support::{TestDb, wait_for};
 
 /// Two replicas, a credentials directory, and the tokens the coordinator delivered.
 struct Pool {
     replicas: Vec<Replica>,
-    supervisor_token: String,
-    instance_token: String,
+    tokens: Tokens,
     _credentials: tempfile::TempDir,
 }
 
@@ -34,12 +32,10 @@ impl Pool {
         let credentials = tempfile::tempdir().unwrap();
         let a = start_replica("gw-a", &db.url, credentials.path()).await;
         let b = start_replica("gw-b", &db.url, credentials.path()).await;
-        let supervisor_token = token(credentials.path(), "supervisor").await;
-        let instance_token = token(&credentials.path().join("namespaces"), "default").await;
+        let tokens = Tokens::load(&db.store).await;
         Self {
             replicas: vec![a, b],
-            supervisor_token,
-            instance_token,
+            tokens,
             _credentials: credentials,
         }
     }
@@ -55,26 +51,23 @@ impl Pool {
     }
 
     async fn member_with(&self, replica: usize, id: Identity, behaviour: Behaviour) -> Result<Member, tonic::Status> {
-        Member::attach(&self.endpoint(replica), &self.supervisor_token, id, behaviour).await
+        let token = self.tokens.member(&id.member);
+        Member::attach(&self.endpoint(replica), &token, id, behaviour).await
     }
 
     async fn register(&self, name: &str) -> Result<proto::registry::v1::RegisterResponse, tonic::Status> {
-        register(&self.endpoint(self.replicas.len() - 1), &self.instance_token, name).await
+        register(
+            &self.endpoint(self.replicas.len() - 1),
+            &self.tokens.instance(name),
+            name,
+        )
+        .await
     }
 
     async fn stop(self) {
         for replica in self.replicas {
             replica.stop().await;
         }
-    }
-}
-
-fn identity(member: &str, process_id: &str, epoch: u64, capacity: u32) -> Identity {
-    Identity {
-        member: member.into(),
-        process_id: process_id.into(),
-        epoch,
-        capacity,
     }
 }
 
@@ -400,7 +393,7 @@ pub async fn a_pod_recreated_under_its_name_is_placed_anew_and_the_old_uid_chang
     let mut m = pool.member(0, "m-a", Behaviour::Healthy).await;
     wait_members(db, 1).await;
     let endpoint = pool.endpoint(1);
-    register_as(&endpoint, &pool.instance_token, "web-0", "uid-old")
+    register_as(&endpoint, &pool.tokens.instance("web-0"), "web-0", "uid-old")
         .await
         .unwrap();
     wait_assignments(&db.store, "the first Pod placed", |a| {
@@ -408,7 +401,7 @@ pub async fn a_pod_recreated_under_its_name_is_placed_anew_and_the_old_uid_chang
     })
     .await;
 
-    let again = register_as(&endpoint, &pool.instance_token, "web-0", "uid-new")
+    let again = register_as(&endpoint, &pool.tokens.instance("web-0"), "web-0", "uid-new")
         .await
         .unwrap();
     let instance = again.instance.unwrap();
@@ -449,7 +442,7 @@ pub async fn a_pod_recreated_under_its_name_is_placed_anew_and_the_old_uid_chang
         ..RecoveryFailedRequest::default()
     };
     let refused = registry
-        .report_recovery_failed(with_token(failed, &pool.instance_token))
+        .report_recovery_failed(with_token(failed, &pool.tokens.instance("web-0")))
         .await
         .unwrap_err();
     assert_eq!(refused.code(), Code::FailedPrecondition);
@@ -459,10 +452,10 @@ pub async fn a_pod_recreated_under_its_name_is_placed_anew_and_the_old_uid_chang
         reason: "workload ended".into(),
     };
     registry
-        .deregister(with_token(deregister, &pool.instance_token))
+        .deregister(with_token(deregister, &pool.tokens.instance("web-0")))
         .await
         .unwrap();
-    let refused = register_as(&endpoint, &pool.instance_token, "web-0", "uid-old")
+    let refused = register_as(&endpoint, &pool.tokens.instance("web-0"), "web-0", "uid-old")
         .await
         .unwrap_err();
     assert_eq!(refused.code(), Code::FailedPrecondition);
@@ -483,7 +476,7 @@ async fn deregister(pool: &Pool, name: &str, uid: &str) {
         reason: "workload ended".into(),
     };
     registry
-        .deregister(with_token(request, &pool.instance_token))
+        .deregister(with_token(request, &pool.tokens.instance(name)))
         .await
         .unwrap();
 }
@@ -523,9 +516,14 @@ pub async fn a_withdrawn_instance_leaves_its_live_owner_at_once(db: &TestDb) {
 
     // A new workload under agent-0's route starts above the term it had.
     deregister(&pool, "agent-1", "uid-agent-1").await;
-    register_as(&pool.endpoint(1), &pool.instance_token, "agent-0", "uid-agent-0-again")
-        .await
-        .unwrap();
+    register_as(
+        &pool.endpoint(1),
+        &pool.tokens.instance("agent-0"),
+        "agent-0",
+        "uid-agent-0-again",
+    )
+    .await
+    .unwrap();
     let placed = wait_assignments(&db.store, "agent-0 placed again", |a| {
         a.len() == 1 && a[0].route == "default/agent-0"
     })
@@ -538,15 +536,22 @@ pub async fn streams_without_a_valid_token_or_identity_are_refused(db: &TestDb) 
     let pool = Pool::start(db).await;
     let id = || identity("m-a", "p1", 1, 256);
     let endpoint = pool.endpoint(0);
-    for bad in ["", "not-a-jwt", pool.instance_token.as_str()] {
+    for bad in ["", "not-a-jwt", pool.tokens.instance("agent-0").as_str()] {
         let refused = match Member::attach(&endpoint, bad, id(), Behaviour::Healthy).await {
             Ok(mut m) => m.wait_ended().await,
             Err(status) => status,
         };
         assert_eq!(refused.code(), Code::Unauthenticated, "token {bad:.10}: {refused:?}");
     }
+    // A member's credential attaches only under its own name: never as another member
+    // (which would supersede it), whatever process id it claims.
+    let refused = match Member::attach(&endpoint, &pool.tokens.member("m-b"), id(), Behaviour::Healthy).await {
+        Ok(mut m) => m.wait_ended().await,
+        Err(status) => status,
+    };
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
     let nameless = identity("", "p1", 1, 256);
-    let refused = match pool.member_with(0, nameless, Behaviour::Healthy).await {
+    let refused = match Member::attach(&endpoint, &pool.tokens.member("m-a"), nameless, Behaviour::Healthy).await {
         Ok(mut m) => m.wait_ended().await,
         Err(status) => status,
     };
@@ -561,32 +566,9 @@ pub async fn streams_without_a_valid_token_or_identity_are_refused(db: &TestDb) 
     pool.stop().await;
 }
 
-/// A request with the pool's supervisor token.
+/// A request with member m-a's token.
 fn auth<T>(pool: &Pool, message: T) -> tonic::Request<T> {
-    with_token(message, &pool.supervisor_token)
-}
-
-/// A receipt as the instance's sidecar would build it (receipt key [7; 32],
-/// as `cluster::register` registers it).
-fn receipt(grant: &proto::recovery::v1::IssueGrantResponse, term: u64, fenced: u64, pid: u32) -> Receipt {
-    let instance = grant.instance.clone();
-    let mut receipt = Receipt {
-        route: "default/agent-0".into(),
-        instance,
-        term,
-        grant_id: grant.grant_id.clone(),
-        grant_digest: proto::sha256(grant.grant.as_bytes()),
-        fenced_term: fenced,
-        workload: Some(WorkloadIdentity {
-            pid,
-            start_time_ticks: 1234,
-            exe_digest: vec![5; 32],
-        }),
-        issued_at_ms: 1,
-        mac: Vec::new(),
-    };
-    receipt.mac = receipt.compute_mac(&[7u8; 32]);
-    receipt
+    with_token(message, &pool.tokens.member("m-a"))
 }
 
 pub async fn grants_are_single_use_and_activation_checks_receipt_and_process(db: &TestDb) {
@@ -608,6 +590,12 @@ pub async fn grants_are_single_use_and_activation_checks_receipt_and_process(db:
         process_id: process.into(),
     };
     let code = |r: Result<tonic::Response<IssueGrantResponse>, tonic::Status>| r.unwrap_err().code();
+    // Another member's credential never gets m-a's grant (a member acts only for itself).
+    let as_m_b = |message| with_token(message, &pool.tokens.member("m-b"));
+    assert_eq!(
+        code(recovery.issue_grant(as_m_b(ask("m-a-p1", owned.term))).await),
+        Code::PermissionDenied
+    );
     assert_eq!(
         code(recovery.issue_grant(auth(&pool, ask("m-a-other", owned.term))).await),
         Code::FailedPrecondition
@@ -662,6 +650,15 @@ pub async fn grants_are_single_use_and_activation_checks_receipt_and_process(db:
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "receipt bound to another grant");
+    // Only the member the grant was issued to completes the activation.
+    let err = recovery
+        .activate(with_token(
+            activate(receipt(&grant, owned.term, 0, 4242), &grant.grant),
+            &pool.tokens.member("m-b"),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
 
     let proof = recovery
         .activate(auth(
@@ -705,28 +702,28 @@ pub async fn grants_are_single_use_and_activation_checks_receipt_and_process(db:
     let term = moved.instances[0].term;
     assert_eq!(term, owned.term + 1);
     let grant = recovery
-        .issue_grant(auth(
-            &pool,
+        .issue_grant(with_token(
             IssueGrantRequest {
                 member: "m-b".into(),
                 ..ask("m-b-p1", term)
             },
+            &pool.tokens.member("m-b"),
         ))
         .await
         .unwrap()
         .into_inner();
     let err = recovery
-        .activate(auth(
-            &pool,
+        .activate(with_token(
             activate(receipt(&grant, term, owned.term, 9999), &grant.grant),
+            &pool.tokens.member("m-b"),
         ))
         .await
         .unwrap_err();
     assert!(err.message().contains("workload identity differs"), "{err:?}");
     recovery
-        .activate(auth(
-            &pool,
+        .activate(with_token(
             activate(receipt(&grant, term, owned.term, 4242), &grant.grant),
+            &pool.tokens.member("m-b"),
         ))
         .await
         .unwrap();
@@ -739,7 +736,7 @@ pub async fn grants_are_single_use_and_activation_checks_receipt_and_process(db:
 struct PausedPool {
     a: Replica,
     b: Pausable,
-    supervisor_token: String,
+    tokens: Tokens,
     _others: Vec<Member>,
     _credentials: tempfile::TempDir,
 }
@@ -749,12 +746,11 @@ impl PausedPool {
         let credentials = tempfile::tempdir().unwrap();
         let a = start_replica("gw-a", &db.url, credentials.path()).await;
         // Tokens are delivered by the coordinator: gw-a holds the lease, gw-b never will.
-        let supervisor_token = token(credentials.path(), "supervisor").await;
-        let instance_token = token(&credentials.path().join("namespaces"), "default").await;
+        let tokens = Tokens::load(&db.store).await;
         let b = start_pausable_replica("gw-b", &db.url, credentials.path()).await;
         let on_b = Member::attach(
             &b.replica.endpoint(),
-            &supervisor_token,
+            &tokens.member("m-a"),
             identity("m-a", "m-a-p1", 1, 256),
             Behaviour::Healthy,
         )
@@ -762,7 +758,7 @@ impl PausedPool {
         .unwrap();
         let on_a = Member::attach(
             &a.endpoint(),
-            &supervisor_token,
+            &tokens.member("m-b"),
             identity("m-b", "m-b-p1", 1, 256),
             Behaviour::Healthy,
         )
@@ -770,7 +766,7 @@ impl PausedPool {
         .unwrap();
         wait_members(db, 2).await;
         for name in ["agent-0", "agent-1"] {
-            register(&a.endpoint(), &instance_token, name).await.unwrap();
+            register(&a.endpoint(), &tokens.instance(name), name).await.unwrap();
         }
         let placed = wait_assignments(&db.store, "one instance per member", |x| {
             x.len() == 2 && per_member(x).len() == 2
@@ -780,7 +776,7 @@ impl PausedPool {
         let pool = Self {
             a,
             b,
-            supervisor_token,
+            tokens,
             _others: vec![on_a],
             _credentials: credentials,
         };
@@ -823,7 +819,7 @@ pub async fn a_restarted_member_supersedes_its_dead_predecessor_behind_a_paused_
     old.kill();
     let mut new = Member::attach(
         &pool.a.endpoint(),
-        &pool.supervisor_token,
+        &pool.tokens.member("m-a"),
         identity("m-a", "m-a-p2", 1, 256),
         Behaviour::Healthy,
     )

@@ -143,6 +143,8 @@ impl InstanceRegistry for FakeRegistry {
         };
         let _ = self.calls.send(RegistryCall::Register(request));
         Ok(Response::new(RegisterResponse {
+            instance_token: String::new(),
+            instance_token_expires_at_ms: 0,
             instance: Some(instance),
             owner: None,
             term: 0,

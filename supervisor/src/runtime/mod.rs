@@ -1,5 +1,5 @@
 //! The member side of `runtime.v1.SupervisorRuntime.Connect` (runtime.proto is the
-//! specification): authenticate the sidecar's namespace token ([`trust`]), read and validate
+//! specification): authenticate the sidecar's instance token ([`trust`]), read and validate
 //! its first message ([`stream`]), then route the stream ([`route`]): to the session of its
 //! instance, a Redirect to the owner named by the route directory, a refusal, or a parked
 //! stream (heartbeats) until a newer snapshot allows a decision.
@@ -83,12 +83,12 @@ impl SupervisorRuntime for RuntimeService {
         &self,
         request: Request<Streaming<SidecarMessage>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
-        let namespace = {
+        let bound = {
             let token = proto::bearer_token_from_metadata(request.metadata())
-                .ok_or_else(|| Status::unauthenticated("a bearer namespace token is required"))?;
-            self.trust.namespace_of(token).await.map_err(|err| match err {
+                .ok_or_else(|| Status::unauthenticated("a bearer instance token is required"))?;
+            self.trust.instance_of(token).await.map_err(|err| match err {
                 AuthError::Unavailable(_) => Status::unavailable(err.to_string()),
-                AuthError::Token(_) | AuthError::NotNamespace => Status::unauthenticated(err.to_string()),
+                AuthError::Token(_) | AuthError::NoRoute => Status::unauthenticated(err.to_string()),
             })?
         };
         let mut inbound = request.into_inner();
@@ -96,10 +96,12 @@ impl SupervisorRuntime for RuntimeService {
             .await
             .map_err(|_| Status::invalid_argument("no Attach or RecoveryHello within the silence timeout"))??;
         let opening = Opening::parse(first)?;
-        if opening.instance.namespace != namespace {
+        if !bound.names(&opening.route, &opening.instance) {
+            tracing::warn!(token_route = %bound.route, route = %opening.route,
+                           "refused: an instance token used for another route or workload");
             return Err(Status::permission_denied(format!(
-                "the namespace token is for namespace {namespace}, not the instance's {}",
-                opening.instance.namespace
+                "the instance token is for {}, not this route or workload",
+                bound.route
             )));
         }
         let (outbound, queue) = mpsc::channel(OUTBOUND_CAPACITY);

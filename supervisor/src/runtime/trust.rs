@@ -1,5 +1,6 @@
-//! Authenticating sidecars: their namespace token (a gateway-signed JWT, `Kind::Instance`) is
-//! verified against the gateway trust bundle, and its subject names the namespace.
+//! Authenticating sidecars: their instance token (a gateway-signed JWT, `Kind::Instance`) is
+//! verified against the gateway trust bundle; its subject names the route and its claims the
+//! workload (namespace, name and, when bound, the Pod UID).
 //!
 //! The bundle comes from the file `trust.jwks` beside the supervisor token file (the gateway
 //! delivers both into one directory or Secret), re-read when its modification time or size
@@ -12,7 +13,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use proto::trust::{self, Claims, Expectation, Kind, TrustBundle};
+use proto::common::v1::InstanceRef;
+use proto::trust::{self, Claims, Expectation, InstanceTokenClaims, Kind, TrustBundle};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
@@ -25,10 +27,10 @@ pub const MIN_FORCED_REFRESH: Duration = Duration::from_secs(1);
 /// Why a sidecar was not authenticated; the message is safe to return to it.
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
-    #[error("namespace token refused: {0}")]
+    #[error("instance token refused: {0}")]
     Token(#[from] trust::Error),
-    #[error("namespace token has no namespace subject")]
-    NotNamespace,
+    #[error("the instance token names no route")]
+    NoRoute,
     #[error("the gateway trust bundle is unavailable: {0}")]
     Unavailable(String),
 }
@@ -63,16 +65,18 @@ impl TrustStore {
         }
     }
 
-    /// Verifies a namespace token and returns the namespace it is for.
-    pub(crate) async fn namespace_of(&self, token: &str) -> Result<String, AuthError> {
+    /// Verifies an instance token and returns the workload it is for.
+    pub(crate) async fn instance_of(&self, token: &str) -> Result<Bound, AuthError> {
         let bundle = self.bundle(false).await?;
         let claims = match verify(&bundle, token) {
             Err(trust::Error::UnknownKid(_)) => verify(self.bundle(true).await?.as_ref(), token)?,
             other => other?,
         };
-        trust::namespace_of(&claims.sub)
-            .map(str::to_owned)
-            .ok_or(AuthError::NotNamespace)
+        let route = trust::route_of(&claims.sub).ok_or(AuthError::NoRoute)?.to_owned();
+        Ok(Bound {
+            route,
+            claims: claims.extra,
+        })
     }
 
     async fn bundle(&self, unknown_kid: bool) -> Result<Arc<TrustBundle>, AuthError> {
@@ -137,7 +141,24 @@ impl TrustStore {
     }
 }
 
-fn verify(bundle: &TrustBundle, token: &str) -> Result<Claims, trust::Error> {
+/// The workload an instance token names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Bound {
+    pub route: String,
+    pub claims: InstanceTokenClaims,
+}
+
+impl Bound {
+    /// The token names exactly this route and workload (its UID when it carries one).
+    pub(crate) fn names(&self, route: &str, instance: &InstanceRef) -> bool {
+        self.route == route
+            && self.claims.namespace == instance.namespace
+            && self.claims.name == instance.name
+            && self.claims.uid.as_deref().is_none_or(|uid| uid == instance.uid)
+    }
+}
+
+fn verify(bundle: &TrustBundle, token: &str) -> Result<Claims<InstanceTokenClaims>, trust::Error> {
     bundle.verify(token, &Expectation::kind(Kind::Instance, &bundle.issuer))
 }
 

@@ -58,14 +58,15 @@ impl Keys {
         jsonwebtoken::encode(&header, &claims, &EncodingKey::from_ed_der(der.as_bytes())).unwrap()
     }
 
-    /// The namespace token a sidecar of `namespace` mounts.
-    pub fn namespace_token(&self, namespace: &str) -> String {
-        self.mint(
-            Kind::Instance,
-            &proto::trust::namespace_subject(namespace),
-            600,
-            json!({}),
-        )
+    /// The instance token of the workload at `route` ("<namespace>/<name>"), bound to `uid`
+    /// when given.
+    pub fn instance_token(&self, route: &str, uid: Option<&str>) -> String {
+        let (namespace, name) = route.split_once('/').unwrap_or((route, route));
+        let mut claims = json!({ "namespace": namespace, "name": name });
+        if let Some(uid) = uid {
+            claims["uid"] = json!(uid);
+        }
+        self.mint(Kind::Instance, &proto::trust::instance_subject(route), 600, claims)
     }
 }
 
