@@ -5,6 +5,8 @@
 //!   `write_fenced` (lifecycle: created and published → signer → retired → deleted).
 //! - `keyring`: the [`Keyring`] every replica loads from the store: [`Keyring::mint`],
 //!   [`Keyring::trust_bundle`], [`Keyring::verify`] (through [`proto::trust`]).
+//! - [`sealing`]: private keys at rest, sealed with a key-encryption key ([`Kek`], current
+//!   and previous in [`Keks`]); the coordinator's rotation re-seals rows under another KEK.
 //! - `delivery`: handing the supervisor token and the trust bundle to the members
 //!   ([`Delivery`]; [`FileDelivery`] in local mode).
 //!
@@ -20,6 +22,7 @@ mod delivery;
 mod keyring;
 mod keys;
 mod rotation;
+pub mod sealing;
 
 use std::time::Duration;
 
@@ -31,6 +34,7 @@ pub use proto::trust::{
     namespace_of, namespace_subject, pool_subject,
 };
 pub use rotation::{Plan, Policy, plan, rotate, signer};
+pub use sealing::{Kek, Keks};
 
 use crate::store;
 
@@ -67,6 +71,8 @@ pub enum Error {
     Sign(#[from] jsonwebtoken::errors::Error),
     #[error(transparent)]
     Store(#[from] store::Error),
+    #[error(transparent)]
+    Sealing(#[from] sealing::Error),
     #[error("cannot write {path}: {source}")]
     Write {
         path: String,
