@@ -54,7 +54,7 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    #[error(transparent)]
+    #[error("signing keys at rest: {0}")]
     KeyEncryption(#[from] tokens::sealing::Error),
     #[error(
         "a PostgreSQL store needs a key-encryption key: set --key-encryption-key-file \
@@ -144,6 +144,12 @@ pub async fn run_with<C: kubernetes::Cluster>(
         return Ok(());
     };
     let store = store.with_keks(Arc::new(keks));
+    match tokens::check_stored_keys(&store).await {
+        Ok(_) => {}
+        // A KEK that does not open the stored keys is a configuration error: stop.
+        Err(tokens::Error::Sealing(err)) => return Err(err.into()),
+        Err(err) => tracing::warn!(error = %err, "cannot check the stored signing keys"),
+    }
     let holder = election::holder_id(&settings.replica, &store);
     let address = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
     info!(replica = %settings.replica, holder = %holder, %address, backend = %store.backend(),

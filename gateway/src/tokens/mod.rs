@@ -81,6 +81,17 @@ pub enum Error {
     },
 }
 
+/// Open every stored private key with the store's key-encryption keys (and check it matches
+/// its public key); the number of keys. A gateway given the wrong KEK calls this at start and
+/// refuses to run, naming the key and the KEK ids, rather than fail at every mint.
+pub async fn check_stored_keys(store: &store::Store) -> Result<usize, Error> {
+    let records = store.list_signing_keys().await?;
+    for record in &records {
+        KeyPair::from_record(record, store.keks())?;
+    }
+    Ok(records.len())
+}
+
 /// True from half the token's lifetime on (and for a token whose expiry is not after its
 /// issue).
 pub fn needs_renewal(issued_at_ms: i64, expires_at_ms: i64, now_ms: i64) -> bool {
