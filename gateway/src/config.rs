@@ -106,7 +106,8 @@ pub struct Settings {
     pub key_encryption_key_file: Option<PathBuf>,
 
     /// During a KEK rotation: the file of the key-encryption key being replaced. Keys sealed
-    /// with it still open, and the coordinator re-seals them with the current one.
+    /// with it still open, and the coordinator re-seals them with the current one. A path
+    /// that does not exist means no rotation is under way.
     #[arg(
         long,
         env = "OPENSHELL_GATEWAY_PREVIOUS_KEY_ENCRYPTION_KEY_FILE",
@@ -141,8 +142,16 @@ impl Settings {
     /// Blocking: call it off the runtime.
     pub fn load_keks(&self, url: &str) -> Result<(Keks, Option<PathBuf>), Error> {
         if let Some(current) = &self.key_encryption_key_file {
-            let keks = Keks::load(current, self.previous_key_encryption_key_file.as_deref())?;
-            return Ok((keks, None));
+            // A previous KEK file that does not exist is no rotation under way (a Secret
+            // without its `previous` key); a row that needs it fails to open, by name.
+            let previous = self.previous_key_encryption_key_file.as_deref().filter(|path| {
+                let exists = path.exists();
+                if !exists {
+                    tracing::info!(path = %path.display(), "no previous key-encryption key file: no KEK rotation under way");
+                }
+                exists
+            });
+            return Ok((Keks::load(current, previous)?, None));
         }
         if !url.starts_with("sqlite:") {
             return Err(Error::KekRequired);
