@@ -490,7 +490,10 @@ async fn a_gateway_on_sqlite_keeps_its_files_private_and_its_signing_keys_sealed
     let running = start_gateway(&["--data-dir", data_arg, "--credentials-dir", credentials_arg]).await;
     // The namespace tokens are written last.
     let last = credentials.join("namespaces/default").join(trust::TOKEN_FILE);
-    support::wait_for("the first token delivery", 3000, || async { last.is_file().then_some(()) }).await;
+    support::wait_for("the first token delivery", 3000, || async {
+        last.is_file().then_some(())
+    })
+    .await;
     let db = data.join("gateway.db");
     support::wait_for("the WAL files", 3000, || async {
         (db.with_extension("db-wal").is_file() && db.with_extension("db-shm").is_file()).then_some(())
@@ -500,7 +503,11 @@ async fn a_gateway_on_sqlite_keeps_its_files_private_and_its_signing_keys_sealed
     for name in ["gateway.db", "gateway.db-wal", "gateway.db-shm", "key-encryption-key"] {
         assert_eq!(mode(&data.join(name)), 0o600, "{name}");
     }
-    for dir in [credentials.clone(), credentials.join("operator"), credentials.join("supervisor")] {
+    for dir in [
+        credentials.clone(),
+        credentials.join("operator"),
+        credentials.join("supervisor"),
+    ] {
         assert_eq!(mode(&dir), 0o700, "{}", dir.display());
     }
     for token in ["operator", "supervisor", "namespaces/default"] {
@@ -528,7 +535,10 @@ async fn a_gateway_on_sqlite_keeps_its_files_private_and_its_signing_keys_sealed
         let seed = &der[der.len() - 32..];
         assert!(!bytes.starts_with(b"-----BEGIN"));
         assert!(EncodingKey::from_ed_pem(bytes).is_err(), "the row parses as a key");
-        assert!(!bytes.windows(body.len()).any(|w| w == body.as_bytes()), "PEM body in the row");
+        assert!(
+            !bytes.windows(body.len()).any(|w| w == body.as_bytes()),
+            "PEM body in the row"
+        );
         assert!(!bytes.windows(32).any(|w| w == seed), "raw seed in the row");
         assert!(!String::from_utf8_lossy(bytes).contains(&URL_SAFE_NO_PAD.encode(seed)));
         assert_eq!(tokens::sealing::sealed_with(record), Some(generated.current().id()));
@@ -546,9 +556,19 @@ async fn a_gateway_on_sqlite_keeps_its_files_private_and_its_signing_keys_sealed
         wrong.to_str().unwrap(),
     ])
     .await;
-    let refused = task.await.unwrap().expect_err("a wrong KEK must stop the gateway").to_string();
-    assert!(refused.contains("key-encryption key") && refused.contains(&rows[0].0), "{refused}");
-    assert!(refused.contains(generated.current().id()) && refused.contains(&wrong_id), "{refused}");
+    let refused = task
+        .await
+        .unwrap()
+        .expect_err("a wrong KEK must stop the gateway")
+        .to_string();
+    assert!(
+        refused.contains("key-encryption key") && refused.contains(&rows[0].0),
+        "{refused}"
+    );
+    assert!(
+        refused.contains(generated.current().id()) && refused.contains(&wrong_id),
+        "{refused}"
+    );
     assert!(!refused.contains(wrong_content.trim()), "{refused}");
     assert_eq!(dump_rows(&url).await, rows, "nothing was written");
 

@@ -708,7 +708,11 @@ mod tests {
             let refused = verify(&good(&claims(SUPERVISOR_AUDIENCE, iat, exp)));
             assert!(refused.is_err(), "iat {iat}, exp {exp}: {refused:?}");
         }
-        let refused = verify(&good(&claims(SUPERVISOR_AUDIENCE, -9_000_000_000_000_000, 9_000_000_000_000_000)));
+        let refused = verify(&good(&claims(
+            SUPERVISOR_AUDIENCE,
+            -9_000_000_000_000_000,
+            9_000_000_000_000_000,
+        )));
         assert!(matches!(refused, Err(Error::Lifetime { .. })), "{refused:?}");
         // The same edges against a verifier without a lifetime bound.
         let unbounded = Expectation::new(SUPERVISOR_AUDIENCE, ISS);

@@ -31,8 +31,8 @@ use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{Any, AnyPool, Connection, Row, Transaction};
 
 pub use dialect::Backend;
-pub use redact::{redact_url, scrub};
 use dialect::LockMode;
+pub use redact::{redact_url, scrub};
 pub use types::*;
 
 /// Errors of the store. `Fenced` and `Conflict` are the expected, typed

@@ -25,8 +25,10 @@ pub fn redact_url(url: &str) -> String {
                 parsed.set_query(None);
                 parsed.to_string()
             }
-            Err(_) => without_scheme(url.split_once("://").map_or(url, |(_, rest)| rest))
-                .map_or_else(|| "<unparseable URL>".into(), |rest| format!("<unparseable URL> {rest}")),
+            Err(_) => without_scheme(url.split_once("://").map_or(url, |(_, rest)| rest)).map_or_else(
+                || "<unparseable URL>".into(),
+                |rest| format!("<unparseable URL> {rest}"),
+            ),
         };
     }
     if is_key_value(url) {
@@ -55,7 +57,13 @@ fn secrets(url: &str) -> Vec<String> {
     let url = url.trim();
     let mut found = Vec::new();
     if is_key_value(url) {
-        found.extend(pairs(url).unwrap_or_default().into_iter().filter(|(k, _)| is_secret_key(k)).map(|(_, v)| v));
+        found.extend(
+            pairs(url)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|(k, _)| is_secret_key(k))
+                .map(|(_, v)| v),
+        );
     } else {
         let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
         let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
@@ -226,11 +234,17 @@ mod tests {
             "host=db user=u password=*** sslpassword=*** dbname=app"
         );
         assert_eq!(redact_url("password=hunter2"), "password=***");
-        assert_eq!(redact_url("sqlite:///var/lib/gw/gateway.db?mode=rwc"), "sqlite:///var/lib/gw/gateway.db");
+        assert_eq!(
+            redact_url("sqlite:///var/lib/gw/gateway.db?mode=rwc"),
+            "sqlite:///var/lib/gw/gateway.db"
+        );
         assert_eq!(redact_url("sqlite:gateway.db?mode=rwc"), "sqlite:gateway.db");
         assert_eq!(redact_url("db:5432/app"), "db:5432/app");
         // Unterminated quote: nothing of it is shown.
-        assert_eq!(redact_url("host=db password='hunter2"), "<unparseable connection string>");
+        assert_eq!(
+            redact_url("host=db password='hunter2"),
+            "<unparseable connection string>"
+        );
         let broken = redact_url("postgres://user:hunter2@[db/app");
         assert!(!broken.contains("hunter2"), "{broken}");
     }

@@ -282,7 +282,10 @@ mod tests {
         let minted = ring
             .mint_at(Kind::Supervisor, "pool:p", Duration::from_secs(60), &(), NOW)
             .unwrap();
-        let pem = pair.secret().to_pkcs8_pem(ed25519_dalek::pkcs8::spki::der::pem::LineEnding::LF).unwrap();
+        let pem = pair
+            .secret()
+            .to_pkcs8_pem(ed25519_dalek::pkcs8::spki::der::pem::LineEnding::LF)
+            .unwrap();
         let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
         let shown = format!("{ring:?} {minted:?}");
         assert!(!shown.contains(&body), "{shown}");

@@ -172,10 +172,16 @@ mod tests {
             private_pem: SecretBytes(pem.as_bytes().to_vec()),
             ..record.clone()
         };
-        assert_eq!(KeyPair::from_record(&plain, None).unwrap().public_key(), pair.public_key());
+        assert_eq!(
+            KeyPair::from_record(&plain, None).unwrap().public_key(),
+            pair.public_key()
+        );
         let resealed = KeyPair::reseal(&plain, &keks).unwrap();
         assert_eq!(sealing::sealed_with(&resealed), Some(keks.current().id()));
-        assert_eq!(KeyPair::from_record(&resealed, Some(&keks)).unwrap().public_key(), pair.public_key());
+        assert_eq!(
+            KeyPair::from_record(&resealed, Some(&keks)).unwrap().public_key(),
+            pair.public_key()
+        );
 
         // A row with another row's public key is bound to it: it no longer opens.
         let other = KeyPair::generate().unwrap().to_record(keks.current()).unwrap();
@@ -188,7 +194,10 @@ mod tests {
             public_pem: mixed.public_pem.clone(),
             ..plain
         };
-        assert!(matches!(KeyPair::from_record(&mixed_plain, None), Err(Error::Key { .. })));
+        assert!(matches!(
+            KeyPair::from_record(&mixed_plain, None),
+            Err(Error::Key { .. })
+        ));
         let wrong_alg = SigningKey {
             algorithm: "ES256".into(),
             ..record

@@ -157,7 +157,9 @@ fn create(plan: &mut Plan, fresh: impl FnOnce() -> Result<SigningKey, Error>, no
 pub async fn rotate(store: &Store, lease: &Lease, policy: &Policy, now_ms: i64) -> Result<Plan, Error> {
     let keks = store.keks().ok_or(sealing::Error::NoKek)?;
     let keys = store.list_signing_keys().await?;
-    let plan = plan(&keys, now_ms, policy, keks, || KeyPair::generate()?.to_record(keks.current()))?;
+    let plan = plan(&keys, now_ms, policy, keks, || {
+        KeyPair::generate()?.to_record(keks.current())
+    })?;
     if !plan.is_empty() {
         store.write_fenced(lease, &plan.writes).await?;
     }
@@ -299,7 +301,11 @@ mod tests {
         let now = 50 * H;
         let under_old = SigningKey {
             created_at_ms: now - H,
-            ..KeyPair::generate().unwrap().with_kid("a").to_record(old.current()).unwrap()
+            ..KeyPair::generate()
+                .unwrap()
+                .with_kid("a")
+                .to_record(old.current())
+                .unwrap()
         };
         let pair = KeyPair::generate().unwrap().with_kid("b");
         let plain_pem = sealing::open(Some(keks()), &pair.to_record(keks().current()).unwrap()).unwrap();
@@ -320,7 +326,10 @@ mod tests {
             KeyPair::from_record(key, Some(keks())).unwrap();
         }
         assert!(keys.contains(&current), "a row already sealed is not rewritten");
-        assert_eq!(keys.iter().find(|k| k.kid == "b").unwrap().retired_at_ms, Some(now - MIN));
+        assert_eq!(
+            keys.iter().find(|k| k.kid == "b").unwrap().retired_at_ms,
+            Some(now - MIN)
+        );
         let again = super::plan(&keys, now, &Policy::default(), &rotating, || unreachable!()).unwrap();
         assert!(again.is_empty(), "{again:?}");
 
@@ -328,11 +337,17 @@ mod tests {
         let stranger = Keks::new(Kek::generate().unwrap(), None);
         let foreign = SigningKey {
             created_at_ms: now - H,
-            ..KeyPair::generate().unwrap().with_kid("x").to_record(stranger.current()).unwrap()
+            ..KeyPair::generate()
+                .unwrap()
+                .with_kid("x")
+                .to_record(stranger.current())
+                .unwrap()
         };
         let err = super::plan(&[foreign], now, &Policy::default(), keks(), || unreachable!()).unwrap_err();
-        assert!(matches!(err, Error::Sealing(sealing::Error::UnknownKek { .. })), "{err}");
+        assert!(
+            matches!(err, Error::Sealing(sealing::Error::UnknownKek { .. })),
+            "{err}"
+        );
         assert!(err.to_string().contains(stranger.current().id()), "{err}");
     }
-
 }

@@ -141,10 +141,7 @@ impl Kek {
                 .decode(trimmed.replace('+', "-").replace('/', "_"))
                 .map_err(|_| format("not base64"))?,
         );
-        let bytes: [u8; KEK_BYTES] = decoded
-            .as_slice()
-            .try_into()
-            .map_err(|_| format("not 32 bytes"))?;
+        let bytes: [u8; KEK_BYTES] = decoded.as_slice().try_into().map_err(|_| format("not 32 bytes"))?;
         Ok(Self::from_bytes(bytes))
     }
 
@@ -293,10 +290,18 @@ pub fn open(keks: Option<&Keks>, record: &SigningKey) -> Result<Zeroizing<Vec<u8
         .ok()
         .filter(|n| n.len() == NONCE_BYTES)
         .ok_or_else(|| malformed("bad nonce"))?;
-    let sealed = URL_SAFE_NO_PAD.decode(sealed).map_err(|_| malformed("bad ciphertext"))?;
+    let sealed = URL_SAFE_NO_PAD
+        .decode(sealed)
+        .map_err(|_| malformed("bad ciphertext"))?;
     let aad = associated_data(record);
     kek.cipher()
-        .decrypt(XNonce::from_slice(&nonce), Payload { msg: &sealed, aad: &aad })
+        .decrypt(
+            XNonce::from_slice(&nonce),
+            Payload {
+                msg: &sealed,
+                aad: &aad,
+            },
+        )
         .map(Zeroizing::new)
         .map_err(|_| Error::Open {
             kid: record.kid.clone(),
@@ -305,7 +310,9 @@ pub fn open(keks: Option<&Keks>, record: &SigningKey) -> Result<Zeroizing<Vec<u8
 }
 
 fn associated_data(record: &SigningKey) -> Vec<u8> {
-    [PREFIX, &record.kid, &record.algorithm, &record.public_pem].join("\0").into_bytes()
+    [PREFIX, &record.kid, &record.algorithm, &record.public_pem]
+        .join("\0")
+        .into_bytes()
 }
 
 /// A KEK id from a row, for a message: only when short and hex.
@@ -314,6 +321,14 @@ fn printable(id: &str) -> String {
         id.to_owned()
     } else {
         "(unprintable)".into()
+    }
+}
+
+#[cfg(test)]
+impl Kek {
+    /// The same key again (tests hand one key to several `Keks`).
+    pub(crate) fn copy_for_test(&self) -> Kek {
+        Kek::from_bytes(*self.key)
     }
 }
 
@@ -352,7 +367,10 @@ mod tests {
         let only_b = Keks::new(both.current.copy_for_test(), None);
         let err = open(Some(&only_b), &sealed).unwrap_err();
         assert!(matches!(err, Error::UnknownKek { .. }), "{err}");
-        assert!(err.to_string().contains(&a_id) && err.to_string().contains(&b_id), "{err}");
+        assert!(
+            err.to_string().contains(&a_id) && err.to_string().contains(&b_id),
+            "{err}"
+        );
         assert!(matches!(open(None, &sealed), Err(Error::NoKek)));
         // Moved to another row: the associated data differs.
         let moved = SigningKey {
@@ -373,7 +391,11 @@ mod tests {
         };
         assert_eq!(sealed_with(&plain), None);
         assert_eq!(open(None, &plain).unwrap().as_slice(), PEM);
-        for bad in [&b"junk"[..], b"openshell-sealed-v1.x", b"openshell-sealed-v1.abcd.AAAA.AAAA"] {
+        for bad in [
+            &b"junk"[..],
+            b"openshell-sealed-v1.x",
+            b"openshell-sealed-v1.abcd.AAAA.AAAA",
+        ] {
             let row = SigningKey {
                 private_pem: SecretBytes(bad.to_vec()),
                 ..record("k1")
@@ -404,14 +426,9 @@ mod tests {
             assert!(matches!(err, Error::Format { .. }), "{err}");
             assert!(text.is_empty() || !err.to_string().contains(text), "{err}");
         }
-        assert!(matches!(Kek::load(&dir.path().join("missing")), Err(Error::Read { .. })));
-    }
-}
-
-#[cfg(test)]
-impl Kek {
-    /// The same key again (tests hand one key to several `Keks`).
-    pub(crate) fn copy_for_test(&self) -> Kek {
-        Kek::from_bytes(*self.key)
+        assert!(matches!(
+            Kek::load(&dir.path().join("missing")),
+            Err(Error::Read { .. })
+        ));
     }
 }
