@@ -438,10 +438,20 @@ type Running = (
     tokio::task::JoinHandle<Result<(), gateway::Error>>,
 );
 
-/// A gateway replica on this runtime with `args` (after the listen and status flags).
-async fn start_gateway(args: &[&str]) -> Running {
+/// A gateway replica on this runtime with the SQLite database `gateway.db` in `data` and
+/// `args` (an explicit URL: `DATABASE_URL` may name a PostgreSQL server in the environment).
+async fn start_gateway(data: &std::path::Path, args: &[&str]) -> Running {
     use clap::Parser;
-    let mut all = vec!["gateway", "--listen", "127.0.0.1:0", "--status-interval-ms", "0"];
+    let url = format!("sqlite://{}?mode=rwc", data.join("gateway.db").display());
+    let mut all = vec![
+        "gateway",
+        "--database-url",
+        &url,
+        "--listen",
+        "127.0.0.1:0",
+        "--status-interval-ms",
+        "0",
+    ];
     all.extend_from_slice(args);
     let settings = gateway::Settings::parse_from(all);
     let listener = gateway::bind(&settings).await.unwrap();
@@ -483,14 +493,15 @@ async fn a_gateway_on_sqlite_keeps_its_files_private_and_its_signing_keys_sealed
     std::fs::create_dir(&data).unwrap();
     std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
     let credentials = root.path().join("credentials");
-    let (data_arg, credentials_arg) = (data.to_str().unwrap(), credentials.to_str().unwrap());
+    let credentials_arg = credentials.to_str().unwrap();
     let operator_token = credentials.join("operator").join(trust::TOKEN_FILE);
 
     // No KEK configured: the embedded store's gateway generates one beside the database.
-    let running = start_gateway(&["--data-dir", data_arg, "--credentials-dir", credentials_arg]).await;
+    let running = start_gateway(&data, &["--credentials-dir", credentials_arg]).await;
     // The namespace tokens are written last.
     let last = credentials.join("namespaces/default").join(trust::TOKEN_FILE);
     support::wait_for("the first token delivery", 3000, || async {
+        assert!(!running.1.is_finished(), "the gateway stopped");
         last.is_file().then_some(())
     })
     .await;
@@ -549,13 +560,7 @@ async fn a_gateway_on_sqlite_keeps_its_files_private_and_its_signing_keys_sealed
     let wrong = root.path().join("wrong-kek");
     let wrong_id = write_kek(&wrong);
     let wrong_content = std::fs::read_to_string(&wrong).unwrap();
-    let (_, task) = start_gateway(&[
-        "--data-dir",
-        data_arg,
-        "--key-encryption-key-file",
-        wrong.to_str().unwrap(),
-    ])
-    .await;
+    let (_, task) = start_gateway(&data, &["--key-encryption-key-file", wrong.to_str().unwrap()]).await;
     let refused = task
         .await
         .unwrap()
@@ -574,14 +579,15 @@ async fn a_gateway_on_sqlite_keeps_its_files_private_and_its_signing_keys_sealed
 
     // KEK rotation: the new key current, the generated one previous; the coordinator
     // re-seals the row; then the new key alone opens it.
-    let running = start_gateway(&[
-        "--data-dir",
-        data_arg,
-        "--key-encryption-key-file",
-        wrong.to_str().unwrap(),
-        "--previous-key-encryption-key-file",
-        kek_file.to_str().unwrap(),
-    ])
+    let running = start_gateway(
+        &data,
+        &[
+            "--key-encryption-key-file",
+            wrong.to_str().unwrap(),
+            "--previous-key-encryption-key-file",
+            kek_file.to_str().unwrap(),
+        ],
+    )
     .await;
     let marker = format!("openshell-sealed-v1.{wrong_id}.");
     support::wait_for("the row re-sealed with the new KEK", 3000, || async {
@@ -591,14 +597,15 @@ async fn a_gateway_on_sqlite_keeps_its_files_private_and_its_signing_keys_sealed
     .await;
     stop_gateway(running).await;
     std::fs::remove_file(&operator_token).unwrap();
-    let running = start_gateway(&[
-        "--data-dir",
-        data_arg,
-        "--credentials-dir",
-        credentials_arg,
-        "--key-encryption-key-file",
-        wrong.to_str().unwrap(),
-    ])
+    let running = start_gateway(
+        &data,
+        &[
+            "--credentials-dir",
+            credentials_arg,
+            "--key-encryption-key-file",
+            wrong.to_str().unwrap(),
+        ],
+    )
     .await;
     support::wait_for("a delivery signed with the re-sealed key", 3000, || async {
         operator_token.is_file().then_some(())
