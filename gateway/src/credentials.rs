@@ -64,7 +64,8 @@ pub async fn run(
             match replica.store.now_ms().await {
                 Ok(now_ms) => match rotate(&replica.store, held, &Policy::default(), now_ms).await {
                     Ok(plan) if !plan.is_empty() => {
-                        info!(created = ?plan.created, retired = ?plan.retired, deleted = ?plan.deleted, "rotated signing keys");
+                        info!(created = ?plan.created, retired = ?plan.retired, deleted = ?plan.deleted,
+                              resealed = ?plan.resealed, "rotated signing keys");
                     }
                     Ok(_) => {}
                     Err(err) => warn!(error = %err, "cannot rotate signing keys"),

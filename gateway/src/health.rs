@@ -60,7 +60,7 @@ async fn ready(State(health): State<Readiness>) -> impl IntoResponse {
     }
     let view = health.replica.view.borrow().clone();
     let stale = match health.replica.store.now_ms().await {
-        Ok(now) => view.now_ms == 0 || now - view.now_ms > (REFRESH_INTERVAL * 10).as_millis() as i64,
+        Ok(now) => view.now_ms == 0 || now.saturating_sub(view.now_ms) > (REFRESH_INTERVAL * 10).as_millis() as i64,
         Err(_) => true,
     };
     if stale {
