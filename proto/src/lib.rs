@@ -26,6 +26,7 @@
 pub mod registration;
 pub mod text;
 pub mod timing;
+pub mod listener;
 pub mod tls;
 pub mod trust;
 
