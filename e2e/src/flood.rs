@@ -90,7 +90,11 @@ async fn measure(pool: &LocalPool, setup: &Setup) -> Result<(Vec<Figures>, Strin
     let (webhook, metrics, process) = start_webhook(pool).await?;
     let connector = connector(&tls.ca).await?;
     let mut ports: Vec<SocketAddr> = Vec::new();
-    for url in pool.endpoints().iter().chain(pool.members.iter().map(|m| &m.runtime_address)) {
+    for url in pool
+        .endpoints()
+        .iter()
+        .chain(pool.members.iter().map(|m| &m.runtime_address))
+    {
         if let Some(address) = url.strip_prefix("https://").and_then(|a| a.parse().ok()) {
             ports.push(address);
         }
@@ -277,7 +281,10 @@ impl Probe {
             let name = ServerName::try_from("localhost").ok()?;
             self.connector.connect(name, tcp).await.ok()
         };
-        matches!(tokio::time::timeout(proto::timing::CONNECT_TIMEOUT, attempt).await, Ok(Some(_)))
+        matches!(
+            tokio::time::timeout(proto::timing::CONNECT_TIMEOUT, attempt).await,
+            Ok(Some(_))
+        )
     }
 }
 
@@ -327,7 +334,10 @@ async fn idle_tcp(target: SocketAddr, stop: CancellationToken) {
 /// One TLS connection from 127.0.0.3 that never sends a request, re-opened after it is closed.
 async fn silent_tls(target: SocketAddr, connector: TlsConnector, stop: CancellationToken) {
     while !stop.is_cancelled() {
-        if let (Ok(tcp), Ok(name)) = (connect_from([127, 0, 0, 3], target).await, ServerName::try_from("localhost")) {
+        if let (Ok(tcp), Ok(name)) = (
+            connect_from([127, 0, 0, 3], target).await,
+            ServerName::try_from("localhost"),
+        ) {
             if let Ok(mut tls) = connector.connect(name, tcp).await {
                 until_closed(&mut tls, &stop).await;
             }
@@ -347,7 +357,10 @@ async fn http_get(address: SocketAddr, path: &str) -> std::io::Result<String> {
             .await?;
         let mut text = String::new();
         tcp.read_to_string(&mut text).await?;
-        Ok(text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default())
+        Ok(text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default())
     };
     tokio::time::timeout(Duration::from_secs(5), get)
         .await

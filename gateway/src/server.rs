@@ -4,10 +4,10 @@
 use std::sync::Arc;
 
 use proto::host::v1::supervisor_host_server::SupervisorHostServer;
+use proto::listener::Listener;
 use proto::pool::v1::supervisor_pool_server::SupervisorPoolServer;
 use proto::recovery::v1::supervisor_recovery_server::SupervisorRecoveryServer;
 use proto::registry::v1::instance_registry_server::InstanceRegistryServer;
-use proto::listener::Listener;
 use tokio_util::sync::CancellationToken;
 
 use crate::host::Host;

@@ -250,7 +250,11 @@ async fn connections_beyond_the_cap_are_closed_at_accept_and_counted() {
         closed_by_server(&mut over).await;
     }
     let seen = wait_for("5 refusals", &counters, |c| c.refused_cap == 5).await;
-    assert_eq!((seen.open, seen.accepted, seen.refused_source_cap), (8, 8, 0), "{seen:?}");
+    assert_eq!(
+        (seen.open, seen.accepted, seen.refused_source_cap),
+        (8, 8, 0),
+        "{seen:?}"
+    );
     // A full listener refuses the legitimate client too (the cap is the cap) …
     assert!(call(addr, &pki.ca).await.is_err());
     // … until slots are given back.

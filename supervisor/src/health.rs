@@ -73,7 +73,12 @@ impl Readiness {
 }
 
 /// Serves `/healthz`, `/readyz` and `/metrics` on `listener` until `stop`.
-pub async fn serve(listener: Listener, readiness: Arc<Readiness>, connections: ConnectionMetrics, stop: CancellationToken) {
+pub async fn serve(
+    listener: Listener,
+    readiness: Arc<Readiness>,
+    connections: ConnectionMetrics,
+    stop: CancellationToken,
+) {
     let app = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))

@@ -352,7 +352,10 @@ pub async fn run_with_state(
     let (forced, drain) = proto::listener::serve_http(listener, webhook_router(Arc::clone(&state)), stop).await;
 
     if !forced {
-        tracing::info!(open = drain.open(), "no longer accepting; waiting for in-flight requests");
+        tracing::info!(
+            open = drain.open(),
+            "no longer accepting; waiting for in-flight requests"
+        );
         tokio::select! {
             () = drain.finish() => tracing::info!("drained"),
             () = tokio::time::sleep(config.drain_timeout()) => {

@@ -558,7 +558,11 @@ async fn a_flood_from_one_source_leaves_reviews_served_and_silent_connections_ar
     // The flood's idle TCP connections are still waiting in their handshakes.
     let accepted = "openshell_webhook_connections_accepted_total{listener=\"webhook\"}";
     assert!(metric(server.health, accepted).await.unwrap() >= 32.0 + 10.0 + 1.0);
-    let open = metric(server.health, "openshell_webhook_connections_open{listener=\"webhook\"}").await;
+    let open = metric(
+        server.health,
+        "openshell_webhook_connections_open{listener=\"webhook\"}",
+    )
+    .await;
     assert!(open.unwrap() >= 33.0, "{open:?}");
     drop(flood);
 }

@@ -36,9 +36,7 @@ pub async fn serve_grpc(
     listener: Listener,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
-    router
-        .serve_with_incoming_shutdown(listener.incoming(), shutdown)
-        .await
+    router.serve_with_incoming_shutdown(listener.incoming(), shutdown).await
 }
 
 /// Connections still being served after accepting stopped.
@@ -97,7 +95,9 @@ where
             },
         };
         let peer = conn.peer();
-        let serving = builder.serve_connection(TokioIo::new(conn), service.clone()).into_owned();
+        let serving = builder
+            .serve_connection(TokioIo::new(conn), service.clone())
+            .into_owned();
         let watched = graceful.watch(serving);
         tokio::spawn(async move {
             if let Err(err) = watched.await {
