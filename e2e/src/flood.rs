@@ -43,8 +43,11 @@ pub struct Setup {
     pub idle: usize,
     /// Request-less TLS connections per port.
     pub silent: usize,
-    /// Samples of each figure per phase.
+    /// Measurement rounds per phase (a review and a handshake to every port; `poolctl
+    /// status` every fifth).
     pub samples: usize,
+    /// Shortest measurement per phase (long enough for the flood to meet the time-outs).
+    pub lasting: Duration,
 }
 
 /// One phase's figures.
@@ -54,15 +57,20 @@ pub struct Figures {
     pub admission_p50_ms: f64,
     pub admission_p99_ms: f64,
     pub admission_failed: usize,
+    pub reviews: usize,
     pub status_p50_ms: f64,
     pub status_max_ms: f64,
     pub status_failed: usize,
     pub handshakes: usize,
     pub handshakes_ok: usize,
+    pub status_runs: usize,
 }
 
 /// A small AdmissionReview (Pod CREATE in a namespace the webhook injects into).
 const REVIEW: &str = r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"4b8a3f42-0000-4000-8000-000000000001","kind":{"group":"","version":"v1","kind":"Pod"},"resource":{"group":"","version":"v1","resource":"pods"},"namespace":"team-a","operation":"CREATE","object":{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","namespace":"team-a"},"spec":{"containers":[{"name":"app","image":"busybox"}]}}}}"#;
+
+/// Pause between two measurement rounds.
+const ROUND_PAUSE: Duration = Duration::from_millis(50);
 
 /// The webhook's bound on one review (the API server's default webhook time-out).
 const REVIEW_BOUND: Duration = Duration::from_secs(10);
@@ -105,7 +113,7 @@ async fn measure(pool: &LocalPool, setup: &Setup) -> Result<(Vec<Figures>, Strin
         ports: ports.clone(),
         poolctl: Poolctl::new(pool),
     };
-    let mut figures = vec![probe.figures("no flood", setup.samples).await];
+    let mut figures = vec![probe.figures("no flood", setup.samples, Duration::ZERO).await];
 
     let stop = CancellationToken::new();
     let targets: Vec<SocketAddr> = ports.iter().copied().chain([webhook]).collect();
@@ -119,7 +127,7 @@ async fn measure(pool: &LocalPool, setup: &Setup) -> Result<(Vec<Figures>, Strin
     }
     // Let every flood connection reach its listener (and the old loop's pending slots fill).
     tokio::time::sleep(Duration::from_secs(2)).await;
-    figures.push(probe.figures("under flood", setup.samples).await);
+    figures.push(probe.figures("under flood", setup.samples, setup.lasting).await);
     stop.cancel();
     let counters = http_get(metrics, "/metrics")
         .await
@@ -221,14 +229,18 @@ struct Probe {
 }
 
 impl Probe {
-    async fn figures(&self, phase: &str, samples: usize) -> Figures {
+    /// At least `samples` rounds (a review and a handshake to every port; `poolctl status`
+    /// every fifth) and at least `lasting`.
+    async fn figures(&self, phase: &str, samples: usize, lasting: Duration) -> Figures {
         let mut admission = Vec::new();
         let mut status = Vec::new();
         let mut figures = Figures {
             phase: phase.to_owned(),
             ..Figures::default()
         };
-        for _ in 0..samples {
+        let started = Instant::now();
+        let mut round = 0;
+        while round < samples || started.elapsed() < lasting {
             match tokio::time::timeout(REVIEW_BOUND, self.review()).await {
                 Ok(Ok(took)) => admission.push(took),
                 _ => figures.admission_failed += 1,
@@ -239,15 +251,20 @@ impl Probe {
                     figures.handshakes_ok += 1;
                 }
             }
-        }
-        for _ in 0..samples.div_ceil(5) {
-            match self.poolctl.status().await {
-                Some(took) => status.push(took),
-                None => figures.status_failed += 1,
+            if round % 5 == 0 {
+                match self.poolctl.status().await {
+                    Some(took) => status.push(took),
+                    None => figures.status_failed += 1,
+                }
             }
+            round += 1;
+            figures.reviews = round;
+            // Paced like a steady trickle of Pod creations.
+            tokio::time::sleep(ROUND_PAUSE).await;
         }
         figures.admission_p50_ms = percentile(&mut admission, 0.50);
         figures.admission_p99_ms = percentile(&mut admission, 0.99);
+        figures.status_runs = status.len() + figures.status_failed;
         figures.status_p50_ms = percentile(&mut status, 0.50);
         figures.status_max_ms = percentile(&mut status, 1.0);
         figures
@@ -370,18 +387,20 @@ async fn http_get(address: SocketAddr, path: &str) -> std::io::Result<String> {
 /// The figures as a Markdown table.
 pub fn table(figures: &[Figures]) -> String {
     let mut out = String::from(
-        "| phase | admission p50 / p99 (fresh TLS) | failed reviews | poolctl status p50 / max | failed | fresh handshakes ≤ 1 s |\n|---|---|---|---|---|---|\n",
+        "| phase | admission p50 / p99 (fresh TLS) | failed / reviews | poolctl status p50 / max | failed / runs | fresh handshakes ≤ 1 s |\n|---|---|---|---|---|---|\n",
     );
     for f in figures {
         out.push_str(&format!(
-            "| {} | {:.1} / {:.1} ms | {} | {:.0} / {:.0} ms | {} | {} / {} |\n",
+            "| {} | {:.1} / {:.1} ms | {} / {} | {:.0} / {:.0} ms | {} / {} | {} / {} |\n",
             f.phase,
             f.admission_p50_ms,
             f.admission_p99_ms,
             f.admission_failed,
+            f.reviews,
             f.status_p50_ms,
             f.status_max_ms,
             f.status_failed,
+            f.status_runs,
             f.handshakes_ok,
             f.handshakes
         ));

@@ -97,13 +97,7 @@ async fn ready_only_with_a_certificate_then_mutates_over_tls() {
 
     // One keep-alive connection, three reviews.
     let mut client = TlsClient::connect(server.webhook).await.unwrap();
-    let (status, body) = client
-        .post("/mutate", fixture_bytes("pod-create-plain.json"))
-        .await
-        .unwrap();
-    assert_eq!(status, 200);
-    let out: Value = serde_json::from_slice(&body).unwrap();
-    assert_eq!(out["response"]["uid"], "df9a6f69-28a7-4a9b-b942-ed00b3ccf379");
+    let out = review_plain_pod(&mut client).await;
     assert_eq!(out["response"]["allowed"], true);
     assert_eq!(out["response"]["patchType"], "JSONPatch");
 
@@ -483,6 +477,18 @@ async fn readyz_fails_during_the_shutdown_delay() {
         .unwrap();
 }
 
+/// Posts the plain Pod fixture; the answer (200, with its UID).
+async fn review_plain_pod(client: &mut TlsClient) -> Value {
+    let (status, body) = client
+        .post("/mutate", fixture_bytes("pod-create-plain.json"))
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    let out: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(out["response"]["uid"], "df9a6f69-28a7-4a9b-b942-ed00b3ccf379");
+    out
+}
+
 /// A TCP connection from `source`, another loopback address than the client's 127.0.0.1.
 async fn connect_from(source: &str, addr: std::net::SocketAddr) -> TcpStream {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
@@ -529,13 +535,7 @@ async fn a_flood_from_one_source_leaves_reviews_served_and_silent_connections_ar
 
     // The API server's review is answered meanwhile.
     let mut client = TlsClient::connect(server.webhook).await.unwrap();
-    let (status, body) = client
-        .post("/mutate", fixture_bytes("pod-create-plain.json"))
-        .await
-        .unwrap();
-    assert_eq!(status, 200);
-    let out: Value = serde_json::from_slice(&body).unwrap();
-    assert_eq!(out["response"]["uid"], "df9a6f69-28a7-4a9b-b942-ed00b3ccf379");
+    review_plain_pod(&mut client).await;
 
     // The silent ones are closed by the server after the first-request time-out, and counted.
     for tls in &mut silent {

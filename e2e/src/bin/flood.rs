@@ -2,7 +2,7 @@
 //! `poolctl status` latency and fresh handshake success without and under a flood of idle TCP
 //! and request-less TLS connections.
 //!
-//! cargo run --release -p e2e --bin flood -- [--idle N] [--silent N] [--samples N] [--json FILE]
+//! cargo run --release -p e2e --bin flood -- [--idle N] [--silent N] [--samples N] [--seconds N] [--json FILE]
 
 use std::path::PathBuf;
 
@@ -18,9 +18,13 @@ struct Args {
     /// TLS connections per port that never send a request (from 127.0.0.3), re-opened likewise.
     #[arg(long, default_value_t = 200)]
     silent: usize,
-    /// Admission requests and handshake rounds per phase (poolctl runs: a fifth of it).
+    /// Measurement rounds per phase: a review and a handshake to every port (poolctl status
+    /// every fifth round).
     #[arg(long, default_value_t = 100)]
     samples: usize,
+    /// Shortest measurement under the flood, in seconds (the flood meets the time-outs).
+    #[arg(long, default_value_t = 20)]
+    seconds: u64,
     /// Working directory of the pool.
     #[arg(long, default_value = ".local/flood")]
     dir: PathBuf,
@@ -37,6 +41,7 @@ async fn main() -> anyhow::Result<()> {
         idle: args.idle,
         silent: args.silent,
         samples: args.samples,
+        lasting: std::time::Duration::from_secs(args.seconds),
     };
     let (figures, counters) = flood::run(&setup).await?;
     print!("{}", flood::table(&figures));

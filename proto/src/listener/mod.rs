@@ -29,8 +29,8 @@ use tokio_stream::wrappers::ReceiverStream;
 pub use self::conn::Conn;
 pub use self::metrics::{ConnectionMetrics, Counters, Snapshot};
 pub use self::serve::{
-    Drain, HEALTH_DRAIN_BOUND, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, REQUEST_TIMEOUT, grpc_server, serve_grpc,
-    serve_health, serve_http,
+    Drain, HEALTH_DRAIN_BOUND, HttpBody, HttpService, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, REQUEST_TIMEOUT,
+    grpc_server, serve_grpc, serve_health, serve_http,
 };
 
 /// Default total connection cap per listener.

@@ -39,6 +39,43 @@ pub async fn serve_grpc(
     router.serve_with_incoming_shutdown(listener.incoming(), shutdown).await
 }
 
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A response body hyper can send from any task (axum's `Body`, for one).
+pub trait HttpBody: http_body::Body<Data: Send, Error: Into<BoxError>> + Send + 'static {}
+
+impl<B> HttpBody for B where B: http_body::Body<Data: Send, Error: Into<BoxError>> + Send + 'static {}
+
+/// An HTTP service [`serve_http`] can run on every connection (an axum `Router`, for one).
+pub trait HttpService:
+    tower_service::Service<
+        http::Request<hyper::body::Incoming>,
+        Response = http::Response<Self::Body>,
+        Future: Send + 'static,
+        Error: Into<BoxError>,
+    > + Clone
+    + Send
+    + 'static
+{
+    /// The response body.
+    type Body: HttpBody;
+}
+
+impl<S, B> HttpService for S
+where
+    S: tower_service::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = http::Response<B>,
+            Future: Send + 'static,
+            Error: Into<BoxError>,
+        > + Clone
+        + Send
+        + 'static,
+    B: HttpBody,
+{
+    type Body = B;
+}
+
 /// Connections still being served after accepting stopped.
 #[derive(Debug)]
 pub struct Drain(GracefulShutdown);
@@ -59,17 +96,9 @@ impl Drain {
 
 /// Serves `service` over HTTP on `listener` until `stop` completes; returns `stop`'s output and
 /// the connections to drain.
-pub async fn serve_http<S, B, T>(listener: Listener, service: S, stop: impl Future<Output = T>) -> (T, Drain)
+pub async fn serve_http<S, T>(listener: Listener, service: S, stop: impl Future<Output = T>) -> (T, Drain)
 where
-    S: tower_service::Service<http::Request<hyper::body::Incoming>, Response = http::Response<B>>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    B: http_body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: HttpService,
 {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -115,18 +144,7 @@ pub const HEALTH_DRAIN_BOUND: Duration = Duration::from_secs(5);
 
 /// [`serve_http`] for a health/metrics port: until `stop`, then drains for at most
 /// [`HEALTH_DRAIN_BOUND`].
-pub async fn serve_health<S, B>(listener: Listener, service: S, stop: impl Future<Output = ()>)
-where
-    S: tower_service::Service<http::Request<hyper::body::Incoming>, Response = http::Response<B>>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    B: http_body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
+pub async fn serve_health(listener: Listener, service: impl HttpService, stop: impl Future<Output = ()>) {
     let ((), drain) = serve_http(listener, service, stop).await;
     let _ = tokio::time::timeout(HEALTH_DRAIN_BOUND, drain.finish()).await;
 }
