@@ -354,10 +354,9 @@ async fn silent_tls(target: SocketAddr, connector: TlsConnector, stop: Cancellat
         if let (Ok(tcp), Ok(name)) = (
             connect_from([127, 0, 0, 3], target).await,
             ServerName::try_from("localhost"),
-        ) {
-            if let Ok(mut tls) = connector.connect(name, tcp).await {
-                until_closed(&mut tls, &stop).await;
-            }
+        ) && let Ok(mut tls) = connector.connect(name, tcp).await
+        {
+            until_closed(&mut tls, &stop).await;
         }
         tokio::select! {
             () = stop.cancelled() => return,
