@@ -120,7 +120,9 @@ where
             stopped = &mut stop => break stopped,
             conn = incoming.next() => match conn {
                 Some(Ok(conn)) => conn,
-                Some(Err(_)) | None => continue,
+                Some(Err(_)) => continue,
+                // The accept loop ended (it does not, short of a panic): wait for `stop`.
+                None => break (&mut stop).await,
             },
         };
         let peer = conn.peer();
