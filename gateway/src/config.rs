@@ -135,6 +135,10 @@ pub struct Settings {
     /// Log format: text or json.
     #[arg(long, env = "OPENSHELL_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
+
+    /// Connection limits of the gRPC and health ports.
+    #[command(flatten)]
+    pub connections: proto::listener::LimitArgs,
 }
 
 impl Settings {

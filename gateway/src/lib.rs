@@ -69,6 +69,8 @@ pub enum Error {
     Kubernetes(#[from] kubernetes::Error),
     #[error(transparent)]
     Tls(#[from] proto::tls::TlsError),
+    #[error(transparent)]
+    Limits(#[from] proto::listener::Error),
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
 }
@@ -124,6 +126,8 @@ pub async fn run_with<C: kubernetes::Cluster>(
             "generated a key-encryption key for the signing keys beside the database (no --key-encryption-key-file); \
              the database cannot be used without it: keep it, and keep it out of database backups");
     }
+    let limits = settings.connections.limits()?;
+    let connections = proto::listener::ConnectionMetrics::default();
     // Background work stops with `stop`, after the server drained (and on any
     // early return). The health port serves from the start: not ready while
     // the database is unreachable, but alive.
@@ -135,12 +139,8 @@ pub async fn run_with<C: kubernetes::Cluster>(
             address: address.clone(),
             source,
         })?;
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            if let Err(err) = health::serve(health, health_rx, stop).await {
-                tracing::warn!(error = %err, "health port failed");
-            }
-        });
+        let health = proto::listener::Listener::new(health, limits.clone(), connections.listener("health"));
+        tokio::spawn(health::serve(health, health_rx, connections.clone(), stop.clone()));
     }
     let Some(store) = open_store(&url, &settings.store_options(), &shutdown).await? else {
         return Ok(());
@@ -241,7 +241,8 @@ pub async fn run_with<C: kubernetes::Cluster>(
         lease: lease_rx.clone(),
         certificate: certificate.clone(),
     }));
-    let served = server::serve(listener, replica, tls, shutdown.clone()).await;
+    let listener = proto::listener::Listener::new(listener, limits, connections.listener("grpc")).with_tls(tls);
+    let served = server::serve(listener, replica, shutdown.clone()).await;
     // The election releases the lease on its way out.
     let _ = election.await;
     stop.cancel();
