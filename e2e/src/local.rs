@@ -283,7 +283,9 @@ impl LocalPool {
             lease_length_ms: self.config.lease_length_ms,
             tls: self.tls.as_ref(),
             // Each member and each sandbox gets a token of its own.
-            members: &(0..self.config.members).map(|i| format!("supervisor-{i}")).collect::<Vec<_>>(),
+            members: &(0..self.config.members)
+                .map(|i| format!("supervisor-{i}"))
+                .collect::<Vec<_>>(),
             instances: &(0..self.config.sandboxes)
                 .map(|i| format!("default/sandbox-{i}"))
                 .collect::<Vec<_>>(),
