@@ -7,6 +7,8 @@
 #   kustomize/pool-certs.sh --promote-ca  # CA rotation 2/3: sign with the new CA
 #   kustomize/pool-certs.sh --drop-old-ca # CA rotation 3/3: trust only the current CA
 #   kustomize/pool-certs.sh --dry-run     # write the files to ./pool-certs-out, touch nothing
+#   kustomize/pool-certs.sh --rotate-kek  # KEK rotation 1/2: new key-encryption key, old as previous
+#   kustomize/pool-certs.sh --drop-previous-kek # KEK rotation 2/2: once the keys are re-sealed
 #
 # What it does:
 #  1. Keeps one CA in Secret openshell-ca (EC P-256, 10 years): reused on every run; created
@@ -21,6 +23,10 @@
 #     bundle). The Pods mount them and re-read the files when they change (the kubelet
 #     refreshes Secret volumes within about a minute): no restart needed.
 #  3. Sets the trust bundle as caBundle of the MutatingWebhookConfiguration.
+#  4. Creates Secret openshell-gateway-kek (key `kek`: 32 random bytes, base64), the key that
+#     seals the gateway's signing keys in its database — once: an existing one is never
+#     replaced (its key opens the stored signing keys). --rotate-kek and --drop-previous-kek
+#     touch only this Secret (see kustomize/README.md, "Key-encryption key").
 #
 # The trust bundle is the signing CA plus, during a rotation, the staged or the previous CA.
 # The gateway delivers its Secret's ca.crt to every sidecar (ca.crt in each namespace's
@@ -59,8 +65,12 @@ for arg in "$@"; do
       [ "$action" = renew ] || { echo "give at most one of --new-ca, --promote-ca, --drop-old-ca" >&2; exit 2; }
       action="${arg#--}"
       ;;
+    --rotate-kek | --drop-previous-kek)
+      [ "$action" = renew ] || { echo "give at most one of --new-ca, --promote-ca, --drop-old-ca, --rotate-kek, --drop-previous-kek" >&2; exit 2; }
+      action="${arg#--}"
+      ;;
     --dry-run) dry_run=1 ;;
-    -h | --help) sed -n '2,39p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,45p' "$0"; exit 0 ;;
     *) echo "unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
@@ -84,6 +94,56 @@ secret_key() {
   local escaped="${2//./\\.}"
   kc get secret "$1" -o "jsonpath={.data.${escaped}}" | unb64 > "$3"
 }
+
+# secret_json NAME TYPE KEY=FILE...: the Secret as JSON.
+secret_json() {
+  local name="$1" type="$2" sep="" pair
+  shift 2
+  printf '{"apiVersion":"v1","kind":"Secret","type":"%s",' "$type"
+  printf '"metadata":{"name":"%s","namespace":"%s",' "$name" "$NAMESPACE"
+  printf '"labels":{"app.kubernetes.io/part-of":"openshell-supervision","app.kubernetes.io/managed-by":"pool-certs.sh"}},'
+  printf '"data":{'
+  for pair in "$@"; do
+    printf '%s"%s":"%s"' "$sep" "${pair%%=*}" "$(b64 < "${pair#*=}")"
+    sep=","
+  done
+  printf '}}'
+}
+
+# put_secret NAME TYPE KEY=FILE...: create the Secret, or replace it whole if it exists.
+put_secret() {
+  if secret_exists "$1"; then
+    secret_json "$@" | kc replace -f -
+  else
+    secret_json "$@" | kc create -f -
+  fi
+}
+
+# --- The gateway's key-encryption key ------------------------------------------------------
+KEK_SECRET="openshell-gateway-kek"
+new_kek() { head -c 32 /dev/urandom | base64 > "$1"; }
+case "$action" in
+  rotate-kek | drop-previous-kek)
+    [ "$dry_run" -eq 0 ] || { echo "--$action changes the cluster: no --dry-run" >&2; exit 2; }
+    secret_exists "$KEK_SECRET" || { echo "no Secret $KEK_SECRET yet: run without arguments first" >&2; exit 1; }
+    secret_key "$KEK_SECRET" kek kek.old
+    secret_key "$KEK_SECRET" previous previous.old
+    [ -s kek.old ] || { echo "Secret $KEK_SECRET has no key kek" >&2; exit 1; }
+    if [ "$action" = rotate-kek ]; then
+      [ ! -s previous.old ] || { echo "a KEK rotation is under way: finish it with --drop-previous-kek first" >&2; exit 1; }
+      new_kek kek.new
+      put_secret "$KEK_SECRET" Opaque kek=kek.new previous=kek.old
+      echo "new key-encryption key in Secret $KEK_SECRET, the old one as previous: restart the gateways" \
+        "(kubectl rollout restart deployment/openshell-gateway), wait until the coordinator re-sealed the" \
+        "signing keys, then run --drop-previous-kek" >&2
+    else
+      [ -s previous.old ] || { echo "no previous key-encryption key in Secret $KEK_SECRET; nothing to drop" >&2; exit 0; }
+      put_secret "$KEK_SECRET" Opaque kek=kek.old
+      echo "dropped the previous key-encryption key from Secret $KEK_SECRET" >&2
+    fi
+    exit 0
+    ;;
+esac
 
 new_ca() { # key cert
   openssl req -x509 -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 \
@@ -169,39 +229,23 @@ if [ "$dry_run" -eq 1 ]; then
   exit 0
 fi
 
-# secret_json NAME KEY=FILE...: the Secret as JSON (type kubernetes.io/tls).
-secret_json() {
-  local name="$1" sep="" pair
-  shift
-  printf '{"apiVersion":"v1","kind":"Secret","type":"kubernetes.io/tls",'
-  printf '"metadata":{"name":"%s","namespace":"%s",' "$name" "$NAMESPACE"
-  printf '"labels":{"app.kubernetes.io/part-of":"openshell-supervision","app.kubernetes.io/managed-by":"pool-certs.sh"}},'
-  printf '"data":{'
-  for pair in "$@"; do
-    printf '%s"%s":"%s"' "$sep" "${pair%%=*}" "$(b64 < "${pair#*=}")"
-    sep=","
-  done
-  printf '}}'
-}
-
-# put_secret NAME KEY=FILE...: create the Secret, or replace it whole if it exists.
-put_secret() {
-  local name="$1"
-  if secret_exists "$name"; then
-    secret_json "$@" | kc replace -f -
-  else
-    secret_json "$@" | kc create -f -
-  fi
-}
-
 ca_files=(tls.crt=ca.crt tls.key=ca.key ca.crt=bundle.crt)
 [ -s next.crt ] && ca_files+=(next.crt=next.crt next.key=next.key)
 [ -s previous.crt ] && ca_files+=(previous.crt=previous.crt)
-put_secret "$CA_SECRET" "${ca_files[@]}"
+put_secret "$CA_SECRET" kubernetes.io/tls "${ca_files[@]}"
 for leaf in "${LEAVES[@]}"; do
   service="${leaf%%:*}"
-  put_secret "${leaf#*:}" "tls.crt=${service}.crt" "tls.key=${service}.key" ca.crt=bundle.crt
+  put_secret "${leaf#*:}" kubernetes.io/tls "tls.crt=${service}.crt" "tls.key=${service}.key" ca.crt=bundle.crt
 done
+
+# Once: a KEK that exists opens the stored signing keys and is never replaced here.
+if secret_exists "$KEK_SECRET"; then
+  echo "Secret $KEK_SECRET exists: kept" >&2
+else
+  new_kek kek.new
+  put_secret "$KEK_SECRET" Opaque kek=kek.new
+  echo "created the gateway's key-encryption key in Secret $KEK_SECRET" >&2
+fi
 
 count="$("$KUBECTL" get mutatingwebhookconfiguration "$WEBHOOK_CONFIG" -o jsonpath='{range .webhooks[*]}x{end}')"
 [ -n "$count" ] || { echo "MutatingWebhookConfiguration $WEBHOOK_CONFIG has no webhooks" >&2; exit 1; }

@@ -95,7 +95,8 @@ CRATES = {"gateway": "gateway", "supervisor": "supervisor", "webhook": "webhook"
 REQUIRED_ENV = {
     "gateway": {"DATABASE_URL", "OPENSHELL_GATEWAY_KUBERNETES", "OPENSHELL_GATEWAY_REPLICA",
                 "OPENSHELL_POD_NAMESPACE", "OPENSHELL_GATEWAY_LISTEN", "OPENSHELL_GATEWAY_HEALTH_LISTEN",
-                "OPENSHELL_GATEWAY_TLS_CERT", "OPENSHELL_GATEWAY_TLS_KEY", "OPENSHELL_GATEWAY_TLS_CA"},
+                "OPENSHELL_GATEWAY_TLS_CERT", "OPENSHELL_GATEWAY_TLS_KEY", "OPENSHELL_GATEWAY_TLS_CA",
+                "OPENSHELL_GATEWAY_KEY_ENCRYPTION_KEY_FILE"},
     "supervisor": {"OPENSHELL_SUPERVISOR_POOL_MEMBER", "OPENSHELL_GATEWAY_ENDPOINTS",
                    "OPENSHELL_SUPERVISOR_TOKEN_FILE", "OPENSHELL_SUPERVISOR_RUNTIME_LISTEN",
                    "OPENSHELL_SUPERVISOR_POOL_RUNTIME_ADDRESS", "OPENSHELL_SUPERVISOR_HEALTH_LISTEN",
@@ -152,6 +153,10 @@ def pool_certs_secrets():
 
 
 POOL_CERTS = pool_certs_secrets()
+# The gateway's key-encryption key Secret, created once by pool-certs.sh.
+KEK_SECRET = "openshell-gateway-kek"
+with open(os.path.join(root, "kustomize", "pool-certs.sh")) as f:
+    POOL_CERTS_TEXT = f.read()
 
 
 def secret_file(c, volumes, path):
@@ -279,6 +284,24 @@ def check_container(target, res, c, volumes):
         tls_name = (env.get("OPENSHELL_WEBHOOK_SUPERVISOR_TLS_NAME") or {}).get("value")
         if tls_name is not None and tls_name not in service_names("openshell-supervisor"):
             err(target, res, f"container webhook: OPENSHELL_WEBHOOK_SUPERVISOR_TLS_NAME={tls_name} is not a name of the supervisor certificate")
+    if name == "gateway":
+        # The key-encryption keys are keys of Secret openshell-gateway-kek (which
+        # pool-certs.sh creates), mounted read-only, not optional.
+        for var, key in (("OPENSHELL_GATEWAY_KEY_ENCRYPTION_KEY_FILE", "kek"),
+                         ("OPENSHELL_GATEWAY_PREVIOUS_KEY_ENCRYPTION_KEY_FILE", "previous")):
+            value = (env.get(var) or {}).get("value") or ""
+            if var not in env:
+                continue
+            found = secret_file(c, volumes, value) if value.startswith("/") else None
+            if found is None or found[0] != KEK_SECRET or found[1] != key:
+                err(target, res, f"container gateway: {var}={value!r} must be key {key} of the mounted Secret {KEK_SECRET}")
+                continue
+            if found[2].get("readOnly") is not True or found[3].get("optional"):
+                err(target, res, f"container gateway: Secret {KEK_SECRET} must be mounted readOnly and not optional")
+            if (found[3].get("defaultMode") or 0o644) & 0o007:
+                err(target, res, f"container gateway: Secret {KEK_SECRET} must not be world-readable (defaultMode)")
+        if KEK_SECRET not in POOL_CERTS_TEXT:
+            err(target, res, f"kustomize/pool-certs.sh does not create Secret {KEK_SECRET}")
     if name == "supervisor":
         # The token file is the Pod's own ServiceAccount token for the gateway's audience,
         # projected beside trust.jwks from the openshell-supervisor-token Secret.

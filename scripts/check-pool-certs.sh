@@ -2,8 +2,9 @@
 # Tests kustomize/pool-certs.sh against a fake kubectl (Secrets and the webhook configuration
 # kept as files; every call logged): the CA, the three serving certificates and their Secrets,
 # the caBundle patch, renewal, the three-step CA rotation, adopting the former
-# webhook-cert.sh CA, --dry-run, and that no private key is ever printed or passed on a
-# command line. Needs bash, openssl and python3; no cluster. Run by scripts/check-manifests.sh.
+# webhook-cert.sh CA, --dry-run, the gateway's key-encryption key Secret (created once, never
+# replaced; rotated in two steps), and that no private key or KEK is ever printed or passed on
+# a command line. Needs bash, openssl and python3; no cluster. Run by scripts/check-manifests.sh.
 #
 # Exit status: 0 when everything passes, 1 otherwise.
 set -euo pipefail
@@ -212,10 +213,36 @@ key_of openshell-ca tls.crt | cmp -s - "$T/ca1.pem" || fail "renewal replaced th
 key_of openshell-gateway-tls tls.crt > "$T/gw-after.crt"
 [ "$(fingerprint "$T/gw-before.crt")" != "$(fingerprint "$T/gw-after.crt")" ] || fail "renewal kept the old certificate"
 signed_by "$T/gw-after.crt" "$T/ca1.pem" || fail "the renewed certificate is not signed by the CA"
-[ "$(grep -c '"create"' "$FAKE_KUBE/calls.log")" = 4 ] || fail "expected 4 creates over two runs"
+[ "$(grep -c '"create"' "$FAKE_KUBE/calls.log")" = 5 ] || fail "expected 5 creates over two runs (4 TLS, 1 KEK)"
 [ "$(grep -c '"replace"' "$FAKE_KUBE/calls.log")" = 4 ] || fail "expected the second run to replace the 4 Secrets"
 no_key_leaked "renewal"
 pass "renewal keeps the CA and the caBundle, issues new certificates, replaces the Secrets"
+
+# 2b. The gateway's key-encryption key: created by the first run, kept by the second.
+kek_leaked() { # KEK value: whether it appears in the output or a kubectl argument
+  [ -n "$1" ] && grep -qF -e "$1" "$T/out" "$FAKE_KUBE/calls.log"
+}
+[ "$(keys_of openshell-gateway-kek)" = "Opaque kek" ] || fail "openshell-gateway-kek: type and keys are $(keys_of openshell-gateway-kek)"
+kek1="$(key_of openshell-gateway-kek kek)"
+[ "$(printf '%s' "$kek1" | base64 -d | wc -c)" = 32 ] || fail "the KEK is not 32 bytes in base64"
+[ "$(grep -c 'openshell-gateway-kek' "$FAKE_KUBE/calls.log" | tr -d ' ')" -ge 2 ] || fail "the KEK Secret was not looked up"
+run || fail "third run: $(cat "$T/out")"
+[ "$(key_of openshell-gateway-kek kek)" = "$kek1" ] || fail "a run without arguments replaced the KEK"
+kek_leaked "$kek1" && fail "the KEK appears in output or arguments"
+if run --drop-previous-kek; then pass "--drop-previous-kek without a rotation is a no-op"; else fail "--drop-previous-kek: $(cat "$T/out")"; fi
+[ "$(key_of openshell-gateway-kek kek)" = "$kek1" ] || fail "--drop-previous-kek without a rotation changed the KEK"
+if run --rotate-kek; then pass "--rotate-kek succeeds"; else fail "--rotate-kek: $(cat "$T/out")"; fi
+kek2="$(key_of openshell-gateway-kek kek)"
+[ "$(keys_of openshell-gateway-kek)" = "Opaque kek previous" ] || fail "--rotate-kek: keys are $(keys_of openshell-gateway-kek)"
+[ "$(key_of openshell-gateway-kek previous)" = "$kek1" ] || fail "--rotate-kek: previous is not the old KEK"
+[ -n "$kek2" ] && [ "$kek2" != "$kek1" ] || fail "--rotate-kek: no new KEK"
+if run --rotate-kek; then fail "a second --rotate-kek succeeded"; else pass "a second --rotate-kek is refused"; fi
+[ "$(key_of openshell-gateway-kek previous)" = "$kek1" ] || fail "a refused --rotate-kek changed the Secret"
+if run --drop-previous-kek; then pass "--drop-previous-kek succeeds"; else fail "--drop-previous-kek: $(cat "$T/out")"; fi
+[ "$(keys_of openshell-gateway-kek)" = "Opaque kek" ] && [ "$(key_of openshell-gateway-kek kek)" = "$kek2" ] \
+  || fail "--drop-previous-kek: keys $(keys_of openshell-gateway-kek)"
+for k in "$kek1" "$kek2"; do kek_leaked "$k" && fail "a KEK appears in output or arguments"; done
+pass "key-encryption key: created once, kept, rotated with the old one as previous, previous dropped"
 
 # 3. CA rotation in three steps.
 if run --promote-ca; then fail "--promote-ca without a staged CA succeeded"; else pass "--promote-ca without a staged CA is refused"; fi

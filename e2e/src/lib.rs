@@ -4,10 +4,12 @@
 //! - [`process`]: one child process with its log file and signals;
 //! - [`local`]: a local pool — gateway replicas and supervisor members — and
 //!   its status over the operator API;
+//! - [`flood`]: the connection flood probe with its measurements;
 //! - [`cluster`]: a real cluster through `kubectl`, for the cluster test (`scripts/test-cluster`).
 
 pub mod agent_log;
 pub mod cluster;
+pub mod flood;
 pub mod local;
 pub mod process;
 pub mod scenarios;

@@ -67,6 +67,7 @@ pub fn ensure_binaries() -> Result<(), Error> {
     let mut command = std::process::Command::new(cargo);
     command.current_dir(&workspace).args(["build", "--quiet", "--bins"]);
     command.args(["-p", "gateway", "-p", "supervisor", "-p", "sidecar", "-p", "e2e"]);
+    command.args(["-p", "webhook"]);
     if binary_dir().ends_with("release") {
         command.arg("--release");
     }
@@ -190,6 +191,8 @@ pub struct LocalPool {
     /// `None` when plaintext.
     pub tls: Option<TlsFiles>,
     database_url: String,
+    /// The key-encryption key file every gateway of the pool shares (0600).
+    kek: PathBuf,
 }
 
 impl LocalPool {
@@ -226,7 +229,14 @@ impl LocalPool {
         if config.root.exists() {
             std::fs::remove_dir_all(&config.root).map_err(io_error(&config.root))?;
         }
-        std::fs::create_dir_all(config.root.join("logs")).map_err(io_error(&config.root))?;
+        // The root holds the TLS key, the KEK, the database and the tokens: owner only.
+        gateway::store::files::private_dir(&config.root.join("logs")).map_err(io_error(&config.root))?;
+        gateway::store::files::private_dir(&config.root).map_err(io_error(&config.root))?;
+        let kek = config.root.join(gateway::tokens::sealing::GENERATED_KEK_FILE);
+        gateway::tokens::Kek::load_or_create(&kek).map_err(|err| Error::Io {
+            path: kek.display().to_string(),
+            source: std::io::Error::other(err.to_string()),
+        })?;
         let tls = if config.plaintext {
             None
         } else {
@@ -243,6 +253,7 @@ impl LocalPool {
             sandboxes: Vec::new(),
             tls,
             database_url,
+            kek,
         };
         for i in 0..pool.config.gateways {
             pool.start_gateway(&format!("gateway-{i}")).await?;
@@ -263,43 +274,25 @@ impl LocalPool {
 
     pub async fn start_gateway(&mut self, name: &str) -> Result<(), Error> {
         let port = free_port()?;
-        let mut args = vec![
-            "--replica".into(),
-            name.into(),
-            "--listen".into(),
-            format!("127.0.0.1:{port}"),
-            "--database-url".into(),
-            self.database_url.clone(),
-            "--credentials-dir".into(),
-            self.credentials().display().to_string(),
+        let launch = GatewayLaunch {
+            name,
+            listen: &format!("127.0.0.1:{port}"),
+            database_url: &self.database_url,
+            credentials: &self.credentials(),
+            kek: &self.kek,
+            lease_length_ms: self.config.lease_length_ms,
+            tls: self.tls.as_ref(),
             // Each member and each sandbox gets a token of its own.
-            "--members".into(),
-            (0..self.config.members)
+            members: &(0..self.config.members)
                 .map(|i| format!("supervisor-{i}"))
-                .collect::<Vec<_>>()
-                .join(","),
-            "--instances".into(),
-            (0..self.config.sandboxes)
+                .collect::<Vec<_>>(),
+            instances: &(0..self.config.sandboxes)
                 .map(|i| format!("default/sandbox-{i}"))
-                .collect::<Vec<_>>()
-                .join(","),
-            "--status-interval-ms".into(),
-            "0".into(),
-            "--lease-length-ms".into(),
-            self.config.lease_length_ms.to_string(),
-        ];
-        if let Some(tls) = &self.tls {
-            // --tls-ca: the coordinator delivers ca.crt beside every token.
-            for (flag, path) in [
-                ("--tls-cert", &tls.cert),
-                ("--tls-key", &tls.key),
-                ("--tls-ca", &tls.ca),
-            ] {
-                args.extend([flag.to_owned(), path.display().to_string()]);
-            }
-        }
+                .collect::<Vec<_>>(),
+        };
+        let (args, env) = launch.command();
         let log = self.logs().join(format!("{name}.log"));
-        let process = Process::spawn(name, &binary("gateway")?, &args, &[], log)?;
+        let process = Process::spawn(name, &binary("gateway")?, &args, &env, log)?;
         self.gateways.push(Gateway {
             name: name.into(),
             endpoint: self.url(&format!("127.0.0.1:{port}")),
@@ -432,6 +425,60 @@ impl LocalPool {
     }
 }
 
+/// How a gateway replica of the local pool is started.
+pub struct GatewayLaunch<'a> {
+    pub name: &'a str,
+    pub listen: &'a str,
+    pub database_url: &'a str,
+    pub credentials: &'a Path,
+    pub kek: &'a Path,
+    pub lease_length_ms: u64,
+    pub tls: Option<&'a TlsFiles>,
+    /// Members that get a token of their own.
+    pub members: &'a [String],
+    /// Instance routes whose sidecars get a bootstrap token.
+    pub instances: &'a [String],
+}
+
+impl GatewayLaunch<'_> {
+    /// The command line and the environment. Secrets never go on the command line (any
+    /// local user can read it): `DATABASE_URL`, which may carry a password, goes in the
+    /// environment; the KEK and the TLS key are passed as paths to 0600 files.
+    pub fn command(&self) -> (Vec<String>, Vec<(String, String)>) {
+        let mut args: Vec<String> = vec![
+            "--replica".into(),
+            self.name.into(),
+            "--listen".into(),
+            self.listen.into(),
+            "--credentials-dir".into(),
+            self.credentials.display().to_string(),
+            "--key-encryption-key-file".into(),
+            self.kek.display().to_string(),
+            "--status-interval-ms".into(),
+            "0".into(),
+            "--lease-length-ms".into(),
+            self.lease_length_ms.to_string(),
+        ];
+        for (flag, list) in [("--members", self.members), ("--instances", self.instances)] {
+            if !list.is_empty() {
+                args.extend([flag.to_owned(), list.join(",")]);
+            }
+        }
+        if let Some(tls) = self.tls {
+            // --tls-ca: the coordinator delivers ca.crt beside every token.
+            for (flag, path) in [
+                ("--tls-cert", &tls.cert),
+                ("--tls-key", &tls.key),
+                ("--tls-ca", &tls.ca),
+            ] {
+                args.extend([flag.to_owned(), path.display().to_string()]);
+            }
+        }
+        let env = vec![("DATABASE_URL".to_owned(), self.database_url.to_owned())];
+        (args, env)
+    }
+}
+
 /// A random id for a local workload (what a Pod UID is in Kubernetes).
 fn uuid_like() -> String {
     let nanos = std::time::SystemTime::now()
@@ -459,4 +506,42 @@ async fn status_from(tls: &ClientTls, endpoint: &str, token: &str) -> Result<Get
         .map_err(|_| format!("no answer within {CALL_TIMEOUT:?}"))?
         .map_err(|s| s.message().to_owned())?;
     Ok(response.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_secret_goes_on_a_gateway_command_line() {
+        let dir = Path::new("/pool");
+        let tls = TlsFiles {
+            ca: dir.join("ca.crt"),
+            cert: dir.join("tls.crt"),
+            key: dir.join("tls.key"),
+        };
+        for url in [
+            "postgres://app:hunter2@127.0.0.1:5432/pool",
+            "postgres://127.0.0.1/pool?user=app&password=hunter2",
+            "host=127.0.0.1 user=app password=hunter2 dbname=pool",
+        ] {
+            let launch = GatewayLaunch {
+                name: "gateway-0",
+                listen: "127.0.0.1:1",
+                database_url: url,
+                credentials: &dir.join("credentials"),
+                kek: &dir.join("key-encryption-key"),
+                lease_length_ms: 1000,
+                tls: Some(&tls),
+                members: &["supervisor-0".to_owned()],
+                instances: &["default/sandbox-0".to_owned()],
+            };
+            let (args, env) = launch.command();
+            assert!(args.iter().all(|a| !a.contains("hunter2")), "{args:?}");
+            assert!(!args.iter().any(|a| a.contains("database")), "{args:?}");
+            assert_eq!(env, vec![("DATABASE_URL".to_owned(), url.to_owned())]);
+            let kek = args.iter().position(|a| a == "--key-encryption-key-file").unwrap();
+            assert_eq!(args[kek + 1], "/pool/key-encryption-key", "the KEK is passed as a path");
+        }
+    }
 }

@@ -508,8 +508,9 @@ async fn fresh_database(admin_url: &str, scenario: &str) -> Result<String, Error
     let name = format!("scenario_{}_{}", scenario.replace('-', "_"), now_ms());
     let mut admin = sqlx::AnyConnection::connect(admin_url).await.map_err(|e| {
         Error::Scenario(format!(
-            "cannot connect to {}: {e}",
-            gateway::store::redact_url(admin_url)
+            "cannot connect to {}: {}",
+            gateway::store::redact_url(admin_url),
+            gateway::store::scrub(&e.to_string(), admin_url)
         ))
     })?;
     admin

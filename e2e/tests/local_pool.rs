@@ -25,8 +25,24 @@ async fn members_show_up_in_the_pool_status() {
     let tls = pool.tls.clone().expect("TLS by default");
     assert!(pool.endpoints().iter().all(|e| e.starts_with("https://127.0.0.1:")));
     assert!(pool.members.iter().all(|m| m.runtime_address.starts_with("https://")));
-    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&tls.key).unwrap().permissions());
-    assert_eq!(mode & 0o777, 0o600);
+    let mode = |path: &std::path::Path| {
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(path).unwrap().permissions()) & 0o777
+    };
+    assert_eq!(mode(&tls.key), 0o600);
+    // Every secret of the pool is its owner's only: the root, the KEK, the database.
+    let root_dir = &pool.config.root;
+    assert_eq!(mode(root_dir), 0o700);
+    for name in ["key-encryption-key", "gateway.db"] {
+        assert_eq!(mode(&root_dir.join(name)), 0o600, "{name}");
+    }
+    // The database URL reaches the gateways through their environment, not their argv.
+    for gateway in &pool.gateways {
+        let pid = gateway.process.pid().unwrap();
+        let argv = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+        let argv = String::from_utf8_lossy(&argv);
+        assert!(argv.contains("--key-encryption-key-file"), "{argv}");
+        assert!(!argv.contains("sqlite:") && !argv.contains("database"), "{argv}");
+    }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let status = loop {
         if let Ok(status) = pool.status().await {

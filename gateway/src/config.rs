@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use clap::Parser;
 
 use crate::Error;
-use crate::store;
+use crate::store::{self, files};
+use crate::tokens::{Kek, Keks, sealing};
 
 #[derive(Debug, Clone, Parser)]
 #[command(name = "gateway", version, about = "Shared-supervision gateway replica")]
@@ -114,18 +115,39 @@ pub struct Settings {
     #[arg(long, env = "OPENSHELL_GATEWAY_DATABASE_TIMEOUT_MS", default_value_t = 5000)]
     pub database_timeout_ms: u64,
 
+    /// File holding the key-encryption key (32 random bytes, base64) that seals the signing
+    /// keys' private halves in the store. Unset: with the embedded SQLite store one is
+    /// generated beside the database (`key-encryption-key`, mode 0600); PostgreSQL refuses to
+    /// start without one.
+    #[arg(long, env = "OPENSHELL_GATEWAY_KEY_ENCRYPTION_KEY_FILE")]
+    pub key_encryption_key_file: Option<PathBuf>,
+
+    /// During a KEK rotation: the file of the key-encryption key being replaced. Keys sealed
+    /// with it still open, and the coordinator re-seals them with the current one. A path
+    /// that does not exist means no rotation is under way.
+    #[arg(
+        long,
+        env = "OPENSHELL_GATEWAY_PREVIOUS_KEY_ENCRYPTION_KEY_FILE",
+        requires = "key_encryption_key_file"
+    )]
+    pub previous_key_encryption_key_file: Option<PathBuf>,
+
     /// Log format: text or json.
     #[arg(long, env = "OPENSHELL_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
+
+    /// Connection limits of the gRPC and health ports.
+    #[command(flatten)]
+    pub connections: proto::listener::LimitArgs,
 }
 
 impl Settings {
-    /// The database URL, creating the embedded store's directory if needed.
+    /// The database URL, creating the embedded store's directory (mode 0700) if needed.
     pub fn database_url(&self) -> Result<String, Error> {
         if let Some(url) = &self.database_url {
             return Ok(url.clone());
         }
-        std::fs::create_dir_all(&self.data_dir).map_err(|source| Error::DataDir {
+        files::private_dir(&self.data_dir).map_err(|source| Error::DataDir {
             path: self.data_dir.display().to_string(),
             source,
         })?;
@@ -133,6 +155,42 @@ impl Settings {
             "sqlite://{}?mode=rwc",
             self.data_dir.join("gateway.db").display()
         ))
+    }
+
+    /// The key-encryption keys for the store at `url`: read from the configured files; with
+    /// none configured, on SQLite the one beside the database file (generated there on first
+    /// start: the path is returned), in memory a throwaway one, on PostgreSQL an error.
+    /// Blocking: call it off the runtime.
+    pub fn load_keks(&self, url: &str) -> Result<(Keks, Option<PathBuf>), Error> {
+        if let Some(current) = &self.key_encryption_key_file {
+            // A previous KEK file that does not exist is no rotation under way (a Secret
+            // without its `previous` key); a row that needs it fails to open, by name.
+            let previous = self.previous_key_encryption_key_file.as_deref().filter(|path| {
+                let exists = path.exists();
+                if !exists {
+                    tracing::info!(path = %path.display(), "no previous key-encryption key file: no KEK rotation under way");
+                }
+                exists
+            });
+            return Ok((Keks::load(current, previous)?, None));
+        }
+        if !url.starts_with("sqlite:") {
+            return Err(Error::KekRequired);
+        }
+        let Some(database) = files::sqlite_path(url) else {
+            return Ok((Keks::new(Kek::generate()?, None), None));
+        };
+        let dir = match database.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        files::private_dir(&dir).map_err(|source| Error::DataDir {
+            path: dir.display().to_string(),
+            source,
+        })?;
+        let path = sealing::generated_path(&dir);
+        let (kek, created) = Kek::load_or_create(&path)?;
+        Ok((Keks::new(kek, None), created.then_some(path)))
     }
 
     pub fn store_options(&self) -> store::Options {

@@ -38,6 +38,46 @@ pub struct LocalDelivery {
     pub ca: Option<PathBuf>,
 }
 
+/// Whether `lease` is still held by the database's clock (a fenced check that writes nothing).
+pub async fn still_holds(replica: &Replica, lease: &Lease) -> bool {
+    replica.store.write_fenced(lease, &[]).await.is_ok()
+}
+
+/// Whether every local delivery on disk is what this coordinator publishes now: its trust
+/// bundle, and tokens its signing key signed. Anything else (a stale writer's files, a file
+/// removed by hand) is delivered again on the next round.
+async fn intact(delivery: &LocalDelivery, keyring: &Keyring) -> bool {
+    let bundle = keyring.trust_bundle().to_jwks();
+    let Some(kid) = keyring.signing_kid().map(str::to_owned) else {
+        return true;
+    };
+    let dirs = delivery_dirs(delivery);
+    tokio::task::spawn_blocking(move || {
+        dirs.iter().all(|dir| {
+            let jwks = std::fs::read_to_string(dir.join(trust::TRUST_BUNDLE_FILE)).unwrap_or_default();
+            let token = std::fs::read_to_string(dir.join(trust::TOKEN_FILE)).unwrap_or_default();
+            let signed_by = jsonwebtoken::decode_header(token.trim()).ok().and_then(|h| h.kid);
+            jwks == bundle && signed_by.as_deref() == Some(kid.as_str())
+        })
+    })
+    .await
+    .unwrap_or(false)
+}
+
+/// Every directory local delivery writes.
+fn delivery_dirs(delivery: &LocalDelivery) -> Vec<PathBuf> {
+    let mut dirs = vec![delivery.dir.join("operator")];
+    dirs.extend(delivery.members.iter().map(|m| delivery.dir.join("members").join(m)));
+    dirs.extend(
+        delivery
+            .instances
+            .iter()
+            .filter(|route| instance_target(route).is_some())
+            .map(|route| delivery.dir.join("instances").join(route)),
+    );
+    dirs
+}
+
 /// The CA bundle to deliver, read fresh (it may rotate); `None` without a path.
 pub async fn read_ca(path: Option<&Path>) -> Result<Option<String>, proto::tls::TlsError> {
     match path {
@@ -64,7 +104,8 @@ pub async fn run(
             match replica.store.now_ms().await {
                 Ok(now_ms) => match rotate(&replica.store, held, &Policy::default(), now_ms).await {
                     Ok(plan) if !plan.is_empty() => {
-                        info!(created = ?plan.created, retired = ?plan.retired, deleted = ?plan.deleted, "rotated signing keys");
+                        info!(created = ?plan.created, retired = ?plan.retired, deleted = ?plan.deleted,
+                              resealed = ?plan.resealed, "rotated signing keys");
                     }
                     Ok(_) => {}
                     Err(err) => warn!(error = %err, "cannot rotate signing keys"),
@@ -76,7 +117,7 @@ pub async fn run(
             Ok(loaded) => {
                 replica.keys.set(loaded);
                 let keyring = replica.keys.keyring();
-                if let (Some(_), Some(delivery)) = (&held, &delivery) {
+                if let (Some(lease), Some(delivery)) = (&held, &delivery) {
                     let now_ms = trust::unix_ms(std::time::SystemTime::now());
                     let ca = match read_ca(delivery.ca.as_deref()).await {
                         Ok(ca) => ca,
@@ -85,7 +126,15 @@ pub async fn run(
                             delivered_ca.clone()
                         }
                     };
-                    if is_due(delivered.as_ref(), &keyring, now_ms) || ca != delivered_ca {
+                    let due = is_due(delivered.as_ref(), &keyring, now_ms)
+                        || ca != delivered_ca
+                        || !intact(delivery, &keyring).await;
+                    // Only while the lease is still ours by the database: a coordinator that
+                    // was paused past its lease and resumed must not overwrite its
+                    // successor's delivery with a stale keyring.
+                    if due && !still_holds(&replica, lease).await {
+                        warn!("no longer the coordinator: tokens not delivered");
+                    } else if due {
                         match deliver(&keyring, delivery, ca.as_ref(), now_ms).await {
                             Ok(issued) => {
                                 info!(kid = %issued.kid, dir = %delivery.dir.display(), "delivered tokens");

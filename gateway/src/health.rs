@@ -13,7 +13,7 @@ use axum::routing::get;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
+use proto::listener::{ConnectionMetrics, Listener};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -37,22 +37,28 @@ pub type Readiness = watch::Receiver<Option<Health>>;
 
 const WAITING: &str = "waiting for the database\n";
 
-/// Serve until `shutdown`, reporting on whatever `health` holds.
-pub async fn serve(listener: TcpListener, health: Readiness, shutdown: CancellationToken) -> std::io::Result<()> {
+/// What the port's handlers read.
+#[derive(Clone)]
+struct Port {
+    health: Readiness,
+    connections: ConnectionMetrics,
+}
+
+/// Serve until `shutdown`, reporting on whatever `health` holds and on the connections of
+/// every listener in `connections`.
+pub async fn serve(listener: Listener, health: Readiness, connections: ConnectionMetrics, shutdown: CancellationToken) {
     let app = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
-        .with_state(health);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
+        .with_state(Port { health, connections });
+    proto::listener::serve_health(listener, app, shutdown.cancelled_owned()).await;
 }
 
 /// Ready once the store is open, the pool view is fresh (the store answered
 /// within the last few refresh intervals) and, with TLS, a certificate is loaded.
-async fn ready(State(health): State<Readiness>) -> impl IntoResponse {
-    let Some(health) = health.borrow().clone() else {
+async fn ready(State(port): State<Port>) -> impl IntoResponse {
+    let Some(health) = port.health.borrow().clone() else {
         return (StatusCode::SERVICE_UNAVAILABLE, WAITING);
     };
     if health.certificate.as_ref().is_some_and(|c| !c.is_loaded()) {
@@ -60,7 +66,7 @@ async fn ready(State(health): State<Readiness>) -> impl IntoResponse {
     }
     let view = health.replica.view.borrow().clone();
     let stale = match health.replica.store.now_ms().await {
-        Ok(now) => view.now_ms == 0 || now - view.now_ms > (REFRESH_INTERVAL * 10).as_millis() as i64,
+        Ok(now) => view.now_ms == 0 || now.saturating_sub(view.now_ms) > (REFRESH_INTERVAL * 10).as_millis() as i64,
         Err(_) => true,
     };
     if stale {
@@ -73,11 +79,12 @@ async fn ready(State(health): State<Readiness>) -> impl IntoResponse {
     }
 }
 
-async fn metrics(State(health): State<Readiness>) -> impl IntoResponse {
-    let Some(health) = health.borrow().clone() else {
+async fn metrics(State(port): State<Port>) -> impl IntoResponse {
+    let Some(health) = port.health.borrow().clone() else {
         return (StatusCode::SERVICE_UNAVAILABLE, WAITING).into_response();
     };
     let mut registry = Registry::with_prefix("openshell_gateway");
+    port.connections.register(&mut registry);
     let view = health.replica.view.borrow().clone();
     let gauge = |registry: &mut Registry, name: &str, help: &str, value: i64| {
         let g: Gauge = Gauge::default();

@@ -55,10 +55,22 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error("signing keys at rest: {0}")]
+    KeyEncryption(#[from] tokens::sealing::Error),
+    #[error(
+        "a PostgreSQL store needs a key-encryption key: set --key-encryption-key-file \
+         (OPENSHELL_GATEWAY_KEY_ENCRYPTION_KEY_FILE) to a file of 32 random bytes in base64, \
+         e.g. made by `head -c 32 /dev/urandom | base64`, the same file on every replica"
+    )]
+    KekRequired,
+    #[error("the runtime shut down while {0}")]
+    Interrupted(&'static str),
     #[error(transparent)]
     Kubernetes(#[from] kubernetes::Error),
     #[error(transparent)]
     Tls(#[from] proto::tls::TlsError),
+    #[error(transparent)]
+    Limits(#[from] proto::listener::Error),
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
 }
@@ -103,6 +115,19 @@ pub async fn run_with<C: kubernetes::Cluster>(
     kubernetes: Option<kubernetes::Integration<C>>,
 ) -> Result<(), Error> {
     let url = settings.database_url()?;
+    let (keks, generated) = {
+        let (settings, url) = (settings.clone(), url.clone());
+        tokio::task::spawn_blocking(move || settings.load_keks(&url))
+            .await
+            .map_err(|_| Error::Interrupted("reading the key-encryption key"))??
+    };
+    if let Some(path) = &generated {
+        tracing::warn!(path = %path.display(), kek = %keks.current().id(),
+            "generated a key-encryption key for the signing keys beside the database (no --key-encryption-key-file); \
+             the database cannot be used without it: keep it, and keep it out of database backups");
+    }
+    let limits = settings.connections.limits()?;
+    let connections = proto::listener::ConnectionMetrics::default();
     // Background work stops with `stop`, after the server drained (and on any
     // early return). The health port serves from the start: not ready while
     // the database is unreachable, but alive.
@@ -114,20 +139,25 @@ pub async fn run_with<C: kubernetes::Cluster>(
             address: address.clone(),
             source,
         })?;
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            if let Err(err) = health::serve(health, health_rx, stop).await {
-                tracing::warn!(error = %err, "health port failed");
-            }
-        });
+        let health = proto::listener::Listener::new(health, limits.clone(), connections.listener("health"));
+        tokio::spawn(health::serve(health, health_rx, connections.clone(), stop.clone()));
     }
     let Some(store) = open_store(&url, &settings.store_options(), &shutdown).await? else {
         return Ok(());
     };
+    let store = store.with_keks(Arc::new(keks));
+    match tokens::check_stored_keys(&store).await {
+        Ok(_) => {}
+        // A KEK that does not open the stored keys is a configuration error: stop.
+        Err(tokens::Error::Sealing(err)) => return Err(err.into()),
+        Err(err) => tracing::warn!(error = %err, "cannot check the stored signing keys"),
+    }
     let holder = election::holder_id(&settings.replica, &store);
     let address = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
     info!(replica = %settings.replica, holder = %holder, %address, backend = %store.backend(),
-          database = %store::redact_url(&url), "gateway started");
+          database = %store::redact_url(&url), kek = %store.keks().map(|k| k.current().id()).unwrap_or_default(),
+          previous_kek = %store.keks().and_then(|k| k.previous()).map(|k| k.id()).unwrap_or_default(),
+          "gateway started");
 
     let accounts = kubernetes.as_ref().map(|integration| auth::Accounts {
         review: integration.review.clone(),
@@ -211,7 +241,8 @@ pub async fn run_with<C: kubernetes::Cluster>(
         lease: lease_rx.clone(),
         certificate: certificate.clone(),
     }));
-    let served = server::serve(listener, replica, tls, shutdown.clone()).await;
+    let listener = proto::listener::Listener::new(listener, limits, connections.listener("grpc")).with_tls(tls);
+    let served = server::serve(listener, replica, shutdown.clone()).await;
     // The election releases the lease on its way out.
     let _ = election.await;
     stop.cancel();

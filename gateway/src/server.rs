@@ -2,13 +2,12 @@
 //! registry, grants and activation, and the operator API on one listener.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use proto::host::v1::supervisor_host_server::SupervisorHostServer;
+use proto::listener::Listener;
 use proto::pool::v1::supervisor_pool_server::SupervisorPoolServer;
 use proto::recovery::v1::supervisor_recovery_server::SupervisorRecoveryServer;
 use proto::registry::v1::instance_registry_server::InstanceRegistryServer;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::host::Host;
@@ -18,11 +17,10 @@ use crate::registry::Registry;
 use crate::replica::Replica;
 
 /// Serve until `shutdown`; open streams are told to reconnect elsewhere.
-/// With `tls`, connections are TLS (handshakes off the accept loop); without, plaintext.
+/// Connections come from the shared accept loop (caps, TLS, idle time-outs).
 pub async fn serve(
-    listener: TcpListener,
+    listener: Listener,
     replica: Arc<Replica>,
-    tls: Option<rustls::ServerConfig>,
     shutdown: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
     let max = proto::MAX_MESSAGE_BYTES;
@@ -38,13 +36,10 @@ pub async fn serve(
     let operator = SupervisorPoolServer::new(Operator::new(replica))
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
-    let router = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(10)))
-        .http2_keepalive_timeout(Some(proto::timing::SILENCE_TIMEOUT))
-        .tcp_nodelay(true)
+    let router = proto::listener::grpc_server()
         .add_service(host)
         .add_service(registry)
         .add_service(recovery)
         .add_service(operator);
-    proto::tls::serve(router, listener, tls, shutdown.cancelled_owned()).await
+    proto::listener::serve_grpc(router, listener, shutdown.cancelled_owned()).await
 }

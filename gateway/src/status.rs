@@ -27,7 +27,7 @@ pub fn render(view: &View) -> String {
         Some(l) if l.is_live() && l.holder == view.holder => format!(
             "coordinator: this replica (term {}, {:.1}s left)",
             l.term,
-            (l.expires_at_ms - l.now_ms) as f64 / 1000.0
+            l.expires_at_ms.saturating_sub(l.now_ms) as f64 / 1000.0
         ),
         Some(l) if l.is_live() => format!("coordinator: {} (term {})", l.holder, l.term),
         Some(l) => format!("coordinator: none (term {} expired)", l.term),

@@ -58,6 +58,9 @@ async fn the_grpc_port_speaks_tls_with_the_pool_ca_only() {
     let ca_file = write(dir.path(), "ca.crt", &ca);
     let other_ca_file = write(dir.path(), "other-ca.crt", &other_ca);
     let credentials = dir.path().join("credentials");
+    let health = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap();
     let settings = gateway::Settings::parse_from([
         "gateway",
         "--database-url",
@@ -74,6 +77,8 @@ async fn the_grpc_port_speaks_tls_with_the_pool_ca_only() {
         &ca_file,
         "--credentials-dir",
         credentials.to_str().unwrap(),
+        "--health-listen",
+        &health.to_string(),
     ]);
     let listener = gateway::bind(&settings).await.unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -107,6 +112,33 @@ async fn the_grpc_port_speaks_tls_with_the_pool_ca_only() {
     let no_ca = status(&url, None, &token).await.unwrap_err();
     assert!(no_ca.contains("no CA bundle"), "{no_ca}");
 
+    // The shared accept loop counted them on the health port's /metrics.
+    let metrics = get_metrics(health).await;
+    let value = |name: &str| -> u64 {
+        let line = format!("openshell_gateway_connections_{name}{{listener=\"grpc\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{line} in {metrics}"))
+    };
+    assert!(value("accepted_total") >= 3, "{metrics}");
+    // The other CA's client and the plaintext one never completed a handshake.
+    assert!(value("handshake_failed_total") >= 2, "{metrics}");
+
     shutdown.cancel();
     task.await.unwrap().unwrap();
+}
+
+/// The health port's `/metrics` text.
+async fn get_metrics(health: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut socket = tokio::net::TcpStream::connect(health).await.unwrap();
+    socket
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    socket.read_to_string(&mut body).await.unwrap();
+    body
 }

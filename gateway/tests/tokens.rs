@@ -45,6 +45,11 @@ async fn ready(store: &Store) -> (Keyring, i64) {
     (Keyring::load(store, ISS).await.unwrap(), now)
 }
 
+/// The private key PEM of a stored record, opened with the store's KEK.
+fn private_pem(store: &Store, record: &store::SigningKey) -> Vec<u8> {
+    tokens::sealing::open(store.keks(), record).unwrap().to_vec()
+}
+
 fn supervisor_token(ring: &Keyring, now: i64) -> String {
     ring.mint_at(Kind::Supervisor, &member_subject("main"), LIFETIME, &NoExtra {}, now)
         .unwrap()
@@ -135,13 +140,15 @@ async fn unknown_and_missing_kid_are_refused() {
     let db = support::TestDb::sqlite().await;
     let (ring, now) = ready(&db.store).await;
     // Signed by a key this gateway never stored.
-    let stranger = Keyring::from_records(ISS, &[KeyPair::generate().unwrap().to_record().unwrap()]).unwrap();
+    let keks = support::test_keks();
+    let record = KeyPair::generate().unwrap().to_record(keks.current()).unwrap();
+    let stranger = Keyring::from_records(ISS, &[record], Some(&keks)).unwrap();
     let refused = verify(&ring, &supervisor_token(&stranger, now), now);
     assert!(matches!(refused, Err(Refused::UnknownKid(_))), "{refused:?}");
 
     // Correctly signed with the gateway's own key, but no kid in the header.
     let record = db.store.list_signing_keys().await.unwrap().remove(0);
-    let key = EncodingKey::from_ed_pem(&record.private_pem.0).unwrap();
+    let key = EncodingKey::from_ed_pem(&private_pem(&db.store, &record)).unwrap();
     let no_kid = jsonwebtoken::encode(&Header::new(Algorithm::EdDSA), &claims_at(now), &key).unwrap();
     let refused = verify(&ring, &no_kid, now);
     assert!(matches!(refused, Err(Refused::MissingKid)), "{refused:?}");
@@ -207,7 +214,7 @@ async fn tampered_payload_and_oversized_tokens_are_refused() {
     header.kid = Some(record.kid.clone());
     let mut big = claims_at(now);
     big["pad"] = json!("x".repeat(trust::MAX_TOKEN_BYTES));
-    let key = EncodingKey::from_ed_pem(&record.private_pem.0).unwrap();
+    let key = EncodingKey::from_ed_pem(&private_pem(&db.store, &record)).unwrap();
     let oversized = jsonwebtoken::encode(&header, &big, &key).unwrap();
     let refused = verify(&ring, &oversized, now);
     assert!(matches!(refused, Err(Refused::TooLarge { .. })), "{refused:?}");
@@ -411,17 +418,208 @@ async fn debug_output_never_shows_private_keys_or_tokens() {
     let db = support::TestDb::sqlite().await;
     let (ring, now) = ready(&db.store).await;
     let record = db.store.list_signing_keys().await.unwrap().remove(0);
-    let pem = String::from_utf8(record.private_pem.0.clone()).unwrap();
+    let pem = String::from_utf8(private_pem(&db.store, &record)).unwrap();
     let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
     assert!(body.len() > 40, "a real PKCS#8 body");
     let minted = ring
         .mint_at(Kind::Supervisor, "pool:main", LIFETIME, &NoExtra {}, now)
         .unwrap();
     let delivered = Delivered::new(Some(&minted), ring.trust_bundle());
-    let pair = KeyPair::from_record(&record).unwrap();
+    let pair = KeyPair::from_record(&record, db.store.keks()).unwrap();
     let shown = format!("{ring:?} {pair:?} {record:?} {minted:?} {delivered:?}");
     assert!(!shown.contains(&body), "{shown}");
     assert!(!shown.contains(&minted.token), "{shown}");
     assert!(shown.contains(&record.kid), "the kid is shown: {shown}");
     db.finish().await;
+}
+
+// ---- keys at rest: a real gateway on SQLite ----------------------------------------------
+
+fn mode(path: &std::path::Path) -> u32 {
+    std::fs::metadata(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .permissions()
+        .mode()
+        & 0o777
+}
+
+type Running = (
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<Result<(), gateway::Error>>,
+);
+
+/// A gateway replica on this runtime with the SQLite database `gateway.db` in `data` and
+/// `args` (an explicit URL: `DATABASE_URL` may name a PostgreSQL server in the environment).
+async fn start_gateway(data: &std::path::Path, args: &[&str]) -> Running {
+    use clap::Parser;
+    let url = format!("sqlite://{}?mode=rwc", data.join("gateway.db").display());
+    let mut all = vec![
+        "gateway",
+        "--database-url",
+        &url,
+        "--listen",
+        "127.0.0.1:0",
+        "--status-interval-ms",
+        "0",
+    ];
+    all.extend_from_slice(args);
+    let settings = gateway::Settings::parse_from(all);
+    let listener = gateway::bind(&settings).await.unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(gateway::run(settings, listener, shutdown.clone()));
+    (shutdown, task)
+}
+
+async fn stop_gateway((shutdown, task): Running) {
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
+
+/// The signing-key rows as stored: `(kid, private_pem bytes)`, read with plain sqlx.
+async fn dump_rows(url: &str) -> Vec<(String, Vec<u8>)> {
+    use sqlx::{Connection, Row};
+    sqlx::any::install_default_drivers();
+    let mut conn = sqlx::AnyConnection::connect(url).await.unwrap();
+    let rows = sqlx::query("SELECT kid, private_pem FROM signing_keys")
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
+    rows.iter()
+        .map(|r| (r.try_get("kid").unwrap(), r.try_get("private_pem").unwrap()))
+        .collect()
+}
+
+fn write_kek(path: &std::path::Path) -> String {
+    let (kek, created) = tokens::Kek::load_or_create(path).unwrap();
+    assert!(created);
+    kek.id().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_on_sqlite_keeps_its_files_private_and_its_signing_keys_sealed() {
+    let root = tempfile::tempdir().unwrap();
+    let data = root.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let credentials = root.path().join("credentials");
+    let credentials_arg = credentials.to_str().unwrap();
+    let operator_token = credentials.join("operator").join(trust::TOKEN_FILE);
+
+    // No KEK configured: the embedded store's gateway generates one beside the database.
+    let running = start_gateway(&data, &["--credentials-dir", credentials_arg]).await;
+    // The namespace tokens are written last.
+    let last = credentials.join("namespaces/default").join(trust::TOKEN_FILE);
+    support::wait_for("the first token delivery", 3000, || async {
+        assert!(!running.1.is_finished(), "the gateway stopped");
+        last.is_file().then_some(())
+    })
+    .await;
+    let db = data.join("gateway.db");
+    support::wait_for("the WAL files", 3000, || async {
+        (db.with_extension("db-wal").is_file() && db.with_extension("db-shm").is_file()).then_some(())
+    })
+    .await;
+    assert_eq!(mode(&data), 0o700, "the existing data directory was tightened");
+    for name in ["gateway.db", "gateway.db-wal", "gateway.db-shm", "key-encryption-key"] {
+        assert_eq!(mode(&data.join(name)), 0o600, "{name}");
+    }
+    for dir in [
+        credentials.clone(),
+        credentials.join("operator"),
+        credentials.join("supervisor"),
+    ] {
+        assert_eq!(mode(&dir), 0o700, "{}", dir.display());
+    }
+    for token in ["operator", "supervisor", "namespaces/default"] {
+        assert_eq!(mode(&credentials.join(token).join(trust::TOKEN_FILE)), 0o600, "{token}");
+    }
+    stop_gateway(running).await;
+
+    // A dump of the table holds no usable private key.
+    let url = format!("sqlite://{}", db.display());
+    let kek_file = data.join("key-encryption-key");
+    let generated = tokens::Keks::load(&kek_file, None).unwrap();
+    let store = Store::open(&url, &store::Options::default())
+        .await
+        .unwrap()
+        .with_keks(std::sync::Arc::new(tokens::Keks::load(&kek_file, None).unwrap()));
+    let records = store.list_signing_keys().await.unwrap();
+    assert_eq!(records.len(), 1);
+    let rows = dump_rows(&url).await;
+    assert_eq!(rows.len(), 1);
+    for (kid, bytes) in &rows {
+        let record = records.iter().find(|r| &r.kid == kid).unwrap();
+        let pem = String::from_utf8(private_pem(&store, record)).unwrap();
+        let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+        let der = base64::engine::general_purpose::STANDARD.decode(&body).unwrap();
+        let seed = &der[der.len() - 32..];
+        assert!(!bytes.starts_with(b"-----BEGIN"));
+        assert!(EncodingKey::from_ed_pem(bytes).is_err(), "the row parses as a key");
+        assert!(
+            !bytes.windows(body.len()).any(|w| w == body.as_bytes()),
+            "PEM body in the row"
+        );
+        assert!(!bytes.windows(32).any(|w| w == seed), "raw seed in the row");
+        assert!(!String::from_utf8_lossy(bytes).contains(&URL_SAFE_NO_PAD.encode(seed)));
+        assert_eq!(tokens::sealing::sealed_with(record), Some(generated.current().id()));
+    }
+    store.close().await;
+
+    // The wrong KEK: the gateway refuses to start, naming the key and both KEK ids.
+    let wrong = root.path().join("wrong-kek");
+    let wrong_id = write_kek(&wrong);
+    let wrong_content = std::fs::read_to_string(&wrong).unwrap();
+    let (_, task) = start_gateway(&data, &["--key-encryption-key-file", wrong.to_str().unwrap()]).await;
+    let refused = task
+        .await
+        .unwrap()
+        .expect_err("a wrong KEK must stop the gateway")
+        .to_string();
+    assert!(
+        refused.contains("key-encryption key") && refused.contains(&rows[0].0),
+        "{refused}"
+    );
+    assert!(
+        refused.contains(generated.current().id()) && refused.contains(&wrong_id),
+        "{refused}"
+    );
+    assert!(!refused.contains(wrong_content.trim()), "{refused}");
+    assert_eq!(dump_rows(&url).await, rows, "nothing was written");
+
+    // KEK rotation: the new key current, the generated one previous; the coordinator
+    // re-seals the row; then the new key alone opens it.
+    let running = start_gateway(
+        &data,
+        &[
+            "--key-encryption-key-file",
+            wrong.to_str().unwrap(),
+            "--previous-key-encryption-key-file",
+            kek_file.to_str().unwrap(),
+        ],
+    )
+    .await;
+    let marker = format!("openshell-sealed-v1.{wrong_id}.");
+    support::wait_for("the row re-sealed with the new KEK", 3000, || async {
+        let rows = dump_rows(&url).await;
+        rows.iter().all(|(_, b)| b.starts_with(marker.as_bytes())).then_some(())
+    })
+    .await;
+    stop_gateway(running).await;
+    std::fs::remove_file(&operator_token).unwrap();
+    let running = start_gateway(
+        &data,
+        &[
+            "--credentials-dir",
+            credentials_arg,
+            "--key-encryption-key-file",
+            wrong.to_str().unwrap(),
+        ],
+    )
+    .await;
+    support::wait_for("a delivery signed with the re-sealed key", 3000, || async {
+        operator_token.is_file().then_some(())
+    })
+    .await;
+    stop_gateway(running).await;
 }

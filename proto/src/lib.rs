@@ -23,6 +23,7 @@
 //! ([`bearer_token`]), the receipt MAC input ([`recovery::v1::Receipt::mac_input`]) and the
 //! file descriptor set for gRPC reflection ([`FILE_DESCRIPTOR_SET`]).
 
+pub mod listener;
 pub mod registration;
 pub mod text;
 pub mod timing;

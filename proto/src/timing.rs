@@ -39,6 +39,10 @@ pub const RECONNECT_ATTEMPTS: u32 = 3;
 /// Recovery deadline a snapshot carries unless configured (60 s).
 pub const RECOVERY_DEADLINE: Duration = Duration::from_secs(60);
 
+/// Longest recovery deadline a field may ask for (1 h, the gateway's configurable maximum):
+/// a larger value from the wire is clamped, so no deadline arithmetic on it can overflow.
+pub const MAX_RECOVERY_DEADLINE: Duration = Duration::from_secs(3600);
+
 /// Both ends of a runtime (sidecar ⇄ supervisor) stream heartbeat this often,
 /// and treat the stream as dead after the silence timeout.
 pub const RUNTIME_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
@@ -100,10 +104,13 @@ pub const fn replica_silence_bound() -> Duration {
     )
 }
 
-/// The recovery deadline a `*_recovery_deadline_ms` field means: 0 is the default.
+/// The recovery deadline a `*_recovery_deadline_ms` field means: 0 is the default, and
+/// anything above [`MAX_RECOVERY_DEADLINE`] is that maximum.
 pub const fn recovery_deadline(field_ms: u64) -> Duration {
     if field_ms == 0 {
         RECOVERY_DEADLINE
+    } else if field_ms > MAX_RECOVERY_DEADLINE.as_millis() as u64 {
+        MAX_RECOVERY_DEADLINE
     } else {
         Duration::from_millis(field_ms)
     }
@@ -119,6 +126,18 @@ pub fn reconnect_backoff(attempt: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn recovery_deadlines_from_the_wire_are_bounded() {
+        assert_eq!(recovery_deadline(0), RECOVERY_DEADLINE);
+        assert_eq!(recovery_deadline(1_500), Duration::from_millis(1_500));
+        for huge in [3_600_001, u64::MAX / 2, u64::MAX] {
+            let deadline = recovery_deadline(huge);
+            assert_eq!(deadline, MAX_RECOVERY_DEADLINE);
+            // What the sidecar does with it must not overflow.
+            assert!(std::time::Instant::now().checked_add(deadline).is_some());
+        }
+    }
 
     #[test]
     fn reconnect_budget_is_well_inside_the_membership_ttl() {

@@ -1,5 +1,5 @@
 //! TLS on every gRPC and webhook port: serving certificates from files that are reloaded when
-//! they change, a listener that does TLS handshakes off the accept loop, and client endpoints
+//! they change (the accept loop that uses them is [`crate::listener`]), and client endpoints
 //! that trust a given CA.
 //!
 //! [`CertStore`] is the rustls [`ResolvesServerCert`]: every handshake gets the current
@@ -24,17 +24,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use tokio::io::AsyncReadExt as _;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
-use tokio_rustls::TlsAcceptor;
-use tokio_rustls::server::TlsStream;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
-/// Bound on one server-side TLS handshake.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Server-side TLS handshakes in progress at once, per listener.
-pub const MAX_PENDING_HANDSHAKES: usize = 256;
 /// How often served certificate files are re-read.
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(10);
 /// File name of the CA bundle delivered beside a token (`ca.crt`, as in Kubernetes TLS Secrets).
@@ -279,73 +270,6 @@ pub fn server_config(store: Arc<CertStore>, alpn: &[&[u8]]) -> Result<rustls::Se
         .with_cert_resolver(store);
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(config)
-}
-
-/// TLS connections accepted on `listener`, for `tonic`'s `serve_with_incoming`. Handshakes
-/// run in their own tasks (each bounded by [`HANDSHAKE_TIMEOUT`], at most
-/// [`MAX_PENDING_HANDSHAKES`] at once: further connections wait to be accepted), so a slow or
-/// silent client cannot hold up the others; failed handshakes are logged at debug level and
-/// dropped.
-pub fn incoming(
-    listener: TcpListener,
-    config: rustls::ServerConfig,
-) -> ReceiverStream<std::io::Result<TlsStream<TcpStream>>> {
-    let acceptor = TlsAcceptor::from(Arc::new(config));
-    let (tx, rx) = mpsc::channel(64);
-    let pending = Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_HANDSHAKES));
-    tokio::spawn(async move {
-        loop {
-            let Ok(permit) = Arc::clone(&pending).acquire_owned().await else {
-                return;
-            };
-            let (tcp, peer) = tokio::select! {
-                () = tx.closed() => return,
-                accepted = listener.accept() => match accepted {
-                    Ok(accepted) => accepted,
-                    Err(err) => {
-                        // Out of file descriptors and the like: back off a little, keep serving.
-                        tracing::warn!(error = %err, "cannot accept a connection");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-            };
-            let _ = tcp.set_nodelay(true);
-            let (acceptor, tx) = (acceptor.clone(), tx.clone());
-            tokio::spawn(async move {
-                let _permit = permit;
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                    Ok(Ok(stream)) => {
-                        let _ = tx.send(Ok(stream)).await;
-                    }
-                    Ok(Err(err)) => tracing::debug!(%peer, error = %err, "TLS handshake failed"),
-                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                }
-            });
-        }
-    });
-    ReceiverStream::new(rx)
-}
-
-/// Serves `router` on `listener` until `shutdown`: TLS with `tls` (connections from
-/// [`incoming`]), plaintext without.
-pub async fn serve(
-    router: tonic::transport::server::Router,
-    listener: TcpListener,
-    tls: Option<rustls::ServerConfig>,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), tonic::transport::Error> {
-    match tls {
-        Some(tls) => {
-            router
-                .serve_with_incoming_shutdown(incoming(listener, tls), shutdown)
-                .await
-        }
-        None => {
-            let plain = tokio_stream::wrappers::TcpListenerStream::new(listener);
-            router.serve_with_incoming_shutdown(plain, shutdown).await
-        }
-    }
 }
 
 /// A client endpoint for `url`: `https://` verifies the server against the PEM CA bundle

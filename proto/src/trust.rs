@@ -471,10 +471,15 @@ fn check_claims(claims: &Registered, expected: &Expectation<'_>, now_ms: i64) ->
     if iat_ms.max(nbf_ms) > now_ms.saturating_add(skew) {
         return Err(Error::NotYetValid);
     }
+    // `exp - iat` of two in-range claims can still overflow (iat = -9e15 s, exp = 9e15 s):
+    // a lifetime that does not fit is longer than any bound.
     if let Some(max) = expected.max_lifetime
-        && exp_ms - iat_ms > millis(max)
+        && exp_ms.checked_sub(iat_ms).is_none_or(|lifetime| lifetime > millis(max))
     {
         return Err(Error::Lifetime { max });
+    }
+    if iat < 0 || claims.nbf.is_some_and(|nbf| nbf < 0) {
+        return Err(Error::Claims("a time claim is before the Unix epoch"));
     }
     if claims.iss.as_deref() != Some(expected.issuer) {
         return Err(Error::Issuer {
@@ -725,6 +730,47 @@ mod tests {
                 "{}",
                 &jwks[..jwks.len().min(200)]
             );
+        }
+    }
+
+    #[test]
+    fn claims_at_the_i64_edges_never_overflow_the_checks() {
+        let max_s = i64::MAX / 1000;
+        let cases = [
+            // The reported token: `exp - iat` in milliseconds wraps to a negative lifetime.
+            (-9_000_000_000_000_000, 9_000_000_000_000_000),
+            (-max_s, max_s),
+            (i64::MIN, i64::MAX),
+            (i64::MIN, now_s() + 60),
+            (now_s() - 60, i64::MAX),
+            (-1, now_s() + 60),
+            (now_s() - 60, -1),
+            (now_s() + 60, now_s() - 60),
+            (i64::MAX, i64::MIN),
+        ];
+        for (iat, exp) in cases {
+            let refused = verify(&good(&claims(SUPERVISOR_AUDIENCE, iat, exp)));
+            assert!(refused.is_err(), "iat {iat}, exp {exp}: {refused:?}");
+        }
+        let refused = verify(&good(&claims(
+            SUPERVISOR_AUDIENCE,
+            -9_000_000_000_000_000,
+            9_000_000_000_000_000,
+        )));
+        assert!(matches!(refused, Err(Error::Lifetime { .. })), "{refused:?}");
+        // The same edges against a verifier without a lifetime bound.
+        let unbounded = Expectation::new(SUPERVISOR_AUDIENCE, ISS);
+        for (iat, exp) in cases {
+            let token = good(&claims(SUPERVISOR_AUDIENCE, iat, exp));
+            let outcome = bundle().verify_at::<Claims>(&token, &unbounded, NOW_MS);
+            let reasonable = (0..=now_s()).contains(&iat) && exp > now_s() && exp <= max_s;
+            assert_eq!(outcome.is_ok(), reasonable, "iat {iat}, exp {exp}: {outcome:?}");
+        }
+        // And at the edges of the verifier's clock.
+        for now in [i64::MIN, i64::MAX, -1] {
+            let token = good(&claims(SUPERVISOR_AUDIENCE, now_s(), now_s() + 60));
+            let at = bundle().verify_at::<Claims>(&token, &Expectation::kind(Kind::Supervisor, ISS), now);
+            assert!(at.is_err(), "now {now}: {at:?}");
         }
     }
 

@@ -81,13 +81,17 @@ pub struct Config {
     #[arg(long, env = GATEWAY_TLS_NAME_ENV)]
     pub gateway_tls_name: Option<String>,
 
-    /// Plain-HTTP health port (/healthz, /readyz), e.g. 0.0.0.0:9090. Unset: none.
+    /// Plain-HTTP health port (/healthz, /readyz, /metrics), e.g. 0.0.0.0:9090. Unset: none.
     #[arg(long, env = HEALTH_LISTEN_ENV)]
     pub health_listen: Option<SocketAddr>,
 
     /// Log format.
     #[arg(long, env = "OPENSHELL_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+
+    /// Connection limits of the runtime and health ports.
+    #[command(flatten)]
+    pub connections: proto::listener::LimitArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -116,6 +120,8 @@ pub enum ConfigError {
     NoCa(String),
     #[error("{GATEWAY_TLS_NAME_ENV}: {0}")]
     GatewayTlsName(String),
+    #[error(transparent)]
+    Limits(#[from] proto::listener::Error),
     #[error(
         "{RUNTIME_ADDRESS_ENV} must be set when {RUNTIME_LISTEN_ENV} ({0}) is a wildcard address: \
          sidecars need an address they can dial"
@@ -146,6 +152,7 @@ impl Config {
         if let Some(address) = &self.runtime_address {
             self.check_runtime_address(address)?;
         }
+        self.connections.limits()?;
         Ok(())
     }
 

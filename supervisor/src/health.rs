@@ -1,5 +1,6 @@
 //! The plain-HTTP health port (`--health-listen`), the supervisor's counterpart of the
-//! gateway's: `/healthz` answers 200 while the process serves; `/readyz` answers 200 only while
+//! gateway's: `/metrics` serves the connection counters of the runtime and health ports
+//! (OpenMetrics, `openshell_supervisor_connections_*`); `/healthz` answers 200 while the process serves; `/readyz` answers 200 only while
 //! the runtime listener serves sidecars (with TLS: once its certificate is loaded) **and** the
 //! member is attached to a gateway replica (a gateway message arrived on the current host
 //! stream), and not once it is leaving the pool; 503 with the reason otherwise. In Kubernetes the readiness gate keeps a member out of
@@ -12,9 +13,10 @@ use proto::tls::CertStore;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use tokio::net::TcpListener;
+use proto::listener::{ConnectionMetrics, Listener};
 use tokio_util::sync::CancellationToken;
 
 /// What `/readyz` reports, updated by the member as it starts, attaches and leaves.
@@ -70,19 +72,47 @@ impl Readiness {
     }
 }
 
-/// Serves `/healthz` and `/readyz` on `listener` until `stop`.
-pub async fn serve(listener: TcpListener, readiness: Arc<Readiness>, stop: CancellationToken) -> std::io::Result<()> {
+/// Serves `/healthz`, `/readyz` and `/metrics` on `listener` until `stop`.
+pub async fn serve(
+    listener: Listener,
+    readiness: Arc<Readiness>,
+    connections: ConnectionMetrics,
+    stop: CancellationToken,
+) {
     let app = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
-        .with_state(readiness);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(stop.cancelled_owned())
-        .await
+        .route("/metrics", get(metrics))
+        .with_state(Port { readiness, connections });
+    proto::listener::serve_health(listener, app, stop.cancelled_owned()).await;
 }
 
-async fn ready(State(readiness): State<Arc<Readiness>>) -> (StatusCode, String) {
-    match readiness.check() {
+/// What the port's handlers read.
+#[derive(Clone)]
+struct Port {
+    readiness: Arc<Readiness>,
+    connections: ConnectionMetrics,
+}
+
+async fn metrics(State(port): State<Port>) -> Response {
+    let mut registry = prometheus_client::registry::Registry::with_prefix("openshell_supervisor");
+    port.connections.register(&mut registry);
+    let mut body = String::new();
+    match prometheus_client::encoding::text::encode(&mut body, &registry) {
+        Ok(()) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        )
+            .into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+async fn ready(State(port): State<Port>) -> (StatusCode, String) {
+    match port.readiness.check() {
         Ok(()) => (StatusCode::OK, "ready\n".to_owned()),
         Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
     }

@@ -106,17 +106,22 @@ pub async fn run_on(config: Config, listeners: Listeners, shutdown: Cancellation
         None => None,
     };
     let readiness = Arc::new(Readiness::new(shutdown.clone()).with_certificate(certificate));
+    let limits = config.connections.limits().map_err(ConfigError::from)?;
+    let connections = proto::listener::ConnectionMetrics::default();
+    let listener =
+        proto::listener::Listener::new(listener, limits.clone(), connections.listener("runtime")).with_tls(tls);
     let stop_health = CancellationToken::new();
     let _stop_health_on_return = stop_health.clone().drop_guard();
     if let Some(health) = health {
         let address = health.local_addr().map_or_else(|_| "?".to_owned(), |a| a.to_string());
-        tracing::info!(%address, "health port serving /healthz and /readyz");
-        let (readiness, stop) = (Arc::clone(&readiness), stop_health.clone());
-        tokio::spawn(async move {
-            if let Err(err) = health::serve(health, readiness, stop).await {
-                tracing::warn!(error = %err, "health port failed");
-            }
-        });
+        tracing::info!(%address, "health port serving /healthz, /readyz and /metrics");
+        let health = proto::listener::Listener::new(health, limits, connections.listener("health"));
+        tokio::spawn(health::serve(
+            health,
+            Arc::clone(&readiness),
+            connections,
+            stop_health.clone(),
+        ));
     }
     let identity = Identity {
         member: config.member.clone(),
@@ -144,7 +149,7 @@ pub async fn run_on(config: Config, listeners: Listeners, shutdown: Cancellation
     };
     let (table_tx, table) = watch::channel(Arc::new(RouteTable::default()));
     let trust = TrustStore::new(config.trust_bundle_file(), Arc::clone(&gateway));
-    let runtime = crate::runtime::serve(listener, tls, me.clone(), trust, table.clone(), stop_runtime.clone());
+    let runtime = crate::runtime::serve(listener, me.clone(), trust, table.clone(), stop_runtime.clone());
     tokio::spawn(runtime.instrument(span.clone()));
     readiness.set_runtime_serving(true);
 

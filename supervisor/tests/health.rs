@@ -79,6 +79,16 @@ async fn readyz_follows_the_gateway_attachment_and_the_leave() {
         a.as_ref().is_some_and(|(code, _)| *code == 200)
     })
     .await;
+    // The connection counters of both ports, in the gateway's and the webhook's format.
+    let (code, metrics) = get(health, "/metrics").await.unwrap();
+    assert_eq!(code, 200);
+    for line in [
+        "openshell_supervisor_connections_accepted_total{listener=\"health\"}",
+        "openshell_supervisor_connections_refused_total{listener=\"runtime\",reason=\"source_cap\"} 0",
+        "openshell_supervisor_connections_idle_closed_total{listener=\"runtime\"} 0",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
 
     // The stream ends and no new one can be opened (token gone): not ready, still live.
     std::fs::remove_file(&token_file).unwrap();

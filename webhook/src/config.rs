@@ -165,7 +165,7 @@ pub struct Config {
     #[arg(long, env = "OPENSHELL_WEBHOOK_MAX_BODY_BYTES", default_value_t = 3 * 1024 * 1024)]
     pub max_body_bytes: usize,
 
-    /// Time allowed to receive a request (headers and body), in milliseconds.
+    /// Time allowed to receive a request body, in milliseconds.
     #[arg(long, env = "OPENSHELL_WEBHOOK_REQUEST_TIMEOUT_MS", default_value_t = 10_000)]
     pub request_timeout_ms: u64,
 
@@ -181,6 +181,10 @@ pub struct Config {
     /// Log format.
     #[arg(long, env = "OPENSHELL_WEBHOOK_LOG_FORMAT", value_enum, default_value = "json")]
     pub log_format: LogFormat,
+
+    /// Connection limits of the HTTPS and health ports.
+    #[command(flatten)]
+    pub connections: proto::listener::LimitArgs,
 }
 
 impl Config {

@@ -38,6 +38,8 @@ pub struct Metrics {
     pub latency_ms: Histogram,
     pub cert_reloads: Family<ResultLabels, Counter>,
     pub cert_loaded: Gauge,
+    /// Connection counters of the HTTPS (`listener="webhook"`) and health ports.
+    pub connections: proto::listener::ConnectionMetrics,
 }
 
 impl Default for Metrics {
@@ -91,6 +93,8 @@ impl Metrics {
             "1 once a serving certificate is loaded",
             cert_loaded.clone(),
         );
+        let connections = proto::listener::ConnectionMetrics::default();
+        connections.register(&mut registry);
         Self {
             registry,
             requests,
@@ -100,6 +104,7 @@ impl Metrics {
             latency_ms,
             cert_reloads,
             cert_loaded,
+            connections,
         }
     }
 

@@ -16,13 +16,9 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http_body_util::BodyExt as _;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
+use proto::listener::Listener;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_rustls::TlsAcceptor;
 
 use crate::config::Config;
 use crate::inject::Injector;
@@ -30,18 +26,14 @@ use crate::metrics::Metrics;
 use crate::review::{self, FailReason, Outcome, Reviewed};
 use crate::tls::{self, CertStore, TlsError};
 
-/// Time allowed for a TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Time allowed for request headers (also bounds how long an idle keep-alive connection
-/// waits for its next request).
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
-
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     #[error(transparent)]
     Tls(#[from] TlsError),
     #[error("listener: {0}")]
     Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Limits(#[from] proto::listener::Error),
 }
 
 /// Where the server listens. Bind them yourself (port 0 in tests) or with [`Listeners::bind`].
@@ -306,18 +298,20 @@ pub async fn run_with_state(
 ) -> Result<(), ServerError> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let tls_config = tls::server_config(Arc::clone(&state.store))?;
-    let acceptor = TlsAcceptor::from(Arc::new(tls_config));
+    let limits = config.connections.limits()?;
+    let connections = &state.metrics.connections;
 
     // Health first: it reports "not ready" until the rest is up.
     let health_addr = listeners.health.local_addr()?;
+    let health_listener = Listener::new(listeners.health, limits.clone(), connections.listener("health"));
     let mut health_stop = stop_rx.clone();
-    let health = tokio::spawn(
-        axum::serve(listeners.health, health_router(Arc::clone(&state)))
-            .with_graceful_shutdown(async move {
-                let _ = health_stop.wait_for(|stop| *stop).await;
-            })
-            .into_future(),
-    );
+    let health = tokio::spawn(proto::listener::serve_health(
+        health_listener,
+        health_router(Arc::clone(&state)),
+        async move {
+            let _ = health_stop.wait_for(|stop| *stop).await;
+        },
+    ));
 
     // Initial load (a missing certificate is not fatal: not ready, retried by the watcher).
     tls::record(&state.metrics, state.store.reload_in_background().await);
@@ -333,82 +327,38 @@ pub async fn run_with_state(
         ))
     };
 
-    let listener = listeners.webhook;
-    let webhook_addr = listener.local_addr()?;
-    let service = TowerToHyperService::new(webhook_router(Arc::clone(&state)));
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
-        .keep_alive(true);
-    builder.http2().timer(TokioTimer::new());
-    let graceful = GracefulShutdown::new();
-
+    let webhook_addr = listeners.webhook.local_addr()?;
+    let listener = Listener::new(listeners.webhook, limits, connections.listener("webhook")).with_tls(Some(tls_config));
     state.bound.store(true, Ordering::Release);
     tracing::info!(webhook = %webhook_addr, health = %health_addr, "webhook serving");
 
     let mut drain_rx = shutdown.clone();
     let mut force_rx = shutdown;
-    let mut stop_accepting: Option<tokio::time::Instant> = None;
-    let forced = loop {
-        let deadline = async {
-            match stop_accepting {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
+    // Accept until the shutdown delay has passed after a drain request (false) or a second
+    // signal (true).
+    let stop = async {
         tokio::select! {
-            _ = reached(&mut drain_rx, ShutdownPhase::Drain), if stop_accepting.is_none() => {
-                state.draining.store(true, Ordering::Release);
-                let delay = config.shutdown_delay();
-                tracing::info!(delay_ms = delay.as_millis() as u64, "shutdown requested: draining");
-                stop_accepting = Some(tokio::time::Instant::now() + delay);
-            }
-            _ = deadline => break false,
-            _ = reached(&mut force_rx, ShutdownPhase::Force) => break true,
-            accepted = listener.accept() => {
-                let (tcp, peer) = match accepted {
-                    Ok(accepted) => accepted,
-                    Err(err) => {
-                        // E.g. EMFILE: back off instead of spinning.
-                        tracing::warn!(error = %err, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let _ = tcp.set_nodelay(true);
-                let acceptor = acceptor.clone();
-                let builder = builder.clone();
-                let service = service.clone();
-                let watcher = graceful.watcher();
-                tokio::spawn(async move {
-                    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                        Ok(Ok(tls)) => tls,
-                        Ok(Err(err)) => {
-                            tracing::debug!(%peer, error = %err, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => {
-                            tracing::debug!(%peer, "TLS handshake timed out");
-                            return;
-                        }
-                    };
-                    let conn = builder.serve_connection(TokioIo::new(tls), service);
-                    if let Err(err) = watcher.watch(conn.into_owned()).await {
-                        tracing::debug!(%peer, error = %err, "connection ended with an error");
-                    }
-                });
-            }
+            _ = reached(&mut drain_rx, ShutdownPhase::Drain) => {}
+            _ = reached(&mut force_rx, ShutdownPhase::Force) => return true,
+        }
+        state.draining.store(true, Ordering::Release);
+        let delay = config.shutdown_delay();
+        tracing::info!(delay_ms = delay.as_millis() as u64, "shutdown requested: draining");
+        tokio::select! {
+            () = tokio::time::sleep(delay) => false,
+            _ = reached(&mut force_rx, ShutdownPhase::Force) => true,
         }
     };
-    drop(listener);
+    let (forced, drain) = proto::listener::serve_http(listener, webhook_router(Arc::clone(&state)), stop).await;
 
     if !forced {
-        tracing::info!("no longer accepting; waiting for in-flight requests");
+        tracing::info!(
+            open = drain.open(),
+            "no longer accepting; waiting for in-flight requests"
+        );
         tokio::select! {
-            _ = graceful.shutdown() => tracing::info!("drained"),
-            _ = tokio::time::sleep(config.drain_timeout()) => {
+            () = drain.finish() => tracing::info!("drained"),
+            () = tokio::time::sleep(config.drain_timeout()) => {
                 tracing::warn!("drain timeout reached; closing remaining connections");
             }
             _ = reached(&mut force_rx, ShutdownPhase::Force) => {

@@ -97,13 +97,7 @@ async fn ready_only_with_a_certificate_then_mutates_over_tls() {
 
     // One keep-alive connection, three reviews.
     let mut client = TlsClient::connect(server.webhook).await.unwrap();
-    let (status, body) = client
-        .post("/mutate", fixture_bytes("pod-create-plain.json"))
-        .await
-        .unwrap();
-    assert_eq!(status, 200);
-    let out: Value = serde_json::from_slice(&body).unwrap();
-    assert_eq!(out["response"]["uid"], "df9a6f69-28a7-4a9b-b942-ed00b3ccf379");
+    let out = review_plain_pod(&mut client).await;
     assert_eq!(out["response"]["allowed"], true);
     assert_eq!(out["response"]["patchType"], "JSONPatch");
 
@@ -481,4 +475,94 @@ async fn readyz_fails_during_the_shutdown_delay() {
         .unwrap()
         .unwrap()
         .unwrap();
+}
+
+/// Posts the plain Pod fixture; the answer (200, with its UID).
+async fn review_plain_pod(client: &mut TlsClient) -> Value {
+    let (status, body) = client
+        .post("/mutate", fixture_bytes("pod-create-plain.json"))
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    let out: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(out["response"]["uid"], "df9a6f69-28a7-4a9b-b942-ed00b3ccf379");
+    out
+}
+
+/// A TCP connection from `source`, another loopback address than the client's 127.0.0.1.
+async fn connect_from(source: &str, addr: std::net::SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+    socket.connect(addr).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_from_one_source_leaves_reviews_served_and_silent_connections_are_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, der) = self_signed("a");
+    write_pair(dir.path(), &cert, &key);
+    let server = start(dir.path().join("tls.crt"), dir.path().join("tls.key"), |c| {
+        c.connections.max_connections_per_source = 32;
+        c.connections.first_request_timeout_ms = 300;
+        // Every flood handshake stays pending while the review is served.
+        c.connections.handshake_timeout_ms = 600_000;
+    })
+    .await;
+    wait_served(server.webhook, &der, "certificate").await;
+
+    // Idle TCP from 127.0.0.2: 32 take that source's slots, the rest are closed at accept.
+    let mut flood = Vec::new();
+    for _ in 0..100 {
+        flood.push(connect_from("127.0.0.2", server.webhook).await);
+    }
+    let refused = "openshell_webhook_connections_refused_total{listener=\"webhook\",reason=\"source_cap\"}";
+    wait_until("68 refusals", WAIT, || async {
+        metric(server.health, refused).await.filter(|v| *v >= 68.0)
+    })
+    .await;
+    assert_eq!(metric(server.health, refused).await, Some(68.0));
+
+    // TLS connections from 127.0.0.3 that never send a request.
+    let mut silent = Vec::new();
+    for _ in 0..10 {
+        let tcp = connect_from("127.0.0.3", server.webhook).await;
+        let tls = common::tls_connector()
+            .connect(ServerName::try_from("localhost").unwrap(), tcp)
+            .await
+            .unwrap();
+        silent.push(tls);
+    }
+
+    // The API server's review is answered meanwhile.
+    let mut client = TlsClient::connect(server.webhook).await.unwrap();
+    review_plain_pod(&mut client).await;
+
+    // The silent ones are closed by the server after the first-request time-out, and counted.
+    for tls in &mut silent {
+        let mut buf = [0u8; 256];
+        let read = tokio::time::timeout(WAIT, async {
+            loop {
+                match tls.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        });
+        read.await.expect("the webhook closes a request-less connection");
+    }
+    let idle = "openshell_webhook_connections_idle_closed_total{listener=\"webhook\"}";
+    wait_until("10 idle closes", WAIT, || async {
+        metric(server.health, idle).await.filter(|v| *v >= 10.0)
+    })
+    .await;
+    // The flood's idle TCP connections are still waiting in their handshakes.
+    let accepted = "openshell_webhook_connections_accepted_total{listener=\"webhook\"}";
+    assert!(metric(server.health, accepted).await.unwrap() >= 32.0 + 10.0 + 1.0);
+    let open = metric(
+        server.health,
+        "openshell_webhook_connections_open{listener=\"webhook\"}",
+    )
+    .await;
+    assert!(open.unwrap() >= 33.0, "{open:?}");
+    drop(flood);
 }

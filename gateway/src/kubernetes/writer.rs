@@ -88,6 +88,21 @@ impl<C: Cluster> Writer<C> {
             };
             before = view;
             failed.retain(|_, at| at.elapsed() < SECRET_RECHECK_INTERVAL);
+            // Secrets only while the lease is still ours by the database: a coordinator that
+            // was paused past its lease and resumed must not overwrite its successor's
+            // Secrets with a stale keyring.
+            let current = lease.borrow().clone();
+            let mut writes = writes;
+            if writes.iter().any(|w| matches!(w, Write::Secret { .. })) {
+                let ours = match &current {
+                    Some(l) => credentials::still_holds(&self.replica, l).await,
+                    None => false,
+                };
+                if !ours {
+                    warn!("no longer the coordinator by the database: no Secret written");
+                    writes.retain(|w| !matches!(w, Write::Secret { .. }));
+                }
+            }
             for write in writes {
                 if !held(lease) {
                     return;

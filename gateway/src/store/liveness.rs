@@ -31,9 +31,9 @@ pub fn application_name(key: &str) -> String {
 
 /// SQLite: the directory of the liveness lock files beside the database file.
 pub fn lock_dir(url: &str) -> Option<PathBuf> {
-    let path = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:"))?;
-    let path = path.split('?').next().filter(|p| !p.is_empty() && *p != ":memory:")?;
-    Some(PathBuf::from(format!("{path}.holders")))
+    let mut dir = super::files::sqlite_path(url)?.into_os_string();
+    dir.push(".holders");
+    Some(PathBuf::from(dir))
 }
 
 /// SQLite: this process's lock, held (open and locked) for as long as it lives.

@@ -20,7 +20,9 @@
 
 mod decide;
 mod dialect;
+pub mod files;
 pub mod liveness;
+mod redact;
 mod types;
 
 use std::time::Duration;
@@ -30,6 +32,7 @@ use sqlx::{Any, AnyPool, Connection, Row, Transaction};
 
 pub use dialect::Backend;
 use dialect::LockMode;
+pub use redact::{redact_url, scrub};
 pub use types::*;
 
 /// Errors of the store. `Fenced` and `Conflict` are the expected, typed
@@ -68,6 +71,13 @@ pub enum Error {
     /// A value read back from the database does not parse.
     #[error("corrupt record in {table}: {detail}")]
     Corrupt { table: &'static str, detail: String },
+    /// The SQLite database file or its directory cannot be made private.
+    #[error("cannot secure the database file {path} (directory 0700, files 0600): {source}")]
+    Files {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     /// The runtime shut down under a store operation.
     #[error("the store operation was interrupted by the runtime shutting down")]
     Interrupted,
@@ -117,6 +127,9 @@ pub struct Store {
     key: String,
     /// SQLite: where liveness locks live, and this process's own lock.
     locks: Option<(std::path::PathBuf, std::sync::Arc<liveness::FileLock>)>,
+    /// The key-encryption keys the signing keys' private halves are sealed with (see
+    /// [`crate::tokens::sealing`]); the store itself only keeps the sealed bytes.
+    keks: Option<std::sync::Arc<crate::tokens::Keks>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -134,6 +147,16 @@ impl Store {
             url: shown.clone(),
             reason: "expected a postgres://, postgresql:// or sqlite: URL".into(),
         })?;
+        if let Some(path) = files::sqlite_path(url) {
+            let secured = path.clone();
+            tokio::task::spawn_blocking(move || files::secure_sqlite(&secured))
+                .await
+                .map_err(|_| Error::Interrupted)?
+                .map_err(|source| Error::Files {
+                    path: path.display().to_string(),
+                    source,
+                })?;
+        }
         sqlx::any::install_default_drivers();
         // One direct attempt first: a pool only reports that it timed out,
         // while this names the cause (refused, unknown host, bad password).
@@ -142,7 +165,7 @@ impl Store {
             Ok(Ok(conn)) => {
                 let _ = conn.close().await;
             }
-            Ok(Err(source)) => return Err(connect_error(&shown, source)),
+            Ok(Err(source)) => return Err(connect_error(url, &shown, source)),
             Err(_) => {
                 return Err(Error::Connect {
                     url: shown,
@@ -190,12 +213,13 @@ impl Store {
             })
             .connect(url)
             .await
-            .map_err(|source| connect_error(&shown, source))?;
+            .map_err(|source| connect_error(url, &shown, source))?;
         let store = Self {
             pool,
             backend,
             key,
             locks,
+            keks: None,
         };
         store.migrate(&shown).await?;
         Ok(store)
@@ -222,6 +246,19 @@ impl Store {
                 }
             }
         }
+    }
+
+    /// This store with the key-encryption keys that open its signing keys.
+    pub fn with_keks(self, keks: std::sync::Arc<crate::tokens::Keks>) -> Self {
+        Self {
+            keks: Some(keks),
+            ..self
+        }
+    }
+
+    /// The key-encryption keys, when configured.
+    pub fn keks(&self) -> Option<&crate::tokens::Keks> {
+        self.keks.as_deref()
     }
 
     pub fn backend(&self) -> Backend {
@@ -1378,7 +1415,8 @@ async fn apply(
             sqlx::query(
                 "INSERT INTO signing_keys (kid, algorithm, public_pem, private_pem, coordinator_term, created_at_ms, retired_at_ms) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7) \
-                 ON CONFLICT (kid) DO UPDATE SET retired_at_ms = excluded.retired_at_ms, coordinator_term = excluded.coordinator_term",
+                 ON CONFLICT (kid) DO UPDATE SET retired_at_ms = excluded.retired_at_ms, \
+                   private_pem = excluded.private_pem, coordinator_term = excluded.coordinator_term",
             )
             .bind(&key.kid)
             .bind(&key.algorithm)
@@ -1421,11 +1459,12 @@ async fn conflict(tx: &mut Transaction<'static, Any>, route: &str, expected: Opt
     }
 }
 
-fn connect_error(shown: &str, source: sqlx::Error) -> Error {
+fn connect_error(url: &str, shown: &str, source: sqlx::Error) -> Error {
     match source {
+        // The driver's reason may quote parts of the URL.
         sqlx::Error::Configuration(reason) => Error::Url {
             url: shown.to_owned(),
-            reason: reason.to_string(),
+            reason: scrub(&reason.to_string(), url),
         },
         source => Error::Connect {
             url: shown.to_owned(),
@@ -1434,34 +1473,7 @@ fn connect_error(shown: &str, source: sqlx::Error) -> Error {
     }
 }
 
-/// The URL with any password and query replaced, for messages and logs.
-pub fn redact_url(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut parsed) => {
-            if parsed.password().is_some() {
-                let _ = parsed.set_password(Some("***"));
-            }
-            // Query parameters may carry passwords or key paths.
-            parsed.set_query(None);
-            parsed.to_string()
-        }
-        Err(_) => "<unparseable URL>".into(),
-    }
-}
-
 /// Milliseconds of a duration as the i64 the tables use, saturating.
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn redaction_hides_password_and_query() {
-        let shown = redact_url("postgres://user:hunter2@db:5432/app?sslpassword=x");
-        assert!(!shown.contains("hunter2") && !shown.contains("sslpassword"), "{shown}");
-        assert!(shown.contains("user") && shown.contains("db:5432"), "{shown}");
-    }
 }

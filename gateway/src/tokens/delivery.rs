@@ -59,7 +59,8 @@ pub trait Delivery {
     fn deliver(&self, delivered: &Delivered) -> impl Future<Output = Result<(), Error>> + Send;
 }
 
-/// Local mode: `<dir>/token` (mode 0600) and `<dir>/trust.jwks` (0644), each replaced
+/// Local mode: `<dir>/token` (mode 0600) and `<dir>/trust.jwks` (0644) in `<dir>` (created
+/// or tightened to 0700), each replaced
 /// atomically (a temporary file in the same directory, synced, then renamed over the old
 /// one), the bundle first so a new token's key is published before the token appears.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,6 +91,7 @@ impl Delivery for FileDelivery {
                 .recursive(true)
                 .mode(0o700)
                 .create(&dir)
+                .and_then(|()| fs::set_permissions(&dir, Permissions::from_mode(0o700)))
                 .map_err(|source| write_error(&dir, source))?;
             write_atomic(&dir, TRUST_BUNDLE_FILE, delivered.trust_jwks.as_bytes(), 0o644)?;
             if let Some(ca) = &delivered.ca_pem {

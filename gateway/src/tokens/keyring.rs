@@ -14,6 +14,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 
 use super::keys::{self, KeyPair};
+use super::sealing::Keks;
 use super::{Error, needs_renewal, rotation};
 use crate::store::{SigningKey, Store};
 
@@ -69,12 +70,12 @@ impl fmt::Debug for Minted {
 }
 
 impl Keyring {
-    /// Load every stored key. An empty store gives a keyring that cannot mint yet.
+    /// Load every stored key, the signer's opened with the store's key-encryption keys
+    /// ([`Store::keks`]). An empty store gives a keyring that cannot mint yet.
     pub async fn load(store: &Store, issuer: &str) -> Result<Self, Error> {
-        Self::from_records(issuer, &store.list_signing_keys().await?)
+        Self::from_records(issuer, &store.list_signing_keys().await?, store.keks())
     }
 
-    /// A keyring of `records`: all of them published, the signer's private key loaded.
     /// A keyring with no keys yet: verifies nothing, mints nothing.
     pub fn empty(issuer: &str) -> Self {
         Self {
@@ -84,14 +85,16 @@ impl Keyring {
         }
     }
 
-    pub fn from_records(issuer: &str, records: &[SigningKey]) -> Result<Self, Error> {
+    /// A keyring of `records`: all of them published, the signer's private key opened with
+    /// `keks`.
+    pub fn from_records(issuer: &str, records: &[SigningKey], keks: Option<&Keks>) -> Result<Self, Error> {
         let mut bundle = TrustBundle::new(issuer);
         for record in records {
             bundle.keys.insert(record.kid.clone(), keys::public_key(record)?);
         }
         let signer = match rotation::signer(records) {
             Some(record) => {
-                let pair = KeyPair::from_record(record)?;
+                let pair = KeyPair::from_record(record, keks)?;
                 let der = pair.secret().to_pkcs8_der().map_err(|_| Error::Key {
                     kid: record.kid.clone(),
                     reason: "cannot encode the private key",
@@ -212,13 +215,19 @@ impl Keyring {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tokens::Kek;
     use trust::{NoExtra, OperatorClaims};
 
     const NOW: i64 = 1_700_000_000_123;
 
+    fn keks() -> Keks {
+        Keks::new(Kek::generate().unwrap(), None)
+    }
+
     fn keyring() -> Keyring {
-        let record = KeyPair::generate().unwrap().to_record().unwrap();
-        Keyring::from_records(trust::DEFAULT_ISSUER, &[record]).unwrap()
+        let keks = keks();
+        let record = KeyPair::generate().unwrap().to_record(keks.current()).unwrap();
+        Keyring::from_records(trust::DEFAULT_ISSUER, &[record], Some(&keks)).unwrap()
     }
 
     #[test]
@@ -257,7 +266,7 @@ mod tests {
         let huge = json!({"pad": "x".repeat(trust::MAX_TOKEN_BYTES)});
         let minted = ring.mint_at(Kind::Supervisor, "p", Duration::from_secs(60), &huge, NOW);
         assert!(matches!(minted, Err(Error::Extra(_))));
-        let empty = Keyring::from_records("gw", &[]).unwrap();
+        let empty = Keyring::from_records("gw", &[], None).unwrap();
         assert!(matches!(
             empty.mint_at(Kind::Supervisor, "p", Duration::from_secs(60), &(), NOW),
             Err(Error::NoSigningKey)
@@ -266,12 +275,17 @@ mod tests {
 
     #[test]
     fn debug_shows_no_key_material_or_token() {
-        let record = KeyPair::generate().unwrap().to_record().unwrap();
-        let ring = Keyring::from_records("gw", std::slice::from_ref(&record)).unwrap();
+        let keks = keks();
+        let pair = KeyPair::generate().unwrap();
+        let record = pair.to_record(keks.current()).unwrap();
+        let ring = Keyring::from_records("gw", std::slice::from_ref(&record), Some(&keks)).unwrap();
         let minted = ring
             .mint_at(Kind::Supervisor, "pool:p", Duration::from_secs(60), &(), NOW)
             .unwrap();
-        let pem = String::from_utf8(record.private_pem.0).unwrap();
+        let pem = pair
+            .secret()
+            .to_pkcs8_pem(ed25519_dalek::pkcs8::spki::der::pem::LineEnding::LF)
+            .unwrap();
         let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
         let shown = format!("{ring:?} {minted:?}");
         assert!(!shown.contains(&body), "{shown}");

@@ -1,6 +1,7 @@
 //! Ed25519 key pairs: generation, PEM encoding, and conversion from and to the store's
-//! [`SigningKey`] record. The private half lives in `ed25519_dalek::SigningKey` (zeroized on
-//! drop) and in the record's [`SecretBytes`]; neither is ever printed.
+//! [`SigningKey`] record, whose private key is sealed with a key-encryption key (see
+//! [`sealing`](super::sealing)). The private half lives in `ed25519_dalek::SigningKey`
+//! (zeroized on drop) and, sealed, in the record's [`SecretBytes`]; neither is ever printed.
 
 use std::fmt;
 
@@ -13,6 +14,7 @@ use rand::TryRngCore;
 use rand::rngs::OsRng;
 
 use super::Error;
+use super::sealing::{self, Kek, Keks};
 use crate::store::{SecretBytes, SigningKey};
 
 /// The `algorithm` column of every key this gateway creates.
@@ -51,9 +53,9 @@ impl KeyPair {
         &self.secret
     }
 
-    /// The record to store: PEM (PKCS#8 private, SPKI public), not retired. `created_at_ms`
-    /// is left 0: the store stamps it from the database clock.
-    pub fn to_record(&self) -> Result<SigningKey, Error> {
+    /// The record to store: SPKI PEM public key, PKCS#8 PEM private key sealed with `kek`,
+    /// not retired. `created_at_ms` is left 0: the store stamps it from the database clock.
+    pub fn to_record(&self, kek: &Kek) -> Result<SigningKey, Error> {
         let private_pem = self
             .secret
             .to_pkcs8_pem(LineEnding::LF)
@@ -62,21 +64,26 @@ impl KeyPair {
             .public_key()
             .to_public_key_pem(LineEnding::LF)
             .map_err(|_| self.key_error("cannot encode the public key"))?;
-        Ok(SigningKey {
+        let record = SigningKey {
             kid: self.kid.clone(),
             algorithm: ALGORITHM.to_owned(),
             public_pem,
-            private_pem: SecretBytes(private_pem.as_bytes().to_vec()),
+            private_pem: SecretBytes::default(),
             created_at_ms: 0,
             retired_at_ms: None,
+        };
+        Ok(SigningKey {
+            private_pem: sealing::seal(kek, &record, private_pem.as_bytes())?,
+            ..record
         })
     }
 
-    /// The key pair of a stored record; its private key must match its public key.
-    pub fn from_record(record: &SigningKey) -> Result<Self, Error> {
+    /// The key pair of a stored record, its private key opened with `keks` (a row an older
+    /// gateway stored unsealed opens without); it must match the public key.
+    pub fn from_record(record: &SigningKey, keks: Option<&Keks>) -> Result<Self, Error> {
         let public = public_key(record)?;
-        let pem =
-            std::str::from_utf8(&record.private_pem.0).map_err(|_| key_error(record, "private key is not PEM"))?;
+        let opened = sealing::open(keks, record)?;
+        let pem = std::str::from_utf8(&opened).map_err(|_| key_error(record, "private key is not PEM"))?;
         let secret = Secret::from_pkcs8_pem(pem).map_err(|_| key_error(record, "private key is not PKCS#8 Ed25519"))?;
         if secret.verifying_key() != public {
             return Err(key_error(record, "private key does not match the public key"));
@@ -85,6 +92,26 @@ impl KeyPair {
             kid: record.kid.clone(),
             secret,
         })
+    }
+
+    /// `record` sealed with `keks`' current KEK, after checking it opens to a key that matches
+    /// its public key. For rows still sealed with the previous KEK, or stored unsealed.
+    pub fn reseal(record: &SigningKey, keks: &Keks) -> Result<SigningKey, Error> {
+        Self::from_record(record, Some(keks))?;
+        let pem = sealing::open(Some(keks), record)?;
+        Ok(SigningKey {
+            private_pem: sealing::seal(keks.current(), record, &pem)?,
+            ..record.clone()
+        })
+    }
+
+    /// The same key under another `kid` (tests name their keys).
+    #[cfg(test)]
+    pub(super) fn with_kid(self, kid: &str) -> Self {
+        Self {
+            kid: kid.to_owned(),
+            ..self
+        }
     }
 
     fn key_error(&self, reason: &'static str) -> Error {
@@ -124,21 +151,53 @@ fn key_error(record: &SigningKey, reason: &'static str) -> Error {
 mod tests {
     use super::*;
 
+    fn keks() -> Keks {
+        Keks::new(Kek::generate().unwrap(), None)
+    }
+
     #[test]
     fn records_round_trip_and_mismatches_are_refused() {
+        let keks = keks();
         let pair = KeyPair::generate().unwrap();
-        let record = pair.to_record().unwrap();
+        let record = pair.to_record(keks.current()).unwrap();
         assert!(record.public_pem.starts_with("-----BEGIN PUBLIC KEY-----"));
         assert_eq!(record.kid.len(), 32);
-        let back = KeyPair::from_record(&record).unwrap();
+        assert_eq!(sealing::sealed_with(&record), Some(keks.current().id()));
+        let back = KeyPair::from_record(&record, Some(&keks)).unwrap();
         assert_eq!((back.kid(), back.public_key()), (pair.kid(), pair.public_key()));
 
-        let other = KeyPair::generate().unwrap().to_record().unwrap();
+        // A plain PEM row (an older gateway's) opens, and reseals under the current KEK.
+        let pem = pair.secret().to_pkcs8_pem(LineEnding::LF).unwrap();
+        let plain = SigningKey {
+            private_pem: SecretBytes(pem.as_bytes().to_vec()),
+            ..record.clone()
+        };
+        assert_eq!(
+            KeyPair::from_record(&plain, None).unwrap().public_key(),
+            pair.public_key()
+        );
+        let resealed = KeyPair::reseal(&plain, &keks).unwrap();
+        assert_eq!(sealing::sealed_with(&resealed), Some(keks.current().id()));
+        assert_eq!(
+            KeyPair::from_record(&resealed, Some(&keks)).unwrap().public_key(),
+            pair.public_key()
+        );
+
+        // A row with another row's public key is bound to it: it no longer opens.
+        let other = KeyPair::generate().unwrap().to_record(keks.current()).unwrap();
         let mixed = SigningKey {
             public_pem: other.public_pem,
             ..record.clone()
         };
-        assert!(matches!(KeyPair::from_record(&mixed), Err(Error::Key { .. })));
+        assert!(KeyPair::from_record(&mixed, Some(&keks)).is_err());
+        let mixed_plain = SigningKey {
+            public_pem: mixed.public_pem.clone(),
+            ..plain
+        };
+        assert!(matches!(
+            KeyPair::from_record(&mixed_plain, None),
+            Err(Error::Key { .. })
+        ));
         let wrong_alg = SigningKey {
             algorithm: "ES256".into(),
             ..record
@@ -148,12 +207,15 @@ mod tests {
 
     #[test]
     fn debug_never_shows_the_private_key() {
+        let keks = keks();
         let pair = KeyPair::generate().unwrap();
-        let record = pair.to_record().unwrap();
-        let pem = String::from_utf8(record.private_pem.0.clone()).unwrap();
+        let record = pair.to_record(keks.current()).unwrap();
+        let pem = pair.secret().to_pkcs8_pem(LineEnding::LF).unwrap();
         let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
         let seed = URL_SAFE_NO_PAD.encode(pair.secret().to_bytes());
-        for shown in [format!("{pair:?}"), format!("{record:?}")] {
+        let sealed = String::from_utf8(record.private_pem.0.clone()).unwrap();
+        for shown in [format!("{pair:?}"), format!("{record:?}"), format!("{keks:?}")] {
+            assert!(!shown.contains(&sealed), "{shown}");
             assert!(!shown.contains(&body) && !shown.contains(&seed), "{shown}");
         }
     }

@@ -5,6 +5,8 @@
 //!   `write_fenced` (lifecycle: created and published → signer → retired → deleted).
 //! - `keyring`: the [`Keyring`] every replica loads from the store: [`Keyring::mint`],
 //!   [`Keyring::trust_bundle`], [`Keyring::verify`] (through [`proto::trust`]).
+//! - [`sealing`]: private keys at rest, sealed with a key-encryption key ([`Kek`], current
+//!   and previous in [`Keks`]); the coordinator's rotation re-seals rows under another KEK.
 //! - `delivery`: handing tokens and the trust bundle to members, sidecars and the operator
 //!   ([`Delivery`]; [`FileDelivery`] in local mode).
 //!
@@ -21,6 +23,7 @@ mod delivery;
 mod keyring;
 mod keys;
 mod rotation;
+pub mod sealing;
 
 use std::time::Duration;
 
@@ -32,6 +35,7 @@ pub use proto::trust::{
     ProofClaims, TrustBundle, instance_subject, member_subject, route_of,
 };
 pub use rotation::{Plan, Policy, plan, rotate, signer};
+pub use sealing::{Kek, Keks};
 
 use crate::store;
 
@@ -68,12 +72,25 @@ pub enum Error {
     Sign(#[from] jsonwebtoken::errors::Error),
     #[error(transparent)]
     Store(#[from] store::Error),
+    #[error(transparent)]
+    Sealing(#[from] sealing::Error),
     #[error("cannot write {path}: {source}")]
     Write {
         path: String,
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Open every stored private key with the store's key-encryption keys (and check it matches
+/// its public key); the number of keys. A gateway given the wrong KEK calls this at start and
+/// refuses to run, naming the key and the KEK ids, rather than fail at every mint.
+pub async fn check_stored_keys(store: &store::Store) -> Result<usize, Error> {
+    let records = store.list_signing_keys().await?;
+    for record in &records {
+        KeyPair::from_record(record, store.keks())?;
+    }
+    Ok(records.len())
 }
 
 /// True from half the token's lifetime on (and for a token whose expiry is not after its

@@ -9,6 +9,10 @@
 //! any token carries it. A retired key is deleted once every token it could have signed has
 //! expired: `max_token_lifetime` + clock skew + `publish_ahead` (the bound on how long a
 //! replica with a stale keyring may still sign with it) after its retirement.
+//!
+//! Every pass also re-seals the private key of each kept row that is not sealed with the
+//! current key-encryption key (rows under the previous KEK, or stored unsealed by an older
+//! gateway), through the same fenced write.
 
 use std::time::Duration;
 
@@ -16,6 +20,7 @@ use proto::timing::{MAX_CLOCK_SKEW, SUPERVISOR_TOKEN_LIFETIME};
 
 use super::Error;
 use super::keys::KeyPair;
+use super::sealing::{self, Keks};
 use crate::store::{FencedWrite, Lease, SigningKey, Store};
 
 /// Rotation periods.
@@ -54,6 +59,8 @@ pub struct Plan {
     pub created: Option<String>,
     pub retired: Vec<String>,
     pub deleted: Vec<String>,
+    /// Rows re-sealed with the current key-encryption key.
+    pub resealed: Vec<String>,
 }
 
 impl Plan {
@@ -75,11 +82,13 @@ fn live(keys: &[SigningKey]) -> Vec<&SigningKey> {
 }
 
 /// The rotation step for `keys` at database time `now_ms`. `fresh` is called only when a key
-/// must be created. Pure: no I/O beyond what `fresh` does.
+/// must be created (it returns the new record, sealed); rows kept and not sealed with `keks`'
+/// current KEK are re-sealed with it. Pure but for `fresh` and the sealing's random nonces.
 pub fn plan(
     keys: &[SigningKey],
     now_ms: i64,
     policy: &Policy,
+    keks: &Keks,
     fresh: impl FnOnce() -> Result<SigningKey, Error>,
 ) -> Result<Plan, Error> {
     let age = |k: &SigningKey| now_ms.saturating_sub(k.created_at_ms);
@@ -91,23 +100,39 @@ pub fn plan(
         [only] if age(only) >= millis(policy.rotate_after) => create(&mut plan, fresh, now_ms)?,
         _ => {}
     }
-    // The newest key published long enough becomes the signer; older live keys retire.
-    let promoted = live.iter().rposition(|k| age(k) >= millis(policy.publish_ahead));
-    for key in &live[..promoted.unwrap_or(0)] {
-        plan.retired.push(key.kid.clone());
-        plan.writes.push(FencedWrite::PutSigningKey(SigningKey {
-            retired_at_ms: Some(now_ms),
-            ..(*key).clone()
-        }));
-    }
     for key in keys {
         if let Some(retired_at) = key.retired_at_ms
             && now_ms >= retired_at.saturating_add(millis(policy.retention()))
         {
             plan.deleted.push(key.kid.clone());
-            plan.writes.push(FencedWrite::DeleteSigningKey { kid: key.kid.clone() });
         }
     }
+    // Kept rows as they will be written: re-sealed, then retired, one write per row.
+    let mut updated: Vec<SigningKey> = Vec::new();
+    for key in keys {
+        if !plan.deleted.contains(&key.kid) && sealing::sealed_with(key) != Some(keks.current().id()) {
+            plan.resealed.push(key.kid.clone());
+            updated.push(KeyPair::reseal(key, keks)?);
+        }
+    }
+    // The newest key published long enough becomes the signer; older live keys retire.
+    let promoted = live.iter().rposition(|k| age(k) >= millis(policy.publish_ahead));
+    for key in &live[..promoted.unwrap_or(0)] {
+        plan.retired.push(key.kid.clone());
+        match updated.iter_mut().find(|u| u.kid == key.kid) {
+            Some(resealed) => resealed.retired_at_ms = Some(now_ms),
+            None => updated.push(SigningKey {
+                retired_at_ms: Some(now_ms),
+                ..(*key).clone()
+            }),
+        }
+    }
+    plan.writes.extend(updated.into_iter().map(FencedWrite::PutSigningKey));
+    plan.writes.extend(
+        plan.deleted
+            .iter()
+            .map(|kid| FencedWrite::DeleteSigningKey { kid: kid.clone() }),
+    );
     Ok(plan)
 }
 
@@ -126,9 +151,15 @@ fn create(plan: &mut Plan, fresh: impl FnOnce() -> Result<SigningKey, Error>, no
 /// database clock, [`Store::now_ms`]), and apply the plan in one fenced write. A stale lease
 /// gets `Error::Store(store::Error::Fenced(_))` and nothing is written. Call it from the
 /// coordinator only, from one task, about once a minute.
+///
+/// New keys are sealed with the store's current key-encryption key ([`Store::keks`]); a
+/// store without one refuses (`sealing::Error::NoKek`): keys are never stored unsealed.
 pub async fn rotate(store: &Store, lease: &Lease, policy: &Policy, now_ms: i64) -> Result<Plan, Error> {
+    let keks = store.keks().ok_or(sealing::Error::NoKek)?;
     let keys = store.list_signing_keys().await?;
-    let plan = plan(&keys, now_ms, policy, || KeyPair::generate()?.to_record())?;
+    let plan = plan(&keys, now_ms, policy, keks, || {
+        KeyPair::generate()?.to_record(keks.current())
+    })?;
     if !plan.is_empty() {
         store.write_fenced(lease, &plan.writes).await?;
     }
@@ -141,20 +172,27 @@ fn millis(d: Duration) -> i64 {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::OnceLock;
+
     use super::*;
     use crate::store::SecretBytes;
+    use crate::tokens::Kek;
 
     const H: i64 = 3600 * 1000;
     const MIN: i64 = 60 * 1000;
 
+    fn keks() -> &'static Keks {
+        static KEKS: OnceLock<Keks> = OnceLock::new();
+        KEKS.get_or_init(|| Keks::new(Kek::generate().unwrap(), None))
+    }
+
+    /// A real key named `kid`, sealed with `keks()`.
     fn key(kid: &str, created_at_ms: i64, retired_at_ms: Option<i64>) -> SigningKey {
+        let pair = KeyPair::generate().unwrap().with_kid(kid);
         SigningKey {
-            kid: kid.into(),
-            algorithm: "EdDSA".into(),
-            public_pem: String::new(),
-            private_pem: SecretBytes(b"secret".to_vec()),
             created_at_ms,
             retired_at_ms,
+            ..pair.to_record(keks().current()).unwrap()
         }
     }
 
@@ -173,7 +211,7 @@ mod tests {
     }
 
     fn step(keys: &mut Vec<SigningKey>, now: i64, kid: &str) -> Plan {
-        let plan = plan(keys, now, &Policy::default(), || Ok(key(kid, 0, None))).unwrap();
+        let plan = plan(keys, now, &Policy::default(), keks(), || Ok(key(kid, 0, None))).unwrap();
         apply(keys, &plan);
         plan
     }
@@ -248,11 +286,68 @@ mod tests {
     #[test]
     fn key_generation_errors_propagate_and_are_not_needed_otherwise() {
         let failing = || Err(Error::Random("no entropy".into()));
-        assert!(plan(&[], 0, &Policy::default(), failing).is_err());
+        assert!(plan(&[], 0, &Policy::default(), keks(), failing).is_err());
         assert!(
-            plan(&[key("k", 0, None)], 1, &Policy::default(), failing)
+            plan(&[key("k", 0, None)], 1, &Policy::default(), keks(), failing)
                 .unwrap()
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn rows_under_another_kek_or_unsealed_are_resealed_once() {
+        let old = Keks::new(Kek::generate().unwrap(), None);
+        let rotating = Keks::new(keks().current().copy_for_test(), Some(old.current().copy_for_test()));
+        let now = 50 * H;
+        let under_old = SigningKey {
+            created_at_ms: now - H,
+            ..KeyPair::generate()
+                .unwrap()
+                .with_kid("a")
+                .to_record(old.current())
+                .unwrap()
+        };
+        let pair = KeyPair::generate().unwrap().with_kid("b");
+        let plain_pem = sealing::open(Some(keks()), &pair.to_record(keks().current()).unwrap()).unwrap();
+        let unsealed = SigningKey {
+            created_at_ms: now - 2 * H,
+            retired_at_ms: Some(now - MIN),
+            private_pem: SecretBytes(plain_pem.to_vec()),
+            ..pair.to_record(keks().current()).unwrap()
+        };
+        let current = key("c", now - 3 * H, Some(now - H));
+        let mut keys = vec![under_old, unsealed, current.clone()];
+        let plan = plan(&keys, now, &Policy::default(), &rotating, || unreachable!()).unwrap();
+        assert_eq!(plan.resealed, vec!["a".to_owned(), "b".to_owned()]);
+        assert!(plan.created.is_none() && plan.retired.is_empty() && plan.deleted.is_empty());
+        apply(&mut keys, &plan);
+        for key in &keys {
+            assert_eq!(sealing::sealed_with(key), Some(keks().current().id()), "{}", key.kid);
+            KeyPair::from_record(key, Some(keks())).unwrap();
+        }
+        assert!(keys.contains(&current), "a row already sealed is not rewritten");
+        assert_eq!(
+            keys.iter().find(|k| k.kid == "b").unwrap().retired_at_ms,
+            Some(now - MIN)
+        );
+        let again = super::plan(&keys, now, &Policy::default(), &rotating, || unreachable!()).unwrap();
+        assert!(again.is_empty(), "{again:?}");
+
+        // A row under a KEK this gateway does not have stops the pass with a clear error.
+        let stranger = Keks::new(Kek::generate().unwrap(), None);
+        let foreign = SigningKey {
+            created_at_ms: now - H,
+            ..KeyPair::generate()
+                .unwrap()
+                .with_kid("x")
+                .to_record(stranger.current())
+                .unwrap()
+        };
+        let err = super::plan(&[foreign], now, &Policy::default(), keks(), || unreachable!()).unwrap_err();
+        assert!(
+            matches!(err, Error::Sealing(sealing::Error::UnknownKek { .. })),
+            "{err}"
+        );
+        assert!(err.to_string().contains(stranger.current().id()), "{err}");
     }
 }

@@ -4,8 +4,34 @@
 
 #![allow(dead_code)]
 
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
 use gateway::store::{Options, Store};
+use gateway::tokens::{Kek, Keks};
 use sqlx::{AnyConnection, Connection, Executor};
+
+/// The key-encryption keys of every test store in this test binary: the key of
+/// [`test_kek_file`], which the gateways the tests start read (one pool shares its KEK).
+pub fn test_keks() -> Arc<Keks> {
+    static KEKS: OnceLock<Arc<Keks>> = OnceLock::new();
+    KEKS.get_or_init(|| Arc::new(Keks::load(&test_kek_file(), None).expect("read the test KEK")))
+        .clone()
+}
+
+/// A KEK file (0600) for gateways started from settings, in a directory that lives as long
+/// as the test binary.
+pub fn test_kek_file() -> PathBuf {
+    static FILE: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    FILE.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let path = dir.path().join("kek");
+        Kek::load_or_create(&path).expect("write a KEK file");
+        (dir, path)
+    })
+    .1
+    .clone()
+}
 
 pub struct TestDb {
     pub url: String,
@@ -44,7 +70,8 @@ impl TestDb {
         let url = url.to_string();
         let store = Store::open(&url, &Options::default())
             .await
-            .expect("open postgres store");
+            .expect("open postgres store")
+            .with_keks(test_keks());
         Some(Self {
             url,
             store,
@@ -57,7 +84,10 @@ impl TestDb {
     pub async fn sqlite() -> Self {
         let dir = tempfile::tempdir().expect("temporary directory");
         let url = format!("sqlite://{}?mode=rwc", dir.path().join("store.db").display());
-        let store = Store::open(&url, &Options::default()).await.expect("open sqlite store");
+        let store = Store::open(&url, &Options::default())
+            .await
+            .expect("open sqlite store")
+            .with_keks(test_keks());
         Self {
             url,
             store,
@@ -71,6 +101,7 @@ impl TestDb {
         Store::open(&self.url, &Options::default())
             .await
             .expect("open second store")
+            .with_keks(test_keks())
     }
 
     /// A raw connection to the same database, outside the store.

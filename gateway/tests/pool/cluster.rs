@@ -76,8 +76,11 @@ pub async fn start_replica_with(
 }
 
 fn settings(name: &str, url: &str, extra: &[&str]) -> gateway::Settings {
+    let kek = crate::support::test_kek_file();
     let mut args = vec![
         "gateway",
+        "--key-encryption-key-file",
+        kek.to_str().expect("a UTF-8 path"),
         "--database-url",
         url,
         "--replica",

@@ -29,6 +29,7 @@ on_both_backends!(scenarios;
     streams_without_a_valid_token_or_identity_are_refused,
     grants_are_single_use_and_activation_checks_receipt_and_process,
     an_oversized_report_ends_the_stream_with_an_error,
+    a_local_delivery_overwritten_on_disk_is_delivered_again,
 );
 
 /// A replica frozen as by SIGSTOP (see `cluster::Pausable`): PostgreSQL only.

@@ -16,7 +16,7 @@ use proto::trust::{Claims, DEFAULT_ISSUER, Expectation, GrantClaims, Kind, Proof
 
 use crate::cluster::{
     Behaviour, Identity, Member, Pausable, Replica, Tokens, channel, identity, instance_ref, receipt, register,
-    register_as, start_pausable_replica, start_replica, wait_assignments, with_token,
+    register_as, start_pausable_replica, start_replica, start_replica_with, wait_assignments, with_token,
 };
 use crate::support::{TestDb, wait_for};
 
@@ -916,4 +916,32 @@ pub async fn an_oversized_report_ends_the_stream_with_an_error(db: &TestDb) {
     assert_ne!(ended.code(), Code::Ok, "{ended:?}");
     assert!(ended.message().len() < 1024, "{} bytes", ended.message().len());
     pool.stop().await;
+}
+
+/// Reliability item 5: the files a coordinator delivered are overwritten behind its back (as
+/// a paused coordinator that resumed after losing its lease did, with its stale keyring): the
+/// coordinator notices on its next round and delivers them again, instead of leaving members
+/// and sidecars with a token their trust bundle does not name until the next renewal.
+pub async fn a_local_delivery_overwritten_on_disk_is_delivered_again(db: &TestDb) {
+    let credentials = tempfile::tempdir().unwrap();
+    let dir = credentials.path().to_str().unwrap().to_owned();
+    let replica = start_replica_with("gw-d", &db.url, &["--credentials-dir", &dir, "--members", "m-a"], None).await;
+    let member_dir = credentials.path().join("members").join("m-a");
+    let delivered = |dir: std::path::PathBuf| async move {
+        let jwks = std::fs::read_to_string(dir.join("trust.jwks")).ok()?;
+        let token = std::fs::read_to_string(dir.join("token")).ok()?;
+        let bundle = proto::trust::TrustBundle::from_jwks(jwks.as_bytes()).ok()?;
+        let expected = Expectation::kind(Kind::Supervisor, DEFAULT_ISSUER);
+        bundle.verify::<Claims>(token.trim(), &expected).ok().map(|_| jwks)
+    };
+    let good = wait_for("m-a's token delivered", 2000, || delivered(member_dir.clone())).await;
+    // A stale writer's bundle: valid JWKS, but not the keys that signed the token.
+    let stale = good.replace("\"kid\":\"", "\"kid\":\"stale-");
+    std::fs::write(member_dir.join("trust.jwks"), &stale).unwrap();
+    assert!(
+        delivered(member_dir.clone()).await.is_none(),
+        "the token no longer verifies"
+    );
+    wait_for("m-a's delivery repaired", 2000, || delivered(member_dir.clone())).await;
+    replica.stop().await;
 }

@@ -31,8 +31,11 @@ async fn start(
     tokio::task::JoinHandle<Result<(), gateway::Error>>,
 ) {
     let health = format!("127.0.0.1:{}", free_port());
+    let kek = crate::support::test_kek_file();
     let settings = gateway::Settings::parse_from([
         "gateway",
+        "--key-encryption-key-file",
+        kek.to_str().unwrap(),
         "--database-url",
         database_url,
         "--listen",

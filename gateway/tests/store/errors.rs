@@ -56,3 +56,14 @@ async fn a_failing_migration_is_reported() {
     assert!(matches!(err, Error::Migrate { .. }), "{err:?}");
     assert!(err.to_string().contains("cannot apply database migrations"), "{err}");
 }
+
+#[tokio::test]
+async fn a_url_without_a_scheme_is_refused_without_its_password() {
+    for url in ["user:hunter2@db/app", "user:hunt%32er2@db:5432/app?sslmode=disable"] {
+        let err = open(url).await;
+        assert!(matches!(err, Error::Url { .. }), "{err:?}");
+        let line = err.to_string();
+        assert!(!line.contains("hunter2") && !line.contains("hunt%32er2"), "{line}");
+        assert!(line.contains("user:***@db"), "{line}");
+    }
+}

@@ -16,7 +16,6 @@ use proto::runtime::v1::supervisor_message::Kind;
 use proto::runtime::v1::supervisor_runtime_server::{SupervisorRuntime, SupervisorRuntimeServer};
 use proto::runtime::v1::{SidecarMessage, SupervisorMessage, sidecar_message};
 use proto::timing;
-use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_stream::wrappers::ReceiverStream;
@@ -38,11 +37,10 @@ pub const PARK_BOUND: Duration = Duration::from_secs(30);
 /// Most streams parked at once; more are refused with UNAVAILABLE.
 pub const MAX_PARKED: usize = 1024;
 
-/// Serves the runtime service on `listener` until `stop`; with `tls`, connections are TLS
-/// (handshakes off the accept loop), without, plaintext.
+/// Serves the runtime service on `listener` (the shared accept loop: caps, TLS, idle
+/// time-outs) until `stop`.
 pub(crate) async fn serve(
-    listener: TcpListener,
-    tls: Option<rustls::ServerConfig>,
+    listener: proto::listener::Listener,
     me: Me,
     trust: TrustStore,
     table: watch::Receiver<Arc<RouteTable>>,
@@ -58,8 +56,8 @@ pub(crate) async fn serve(
     let service = SupervisorRuntimeServer::new(service)
         .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
-    let router = tonic::transport::Server::builder().add_service(service);
-    let served = proto::tls::serve(router, listener, tls, stop.cancelled_owned()).await;
+    let router = proto::listener::grpc_server().add_service(service);
+    let served = proto::listener::serve_grpc(router, listener, stop.cancelled_owned()).await;
     if let Err(err) = served {
         tracing::error!(%err, "runtime service failed");
     }

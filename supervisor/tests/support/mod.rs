@@ -160,7 +160,8 @@ impl FakeGateway {
         let router = tonic::transport::Server::builder()
             .add_service(service)
             .add_service(SupervisorRecoveryServer::new(recovery.clone()));
-        tokio::spawn(proto::tls::serve(router, listener, tls, std::future::pending()));
+        let listener = proto::listener::Listener::new(listener, Default::default(), Default::default()).with_tls(tls);
+        tokio::spawn(proto::listener::serve_grpc(router, listener, std::future::pending()));
         Self {
             endpoint,
             connections,
