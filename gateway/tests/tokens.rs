@@ -507,9 +507,20 @@ async fn a_gateway_on_sqlite_keeps_its_files_private_and_its_signing_keys_sealed
     let operator_token = credentials.join("operator").join(trust::TOKEN_FILE);
 
     // No KEK configured: the embedded store's gateway generates one beside the database.
-    let running = start_gateway(&data, &["--credentials-dir", credentials_arg]).await;
-    // The namespace tokens are written last.
-    let last = credentials.join("namespaces/default").join(trust::TOKEN_FILE);
+    let running = start_gateway(
+        &data,
+        &[
+            "--credentials-dir",
+            credentials_arg,
+            "--members",
+            "m-a",
+            "--instances",
+            "default/web-0",
+        ],
+    )
+    .await;
+    // The instances' tokens are written last.
+    let last = credentials.join("instances/default/web-0").join(trust::TOKEN_FILE);
     support::wait_for("the first token delivery", 3000, || async {
         assert!(!running.1.is_finished(), "the gateway stopped");
         last.is_file().then_some(())
@@ -527,11 +538,12 @@ async fn a_gateway_on_sqlite_keeps_its_files_private_and_its_signing_keys_sealed
     for dir in [
         credentials.clone(),
         credentials.join("operator"),
-        credentials.join("supervisor"),
+        credentials.join("members/m-a"),
+        credentials.join("instances/default/web-0"),
     ] {
         assert_eq!(mode(&dir), 0o700, "{}", dir.display());
     }
-    for token in ["operator", "supervisor", "namespaces/default"] {
+    for token in ["operator", "members/m-a", "instances/default/web-0"] {
         assert_eq!(mode(&credentials.join(token).join(trust::TOKEN_FILE)), 0o600, "{token}");
     }
     stop_gateway(running).await;
