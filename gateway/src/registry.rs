@@ -116,6 +116,9 @@ impl InstanceRegistry for Registry {
             uid: instance.uid.clone(),
             material: SecretBytes(request.registration_material),
         };
+        // Minted first: an answer that cannot carry its token (no signing key yet, at the
+        // pool's very start) must store nothing either.
+        let token = self.instance_token(&caller, &instance.uid)?;
         let limit = self.replica.quota.limit(&instance.namespace)?;
         let store = &self.replica.store;
         let generation = match store.register_instance_within(&registration, Some(limit)).await {
@@ -167,7 +170,6 @@ impl InstanceRegistry for Registry {
                 .unwrap_or_default(),
             term: u64::try_from(a.term).unwrap_or(0),
         });
-        let token = self.instance_token(&caller, &instance.uid)?;
         Ok(Response::new(RegisterResponse {
             instance: Some(InstanceRef {
                 generation: u64::try_from(generation).unwrap_or(0),

@@ -593,6 +593,8 @@ pub async fn a_pod_acts_only_for_itself_within_its_namespace_quota(db: &TestDb) 
     let shared = Shared::default();
     shared.with(|index| index.reset_namespaces(["default".to_owned(), "team-b".to_owned()]));
     let (replica, _, _calls) = replica_with(db, "gw-k", Scope::new(INSTALL), &shared).await;
+    // Registration answers with an instance token: the coordinator's first signing key.
+    crate::cluster::Tokens::load(&db.store).await;
     let supervisor = Identity {
         member: "supervisor-0".into(),
         process_id: "p1".into(),
