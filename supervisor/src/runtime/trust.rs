@@ -4,8 +4,9 @@
 //!
 //! The bundle comes from the file `trust.jwks` beside the supervisor token file (the gateway
 //! delivers both into one directory or Secret), re-read when its modification time or size
-//! changes and at once on an unknown `kid`. Without a token file, or while that file cannot be
-//! read, it comes from the gateway (`recovery.v1.TrustBundle`), fetched again after the
+//! changes and at once on an unknown `kid`; a `kid` the re-read file still lacks is looked up
+//! in the gateway's own bundle (the file may lag: a kubelet sync, a stale delivery). Without a
+//! token file, or while that file cannot be read, it comes from the gateway (`recovery.v1.TrustBundle`), fetched again after the
 //! bundle's `refresh_after_ms` and on an unknown `kid` (at most once per
 //! [`MIN_FORCED_REFRESH`]).
 
@@ -39,6 +40,10 @@ pub(crate) struct TrustStore {
     file: Option<PathBuf>,
     gateway: Arc<Gateway>,
     cached: Mutex<Option<Cached>>,
+    /// The gateway's bundle, fetched when a token's key is in neither the cached nor the
+    /// re-read file (a delivery not yet refreshed by the kubelet, or overwritten by a stale
+    /// writer): at most once per [`MIN_FORCED_REFRESH`].
+    fetched: Mutex<Option<(Instant, Arc<TrustBundle>)>>,
 }
 
 struct Cached {
@@ -62,6 +67,7 @@ impl TrustStore {
             file,
             gateway,
             cached: Mutex::new(None),
+            fetched: Mutex::new(None),
         }
     }
 
@@ -69,7 +75,13 @@ impl TrustStore {
     pub(crate) async fn instance_of(&self, token: &str) -> Result<Bound, AuthError> {
         let bundle = self.bundle(false).await?;
         let claims = match verify(&bundle, token) {
-            Err(trust::Error::UnknownKid(_)) => verify(self.bundle(true).await?.as_ref(), token)?,
+            Err(trust::Error::UnknownKid(_)) => match verify(self.bundle(true).await?.as_ref(), token) {
+                // The file lags behind the gateway: ask the gateway itself.
+                Err(trust::Error::UnknownKid(_)) if self.file.is_some() => {
+                    verify(self.gateway_bundle().await?.as_ref(), token)?
+                }
+                other => other?,
+            },
             other => other?,
         };
         let route = trust::route_of(&claims.sub).ok_or(AuthError::NoRoute)?.to_owned();
@@ -120,6 +132,20 @@ impl TrustStore {
                 Err(AuthError::Unavailable(fetch_error))
             }
         }
+    }
+
+    /// The gateway's own bundle, fetched at most once per [`MIN_FORCED_REFRESH`].
+    async fn gateway_bundle(&self) -> Result<Arc<TrustBundle>, AuthError> {
+        let mut fetched = self.fetched.lock().await;
+        if let Some((at, bundle)) = fetched.as_ref()
+            && at.elapsed() < MIN_FORCED_REFRESH
+        {
+            return Ok(Arc::clone(bundle));
+        }
+        let (bundle, _) = self.fetch().await.map_err(AuthError::Unavailable)?;
+        let bundle = Arc::new(bundle);
+        *fetched = Some((Instant::now(), Arc::clone(&bundle)));
+        Ok(bundle)
     }
 
     async fn fetch(&self) -> Result<(TrustBundle, Duration), String> {
