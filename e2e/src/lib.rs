@@ -4,12 +4,16 @@
 //! - [`process`]: one child process with its log file and signals;
 //! - [`local`]: a local pool — gateway replicas and supervisor members — and
 //!   its status over the operator API;
+//! - [`chaos`]: randomized faults and the history checker (`scenarios chaos`);
+//! - [`postgres`]: a private PostgreSQL server the harness can stop and start;
 //! - [`flood`]: the connection flood probe with its measurements;
 //! - [`cluster`]: a real cluster through `kubectl`, for the cluster test (`scripts/test-cluster`).
 
 pub mod agent_log;
+pub mod chaos;
 pub mod cluster;
 pub mod flood;
 pub mod local;
+pub mod postgres;
 pub mod process;
 pub mod scenarios;

@@ -273,10 +273,32 @@ impl LocalPool {
     }
 
     pub async fn start_gateway(&mut self, name: &str) -> Result<(), Error> {
-        let port = free_port()?;
+        let listen = format!("127.0.0.1:{}", free_port()?);
+        let process = self.spawn_gateway(name, &listen)?;
+        self.gateways.push(Gateway {
+            name: name.into(),
+            endpoint: self.url(&listen),
+            process,
+        });
+        Ok(())
+    }
+
+    /// Start gateway replica `index` again on its address (after a kill -9: the old process
+    /// is reaped first). Its log goes on in the same file.
+    pub async fn restart_gateway(&mut self, index: usize) -> Result<(), Error> {
+        let Some(gateway) = self.gateways.get(index) else {
+            return Ok(());
+        };
+        let (name, listen) = (gateway.name.clone(), address_of(&gateway.endpoint));
+        self.gateways[index].process.kill().await;
+        self.gateways[index].process = self.spawn_gateway(&name, &listen)?;
+        Ok(())
+    }
+
+    fn spawn_gateway(&self, name: &str, listen: &str) -> Result<Process, Error> {
         let launch = GatewayLaunch {
             name,
-            listen: &format!("127.0.0.1:{port}"),
+            listen,
             database_url: &self.database_url,
             credentials: &self.credentials(),
             kek: &self.kek,
@@ -292,17 +314,33 @@ impl LocalPool {
         };
         let (args, env) = launch.command();
         let log = self.logs().join(format!("{name}.log"));
-        let process = Process::spawn(name, &binary("gateway")?, &args, &env, log)?;
-        self.gateways.push(Gateway {
+        Ok(Process::spawn(name, &binary("gateway")?, &args, &env, log)?)
+    }
+
+    pub fn start_member(&mut self, name: &str) -> Result<(), Error> {
+        let runtime = format!("127.0.0.1:{}", free_port()?);
+        let process = self.spawn_member(name, &runtime)?;
+        self.members.push(Member {
             name: name.into(),
-            endpoint: self.url(&format!("127.0.0.1:{port}")),
+            runtime_address: self.url(&runtime),
             process,
         });
         Ok(())
     }
 
-    pub fn start_member(&mut self, name: &str) -> Result<(), Error> {
-        let runtime = format!("127.0.0.1:{}", free_port()?);
+    /// Start member `index` again under its name and runtime address (the sidecars' route
+    /// names it), reaping the old process first. Its log goes on in the same file.
+    pub async fn restart_member(&mut self, index: usize) -> Result<(), Error> {
+        let Some(member) = self.members.get(index) else {
+            return Ok(());
+        };
+        let (name, runtime) = (member.name.clone(), address_of(&member.runtime_address));
+        self.members[index].process.kill().await;
+        self.members[index].process = self.spawn_member(&name, &runtime)?;
+        Ok(())
+    }
+
+    fn spawn_member(&self, name: &str, runtime: &str) -> Result<Process, Error> {
         let mut env = vec![
             ("OPENSHELL_SUPERVISOR_POOL_MEMBER".to_owned(), name.to_owned()),
             ("OPENSHELL_GATEWAY_ENDPOINTS".to_owned(), self.endpoints().join(",")),
@@ -315,7 +353,7 @@ impl LocalPool {
                     .display()
                     .to_string(),
             ),
-            ("OPENSHELL_SUPERVISOR_RUNTIME_LISTEN".to_owned(), runtime.clone()),
+            ("OPENSHELL_SUPERVISOR_RUNTIME_LISTEN".to_owned(), runtime.to_owned()),
         ];
         if let Some(tls) = &self.tls {
             for (variable, path) in [
@@ -327,13 +365,7 @@ impl LocalPool {
             }
         }
         let log = self.logs().join(format!("{name}.log"));
-        let process = Process::spawn(name, &binary("supervisor")?, &[], &env, log)?;
-        self.members.push(Member {
-            name: name.into(),
-            runtime_address: self.url(&runtime),
-            process,
-        });
-        Ok(())
+        Ok(Process::spawn(name, &binary("supervisor")?, &[], &env, log)?)
     }
 
     /// Start a sidecar for workload `name` in namespace `default`, and the
@@ -477,6 +509,11 @@ impl GatewayLaunch<'_> {
         let env = vec![("DATABASE_URL".to_owned(), self.database_url.to_owned())];
         (args, env)
     }
+}
+
+/// `127.0.0.1:port` of `https://127.0.0.1:port`.
+fn address_of(url: &str) -> String {
+    url.split_once("://").map_or(url, |(_, rest)| rest).to_owned()
 }
 
 /// A random id for a local workload (what a Pod UID is in Kubernetes).

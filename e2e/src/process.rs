@@ -47,7 +47,13 @@ impl Process {
         env: &[(String, String)],
         log: PathBuf,
     ) -> Result<Self, Error> {
-        let file = std::fs::File::create(&log).map_err(|source| Error::Log {
+        // Appended: a restarted process (chaos restarts them under the same name) keeps its
+        // predecessor's lines before its own.
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map_err(|source| Error::Log {
             path: log.display().to_string(),
             source,
         })?;
@@ -103,8 +109,8 @@ impl Process {
         }
     }
 
-    /// SIGKILL and reap.
-    pub async fn kill(mut self) {
+    /// SIGKILL and reap (nothing when already reaped).
+    pub async fn kill(&mut self) {
         let _ = self.child.kill().await;
     }
 }

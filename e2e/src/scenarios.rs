@@ -115,7 +115,7 @@ pub async fn run(name: &str, setup: &Setup) -> Result<Outcome, Error> {
     Ok(outcome)
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
@@ -502,7 +502,7 @@ async fn planned(pool: &LocalPool, store: &Store, kind: Planned) -> Result<Outco
 }
 
 /// A fresh database on the PostgreSQL server of `admin_url`.
-async fn fresh_database(admin_url: &str, scenario: &str) -> Result<String, Error> {
+pub(crate) async fn fresh_database(admin_url: &str, scenario: &str) -> Result<String, Error> {
     use sqlx::{Connection as _, Executor as _};
     sqlx::any::install_default_drivers();
     let name = format!("scenario_{}_{}", scenario.replace('-', "_"), now_ms());

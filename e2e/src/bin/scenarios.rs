@@ -1,32 +1,69 @@
 //! `scenarios`: run the failure scenarios on local pools of real processes
-//! and print what they measured (and write it as JSON).
+//! and print what they measured (and write it as JSON); `scenarios chaos`:
+//! randomized faults with the history checker.
 //!
 //! cargo run --release -p e2e --bin scenarios -- [--json FILE] [--database URL] [SCENARIO…]
+//! cargo run --release -p e2e --bin scenarios -- chaos --trials N --seed S [--postgres | --database URL]
 
 use std::path::PathBuf;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
+use e2e::chaos::{self, Backend};
 use e2e::scenarios::{self, Setup};
 
 #[derive(Debug, Parser)]
-#[command(about = "Failure scenarios with measurements on a local pool")]
+#[command(about = "Failure scenarios with measurements on a local pool", args_conflicts_with_subcommands = true)]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Write the outcomes as JSON to this file.
-    #[arg(long)]
+    #[arg(long, global = true)]
     json: Option<PathBuf>,
-    /// PostgreSQL server URL (a fresh database per scenario); default: embedded SQLite.
-    #[arg(long, env = "OPENSHELL_SCENARIO_DATABASE_URL")]
+    /// PostgreSQL server URL (a fresh database per run); default: embedded SQLite.
+    #[arg(long, global = true, env = "OPENSHELL_SCENARIO_DATABASE_URL")]
     database: Option<String>,
     /// Working directory of the pools.
-    #[arg(long, default_value = ".local/scenarios")]
+    #[arg(long, global = true, default_value = ".local/scenarios")]
     dir: PathBuf,
     /// Scenarios to run (default: all).
     scenarios: Vec<String>,
 }
 
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Randomized single and overlapping faults on one pool, each trial checked; exits
+    /// non-zero on any violation or stopped workload.
+    Chaos {
+        #[arg(long, default_value_t = 20)]
+        trials: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// A private PostgreSQL server, stopped and started by the database-outage faults
+        /// (needs the PostgreSQL 15 server binaries).
+        #[arg(long, conflicts_with = "database")]
+        postgres: bool,
+    },
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(Command::Chaos { trials, seed, postgres }) = args.command {
+        let backend = match (postgres, args.database) {
+            (true, _) => Backend::PrivatePostgres,
+            (false, Some(url)) => Backend::Postgres(url),
+            (false, None) => Backend::Sqlite,
+        };
+        let settings = chaos::Settings::new(trials, seed, args.dir.join("chaos"), backend);
+        let report = chaos::run(&settings).await?;
+        print!("{}", chaos::table(&report));
+        if let Some(path) = &args.json {
+            std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
+            eprintln!("wrote {}", path.display());
+        }
+        anyhow::ensure!(report.passed(), "chaos: the history checker found violations");
+        return Ok(());
+    }
     let names: Vec<String> = if args.scenarios.is_empty() {
         scenarios::ALL.iter().map(|s| (*s).to_owned()).collect()
     } else {

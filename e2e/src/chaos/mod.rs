@@ -1,0 +1,749 @@
+//! `scenarios chaos`: randomized single and overlapping faults on one local
+//! pool of real processes (3 gateway replicas, 3 members, 8 sandboxes by
+//! default), each trial followed by the history checker.
+//!
+//! - [`plan`]: what a trial does (seeded, pure);
+//! - [`history`]: the rules checked over the agents' logs and the sampled lease;
+//! - this file: the driver — it starts the pool (and a private PostgreSQL when
+//!   outages are wanted), samples the lease every 50 ms, runs each plan's
+//!   steps, heals what is left, waits until the pool has settled, checks, and
+//!   prints per fault kind the trials and the recovery figures.
+
+pub mod history;
+pub mod plan;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gateway::poolctl;
+use gateway::store::{AssignmentPhase, OperationPhase, Options, Store};
+use nix::sys::signal::Signal;
+use rand::SeedableRng as _;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom as _;
+use serde::Serialize;
+
+use self::history::{CoordinatorGaps, Seen};
+use self::plan::{Action, Fault, Plan, Snapshot, Target};
+use crate::agent_log::Follower;
+use crate::local::{Config, LocalPool};
+use crate::postgres;
+use crate::scenarios::{Error, now_ms};
+
+/// Where the pool keeps its state.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// The embedded store (an SQLite file).
+    Sqlite,
+    /// A private PostgreSQL server the driver starts, and stops for outage faults.
+    PrivatePostgres,
+    /// A PostgreSQL server by URL (a fresh database on it; no outage faults).
+    Postgres(String),
+}
+
+impl Backend {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Sqlite => "sqlite",
+            Self::PrivatePostgres | Self::Postgres(_) => "postgresql",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub trials: usize,
+    pub seed: u64,
+    pub root: PathBuf,
+    pub backend: Backend,
+    pub gateways: usize,
+    pub members: usize,
+    pub sandboxes: usize,
+    pub lease_length_ms: u64,
+    /// Every instance active and every agent answered again within this, from the heal.
+    pub settle_bound: Duration,
+}
+
+impl Settings {
+    pub fn new(trials: usize, seed: u64, root: PathBuf, backend: Backend) -> Self {
+        Self {
+            trials,
+            seed,
+            root,
+            backend,
+            gateways: 3,
+            members: 3,
+            sandboxes: 8,
+            lease_length_ms: 5000,
+            settle_bound: Duration::from_secs(30),
+        }
+    }
+}
+
+/// One trial's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct Trial {
+    pub index: usize,
+    pub fault: Fault,
+    pub steps: Vec<String>,
+    /// Longest time any agent went without an accepted answer, from injection to settled.
+    pub workload_gap_ms: u64,
+    /// Heal (the last step) → every instance active and every agent answered.
+    pub settle_ms: u64,
+    /// Longest span without a working coordinator while a replica could have been one.
+    pub coordinator_gap_ms: u64,
+    /// Answers the agents got that were not `ok` (refusals; not a violation by themselves).
+    pub refused: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Violation {
+    pub trial: usize,
+    pub what: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub backend: String,
+    pub seed: u64,
+    pub trials: Vec<Trial>,
+    pub violations: Vec<Violation>,
+    /// Workloads stopped by their sidecars (a sidecar that exited, or answered "stopping").
+    pub stopped_workloads: usize,
+    /// Accepted answers the checker read.
+    pub accepted: usize,
+    /// Set when the pool did not settle and the run ended early.
+    pub aborted: Option<String>,
+}
+
+impl Report {
+    pub fn passed(&self) -> bool {
+        self.violations.is_empty() && self.stopped_workloads == 0 && self.aborted.is_none()
+    }
+}
+
+/// Running, paused or down: what the driver did to each process (the lease sampler reads it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Up,
+    Paused,
+    Down,
+}
+
+#[derive(Debug)]
+struct Health {
+    gateways: Vec<(String, State)>,
+    members: Vec<State>,
+    database_up: bool,
+}
+
+impl Health {
+    fn gateway_up(&self, name: &str) -> bool {
+        self.gateways.iter().any(|(n, s)| n == name && *s == State::Up)
+    }
+
+    fn could_coordinate(&self) -> bool {
+        self.database_up && self.gateways.iter().any(|(_, s)| *s == State::Up)
+    }
+}
+
+/// How long a settled pool may take after the bound before the run gives up as wedged.
+const WEDGED_AFTER: Duration = Duration::from_secs(120);
+
+pub async fn run(settings: &Settings) -> Result<Report, Error> {
+    let mut server = match settings.backend {
+        Backend::PrivatePostgres => Some(
+            postgres::Server::start()
+                .await
+                .map_err(|e| Error::Scenario(e.to_string()))?,
+        ),
+        _ => None,
+    };
+    let admin = match (&settings.backend, &server) {
+        (Backend::Postgres(url), _) => Some(url.clone()),
+        (_, Some(server)) => Some(server.url()),
+        _ => None,
+    };
+    let database_url = match admin {
+        Some(admin) => Some(crate::scenarios::fresh_database(&admin, "chaos").await?),
+        None => None,
+    };
+    let config = Config {
+        root: settings.root.clone(),
+        database_url: database_url.clone(),
+        gateways: settings.gateways,
+        members: settings.members,
+        sandboxes: settings.sandboxes,
+        lease_length_ms: settings.lease_length_ms,
+        plaintext: false,
+    };
+    let mut pool = LocalPool::start(config).await?;
+    let url =
+        database_url.unwrap_or_else(|| format!("sqlite://{}?mode=rwc", pool.config.root.join("gateway.db").display()));
+    let store = Store::open(&url, &Options::default()).await?;
+    let result = Driver::new(settings, &mut pool, &store, server.as_mut()).run().await;
+    store.close().await;
+    pool.stop().await;
+    drop(server);
+    result
+}
+
+struct Driver<'a> {
+    settings: &'a Settings,
+    pool: &'a mut LocalPool,
+    store: &'a Store,
+    database: Option<&'a mut postgres::Server>,
+    health: Arc<Mutex<Health>>,
+    gaps: Arc<Mutex<CoordinatorGaps>>,
+    agents: Vec<(String, Follower, Seen)>,
+    report: Report,
+}
+
+impl<'a> Driver<'a> {
+    fn new(
+        settings: &'a Settings,
+        pool: &'a mut LocalPool,
+        store: &'a Store,
+        database: Option<&'a mut postgres::Server>,
+    ) -> Self {
+        let health = Health {
+            gateways: pool.gateways.iter().map(|g| (g.name.clone(), State::Up)).collect(),
+            members: vec![State::Up; pool.members.len()],
+            database_up: true,
+        };
+        let agents = pool
+            .sandboxes
+            .iter()
+            .map(|s| {
+                let log = pool.logs().join(format!("{}-agent.log", s.name));
+                (s.name.clone(), Follower::new(log), Seen::default())
+            })
+            .collect();
+        Self {
+            report: Report {
+                backend: settings.backend.name().into(),
+                seed: settings.seed,
+                trials: Vec::new(),
+                violations: Vec::new(),
+                stopped_workloads: 0,
+                accepted: 0,
+                aborted: None,
+            },
+            settings,
+            pool,
+            store,
+            database,
+            health: Arc::new(Mutex::new(health)),
+            gaps: Arc::new(Mutex::new(CoordinatorGaps::default())),
+            agents,
+        }
+    }
+
+    async fn run(mut self) -> Result<Report, Error> {
+        let first = now_ms();
+        if self.settle(0, first, &[]).await?.is_none() || !self.report.violations.is_empty() {
+            let why = self.unsettled(first).await;
+            return Err(Error::Scenario(format!("the pool did not reach steady state: {why}")));
+        }
+        self.check(0).await?;
+        let sampler = tokio::spawn(sample_lease(
+            self.store.clone(),
+            self.health.clone(),
+            self.gaps.clone(),
+        ));
+        let mut rng = StdRng::seed_from_u64(self.settings.seed);
+        for index in 1..=self.settings.trials {
+            let snapshot = self.snapshot().await?;
+            let plan = plan::plan(&mut rng, &snapshot);
+            let outcome = self.trial(index, &plan).await;
+            match outcome {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(err) => {
+                    sampler.abort();
+                    return Err(err);
+                }
+            }
+        }
+        sampler.abort();
+        Ok(self.report)
+    }
+
+    /// Run one plan; `Ok(false)` when the pool did not settle and the run must end.
+    async fn trial(&mut self, index: usize, plan: &Plan) -> Result<bool, Error> {
+        let steps: Vec<String> = plan
+            .steps
+            .iter()
+            .map(|s| format!("+{}ms {}", s.at_ms, self.describe(&s.action)))
+            .collect();
+        eprintln!("trial {index} {}: {}", plan.fault.name(), steps.join(", "));
+        let injected = now_ms();
+        let start = tokio::time::Instant::now();
+        let mut operations = Vec::new();
+        for step in &plan.steps {
+            tokio::time::sleep_until(start + Duration::from_millis(step.at_ms)).await;
+            if let Some(op) = self.act(&step.action).await? {
+                operations.push(op);
+            }
+        }
+        self.heal().await?;
+        let healed = now_ms();
+        let settled = self.settle(index, healed, &operations).await?;
+        let Some(settled) = settled else {
+            self.report.aborted = Some(format!(
+                "trial {index} ({}): the pool did not settle within {} s of the heal",
+                plan.fault.name(),
+                (self.settings.settle_bound + WEDGED_AFTER).as_secs()
+            ));
+            return Ok(false);
+        };
+        // Everything since the last trial's check, quiet time included.
+        let coordinator_gap_ms = lock(&self.gaps).take_longest(now_ms());
+        if coordinator_gap_ms > self.settings.lease_length_ms + 1000 {
+            self.violation(
+                index,
+                format!("no working coordinator for {coordinator_gap_ms} ms while a replica could have been one"),
+            );
+        }
+        let (workload_gap_ms, refused) = self.agents.iter().fold((0, 0), |(gap, refused), (_, f, _)| {
+            (
+                gap.max(f.observed.max_gap_ms(injected, settled)),
+                refused + f.observed.refused.iter().filter(|(at, _)| *at >= injected).count(),
+            )
+        });
+        self.report.trials.push(Trial {
+            index,
+            fault: plan.fault,
+            steps,
+            workload_gap_ms,
+            settle_ms: settled.saturating_sub(healed),
+            coordinator_gap_ms,
+            refused,
+        });
+        self.check(index).await?;
+        Ok(true)
+    }
+
+    fn describe(&self, action: &Action) -> String {
+        let name = |t: &Target| match t {
+            Target::Gateway(g) => self.pool.gateways.get(*g).map_or("?".into(), |g| g.name.clone()),
+            Target::Member(m) => self.pool.members.get(*m).map_or("?".into(), |m| m.name.clone()),
+            Target::Database => "database".into(),
+        };
+        match action {
+            Action::Kill(t) => format!("kill -9 {}", name(t)),
+            Action::Pause(t) => format!("SIGSTOP {}", name(t)),
+            Action::Resume(t) => format!("SIGCONT {}", name(t)),
+            Action::Restart(t) => format!("restart {}", name(t)),
+            Action::HaltDatabase => "stop the database".into(),
+            Action::ResumeDatabase => "start the database".into(),
+            Action::Drain { member, max_parallel } => format!(
+                "drain {} (max_parallel {max_parallel})",
+                name(&Target::Member(*member))
+            ),
+            Action::Rebalance { max_parallel } => format!("rebalance (max_parallel {max_parallel})"),
+        }
+    }
+
+    /// Carry out one step; a started operation's id is returned.
+    async fn act(&mut self, action: &Action) -> Result<Option<String>, Error> {
+        match action {
+            Action::Kill(t) => self.signal(*t, Signal::SIGKILL, State::Down)?,
+            Action::Pause(t) => self.signal(*t, Signal::SIGSTOP, State::Paused)?,
+            Action::Resume(t) => self.signal(*t, Signal::SIGCONT, State::Up)?,
+            Action::Restart(t) => self.restart(*t).await?,
+            Action::HaltDatabase => {
+                if let Some(db) = self.database.as_deref_mut() {
+                    lock(&self.health).database_up = false;
+                    db.halt().await.map_err(|e| Error::Scenario(e.to_string()))?;
+                }
+            }
+            Action::ResumeDatabase => self.resume_database().await?,
+            Action::Drain { member, max_parallel } => {
+                let target = self.pool.members.get(*member).map(|m| m.name.clone()).unwrap_or_default();
+                return Ok(self
+                    .start_operation(proto::pool::v1::OperationKind::Drain, &target, *max_parallel)
+                    .await);
+            }
+            Action::Rebalance { max_parallel } => {
+                return Ok(self
+                    .start_operation(proto::pool::v1::OperationKind::Rebalance, "", *max_parallel)
+                    .await);
+            }
+        }
+        Ok(None)
+    }
+
+    fn signal(&mut self, target: Target, signal: Signal, state: State) -> Result<(), Error> {
+        let mut health = lock(&self.health);
+        match target {
+            Target::Gateway(g) => {
+                if let Some(gateway) = self.pool.gateways.get(g) {
+                    gateway.process.signal(signal)?;
+                    health.gateways[g].1 = state;
+                }
+            }
+            Target::Member(m) => {
+                if let Some(member) = self.pool.members.get(m) {
+                    member.process.signal(signal)?;
+                    health.members[m] = state;
+                }
+            }
+            Target::Database => {}
+        }
+        Ok(())
+    }
+
+    async fn restart(&mut self, target: Target) -> Result<(), Error> {
+        match target {
+            Target::Gateway(g) => {
+                self.pool.restart_gateway(g).await?;
+                lock(&self.health).gateways[g].1 = State::Up;
+            }
+            Target::Member(m) => {
+                self.pool.restart_member(m).await?;
+                lock(&self.health).members[m] = State::Up;
+            }
+            Target::Database => {}
+        }
+        Ok(())
+    }
+
+    async fn resume_database(&mut self) -> Result<(), Error> {
+        if let Some(db) = self.database.as_deref_mut() {
+            if !db.is_running() {
+                db.resume().await.map_err(|e| Error::Scenario(e.to_string()))?;
+            }
+            lock(&self.health).database_up = true;
+        }
+        Ok(())
+    }
+
+    /// Whatever a plan left paused or down is resumed or restarted.
+    async fn heal(&mut self) -> Result<(), Error> {
+        self.resume_database().await?;
+        let (gateways, members) = {
+            let health = lock(&self.health);
+            (
+                health.gateways.iter().map(|(_, s)| *s).collect::<Vec<_>>(),
+                health.members.clone(),
+            )
+        };
+        for (g, state) in gateways.into_iter().enumerate() {
+            match state {
+                State::Paused => self.signal(Target::Gateway(g), Signal::SIGCONT, State::Up)?,
+                State::Down => self.restart(Target::Gateway(g)).await?,
+                State::Up => {}
+            }
+        }
+        for (m, state) in members.into_iter().enumerate() {
+            match state {
+                State::Paused => self.signal(Target::Member(m), Signal::SIGCONT, State::Up)?,
+                State::Down => self.restart(Target::Member(m)).await?,
+                State::Up => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// An operator client over the replicas that are running, in random order.
+    async fn operator(&self) -> Option<poolctl::Client> {
+        let mut endpoints: Vec<String> = {
+            let health = lock(&self.health);
+            self.pool
+                .gateways
+                .iter()
+                .filter(|g| health.gateway_up(&g.name))
+                .map(|g| g.endpoint.clone())
+                .collect()
+        };
+        endpoints.shuffle(&mut rand::rng());
+        let tls = self.pool.client_tls();
+        let cli = poolctl::Cli {
+            gateway: endpoints,
+            token_file: self.pool.credentials().join("operator").join(proto::trust::TOKEN_FILE),
+            tls_ca: tls.ca.clone(),
+            gateway_tls_name: tls.server_name.clone(),
+            command: poolctl::Command::Status {
+                watch: false,
+                output: poolctl::Output::Table,
+            },
+        };
+        poolctl::Client::connect(&cli).await.ok()
+    }
+
+    async fn start_operation(&self, kind: proto::pool::v1::OperationKind, target: &str, max_parallel: u32) -> Option<String> {
+        let run = poolctl::RunArgs {
+            max_parallel,
+            timeout_secs: 120,
+            wait: false,
+        };
+        let mut client = self.operator().await?;
+        match tokio::time::timeout(Duration::from_secs(10), client.start(kind, target, &run)).await {
+            Ok(Ok((op, _))) => Some(op.id),
+            Ok(Err(err)) => {
+                eprintln!("  the operation was not started: {err}");
+                None
+            }
+            Err(_) => {
+                eprintln!("  the operation was not started within 10 s");
+                None
+            }
+        }
+    }
+
+    /// Wait until the pool has settled after the heal: a working coordinator, every
+    /// instance active on a live member, every member live, the trial's operations finished
+    /// (a finished drain is cancelled, returning its member to service), and every agent
+    /// answered after the heal. A violation past the bound; `None` when it never did.
+    async fn settle(&mut self, index: usize, healed: u64, operations: &[String]) -> Result<Option<u64>, Error> {
+        let bound = tokio::time::Instant::now() + self.settings.settle_bound;
+        let give_up = bound + WEDGED_AFTER;
+        let mut cancelled: Vec<String> = Vec::new();
+        let mut late = false;
+        loop {
+            let ops = self.finish_operations(operations, &mut cancelled).await;
+            if ops {
+                if let Some(at) = self.settled(healed).await? {
+                    return Ok(Some(at));
+                }
+            }
+            let now = tokio::time::Instant::now();
+            if now > bound && !late {
+                late = true;
+                let why = self.unsettled(healed).await;
+                self.violation(
+                    index,
+                    format!(
+                        "not settled within {} s of the heal: {why}",
+                        self.settings.settle_bound.as_secs()
+                    ),
+                );
+            }
+            if now > give_up {
+                return Ok(None);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Whether the trial's operations are finished; cancels each finished drain once.
+    async fn finish_operations(&self, operations: &[String], cancelled: &mut Vec<String>) -> bool {
+        let mut all = true;
+        for id in operations {
+            let Ok(Some(op)) = self.store.operation(id).await else {
+                all = false;
+                continue;
+            };
+            if !op.phase.is_finished() {
+                all = false;
+            } else if op.kind == gateway::store::OperationKind::Drain
+                && op.phase != OperationPhase::Cancelled
+                && !cancelled.contains(id)
+            {
+                // A finished drain keeps its member out of service until cancelled.
+                if let Some(mut client) = self.operator().await {
+                    if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(5), client.cancel(id)).await {
+                        cancelled.push(id.clone());
+                    }
+                }
+                all = false;
+            } else if cancelled.contains(id) && op.phase != OperationPhase::Cancelled {
+                all = false;
+            }
+        }
+        all
+    }
+
+    /// The time the pool was seen settled, or `None`.
+    async fn settled(&mut self, healed: u64) -> Result<Option<u64>, Error> {
+        Ok(self.unsettled(healed).await.is_empty().then(now_ms))
+    }
+
+    /// What is not settled yet (empty when everything is).
+    async fn unsettled(&mut self, healed: u64) -> String {
+        let mut missing = Vec::new();
+        match self.store.read_lease().await {
+            Ok(Some(lease)) if lease.is_live() => {
+                let name = lease.holder.split('/').next().unwrap_or_default();
+                if !lock(&self.health).gateway_up(name) {
+                    missing.push(format!("the lease is held by {name}, which is not running"));
+                }
+            }
+            Ok(_) => missing.push("no coordinator".into()),
+            Err(err) => missing.push(format!("store: {err}")),
+        }
+        let now = self.store.now_ms().await.unwrap_or_default();
+        match self.store.list_members().await {
+            Ok((_, members)) => {
+                for m in &self.pool.members {
+                    if !members.iter().any(|r| r.member == m.name && r.is_live(now)) {
+                        missing.push(format!("{} not a live member", m.name));
+                    }
+                }
+            }
+            Err(err) => missing.push(format!("store: {err}")),
+        }
+        match self.store.list_assignments().await {
+            Ok(assignments) => {
+                let active = assignments.iter().filter(|a| a.phase == AssignmentPhase::Active).count();
+                if active < self.pool.sandboxes.len() {
+                    missing.push(format!("{active} of {} instances active", self.pool.sandboxes.len()));
+                }
+            }
+            Err(err) => missing.push(format!("store: {err}")),
+        }
+        for (name, follower, _) in &mut self.agents {
+            if follower.poll().await.last_at_ms() <= healed {
+                missing.push(format!("{name} has no answer since the heal"));
+            }
+        }
+        missing.join("; ")
+    }
+
+    /// The history checker after a trial: the agents' logs, the sidecars, the PIDs the owners
+    /// report.
+    async fn check(&mut self, index: usize) -> Result<(), Error> {
+        let mut found = Vec::new();
+        let mut accepted = 0;
+        for (name, follower, seen) in &mut self.agents {
+            let observed = follower.poll().await;
+            accepted += observed.accepted.len();
+            found.extend(history::agent(name, observed, seen));
+        }
+        self.report.accepted = accepted;
+        let mut stopped = 0;
+        for sandbox in &mut self.pool.sandboxes {
+            if sandbox.sidecar.exited() || sandbox.agent.exited() {
+                stopped += 1;
+                found.push(format!("{}: the sidecar or the workload exited", sandbox.name));
+            }
+        }
+        if stopped > self.report.stopped_workloads {
+            self.report.stopped_workloads = stopped;
+        }
+        let reports = self.store.list_reports().await?;
+        for (name, _, seen) in &self.agents {
+            let route = format!("default/{name}");
+            if let (Some(pid), Some(report)) = (seen.pid, reports.iter().find(|r| r.route == route)) {
+                if report.workload_pid != 0 && report.workload_pid != i64::from(pid) {
+                    found.push(format!(
+                        "{route}: its owner reports workload PID {}, the agent is {pid}",
+                        report.workload_pid
+                    ));
+                }
+            }
+        }
+        for what in found {
+            self.violation(index, what);
+        }
+        Ok(())
+    }
+
+    fn violation(&mut self, trial: usize, what: String) {
+        eprintln!("  VIOLATION (trial {trial}): {what}");
+        self.report.violations.push(Violation { trial, what });
+    }
+
+    /// Targets for the planner.
+    async fn snapshot(&self) -> Result<Snapshot, Error> {
+        let lease = self.store.read_lease().await?;
+        let coordinator = lease.and_then(|l| {
+            let name = l.holder.split('/').next().unwrap_or_default().to_owned();
+            self.pool.gateways.iter().position(|g| g.name == name)
+        });
+        let assignments = self.store.list_assignments().await?;
+        let (_, members) = self.store.list_members().await?;
+        let mut load = BTreeMap::new();
+        for a in &assignments {
+            *load.entry(a.member.as_str()).or_insert(0) += 1;
+        }
+        Ok(Snapshot {
+            gateways: self.pool.gateways.len(),
+            coordinator,
+            load: self
+                .pool
+                .members
+                .iter()
+                .map(|m| load.get(m.name.as_str()).copied().unwrap_or(0))
+                .collect(),
+            stream_holder: self
+                .pool
+                .members
+                .iter()
+                .map(|m| {
+                    let holder = members.iter().find(|r| r.member == m.name)?.served_by.clone();
+                    self.pool.gateways.iter().position(|g| g.name == holder)
+                })
+                .collect(),
+            database_outages: self.database.is_some(),
+        })
+    }
+}
+
+/// Every 50 ms: is a live lease held by a running replica? Fed to the gap tracker.
+async fn sample_lease(store: Store, health: Arc<Mutex<Health>>, gaps: Arc<Mutex<CoordinatorGaps>>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    loop {
+        tick.tick().await;
+        let lease = tokio::time::timeout(Duration::from_secs(1), store.read_lease()).await;
+        let (ok, excused) = {
+            let health = lock(&health);
+            let ok = match &lease {
+                Ok(Ok(Some(lease))) if lease.is_live() => {
+                    health.gateway_up(lease.holder.split('/').next().unwrap_or_default())
+                }
+                _ => false,
+            };
+            (ok, !health.could_coordinate())
+        };
+        lock(&gaps).sample(now_ms(), ok, excused);
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The recovery table: per fault kind, the trials and the spread of what they measured.
+pub fn table(report: &Report) -> String {
+    let mut by_kind: BTreeMap<Fault, Vec<&Trial>> = BTreeMap::new();
+    for t in &report.trials {
+        by_kind.entry(t.fault).or_default().push(t);
+    }
+    let mut out = format!(
+        "{:<24} {:>6}  {:>27}  {:>23}  {:>9}  {:>7}\n",
+        "FAULT", "TRIALS", "WORKLOAD GAP ms (min/med/p95/max)", "SETTLED ms (med/p95/max)", "COORD GAP", "REFUSED"
+    );
+    for (fault, trials) in &by_kind {
+        let gap = history::spread(&trials.iter().map(|t| t.workload_gap_ms).collect::<Vec<_>>()).unwrap_or_default();
+        let settle = history::spread(&trials.iter().map(|t| t.settle_ms).collect::<Vec<_>>()).unwrap_or_default();
+        let coordinator = trials.iter().map(|t| t.coordinator_gap_ms).max().unwrap_or(0);
+        let refused: usize = trials.iter().map(|t| t.refused).sum();
+        out.push_str(&format!(
+            "{:<24} {:>6}  {:>33}  {:>24}  {:>9}  {:>7}\n",
+            fault.name(),
+            trials.len(),
+            format!("{} / {} / {} / {}", gap[0], gap[1], gap[2], gap[3]),
+            format!("{} / {} / {}", settle[1], settle[2], settle[3]),
+            coordinator,
+            refused
+        ));
+    }
+    out.push_str(&format!(
+        "{} trials ({}, seed {}), {} accepted answers checked, {} violation(s), {} stopped workload(s){}\n",
+        report.trials.len(),
+        report.backend,
+        report.seed,
+        report.accepted,
+        report.violations.len(),
+        report.stopped_workloads,
+        report.aborted.as_deref().map(|a| format!("; ABORTED: {a}")).unwrap_or_default()
+    ));
+    for v in &report.violations {
+        out.push_str(&format!("  trial {}: {}\n", v.trial, v.what));
+    }
+    out
+}

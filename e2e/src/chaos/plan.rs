@@ -1,0 +1,359 @@
+//! What a trial does, decided over plain data: a fault kind drawn from the
+//! seeded generator, its targets picked from a snapshot of the pool, and the
+//! timed steps that inject and heal it. No I/O: the driver (`super`) runs the
+//! steps; the same seed over the same snapshots gives the same plans.
+
+use rand::Rng;
+use rand::seq::IndexedRandom as _;
+use serde::Serialize;
+
+/// The kinds of trial, as the recovery table names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum Fault {
+    /// kill -9 of a member that owns instances, restarted 0–3 s later.
+    MemberKill,
+    /// SIGSTOP of a member that owns instances for 1–8 s (past its liveness TTL or not).
+    MemberPause,
+    /// kill -9 of the coordinator's replica, restarted 0–3 s later.
+    CoordinatorKill,
+    /// SIGSTOP of the coordinator's replica for 2–8 s (around its 5 s lease).
+    CoordinatorPause,
+    /// kill -9 of a standby replica, restarted 0–3 s later.
+    StandbyKill,
+    /// SIGSTOP of a standby replica for 2–8 s.
+    StandbyPause,
+    /// The replica holding a member's stream paused, that member killed and restarted at
+    /// once; the replica resumed 3–8 s later.
+    StreamHolderPause,
+    /// The database server stopped (immediate) for 3–20 s; only on a private PostgreSQL.
+    DatabaseOutage,
+    /// A drain of a busy member (max_parallel 1–3) with one of the faults above during it.
+    DrainDuringFault,
+    /// A rebalance (max_parallel 1–3) with one of the faults above during it.
+    RebalanceDuringFault,
+    /// Two of the faults above on different processes, the second 0–3 s after the first.
+    Overlapping,
+}
+
+impl Fault {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::MemberKill => "member-kill",
+            Self::MemberPause => "member-pause",
+            Self::CoordinatorKill => "coordinator-kill",
+            Self::CoordinatorPause => "coordinator-pause",
+            Self::StandbyKill => "standby-kill",
+            Self::StandbyPause => "standby-pause",
+            Self::StreamHolderPause => "stream-holder-pause",
+            Self::DatabaseOutage => "database-outage",
+            Self::DrainDuringFault => "drain-during-fault",
+            Self::RebalanceDuringFault => "rebalance-during-fault",
+            Self::Overlapping => "overlapping",
+        }
+    }
+
+    /// The single faults, which the composite kinds combine.
+    const SINGLE: [Self; 8] = [
+        Self::MemberKill,
+        Self::MemberPause,
+        Self::CoordinatorKill,
+        Self::CoordinatorPause,
+        Self::StandbyKill,
+        Self::StandbyPause,
+        Self::StreamHolderPause,
+        Self::DatabaseOutage,
+    ];
+
+    const ALL: [Self; 11] = [
+        Self::MemberKill,
+        Self::MemberPause,
+        Self::CoordinatorKill,
+        Self::CoordinatorPause,
+        Self::StandbyKill,
+        Self::StandbyPause,
+        Self::StreamHolderPause,
+        Self::DatabaseOutage,
+        Self::DrainDuringFault,
+        Self::RebalanceDuringFault,
+        Self::Overlapping,
+    ];
+}
+
+/// A process of the pool, by its index in the pool's list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Target {
+    Gateway(usize),
+    Member(usize),
+    /// Only to keep two outages out of one trial; never killed or paused.
+    Database,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    Kill(Target),
+    Pause(Target),
+    Resume(Target),
+    /// Start a killed process again under its name and address.
+    Restart(Target),
+    HaltDatabase,
+    ResumeDatabase,
+    Drain { member: usize, max_parallel: u32 },
+    Rebalance { max_parallel: u32 },
+}
+
+/// An action at a time after the trial's start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    pub at_ms: u64,
+    pub action: Action,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub fault: Fault,
+    /// Sorted by time.
+    pub steps: Vec<Step>,
+}
+
+/// What the planner knows of the pool when a trial starts.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub gateways: usize,
+    /// The coordinator's replica.
+    pub coordinator: Option<usize>,
+    /// Instances owned, per member.
+    pub load: Vec<usize>,
+    /// The replica holding each member's stream.
+    pub stream_holder: Vec<Option<usize>>,
+    /// Whether the database can be stopped (a private PostgreSQL server).
+    pub database_outages: bool,
+}
+
+impl Snapshot {
+    fn busy_members(&self) -> Vec<usize> {
+        let busy: Vec<usize> = (0..self.load.len()).filter(|m| self.load[*m] > 0).collect();
+        if busy.is_empty() {
+            (0..self.load.len()).collect()
+        } else {
+            busy
+        }
+    }
+
+    fn standbys(&self) -> Vec<usize> {
+        (0..self.gateways).filter(|g| Some(*g) != self.coordinator).collect()
+    }
+}
+
+/// Draw the next trial.
+pub fn plan(rng: &mut impl Rng, snapshot: &Snapshot) -> Plan {
+    let kinds: Vec<Fault> = Fault::ALL
+        .into_iter()
+        .filter(|f| snapshot.database_outages || *f != Fault::DatabaseOutage)
+        .collect();
+    let fault = *kinds.choose(rng).unwrap_or(&Fault::MemberKill);
+    let mut steps = Vec::new();
+    let mut used = Vec::new();
+    match fault {
+        Fault::DrainDuringFault => {
+            let member = *snapshot.busy_members().choose(rng).unwrap_or(&0);
+            steps.push(Step {
+                at_ms: 0,
+                action: Action::Drain {
+                    member,
+                    max_parallel: rng.random_range(1..=3),
+                },
+            });
+            let at = rng.random_range(0..1000);
+            let other = random_single(rng, snapshot);
+            single(rng, other, snapshot, at, &mut used, &mut steps);
+        }
+        Fault::RebalanceDuringFault => {
+            steps.push(Step {
+                at_ms: 0,
+                action: Action::Rebalance {
+                    max_parallel: rng.random_range(1..=3),
+                },
+            });
+            let at = rng.random_range(0..1000);
+            let other = random_single(rng, snapshot);
+            single(rng, other, snapshot, at, &mut used, &mut steps);
+        }
+        Fault::Overlapping => {
+            let other = random_single(rng, snapshot);
+            single(rng, other, snapshot, 0, &mut used, &mut steps);
+            let at = rng.random_range(0..3000);
+            let other = random_single(rng, snapshot);
+            single(rng, other, snapshot, at, &mut used, &mut steps);
+        }
+        single_fault => single(rng, single_fault, snapshot, 0, &mut used, &mut steps),
+    }
+    steps.sort_by_key(|s| s.at_ms);
+    Plan { fault, steps }
+}
+
+fn random_single(rng: &mut impl Rng, snapshot: &Snapshot) -> Fault {
+    let kinds: Vec<Fault> = Fault::SINGLE
+        .into_iter()
+        .filter(|f| snapshot.database_outages || *f != Fault::DatabaseOutage)
+        .collect();
+    *kinds.choose(rng).unwrap_or(&Fault::MemberKill)
+}
+
+/// The steps of one single fault starting at `at`, on processes not in `used` (a composite
+/// never pauses and kills the same process). A fault with no free target adds nothing.
+fn single(rng: &mut impl Rng, fault: Fault, snapshot: &Snapshot, at: u64, used: &mut Vec<Target>, steps: &mut Vec<Step>) {
+    let free = |targets: Vec<Target>, used: &[Target]| -> Vec<Target> {
+        targets.into_iter().filter(|t| !used.contains(t)).collect()
+    };
+    let members = |list: Vec<usize>| list.into_iter().map(Target::Member).collect::<Vec<_>>();
+    let gateways = |list: Vec<usize>| list.into_iter().map(Target::Gateway).collect::<Vec<_>>();
+    let pick = |rng: &mut dyn rand::RngCore, targets: Vec<Target>| targets.choose(rng).copied();
+    let mut push = |after: u64, action: Action| {
+        steps.push(Step {
+            at_ms: at + after,
+            action,
+        });
+    };
+    match fault {
+        Fault::MemberKill | Fault::CoordinatorKill | Fault::StandbyKill => {
+            let candidates = match fault {
+                Fault::MemberKill => members(snapshot.busy_members()),
+                Fault::CoordinatorKill => gateways(snapshot.coordinator.into_iter().collect()),
+                _ => gateways(snapshot.standbys()),
+            };
+            let Some(target) = pick(rng, free(candidates, used)) else {
+                return;
+            };
+            used.push(target);
+            push(0, Action::Kill(target));
+            push(rng.random_range(0..=3000), Action::Restart(target));
+        }
+        Fault::MemberPause | Fault::CoordinatorPause | Fault::StandbyPause => {
+            let (candidates, range) = match fault {
+                Fault::MemberPause => (members(snapshot.busy_members()), 1000..=8000),
+                Fault::CoordinatorPause => (gateways(snapshot.coordinator.into_iter().collect()), 2000..=8000),
+                _ => (gateways(snapshot.standbys()), 2000..=8000),
+            };
+            let Some(target) = pick(rng, free(candidates, used)) else {
+                return;
+            };
+            used.push(target);
+            push(0, Action::Pause(target));
+            push(rng.random_range(range), Action::Resume(target));
+        }
+        Fault::StreamHolderPause => {
+            let pairs: Vec<(usize, usize)> = snapshot
+                .busy_members()
+                .into_iter()
+                .filter_map(|m| Some((m, snapshot.stream_holder.get(m).copied().flatten()?)))
+                .filter(|(m, g)| !used.contains(&Target::Member(*m)) && !used.contains(&Target::Gateway(*g)))
+                .collect();
+            let Some((member, holder)) = pairs.choose(rng).copied() else {
+                return;
+            };
+            used.extend([Target::Member(member), Target::Gateway(holder)]);
+            push(0, Action::Pause(Target::Gateway(holder)));
+            push(200, Action::Kill(Target::Member(member)));
+            push(200 + rng.random_range(0..=1000), Action::Restart(Target::Member(member)));
+            push(rng.random_range(3000..=8000), Action::Resume(Target::Gateway(holder)));
+        }
+        Fault::DatabaseOutage => {
+            if used.contains(&Target::Database) {
+                return;
+            }
+            used.push(Target::Database);
+            push(0, Action::HaltDatabase);
+            push(rng.random_range(3000..=20_000), Action::ResumeDatabase);
+        }
+        Fault::DrainDuringFault | Fault::RebalanceDuringFault | Fault::Overlapping => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use rand::SeedableRng as _;
+    use rand::rngs::StdRng;
+
+    use super::*;
+
+    fn snapshot(database_outages: bool) -> Snapshot {
+        Snapshot {
+            gateways: 3,
+            coordinator: Some(1),
+            load: vec![3, 0, 5],
+            stream_holder: vec![Some(0), Some(1), Some(2)],
+            database_outages,
+        }
+    }
+
+    fn plans(seed: u64, n: usize, database_outages: bool) -> Vec<Plan> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        (0..n).map(|_| plan(&mut rng, &snapshot(database_outages))).collect()
+    }
+
+    #[test]
+    fn one_seed_gives_one_sequence_and_every_kind_is_drawn() {
+        assert_eq!(plans(7, 200, true), plans(7, 200, true));
+        assert_ne!(plans(7, 50, true), plans(8, 50, true));
+        let kinds: BTreeSet<Fault> = plans(7, 400, true).iter().map(|p| p.fault).collect();
+        assert_eq!(kinds.len(), Fault::ALL.len(), "{kinds:?}");
+        assert!(
+            plans(7, 400, false).iter().all(|p| p.fault != Fault::DatabaseOutage
+                && !p.steps.iter().any(|s| s.action == Action::HaltDatabase)),
+            "no outage where the database cannot be stopped"
+        );
+    }
+
+    #[test]
+    fn every_injected_fault_is_healed_later_and_targets_are_right() {
+        for plan in plans(11, 500, true) {
+            let mut open: Vec<Action> = Vec::new();
+            for step in &plan.steps {
+                match &step.action {
+                    Action::Kill(t) => open.push(Action::Restart(*t)),
+                    Action::Pause(t) => open.push(Action::Resume(*t)),
+                    Action::HaltDatabase => open.push(Action::ResumeDatabase),
+                    heal @ (Action::Restart(_) | Action::Resume(_) | Action::ResumeDatabase) => {
+                        let at = open.iter().position(|a| a == heal);
+                        assert!(at.is_some(), "{plan:?}: {heal:?} heals nothing");
+                        open.remove(at.unwrap_or_default());
+                    }
+                    Action::Drain { member, .. } => assert_ne!(*member, 1, "member 1 owns nothing"),
+                    Action::Rebalance { .. } => {}
+                }
+                match &step.action {
+                    Action::Kill(Target::Member(m)) | Action::Pause(Target::Member(m)) => {
+                        assert_ne!(*m, 1, "{plan:?}: member faults hit members that own instances");
+                    }
+                    _ => {}
+                }
+                if matches!(plan.fault, Fault::CoordinatorKill | Fault::CoordinatorPause) {
+                    assert!(plan.steps.iter().all(|s| !matches!(
+                        s.action,
+                        Action::Kill(Target::Gateway(g)) | Action::Pause(Target::Gateway(g)) if g != 1
+                    )));
+                }
+            }
+            assert!(open.is_empty(), "{plan:?} leaves {open:?}");
+            assert!(plan.steps.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
+        }
+    }
+
+    #[test]
+    fn composite_faults_never_hit_one_process_twice() {
+        for plan in plans(3, 500, true) {
+            let hits: Vec<Target> = plan
+                .steps
+                .iter()
+                .filter_map(|s| match s.action {
+                    Action::Kill(t) | Action::Pause(t) => Some(t),
+                    _ => None,
+                })
+                .collect();
+            let distinct: BTreeSet<String> = hits.iter().map(|t| format!("{t:?}")).collect();
+            assert_eq!(distinct.len(), hits.len(), "{plan:?}");
+        }
+    }
+}
