@@ -61,7 +61,8 @@ impl Follower {
             return &self.observed;
         };
         let mut added = Vec::new();
-        if file.seek(std::io::SeekFrom::Start(self.offset)).await.is_ok() && file.read_to_end(&mut added).await.is_ok() {
+        if file.seek(std::io::SeekFrom::Start(self.offset)).await.is_ok() && file.read_to_end(&mut added).await.is_ok()
+        {
             self.offset += added.len() as u64;
             self.partial.push_str(&String::from_utf8_lossy(&added));
             if let Some(end) = self.partial.rfind('\n') {
@@ -202,7 +203,11 @@ mod tests {
         let mut follower = Follower::new(path.clone());
         assert_eq!(follower.poll().await.accepted.len(), 0, "no file yet");
         let mut file = std::fs::File::create(&path).unwrap();
-        write!(file, "agent pid=7 socket=s\naccepted value=1 at_ms=10 term=1 member=a\naccepted val").unwrap();
+        write!(
+            file,
+            "agent pid=7 socket=s\naccepted value=1 at_ms=10 term=1 member=a\naccepted val"
+        )
+        .unwrap();
         assert_eq!(follower.poll().await.accepted.len(), 1, "the half line waits");
         write!(file, "ue=2 at_ms=20 term=1 member=a\n").unwrap();
         let observed = follower.poll().await;

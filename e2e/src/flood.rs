@@ -33,6 +33,10 @@ pub enum Error {
     WebhookNotReady(Duration),
     #[error("the local pool runs without TLS")]
     Plaintext,
+    #[error("store: {0}")]
+    Store(#[from] gateway::store::Error),
+    #[error("the drain under the flood: {0}")]
+    Drain(#[from] crate::scenarios::Error),
 }
 
 /// What to flood with and how much to measure.
@@ -64,6 +68,10 @@ pub struct Figures {
     pub handshakes: usize,
     pub handshakes_ok: usize,
     pub status_runs: usize,
+    /// A drain of two sessions (`max_parallel` 2) during the phase: request → succeeded.
+    pub drain_seconds: Option<f64>,
+    /// The longest counter gap any agent saw during that drain.
+    pub drain_gap_ms: Option<u64>,
 }
 
 /// A small AdmissionReview (Pod CREATE in a namespace the webhook injects into).
@@ -83,7 +91,8 @@ pub async fn run(setup: &Setup) -> Result<(Vec<Figures>, String), Error> {
         database_url: None,
         gateways: 2,
         members: 2,
-        sandboxes: 2,
+        // Four, so that the drain under the flood moves two sessions (as the drain scenario).
+        sandboxes: 4,
         lease_length_ms: 5000,
         plaintext: false,
     })
@@ -127,9 +136,18 @@ async fn measure(pool: &LocalPool, setup: &Setup) -> Result<(Vec<Figures>, Strin
     }
     // Let every flood connection reach its listener (and the old loop's pending slots fill).
     tokio::time::sleep(Duration::from_secs(2)).await;
-    figures.push(probe.figures("under flood", setup.samples, setup.lasting).await);
+    let mut flooded = probe.figures("under flood", setup.samples, setup.lasting).await;
+    // A planned move while the flood goes on: the members' and gateways' ports are full of
+    // hostile connections, the handoffs must still go through.
+    let store = gateway::store::Store::open(pool.database_url(), &gateway::store::Options::default()).await?;
+    let drain = crate::scenarios::planned(pool, &store, crate::scenarios::Planned::Drain).await;
+    store.close().await;
+    let drain = drain?;
+    flooded.drain_seconds = Some(drain.seconds);
+    flooded.drain_gap_ms = Some(drain.max_counter_gap_ms);
+    figures.push(flooded);
     stop.cancel();
-    let counters = http_get(metrics, "/metrics")
+    let counters = crate::local::http_get(&metrics.to_string(), "/metrics", Duration::from_secs(5))
         .await
         .map(|body| {
             body.lines()
@@ -137,7 +155,7 @@ async fn measure(pool: &LocalPool, setup: &Setup) -> Result<(Vec<Figures>, Strin
                 .collect::<Vec<_>>()
                 .join("\n")
         })
-        .unwrap_or_else(|err| format!("no /metrics: {err}"));
+        .unwrap_or_else(|| "no /metrics within 5 s".to_owned());
     process.stop(Duration::from_secs(5)).await;
     Ok((figures, counters))
 }
@@ -163,7 +181,10 @@ async fn start_webhook(pool: &LocalPool) -> Result<(SocketAddr, SocketAddr, Proc
     let process = Process::spawn("webhook", &program, &args, &[], log)?;
     let limit = Duration::from_secs(30);
     let deadline = Instant::now() + limit;
-    while !http_get(metrics, "/readyz").await.is_ok_and(|b| b.starts_with("ready")) {
+    while !crate::local::http_get(&metrics.to_string(), "/readyz", Duration::from_secs(5))
+        .await
+        .is_some_and(|b| b.starts_with("ready"))
+    {
         if Instant::now() > deadline {
             return Err(Error::WebhookNotReady(limit));
         }
@@ -365,32 +386,14 @@ async fn silent_tls(target: SocketAddr, connector: TlsConnector, stop: Cancellat
     }
 }
 
-/// A plain HTTP GET's body.
-async fn http_get(address: SocketAddr, path: &str) -> std::io::Result<String> {
-    let get = async {
-        let mut tcp = TcpStream::connect(address).await?;
-        tcp.write_all(format!("GET {path} HTTP/1.0\r\nhost: localhost\r\n\r\n").as_bytes())
-            .await?;
-        let mut text = String::new();
-        tcp.read_to_string(&mut text).await?;
-        Ok(text
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default())
-    };
-    tokio::time::timeout(Duration::from_secs(5), get)
-        .await
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?
-}
-
 /// The figures as a Markdown table.
 pub fn table(figures: &[Figures]) -> String {
     let mut out = String::from(
-        "| phase | admission p50 / p99 (fresh TLS) | failed / reviews | poolctl status p50 / max | failed / runs | fresh handshakes ≤ 1 s |\n|---|---|---|---|---|---|\n",
+        "| phase | admission p50 / p99 (fresh TLS) | failed / reviews | poolctl status p50 / max | failed / runs | fresh handshakes ≤ 1 s | drain of 2: seconds / counter gap |\n|---|---|---|---|---|---|---|\n",
     );
     for f in figures {
         out.push_str(&format!(
-            "| {} | {:.1} / {:.1} ms | {} / {} | {:.0} / {:.0} ms | {} / {} | {} / {} |\n",
+            "| {} | {:.1} / {:.1} ms | {} / {} | {:.0} / {:.0} ms | {} / {} | {} / {} | {} |\n",
             f.phase,
             f.admission_p50_ms,
             f.admission_p99_ms,
@@ -401,7 +404,11 @@ pub fn table(figures: &[Figures]) -> String {
             f.status_failed,
             f.status_runs,
             f.handshakes_ok,
-            f.handshakes
+            f.handshakes,
+            match (f.drain_seconds, f.drain_gap_ms) {
+                (Some(s), Some(g)) => format!("{s:.2} s / {g} ms"),
+                _ => "—".to_owned(),
+            }
         ));
     }
     out

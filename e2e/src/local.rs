@@ -165,6 +165,8 @@ fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), Error> {
 pub struct Gateway {
     pub name: String,
     pub endpoint: String,
+    /// The plain-HTTP health port (`/readyz`, `/metrics`), `127.0.0.1:port`.
+    pub health: String,
     pub process: Process,
 }
 
@@ -202,6 +204,11 @@ impl LocalPool {
 
     pub fn logs(&self) -> PathBuf {
         self.config.root.join("logs")
+    }
+
+    /// The pool's database (an SQLite file URL unless a PostgreSQL one was configured).
+    pub fn database_url(&self) -> &str {
+        &self.database_url
     }
 
     pub fn endpoints(&self) -> Vec<String> {
@@ -274,10 +281,12 @@ impl LocalPool {
 
     pub async fn start_gateway(&mut self, name: &str) -> Result<(), Error> {
         let listen = format!("127.0.0.1:{}", free_port()?);
-        let process = self.spawn_gateway(name, &listen)?;
+        let health = format!("127.0.0.1:{}", free_port()?);
+        let process = self.spawn_gateway(name, &listen, &health)?;
         self.gateways.push(Gateway {
             name: name.into(),
             endpoint: self.url(&listen),
+            health,
             process,
         });
         Ok(())
@@ -289,16 +298,21 @@ impl LocalPool {
         let Some(gateway) = self.gateways.get(index) else {
             return Ok(());
         };
-        let (name, listen) = (gateway.name.clone(), address_of(&gateway.endpoint));
+        let (name, listen, health) = (
+            gateway.name.clone(),
+            address_of(&gateway.endpoint),
+            gateway.health.clone(),
+        );
         self.gateways[index].process.kill().await;
-        self.gateways[index].process = self.spawn_gateway(&name, &listen)?;
+        self.gateways[index].process = self.spawn_gateway(&name, &listen, &health)?;
         Ok(())
     }
 
-    fn spawn_gateway(&self, name: &str, listen: &str) -> Result<Process, Error> {
+    fn spawn_gateway(&self, name: &str, listen: &str, health: &str) -> Result<Process, Error> {
         let launch = GatewayLaunch {
             name,
             listen,
+            health_listen: Some(health),
             database_url: &self.database_url,
             credentials: &self.credentials(),
             kek: &self.kek,
@@ -441,6 +455,16 @@ impl LocalPool {
         Err(Error::Status(last))
     }
 
+    /// The coordinator term gateway replica `index` says it holds (0: standby), from its
+    /// `/metrics`; `None` when it does not answer within a second.
+    pub async fn coordinator_term(&self, index: usize) -> Option<i64> {
+        let gateway = self.gateways.get(index)?;
+        let body = http_get(&gateway.health, "/metrics", Duration::from_secs(1)).await?;
+        body.lines()
+            .find_map(|line| line.strip_prefix("openshell_gateway_coordinator_term "))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
     /// Stop the sandboxes, then the members (they announce leaving), then the gateways.
     pub async fn stop(self) {
         let grace = Duration::from_secs(5);
@@ -461,6 +485,7 @@ impl LocalPool {
 pub struct GatewayLaunch<'a> {
     pub name: &'a str,
     pub listen: &'a str,
+    pub health_listen: Option<&'a str>,
     pub database_url: &'a str,
     pub credentials: &'a Path,
     pub kek: &'a Path,
@@ -491,6 +516,9 @@ impl GatewayLaunch<'_> {
             "--lease-length-ms".into(),
             self.lease_length_ms.to_string(),
         ];
+        if let Some(health) = self.health_listen {
+            args.extend(["--health-listen".to_owned(), health.to_owned()]);
+        }
         for (flag, list) in [("--members", self.members), ("--instances", self.instances)] {
             if !list.is_empty() {
                 args.extend([flag.to_owned(), list.join(",")]);
@@ -509,6 +537,22 @@ impl GatewayLaunch<'_> {
         let env = vec![("DATABASE_URL".to_owned(), self.database_url.to_owned())];
         (args, env)
     }
+}
+
+/// The body of a plain HTTP/1.0 GET answered 200, bounded to `limit` and 1 MiB.
+pub async fn http_get(address: &str, path: &str, limit: Duration) -> Option<String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let fetch = async {
+        let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
+        let request = format!("GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut answer = Vec::new();
+        stream.take(1 << 20).read_to_end(&mut answer).await.ok()?;
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        let (head, body) = answer.split_once("\r\n\r\n")?;
+        (head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200")).then(|| body.to_owned())
+    };
+    tokio::time::timeout(limit, fetch).await.ok().flatten()
 }
 
 /// `127.0.0.1:port` of `https://127.0.0.1:port`.
@@ -565,6 +609,7 @@ mod tests {
             let launch = GatewayLaunch {
                 name: "gateway-0",
                 listen: "127.0.0.1:1",
+                health_listen: None,
                 database_url: url,
                 credentials: &dir.join("credentials"),
                 kek: &dir.join("key-encryption-key"),

@@ -65,10 +65,7 @@ impl Server {
         };
         let data = server.data().display().to_string();
         server
-            .run(
-                "initdb",
-                &["-D", &data, "-U", "postgres", "--auth=trust", "-E", "UTF8"],
-            )
+            .run("initdb", &["-D", &data, "-U", "postgres", "--auth=trust", "-E", "UTF8"])
             .await?;
         server.resume().await?;
         Ok(server)
@@ -87,8 +84,11 @@ impl Server {
     /// the clients; every connection is cut).
     pub async fn halt(&mut self) -> Result<(), Error> {
         let data = self.data().display().to_string();
-        self.run("pg_ctl stop", &["-D", &data, "-m", "immediate", "-w", "-t", PG_CTL_WAIT_SECS, "stop"])
-            .await?;
+        self.run(
+            "pg_ctl stop",
+            &["-D", &data, "-m", "immediate", "-w", "-t", PG_CTL_WAIT_SECS, "stop"],
+        )
+        .await?;
         self.running = false;
         Ok(())
     }
@@ -105,7 +105,18 @@ impl Server {
         );
         self.run(
             "pg_ctl start",
-            &["-D", &data, "-l", &log, "-w", "-t", PG_CTL_WAIT_SECS, "-o", &options, "start"],
+            &[
+                "-D",
+                &data,
+                "-l",
+                &log,
+                "-w",
+                "-t",
+                PG_CTL_WAIT_SECS,
+                "-o",
+                &options,
+                "start",
+            ],
         )
         .await?;
         self.running = true;

@@ -54,9 +54,9 @@ impl Process {
             .append(true)
             .open(&log)
             .map_err(|source| Error::Log {
-            path: log.display().to_string(),
-            source,
-        })?;
+                path: log.display().to_string(),
+                source,
+            })?;
         let stderr = file.try_clone().map_err(|source| Error::Log {
             path: log.display().to_string(),
             source,

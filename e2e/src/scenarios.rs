@@ -28,6 +28,13 @@ pub const ALL: [&str; 6] = [
     "rebalance",
 ];
 
+/// Scenarios that run only when named: they need a private PostgreSQL server (the
+/// PostgreSQL 15 server binaries), which they start and stop themselves.
+pub const ON_REQUEST: [&str; 1] = ["database-outage"];
+
+/// How long `database-outage` keeps the database down.
+const OUTAGE: Duration = Duration::from_secs(30);
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
@@ -68,7 +75,20 @@ pub struct Setup {
 }
 
 pub async fn run(name: &str, setup: &Setup) -> Result<Outcome, Error> {
-    let database_url = match &setup.database_url {
+    let mut server = if name == "database-outage" {
+        Some(
+            crate::postgres::Server::start()
+                .await
+                .map_err(|e| Error::Scenario(e.to_string()))?,
+        )
+    } else {
+        None
+    };
+    let admin = server
+        .as_ref()
+        .map(crate::postgres::Server::url)
+        .or(setup.database_url.clone());
+    let database_url = match &admin {
         Some(admin) => Some(fresh_database(admin, name).await?),
         None => None,
     };
@@ -95,23 +115,24 @@ pub async fn run(name: &str, setup: &Setup) -> Result<Outcome, Error> {
             "paused-owner" => owner(&mut pool, &store, Signal::SIGSTOP).await,
             "drain" => planned(&pool, &store, Planned::Drain).await,
             "rebalance" => planned(&pool, &store, Planned::Rebalance).await,
+            "database-outage" => match server.as_mut() {
+                Some(server) => outage(&pool, &store, server).await,
+                None => Err(Error::Scenario("no private database server".into())),
+            },
             other => Err(Error::Scenario(format!(
-                "unknown scenario {other}; known: {}",
-                ALL.join(", ")
+                "unknown scenario {other}; known: {}, {}",
+                ALL.join(", "),
+                ON_REQUEST.join(", ")
             ))),
         }
     }
     .await;
     store.close().await;
     pool.stop().await;
+    drop(server);
     let mut outcome = outcome?;
     outcome.scenario = name.to_owned();
-    outcome.backend = if setup.database_url.is_some() {
-        "postgresql"
-    } else {
-        "sqlite"
-    }
-    .into();
+    outcome.backend = if admin.is_some() { "postgresql" } else { "sqlite" }.into();
     Ok(outcome)
 }
 
@@ -362,8 +383,131 @@ async fn owner(pool: &mut LocalPool, store: &Store, signal: Signal) -> Result<Ou
     })
 }
 
+/// Stop the database server for 30 s. Nothing may be stopped early: the workloads keep
+/// running under their owners, the coordinator keeps its authority to the end of its lease
+/// and no longer (read from its `/metrics`), nothing moves, and the pool has a coordinator
+/// again soon after the database returns — measured from its return.
+async fn outage(pool: &LocalPool, store: &Store, server: &mut crate::postgres::Server) -> Result<Outcome, Error> {
+    let lease = store
+        .read_lease()
+        .await?
+        .ok_or_else(|| Error::Scenario("no coordinator".into()))?;
+    let holder = lease.holder.split('/').next().unwrap_or_default().to_owned();
+    let index = pool
+        .gateways
+        .iter()
+        .position(|g| g.name == holder)
+        .ok_or_else(|| Error::Scenario(format!("coordinator {holder} is not a gateway of this pool")))?;
+    let owners = |assignments: Vec<gateway::store::Assignment>| -> BTreeMap<String, (String, i64)> {
+        assignments.into_iter().map(|a| (a.route, (a.member, a.term))).collect()
+    };
+    let before = owners(store.list_assignments().await?);
+    let sandboxes: Vec<String> = pool.sandboxes.iter().map(|s| s.name.clone()).collect();
+    let pids_before = agent_pids(pool, &sandboxes);
+
+    let halted = now_ms();
+    server.halt().await.map_err(|e| Error::Scenario(e.to_string()))?;
+    // The coordinator's authority: held until its lease runs out, then given up.
+    let stepped_down = until("the coordinator stepping down", OUTAGE, || async {
+        Ok((pool.coordinator_term(index).await == Some(0)).then(now_ms))
+    })
+    .await?;
+    let authority_ms = stepped_down.saturating_sub(halted);
+    let lease_ms = pool.config.lease_length_ms;
+    if authority_ms > lease_ms + 500 {
+        return Err(Error::Scenario(format!(
+            "the coordinator kept its authority {authority_ms} ms into the outage, past its {lease_ms} ms lease"
+        )));
+    }
+    let elsewhere = other_coordinator(pool, index).await;
+    if let Some(other) = elsewhere {
+        return Err(Error::Scenario(format!(
+            "{other} claims the coordinator term without a database"
+        )));
+    }
+    tokio::time::sleep(OUTAGE.saturating_sub(Duration::from_millis(now_ms().saturating_sub(halted)))).await;
+    let during: Vec<Observed> = sandboxes.iter().map(|s| observe(pool, s)).collect();
+    let resumed_at = now_ms();
+    let outage_gap = during
+        .iter()
+        .map(|o| o.max_gap_ms(halted, resumed_at))
+        .max()
+        .unwrap_or(0);
+    let stopped = during.iter().filter(|o| o.last_at_ms() + 2000 < resumed_at).count();
+    if stopped > 0 {
+        return Err(Error::Scenario(format!(
+            "{stopped} workload(s) got no answer in the last 2 s of the outage"
+        )));
+    }
+    server.resume().await.map_err(|e| Error::Scenario(e.to_string()))?;
+    let returned = now_ms();
+    let coordinating = until(
+        "a coordinator after the database returned",
+        Duration::from_secs(30),
+        || async {
+            for g in 0..pool.gateways.len() {
+                if pool.coordinator_term(g).await.is_some_and(|t| t > 0) {
+                    return Ok(Some(now_ms()));
+                }
+            }
+            Ok(None)
+        },
+    )
+    .await?;
+    // A fenced write after the return proves the pool works again, not only the lease.
+    until(
+        "every agent answered after the return",
+        Duration::from_secs(30),
+        || async {
+            Ok(sandboxes
+                .iter()
+                .all(|s| observe(pool, s).last_at_ms() > coordinating + 500)
+                .then_some(()))
+        },
+    )
+    .await?;
+    let after = owners(store.list_assignments().await?);
+    if after != before {
+        return Err(Error::Scenario(format!(
+            "instances moved because of the outage: {before:?} -> {after:?}"
+        )));
+    }
+    let observed: Vec<Observed> = sandboxes.iter().map(|s| observe(pool, s)).collect();
+    let pids_after = agent_pids(pool, &sandboxes);
+    Ok(Outcome {
+        scenario: String::new(),
+        backend: String::new(),
+        seconds: coordinating.saturating_sub(returned) as f64 / 1000.0,
+        measures: format!(
+            "database stopped {} s → a coordinator again, from the database's return",
+            OUTAGE.as_secs()
+        ),
+        pids_preserved: pids_before == pids_after && !pids_before.is_empty(),
+        pids_before,
+        pids_after,
+        counter_continuous: observed.iter().all(Observed::continuous),
+        max_counter_gap_ms: outage_gap,
+        dual_owner_violations: observed.iter().map(Observed::dual_owner_violations).sum(),
+        notes: format!(
+            "the coordinator held its authority {authority_ms} ms into the outage (lease {lease_ms} ms); \
+             no instance moved; the database took {} ms to start again",
+            returned.saturating_sub(resumed_at)
+        ),
+    })
+}
+
+/// A replica other than `except` that says it holds a coordinator term.
+async fn other_coordinator(pool: &LocalPool, except: usize) -> Option<String> {
+    for (g, gateway) in pool.gateways.iter().enumerate() {
+        if g != except && pool.coordinator_term(g).await.is_some_and(|t| t > 0) {
+            return Some(gateway.name.clone());
+        }
+    }
+    None
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Planned {
+pub(crate) enum Planned {
     Drain,
     Rebalance,
 }
@@ -389,7 +533,7 @@ async fn operator(pool: &LocalPool) -> Result<poolctl::Client, Error> {
 /// Drain: move the two sessions of the busiest member off it (max_parallel 2); measured from
 /// the request to the operation's success. Rebalance: first drain a member and return it to
 /// service (so it is empty), then even out; measured from the rebalance request to its success.
-async fn planned(pool: &LocalPool, store: &Store, kind: Planned) -> Result<Outcome, Error> {
+pub(crate) async fn planned(pool: &LocalPool, store: &Store, kind: Planned) -> Result<Outcome, Error> {
     let mut client = operator(pool).await?;
     let run = |parallel| poolctl::RunArgs {
         max_parallel: parallel,
@@ -562,6 +706,9 @@ pub fn table(outcomes: &[Outcome]) -> String {
             o.dual_owner_violations,
             o.measures
         ));
+    }
+    for o in outcomes.iter().filter(|o| !o.notes.is_empty()) {
+        out.push_str(&format!("  {} ({}): {}\n", o.scenario, o.backend, o.notes));
     }
     out
 }

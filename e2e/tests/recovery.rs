@@ -52,3 +52,17 @@ async fn a_paused_owner_is_replaced_and_fenced_out_when_it_resumes() {
 async fn a_killed_coordinator_is_replaced_without_touching_workloads() {
     assert_workloads_survived(&run("coordinator-failover").await);
 }
+
+/// PostgreSQL stopped for 30 s under a running pool: nothing moves, nothing stops, the
+/// coordinator gives up its authority at the end of its lease, and the pool has a coordinator
+/// again once the database is back (the scenario checks each; the figures are printed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_outage_stops_nothing_and_the_pool_resumes() {
+    if std::env::var_os("REQUIRE_POSTGRES").is_none() && !std::path::Path::new("/usr/lib/postgresql").is_dir() {
+        eprintln!("skipped: no PostgreSQL server binaries (REQUIRE_POSTGRES unset)");
+        return;
+    }
+    let outcome = run("database-outage").await;
+    assert_workloads_survived(&outcome);
+    assert!(outcome.notes.contains("no instance moved"), "{}", outcome.notes);
+}

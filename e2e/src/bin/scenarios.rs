@@ -12,7 +12,10 @@ use e2e::chaos::{self, Backend};
 use e2e::scenarios::{self, Setup};
 
 #[derive(Debug, Parser)]
-#[command(about = "Failure scenarios with measurements on a local pool", args_conflicts_with_subcommands = true)]
+#[command(
+    about = "Failure scenarios with measurements on a local pool",
+    args_conflicts_with_subcommands = true
+)]
 struct Args {
     #[command(subcommand)]
     command: Option<Command>,

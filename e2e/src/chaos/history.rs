@@ -41,7 +41,10 @@ pub fn agent(name: &str, observed: &Observed, seen: &mut Seen) -> Vec<String> {
     }
     let resets = observed.accepted.windows(2).filter(|w| w[1].value < w[0].value).count();
     if resets > seen.resets {
-        out.push(format!("{name}: the counter went back {} time(s)", resets - seen.resets));
+        out.push(format!(
+            "{name}: the counter went back {} time(s)",
+            resets - seen.resets
+        ));
         seen.resets = resets;
     }
     for (term, members) in observed.terms_with_two_members() {
@@ -109,7 +112,8 @@ mod tests {
     #[test]
     fn each_violation_is_reported_once() {
         let mut seen = Seen::default();
-        let clean = parse("agent pid=5\naccepted value=1 at_ms=1 term=1 member=a\naccepted value=2 at_ms=2 term=2 member=b\n");
+        let clean =
+            parse("agent pid=5\naccepted value=1 at_ms=1 term=1 member=a\naccepted value=2 at_ms=2 term=2 member=b\n");
         assert!(agent("s", &clean, &mut seen).is_empty());
         let bad = parse(
             "agent pid=5\naccepted value=1 at_ms=1 term=1 member=a\naccepted value=2 at_ms=2 term=2 member=b\n\

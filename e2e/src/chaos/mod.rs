@@ -248,11 +248,7 @@ impl<'a> Driver<'a> {
             return Err(Error::Scenario(format!("the pool did not reach steady state: {why}")));
         }
         self.check(0).await?;
-        let sampler = tokio::spawn(sample_lease(
-            self.store.clone(),
-            self.health.clone(),
-            self.gaps.clone(),
-        ));
+        let sampler = tokio::spawn(sample_lease(self.store.clone(), self.health.clone(), self.gaps.clone()));
         let mut rng = StdRng::seed_from_u64(self.settings.seed);
         for index in 1..=self.settings.trials {
             let snapshot = self.snapshot().await?;
@@ -339,10 +335,9 @@ impl<'a> Driver<'a> {
             Action::Restart(t) => format!("restart {}", name(t)),
             Action::HaltDatabase => "stop the database".into(),
             Action::ResumeDatabase => "start the database".into(),
-            Action::Drain { member, max_parallel } => format!(
-                "drain {} (max_parallel {max_parallel})",
-                name(&Target::Member(*member))
-            ),
+            Action::Drain { member, max_parallel } => {
+                format!("drain {} (max_parallel {max_parallel})", name(&Target::Member(*member)))
+            }
             Action::Rebalance { max_parallel } => format!("rebalance (max_parallel {max_parallel})"),
         }
     }
@@ -362,7 +357,12 @@ impl<'a> Driver<'a> {
             }
             Action::ResumeDatabase => self.resume_database().await?,
             Action::Drain { member, max_parallel } => {
-                let target = self.pool.members.get(*member).map(|m| m.name.clone()).unwrap_or_default();
+                let target = self
+                    .pool
+                    .members
+                    .get(*member)
+                    .map(|m| m.name.clone())
+                    .unwrap_or_default();
                 return Ok(self
                     .start_operation(proto::pool::v1::OperationKind::Drain, &target, *max_parallel)
                     .await);
@@ -474,7 +474,12 @@ impl<'a> Driver<'a> {
         poolctl::Client::connect(&cli).await.ok()
     }
 
-    async fn start_operation(&self, kind: proto::pool::v1::OperationKind, target: &str, max_parallel: u32) -> Option<String> {
+    async fn start_operation(
+        &self,
+        kind: proto::pool::v1::OperationKind,
+        target: &str,
+        max_parallel: u32,
+    ) -> Option<String> {
         let run = poolctl::RunArgs {
             max_parallel,
             timeout_secs: 120,
@@ -588,7 +593,10 @@ impl<'a> Driver<'a> {
         }
         match self.store.list_assignments().await {
             Ok(assignments) => {
-                let active = assignments.iter().filter(|a| a.phase == AssignmentPhase::Active).count();
+                let active = assignments
+                    .iter()
+                    .filter(|a| a.phase == AssignmentPhase::Active)
+                    .count();
                 if active < self.pool.sandboxes.len() {
                     missing.push(format!("{active} of {} instances active", self.pool.sandboxes.len()));
                 }
@@ -740,7 +748,11 @@ pub fn table(report: &Report) -> String {
         report.accepted,
         report.violations.len(),
         report.stopped_workloads,
-        report.aborted.as_deref().map(|a| format!("; ABORTED: {a}")).unwrap_or_default()
+        report
+            .aborted
+            .as_deref()
+            .map(|a| format!("; ABORTED: {a}"))
+            .unwrap_or_default()
     ));
     for v in &report.violations {
         out.push_str(&format!("  trial {}: {}\n", v.trial, v.what));

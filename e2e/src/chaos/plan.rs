@@ -97,8 +97,13 @@ pub enum Action {
     Restart(Target),
     HaltDatabase,
     ResumeDatabase,
-    Drain { member: usize, max_parallel: u32 },
-    Rebalance { max_parallel: u32 },
+    Drain {
+        member: usize,
+        max_parallel: u32,
+    },
+    Rebalance {
+        max_parallel: u32,
+    },
 }
 
 /// An action at a time after the trial's start.
@@ -201,7 +206,14 @@ fn random_single(rng: &mut impl Rng, snapshot: &Snapshot) -> Fault {
 
 /// The steps of one single fault starting at `at`, on processes not in `used` (a composite
 /// never pauses and kills the same process). A fault with no free target adds nothing.
-fn single(rng: &mut impl Rng, fault: Fault, snapshot: &Snapshot, at: u64, used: &mut Vec<Target>, steps: &mut Vec<Step>) {
+fn single(
+    rng: &mut impl Rng,
+    fault: Fault,
+    snapshot: &Snapshot,
+    at: u64,
+    used: &mut Vec<Target>,
+    steps: &mut Vec<Step>,
+) {
     let free = |targets: Vec<Target>, used: &[Target]| -> Vec<Target> {
         targets.into_iter().filter(|t| !used.contains(t)).collect()
     };
@@ -254,7 +266,10 @@ fn single(rng: &mut impl Rng, fault: Fault, snapshot: &Snapshot, at: u64, used: 
             used.extend([Target::Member(member), Target::Gateway(holder)]);
             push(0, Action::Pause(Target::Gateway(holder)));
             push(200, Action::Kill(Target::Member(member)));
-            push(200 + rng.random_range(0..=1000), Action::Restart(Target::Member(member)));
+            push(
+                200 + rng.random_range(0..=1000),
+                Action::Restart(Target::Member(member)),
+            );
             push(rng.random_range(3000..=8000), Action::Resume(Target::Gateway(holder)));
         }
         Fault::DatabaseOutage => {
@@ -300,8 +315,9 @@ mod tests {
         let kinds: BTreeSet<Fault> = plans(7, 400, true).iter().map(|p| p.fault).collect();
         assert_eq!(kinds.len(), Fault::ALL.len(), "{kinds:?}");
         assert!(
-            plans(7, 400, false).iter().all(|p| p.fault != Fault::DatabaseOutage
-                && !p.steps.iter().any(|s| s.action == Action::HaltDatabase)),
+            plans(7, 400, false)
+                .iter()
+                .all(|p| p.fault != Fault::DatabaseOutage && !p.steps.iter().any(|s| s.action == Action::HaltDatabase)),
             "no outage where the database cannot be stopped"
         );
     }
