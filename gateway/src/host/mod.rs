@@ -226,7 +226,8 @@ enum End {
     MemberClosed,
     /// The member fell silent: gone as far as we can tell.
     Silent,
-    /// Superseded, token expired, replica shutting down: the member lives on.
+    /// Superseded by a newer stream of the member, its token expired, or this replica shutting
+    /// down: the member lives on (and attaches again). Never for a stream the member broke.
     Handover,
 }
 
@@ -260,7 +261,10 @@ impl Session {
                     Ok(Some(message)) => {
                         silence.as_mut().reset(Instant::now() + timing::SILENCE_TIMEOUT);
                         if !self.handle(message, &mut protocol).await {
-                            break End::Handover;
+                            // The member broke the protocol or stopped reading (its connection
+                            // is gone): not a handover — no newer stream of it exists, or the
+                            // removal below (bound to this stream's process and epoch) is a no-op.
+                            break End::MemberClosed;
                         }
                     }
                     Ok(None) => break End::MemberClosed,

@@ -19,6 +19,7 @@ mod tenancy;
 on_both_backends!(scenarios;
     placement_spreads_and_is_stable,
     a_killed_member_stream_moves_its_instances_at_term_plus_one,
+    a_stream_ended_by_its_member_removes_the_membership_at_once,
     newer_epochs_and_processes_supersede_and_delayed_hellos_are_refused,
     reports_count_only_after_the_installing_revision_is_acked,
     only_the_coordinator_writes_assignments,

@@ -187,6 +187,42 @@ pub async fn a_killed_member_stream_moves_its_instances_at_term_plus_one(db: &Te
     pool.stop().await;
 }
 
+/// A stream that ends because the member broke it — here a second hello, which the gateway
+/// refuses — is not a handover: no newer stream of that member exists, so its membership goes
+/// at once and its instances move, instead of lingering until the membership TTL (15 s).
+pub async fn a_stream_ended_by_its_member_removes_the_membership_at_once(db: &TestDb) {
+    let pool = Pool::start(db).await;
+    let mut broken = pool.member(0, "m-a", Behaviour::Healthy).await;
+    let _b = pool.member(1, "m-b", Behaviour::Healthy).await;
+    wait_members(db, 2).await;
+    pool.register("agent-0").await.unwrap();
+    pool.register("agent-1").await.unwrap();
+    wait_assignments(&db.store, "both placed", |a| a.len() == 2).await;
+    broken
+        .send(MemberKind::Hello(proto::host::v1::Hello {
+            member: "m-a".into(),
+            process_id: "m-a-p1".into(),
+            connection_epoch: 1,
+            runtime_address: "http://127.0.0.1:7001".into(),
+            capacity: 256,
+            build_version: "test".into(),
+            process_started_at_ms: 0,
+        }))
+        .await;
+    assert_eq!(broken.wait_ended().await.code(), Code::InvalidArgument);
+    // Well inside the 15 s TTL: removed by the stream's end, not expired.
+    wait_for("m-a's membership removed", 3000, || async {
+        let (_, members) = db.store.list_members().await.ok()?;
+        (!members.iter().any(|m| m.member == "m-a")).then_some(())
+    })
+    .await;
+    wait_assignments(&db.store, "everything on m-b", |a| {
+        a.len() == 2 && a.iter().all(|a| a.member == "m-b")
+    })
+    .await;
+    pool.stop().await;
+}
+
 pub async fn newer_epochs_and_processes_supersede_and_delayed_hellos_are_refused(db: &TestDb) {
     let pool = Pool::start(db).await;
     let mut first = pool
