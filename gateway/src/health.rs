@@ -1,5 +1,6 @@
 //! The plain-HTTP health port: `/healthz` (the process serves), `/readyz`
-//! (it has read the pool from the store recently), `/metrics` (Prometheus).
+//! (it has read the pool from the store recently; the gRPC port's `grpc.health.v1` status
+//! follows the same [`Health::check`]), `/metrics` (Prometheus).
 //! It serves from the start: until the store is open (the database may not
 //! be reachable yet) `/healthz` answers 200 and `/readyz` 503.
 
@@ -55,27 +56,42 @@ pub async fn serve(listener: Listener, health: Readiness, connections: Connectio
     proto::listener::serve_health(listener, app, shutdown.cancelled_owned()).await;
 }
 
-/// Ready once the store is open, the pool view is fresh (the store answered
-/// within the last few refresh intervals) and, with TLS, a certificate is loaded.
+/// Ready once the store is open, the pool view is fresh and, with TLS, a certificate is
+/// loaded; 503 with the reason otherwise.
 async fn ready(State(port): State<Port>) -> impl IntoResponse {
     let Some(health) = port.health.borrow().clone() else {
-        return (StatusCode::SERVICE_UNAVAILABLE, WAITING);
+        return (StatusCode::SERVICE_UNAVAILABLE, WAITING.to_owned());
     };
-    if health.certificate.as_ref().is_some_and(|c| !c.is_loaded()) {
-        return (StatusCode::SERVICE_UNAVAILABLE, "no serving certificate loaded yet\n");
+    match health.check().await {
+        Ok(()) => (StatusCode::OK, "ready\n".to_owned()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
     }
-    let view = health.replica.view.borrow().clone();
-    let stale = match health.replica.store.now_ms().await {
-        Ok(now) => view.now_ms == 0 || now.saturating_sub(view.now_ms) > (REFRESH_INTERVAL * 10).as_millis() as i64,
-        Err(_) => true,
-    };
-    if stale {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "pool view is stale or the store is unreachable\n",
-        )
-    } else {
-        (StatusCode::OK, "ready\n")
+}
+
+impl Health {
+    /// `Ok` when the replica is ready (what `/readyz` and the gRPC health status report), else
+    /// why not: with TLS a certificate must be loaded, and the pool view fresh (the store
+    /// answered within the last few refresh intervals, and answers now).
+    pub async fn check(&self) -> Result<(), &'static str> {
+        if self.certificate.as_ref().is_some_and(|c| !c.is_loaded()) {
+            return Err("no serving certificate loaded yet");
+        }
+        let view = self.replica.view.borrow().clone();
+        let bound = REFRESH_INTERVAL * 10;
+        let stale = match tokio::time::timeout(bound, self.replica.store.now_ms()).await {
+            Ok(Ok(now)) => view.now_ms == 0 || now.saturating_sub(view.now_ms) > bound.as_millis() as i64,
+            Ok(Err(_)) | Err(_) => true,
+        };
+        if stale {
+            Err("pool view is stale or the store is unreachable")
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Whether this replica holds the coordinator lease.
+    pub fn is_coordinator(&self) -> bool {
+        self.lease.borrow().is_some()
     }
 }
 

@@ -8,6 +8,7 @@ pub mod config;
 pub mod coordinator;
 pub mod credentials;
 pub mod election;
+pub mod grpc_health;
 pub mod health;
 pub mod host;
 pub mod kubernetes;
@@ -73,6 +74,8 @@ pub enum Error {
     Limits(#[from] proto::listener::Error),
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
+    #[error(transparent)]
+    Reflection(#[from] proto::standard::ReflectionError),
 }
 
 /// Bind the configured listen address.
@@ -236,13 +239,14 @@ pub async fn run_with<C: kubernetes::Cluster>(
         None => None,
     };
 
-    health_tx.send_replace(Some(health::Health {
-        replica: replica.clone(),
+    let health = health::Health {
+        replica,
         lease: lease_rx.clone(),
         certificate: certificate.clone(),
-    }));
+    };
+    health_tx.send_replace(Some(health.clone()));
     let listener = proto::listener::Listener::new(listener, limits, connections.listener("grpc")).with_tls(tls);
-    let served = server::serve(listener, replica, shutdown.clone()).await;
+    let served = server::serve(listener, health, shutdown.clone()).await;
     // The election releases the lease on its way out.
     let _ = election.await;
     stop.cancel();
@@ -250,7 +254,7 @@ pub async fn run_with<C: kubernetes::Cluster>(
         let _ = task.await;
     }
     store.close().await;
-    served.map_err(Error::from)
+    served
 }
 
 /// The first and the longest wait between attempts to reach the database.

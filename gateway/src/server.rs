@@ -1,29 +1,33 @@
 //! The gRPC server of one replica: the member host stream, the instance
-//! registry, grants and activation, and the operator API on one listener.
+//! registry, grants and activation, and the operator API on one listener, with the standard
+//! health and reflection services (`proto::standard`, statuses kept by `grpc_health`).
 
-use std::sync::Arc;
-
-use proto::host::v1::supervisor_host_server::SupervisorHostServer;
+use proto::host::v1::supervisor_host_server::{self, SupervisorHostServer};
 use proto::listener::Listener;
-use proto::pool::v1::supervisor_pool_server::SupervisorPoolServer;
-use proto::recovery::v1::supervisor_recovery_server::SupervisorRecoveryServer;
-use proto::registry::v1::instance_registry_server::InstanceRegistryServer;
+use proto::pool::v1::supervisor_pool_server::{self, SupervisorPoolServer};
+use proto::recovery::v1::supervisor_recovery_server::{self, SupervisorRecoveryServer};
+use proto::registry::v1::instance_registry_server::{self, InstanceRegistryServer};
 use tokio_util::sync::CancellationToken;
 
+use crate::health::Health;
 use crate::host::Host;
 use crate::operator::Operator;
 use crate::recovery::Recovery;
 use crate::registry::Registry;
-use crate::replica::Replica;
+
+/// The services of the gRPC port, by their full names.
+pub const SERVICES: [&str; 4] = [
+    supervisor_host_server::SERVICE_NAME,
+    instance_registry_server::SERVICE_NAME,
+    supervisor_recovery_server::SERVICE_NAME,
+    supervisor_pool_server::SERVICE_NAME,
+];
 
 /// Serve until `shutdown`; open streams are told to reconnect elsewhere.
 /// Connections come from the shared accept loop (caps, TLS, idle time-outs).
-pub async fn serve(
-    listener: Listener,
-    replica: Arc<Replica>,
-    shutdown: CancellationToken,
-) -> Result<(), tonic::transport::Error> {
+pub async fn serve(listener: Listener, health: Health, shutdown: CancellationToken) -> Result<(), crate::Error> {
     let max = proto::MAX_MESSAGE_BYTES;
+    let replica = health.replica.clone();
     let host = SupervisorHostServer::new(Host::new(replica.clone()))
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
@@ -41,5 +45,9 @@ pub async fn serve(
         .add_service(registry)
         .add_service(recovery)
         .add_service(operator);
-    proto::listener::serve_grpc(router, listener, shutdown.cancelled_owned()).await
+    let (router, status) = proto::standard::add_standard_services(router, &SERVICES).await?;
+    let stop = CancellationToken::new();
+    let _stop_on_return = stop.clone().drop_guard();
+    tokio::spawn(crate::grpc_health::follow(status, health, stop));
+    Ok(proto::listener::serve_grpc(router, listener, shutdown.cancelled_owned()).await?)
 }

@@ -21,10 +21,12 @@
 //! so that nobody re-derives them: message size bounds ([`MAX_MESSAGE_BYTES`] and friends),
 //! the timing contract ([`timing`]), bearer-token metadata helpers
 //! ([`bearer_token`]), the receipt MAC input ([`recovery::v1::Receipt::mac_input`]) and the
-//! file descriptor set for gRPC reflection ([`FILE_DESCRIPTOR_SET`]).
+//! file descriptor set for gRPC reflection ([`FILE_DESCRIPTOR_SET`]), and the standard health
+//! and reflection services every gRPC port serves ([`standard`]).
 
 pub mod listener;
 pub mod registration;
+pub mod standard;
 pub mod text;
 pub mod timing;
 pub mod tls;

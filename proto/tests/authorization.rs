@@ -1,6 +1,8 @@
 //! The authorization inventory (`proto/AUTHORIZATION.md`) names every RPC of the compiled
-//! descriptors exactly once, and nothing else: an API change is always an authorization
-//! decision too.
+//! descriptors — the pool's contracts and the standard health and reflection services every
+//! gRPC port serves — exactly once, and nothing else: an API change is always an
+//! authorization decision too. Only the standard services are open to callers without a
+//! credential.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -12,11 +14,21 @@ use prost_types::FileDescriptorSet;
 const INVENTORY: &str = include_str!("../AUTHORIZATION.md");
 const CALLERS: [&str; 4] = ["member", "instance", "operator", "nobody"];
 
+/// The descriptor sets of everything a gRPC port serves.
+const SERVED: [&[u8]; 4] = [
+    proto::FILE_DESCRIPTOR_SET,
+    tonic_health::pb::FILE_DESCRIPTOR_SET,
+    tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+    tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+];
+
 /// (service, method) of every compiled RPC.
 fn compiled() -> BTreeSet<(String, String)> {
-    let set = FileDescriptorSet::decode(proto::FILE_DESCRIPTOR_SET).expect("the descriptor set");
     let mut rpcs = BTreeSet::new();
-    for file in set.file {
+    let files = SERVED
+        .iter()
+        .flat_map(|set| FileDescriptorSet::decode(*set).expect("a descriptor set").file);
+    for file in files {
         let package = file.package.clone().unwrap_or_default();
         for service in &file.service {
             for method in &service.method {
@@ -31,7 +43,7 @@ fn compiled() -> BTreeSet<(String, String)> {
 fn inventory() -> Vec<(String, String, String)> {
     INVENTORY
         .lines()
-        .filter(|l| l.starts_with("| openshell."))
+        .filter(|l| l.starts_with("| openshell.") || l.starts_with("| grpc."))
         .map(|l| {
             let cells: Vec<&str> = l.trim_matches('|').split('|').map(str::trim).collect();
             assert!(cells.len() == 4, "a row has service, method, caller, acts on: {l}");
@@ -59,9 +71,12 @@ fn every_row_names_a_known_kind_of_caller() {
             CALLERS.iter().any(|c| caller.starts_with(c)),
             "{service}.{method}: unknown caller {caller:?}"
         );
-        assert!(
-            !caller.starts_with("nobody"),
-            "{service}.{method}: no RPC is open to callers without a credential"
+        let standard = proto::standard::STANDARD_SERVICES.contains(&service.as_str());
+        assert_eq!(
+            caller.starts_with("nobody"),
+            standard,
+            "{service}.{method}: only the standard health and reflection services are open \
+             to callers without a credential, and they are open to every caller"
         );
     }
 }

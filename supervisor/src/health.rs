@@ -4,7 +4,8 @@
 //! the runtime listener serves sidecars (with TLS: once its certificate is loaded) **and** the
 //! member is attached to a gateway replica (a gateway message arrived on the current host
 //! stream), and not once it is leaving the pool; 503 with the reason otherwise. In Kubernetes the readiness gate keeps a member out of
-//! the supervisor Service until sidecars routed to it can be served.
+//! the supervisor Service until sidecars routed to it can be served. The runtime port's
+//! `grpc.health.v1` statuses follow the same [`Readiness::check`] ([`follow_grpc`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,7 +18,12 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use proto::listener::{ConnectionMetrics, Listener};
+use proto::standard::HealthStatus;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+
+/// How often the gRPC health status is re-checked without a signal (a certificate loaded).
+const RECHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What `/readyz` reports, updated by the member as it starts, attaches and leaves.
 #[derive(Debug)]
@@ -28,6 +34,8 @@ pub struct Readiness {
     leaving: CancellationToken,
     /// The runtime port's certificate, when it speaks TLS.
     certificate: Option<Arc<CertStore>>,
+    /// Bumped whenever the runtime listener or the gateway attachment changes.
+    changed: watch::Sender<()>,
 }
 
 impl Readiness {
@@ -39,6 +47,7 @@ impl Readiness {
             gateway_attached: AtomicBool::new(false),
             leaving,
             certificate: None,
+            changed: watch::Sender::new(()),
         }
     }
 
@@ -50,10 +59,12 @@ impl Readiness {
 
     pub(crate) fn set_runtime_serving(&self, serving: bool) {
         self.runtime_serving.store(serving, Ordering::Release);
+        self.changed.send_replace(());
     }
 
     pub(crate) fn set_gateway_attached(&self, attached: bool) {
         self.gateway_attached.store(attached, Ordering::Release);
+        self.changed.send_replace(());
     }
 
     /// `Ok` when ready, else why not.
@@ -70,6 +81,29 @@ impl Readiness {
             Ok(())
         }
     }
+}
+
+/// Keeps the runtime port's gRPC health statuses (the overall one and the runtime service's)
+/// in step with [`Readiness::check`]: on every change of the runtime listener or the gateway
+/// attachment, on leaving, and every [`RECHECK_INTERVAL`]; NOT_SERVING once `stop`.
+pub(crate) async fn follow_grpc(status: HealthStatus, readiness: Arc<Readiness>, stop: CancellationToken) {
+    let mut changed = readiness.changed.subscribe();
+    let mut recheck = tokio::time::interval(RECHECK_INTERVAL);
+    let mut reported = None;
+    loop {
+        let ready = readiness.check().is_ok();
+        if reported != Some(ready) {
+            status.set_ready(ready).await;
+            reported = Some(ready);
+        }
+        tokio::select! {
+            () = stop.cancelled() => break,
+            () = readiness.leaving.cancelled(), if ready => {}
+            _ = changed.changed() => {}
+            _ = recheck.tick() => {}
+        }
+    }
+    status.set_ready(false).await;
 }
 
 /// Serves `/healthz`, `/readyz` and `/metrics` on `listener` until `stop`.

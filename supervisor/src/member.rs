@@ -33,6 +33,8 @@ pub enum Error {
     Tls(#[from] proto::tls::TlsError),
     #[error(transparent)]
     Link(#[from] LinkError),
+    #[error(transparent)]
+    Reflection(#[from] proto::standard::ReflectionError),
 }
 
 /// The member's sockets, bound before it starts: the runtime listener (sidecar streams) and,
@@ -149,7 +151,15 @@ pub async fn run_on(config: Config, listeners: Listeners, shutdown: Cancellation
     };
     let (table_tx, table) = watch::channel(Arc::new(RouteTable::default()));
     let trust = TrustStore::new(config.trust_bundle_file(), Arc::clone(&gateway));
-    let runtime = crate::runtime::serve(listener, me.clone(), trust, table.clone(), stop_runtime.clone());
+    let runtime = crate::runtime::serve(
+        listener,
+        me.clone(),
+        trust,
+        table.clone(),
+        Arc::clone(&readiness),
+        stop_runtime.clone(),
+    )
+    .await?;
     tokio::spawn(runtime.instrument(span.clone()));
     readiness.set_runtime_serving(true);
 

@@ -13,8 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proto::runtime::v1::supervisor_message::Kind;
-use proto::runtime::v1::supervisor_runtime_server::{SupervisorRuntime, SupervisorRuntimeServer};
+use proto::runtime::v1::supervisor_runtime_server::{SERVICE_NAME, SupervisorRuntime, SupervisorRuntimeServer};
 use proto::runtime::v1::{SidecarMessage, SupervisorMessage, sidecar_message};
+use proto::standard::ReflectionError;
 use proto::timing;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
@@ -26,6 +27,7 @@ use tracing::Instrument;
 use self::route::{Decision, Me, RouteTable};
 use self::stream::{OUTBOUND_CAPACITY, Opening, SidecarStream};
 use self::trust::{AuthError, TrustStore};
+use crate::health::Readiness;
 use crate::sessions::session::SessionEvent;
 
 /// How long a recovering sidecar's stream waits for a snapshot before it is
@@ -37,15 +39,17 @@ pub const PARK_BOUND: Duration = Duration::from_secs(30);
 /// Most streams parked at once; more are refused with UNAVAILABLE.
 pub const MAX_PARKED: usize = 1024;
 
-/// Serves the runtime service on `listener` (the shared accept loop: caps, TLS, idle
-/// time-outs) until `stop`.
+/// The runtime service on `listener` (the shared accept loop: caps, TLS, idle time-outs), with
+/// the standard health and reflection services, whose statuses follow `readiness`: the
+/// returned future serves until `stop`.
 pub(crate) async fn serve(
     listener: proto::listener::Listener,
     me: Me,
     trust: TrustStore,
     table: watch::Receiver<Arc<RouteTable>>,
+    readiness: Arc<Readiness>,
     stop: CancellationToken,
-) {
+) -> Result<impl Future<Output = ()> + use<>, ReflectionError> {
     let service = RuntimeService {
         me: Arc::new(me),
         trust: Arc::new(trust),
@@ -57,10 +61,14 @@ pub(crate) async fn serve(
         .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
     let router = proto::listener::grpc_server().add_service(service);
-    let served = proto::listener::serve_grpc(router, listener, stop.cancelled_owned()).await;
-    if let Err(err) = served {
-        tracing::error!(%err, "runtime service failed");
-    }
+    let (router, status) = proto::standard::add_standard_services(router, &[SERVICE_NAME]).await?;
+    Ok(async move {
+        tokio::spawn(crate::health::follow_grpc(status, readiness, stop.clone()));
+        let served = proto::listener::serve_grpc(router, listener, stop.cancelled_owned()).await;
+        if let Err(err) = served {
+            tracing::error!(%err, "runtime service failed");
+        }
+    })
 }
 
 struct RuntimeService {
