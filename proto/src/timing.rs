@@ -116,11 +116,21 @@ pub const fn recovery_deadline(field_ms: u64) -> Duration {
     }
 }
 
-/// The backoff before reconnect attempt `attempt` (0-based).
-pub fn reconnect_backoff(attempt: u32) -> Duration {
+/// The un-jittered backoff step of attempt `attempt`: doubling, capped.
+pub fn backoff_step(attempt: u32) -> Duration {
     RECONNECT_BACKOFF_INITIAL
         .saturating_mul(1u32 << attempt.min(16))
         .min(RECONNECT_BACKOFF_MAX)
+}
+
+/// The backoff before reconnect attempt `attempt` (0-based): exponential from
+/// [`RECONNECT_BACKOFF_INITIAL`] up to [`RECONNECT_BACKOFF_MAX`], with equal jitter (a
+/// uniformly random point in its upper half) so that the sidecars and members of a failed
+/// replica or member do not come back in lockstep. Never above the un-jittered step, which
+/// the budgets below are computed from.
+pub fn reconnect_backoff(attempt: u32) -> Duration {
+    let half = backoff_step(attempt) / 2;
+    half + half.mul_f64(rand::random::<f64>())
 }
 
 #[cfg(test)]
@@ -136,6 +146,17 @@ mod tests {
             assert_eq!(deadline, MAX_RECOVERY_DEADLINE);
             // What the sidecar does with it must not overflow.
             assert!(std::time::Instant::now().checked_add(deadline).is_some());
+        }
+    }
+
+    #[test]
+    fn backoff_is_jittered_within_the_upper_half_of_its_step() {
+        for attempt in [0, 1, 3, 30] {
+            let step = backoff_step(attempt);
+            let draws: Vec<Duration> = (0..200).map(|_| reconnect_backoff(attempt)).collect();
+            assert!(draws.iter().all(|d| *d >= step / 2 && *d <= step), "{attempt}: {draws:?}");
+            let distinct: std::collections::BTreeSet<Duration> = draws.iter().copied().collect();
+            assert!(distinct.len() > 10, "jittered, not one value: {distinct:?}");
         }
     }
 
@@ -174,9 +195,9 @@ mod tests {
 
     #[test]
     fn backoff_doubles_up_to_its_cap() {
-        assert_eq!(reconnect_backoff(0), RECONNECT_BACKOFF_INITIAL);
-        assert_eq!(reconnect_backoff(1), RECONNECT_BACKOFF_INITIAL * 2);
-        assert_eq!(reconnect_backoff(30), RECONNECT_BACKOFF_MAX);
+        assert_eq!(backoff_step(0), RECONNECT_BACKOFF_INITIAL);
+        assert_eq!(backoff_step(1), RECONNECT_BACKOFF_INITIAL * 2);
+        assert_eq!(backoff_step(30), RECONNECT_BACKOFF_MAX);
         assert_eq!(recovery_deadline(0), Duration::from_secs(60));
         assert_eq!(recovery_deadline(1500), Duration::from_millis(1500));
     }
