@@ -209,7 +209,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(follower.poll().await.accepted.len(), 1, "the half line waits");
-        write!(file, "ue=2 at_ms=20 term=1 member=a\n").unwrap();
+        writeln!(file, "ue=2 at_ms=20 term=1 member=a").unwrap();
         let observed = follower.poll().await;
         assert_eq!(observed.pid, Some(7));
         assert_eq!(observed.accepted.len(), 2);

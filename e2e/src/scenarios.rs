@@ -72,6 +72,9 @@ pub struct Setup {
     /// A PostgreSQL server URL (a fresh database is created per scenario);
     /// `None` for the embedded SQLite store.
     pub database_url: Option<String>,
+    /// Sandboxes per pool instead of the scenario's own number (2; 4 for the planned moves):
+    /// the same scenarios with busy members.
+    pub sandboxes: Option<usize>,
 }
 
 pub async fn run(name: &str, setup: &Setup) -> Result<Outcome, Error> {
@@ -98,7 +101,9 @@ pub async fn run(name: &str, setup: &Setup) -> Result<Outcome, Error> {
         gateways: 2,
         members: 2,
         // The planned-move scenarios drain two sessions off one member, as the seed did.
-        sandboxes: if matches!(name, "drain" | "rebalance") { 4 } else { 2 },
+        sandboxes: setup
+            .sandboxes
+            .unwrap_or(if matches!(name, "drain" | "rebalance") { 4 } else { 2 }),
         lease_length_ms: 5000,
         plaintext: false,
     };

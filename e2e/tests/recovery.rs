@@ -18,6 +18,7 @@ async fn run(name: &str) -> Outcome {
     let setup = Setup {
         root: root.path().to_path_buf(),
         database_url: None,
+        sandboxes: None,
     };
     let outcome = scenarios::run(name, &setup)
         .await

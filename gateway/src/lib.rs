@@ -21,6 +21,7 @@ pub mod quota;
 pub mod recovery;
 pub mod registry;
 pub mod replica;
+pub mod reports;
 pub mod server;
 pub mod status;
 pub mod store;
@@ -181,6 +182,7 @@ pub async fn run_with<C: kubernetes::Cluster>(
         },
         recovery_deadline_ms: settings.recovery_deadline_ms,
         counters: replica::Counters::default(),
+        reports: Arc::default(),
         shutdown: shutdown.clone(),
     });
     let (lease_tx, lease_rx) = watch::channel(None);
@@ -200,6 +202,7 @@ pub async fn run_with<C: kubernetes::Cluster>(
             stop.clone(),
         )),
         tokio::spawn(pool::beat(store.clone(), settings.replica.clone(), stop.clone())),
+        tokio::spawn(reports::run(replica.reports.clone(), store.clone(), stop.clone())),
         tokio::spawn(coordinator::run(replica.clone(), lease_rx.clone(), stop.clone())),
         tokio::spawn(credentials::run(
             replica.clone(),

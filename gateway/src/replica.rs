@@ -26,6 +26,8 @@ pub struct Replica {
     /// Recovery deadline offered to sidecars.
     pub recovery_deadline_ms: u64,
     pub counters: Counters,
+    /// Writes the member streams' status reports in batches.
+    pub reports: Arc<crate::reports::Writer>,
     /// Cancelled when the replica shuts down.
     pub shutdown: CancellationToken,
 }

@@ -154,7 +154,10 @@ mod tests {
         for attempt in [0, 1, 3, 30] {
             let step = backoff_step(attempt);
             let draws: Vec<Duration> = (0..200).map(|_| reconnect_backoff(attempt)).collect();
-            assert!(draws.iter().all(|d| *d >= step / 2 && *d <= step), "{attempt}: {draws:?}");
+            assert!(
+                draws.iter().all(|d| *d >= step / 2 && *d <= step),
+                "{attempt}: {draws:?}"
+            );
             let distinct: std::collections::BTreeSet<Duration> = draws.iter().copied().collect();
             assert!(distinct.len() > 10, "jittered, not one value: {distinct:?}");
         }

@@ -2,8 +2,9 @@
 //! at a time (host.proto is the specification).
 //!
 //! Per stream: Hello (with a connection epoch one higher than the previous stream's), a
-//! Heartbeat every [`timing::HEARTBEAT_INTERVAL`], an Ack after applying each snapshot, a full
-//! StatusReport after each snapshot, on every status change and at least every 10 s, and
+//! Heartbeat every [`timing::HEARTBEAT_INTERVAL`], an Ack after applying each snapshot, a complete
+//! StatusReport after each snapshot and at least every 10 s, a partial one (only what changed)
+//! after status changes, at most one per [`REPORT_WINDOW`], and
 //! Leaving once on graceful shutdown. No gateway message for [`timing::SILENCE_TIMEOUT`]
 //! closes the stream. Reconnects rotate over the gateway replicas with
 //! [`timing::reconnect_backoff`], each attempt bounded by [`timing::CONNECT_TIMEOUT`], forever.
@@ -29,8 +30,10 @@ use crate::config::{self, TokenError};
 use crate::health::Readiness;
 use crate::sessions::SessionSet;
 
-/// host.proto: a StatusReport "at least every 10 s".
+/// host.proto: a complete StatusReport "at least every 10 s".
 const STATUS_REPORT_INTERVAL: Duration = Duration::from_secs(10);
+/// host.proto: partial reports "coalesced to at most one per 100 ms".
+const REPORT_WINDOW: Duration = Duration::from_millis(100);
 /// After the first shutdown signal, how long the member keeps hosting while the gateway moves
 /// its instances away.
 pub const LEAVE_BOUND: Duration = Duration::from_secs(10);
@@ -217,6 +220,11 @@ impl Link {
         let mut applied = 0u64;
         let mut heard = false;
         let mut last_heard = Instant::now();
+        // When the next partial report goes out (set by a status change), and when the last
+        // report went: changes within one window share a report.
+        let mut report_due: Option<Instant> = None;
+        let mut last_report = Instant::now();
+        sessions.new_stream();
         let mut pending = Vec::new();
         if self.leave_by.is_some() {
             pending.push(leaving());
@@ -251,7 +259,8 @@ impl Link {
                             applied = snapshot.revision;
                             tracing::debug!(revision = applied, hosted = sessions.hosted(), "applied snapshot");
                             pending.push(Kind::Ack(Ack { revision: applied }));
-                            pending.push(Kind::StatusReport(sessions.report(applied)));
+                            pending.push(Kind::StatusReport(sessions.report(applied, true)));
+                            (report_due, last_report) = (None, Instant::now());
                         }
                     }
                     Ok(None) if outbound.is_none() => return Ok(Flow::Exit),
@@ -266,8 +275,17 @@ impl Link {
                     let monotonic_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
                     pending.push(Kind::Heartbeat(Heartbeat { sequence, monotonic_ms }));
                 }
-                _ = report_timer.tick() => pending.push(Kind::StatusReport(sessions.report(applied))),
-                () = changed.notified() => pending.push(Kind::StatusReport(sessions.report(applied))),
+                _ = report_timer.tick() => {
+                    pending.push(Kind::StatusReport(sessions.report(applied, true)));
+                    (report_due, last_report) = (None, Instant::now());
+                }
+                () = changed.notified() => {
+                    report_due.get_or_insert_with(|| (last_report + REPORT_WINDOW).max(Instant::now()));
+                }
+                () = sleep_until_some(report_due), if report_due.is_some() => {
+                    pending.push(Kind::StatusReport(sessions.report(applied, false)));
+                    (report_due, last_report) = (None, Instant::now());
+                }
                 () = tokio::time::sleep_until(last_heard + timing::SILENCE_TIMEOUT) => {
                     let reason = format!("no gateway message for {:?}", timing::SILENCE_TIMEOUT);
                     return Ok(Flow::Reconnect { reason, heard });
@@ -317,6 +335,12 @@ impl Link {
             "leaving the pool (signal again to exit at once)"
         );
         self.leave_by = Some(Instant::now() + LEAVE_BOUND);
+    }
+}
+
+async fn sleep_until_some(at: Option<Instant>) {
+    if let Some(at) = at {
+        tokio::time::sleep_until(at).await;
     }
 }
 

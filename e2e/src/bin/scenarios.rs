@@ -28,6 +28,9 @@ struct Args {
     /// Working directory of the pools.
     #[arg(long, global = true, default_value = ".local/scenarios")]
     dir: PathBuf,
+    /// Sandboxes per pool instead of each scenario's own (2; 4 for drain and rebalance).
+    #[arg(long)]
+    sandboxes: Option<usize>,
     /// Scenarios to run (default: all).
     scenarios: Vec<String>,
 }
@@ -75,6 +78,7 @@ async fn main() -> anyhow::Result<()> {
     let setup = Setup {
         root: args.dir.clone(),
         database_url: args.database.clone(),
+        sandboxes: args.sandboxes,
     };
     let mut outcomes = Vec::new();
     let mut failed = Vec::new();

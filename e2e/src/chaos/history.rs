@@ -76,10 +76,10 @@ pub struct CoordinatorGaps {
 impl CoordinatorGaps {
     pub fn sample(&mut self, at_ms: u64, ok: bool, excused: bool) {
         if ok || excused {
-            if let Some(since) = self.open_since.take() {
-                if ok {
-                    self.longest_ms = self.longest_ms.max(at_ms.saturating_sub(since));
-                }
+            if let Some(since) = self.open_since.take()
+                && ok
+            {
+                self.longest_ms = self.longest_ms.max(at_ms.saturating_sub(since));
             }
             return;
         }

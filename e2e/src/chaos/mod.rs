@@ -510,10 +510,8 @@ impl<'a> Driver<'a> {
         let mut late = false;
         loop {
             let ops = self.finish_operations(operations, &mut cancelled).await;
-            if ops {
-                if let Some(at) = self.settled(healed).await? {
-                    return Ok(Some(at));
-                }
+            if ops && let Some(at) = self.settled(healed).await? {
+                return Ok(Some(at));
             }
             let now = tokio::time::Instant::now();
             if now > bound && !late {
@@ -549,10 +547,10 @@ impl<'a> Driver<'a> {
                 && !cancelled.contains(id)
             {
                 // A finished drain keeps its member out of service until cancelled.
-                if let Some(mut client) = self.operator().await {
-                    if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(5), client.cancel(id)).await {
-                        cancelled.push(id.clone());
-                    }
+                if let Some(mut client) = self.operator().await
+                    && let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(5), client.cancel(id)).await
+                {
+                    cancelled.push(id.clone());
                 }
                 all = false;
             } else if cancelled.contains(id) && op.phase != OperationPhase::Cancelled {
@@ -635,13 +633,14 @@ impl<'a> Driver<'a> {
         let reports = self.store.list_reports().await?;
         for (name, _, seen) in &self.agents {
             let route = format!("default/{name}");
-            if let (Some(pid), Some(report)) = (seen.pid, reports.iter().find(|r| r.route == route)) {
-                if report.workload_pid != 0 && report.workload_pid != i64::from(pid) {
-                    found.push(format!(
-                        "{route}: its owner reports workload PID {}, the agent is {pid}",
-                        report.workload_pid
-                    ));
-                }
+            if let (Some(pid), Some(report)) = (seen.pid, reports.iter().find(|r| r.route == route))
+                && report.workload_pid != 0
+                && report.workload_pid != i64::from(pid)
+            {
+                found.push(format!(
+                    "{route}: its owner reports workload PID {}, the agent is {pid}",
+                    report.workload_pid
+                ));
             }
         }
         for what in found {

@@ -347,6 +347,7 @@ impl Session {
         };
 
         self.host.end_session(&self.identity, self.stream_id);
+        replica.reports.forget(self.stream_id);
         if end != End::Handover {
             let (member, process_id, epoch) = (&self.identity.member, &self.identity.process_id, self.record.epoch);
             let removed = if self.record.leaving {
@@ -416,23 +417,25 @@ impl Session {
             },
             Some(MemberKind::StatusReport(report)) => match protocol.attribute(&report, encoded_len) {
                 Ok(statuses) => {
-                    for status in statuses {
-                        let record = Report {
-                            route: status.route,
-                            term: i64::try_from(status.term).unwrap_or(i64::MAX),
+                    // Only what changed goes to the writer; the stream never waits for it.
+                    let changes = protocol.changes(statuses);
+                    let urgent = changes.iter().any(|c| c.urgent);
+                    let records = changes
+                        .into_iter()
+                        .map(|c| Report {
+                            route: c.status.route,
+                            term: i64::try_from(c.status.term).unwrap_or(i64::MAX),
                             member: self.identity.member.clone(),
                             process_id: self.identity.process_id.clone(),
-                            phase: status.phase,
-                            message: status.message,
-                            workload_pid: i64::from(status.workload_pid),
-                            progress: i64::try_from(status.progress).unwrap_or(i64::MAX),
+                            phase: c.status.phase,
+                            message: c.status.message,
+                            workload_pid: i64::from(c.status.workload_pid),
+                            progress: i64::try_from(c.status.progress).unwrap_or(i64::MAX),
                             reported_by: replica.name.clone(),
                             updated_at_ms: 0,
-                        };
-                        if let Err(err) = replica.store.record_report(&record).await {
-                            warn!(error = %err, route = %record.route, "cannot record a status report");
-                        }
-                    }
+                        })
+                        .collect();
+                    replica.reports.submit(self.stream_id, records, urgent);
                 }
                 Err(_) => Counters::bump(&counters.oversized_reports),
             },

@@ -38,6 +38,17 @@ pub struct Stream {
     /// route -> (term, revision that first carried that term on this stream)
     installs: BTreeMap<String, (u64, u64)>,
     last: Option<Snapshot>,
+    /// What this stream last handed to the report writer, per route.
+    written: BTreeMap<String, Attributed>,
+}
+
+/// A status to write, and whether it must be written at once: a new term, phase or workload
+/// PID (the coordinator's operations settle on them); counters and messages can wait for the
+/// writer's next batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub status: Attributed,
+    pub urgent: bool,
 }
 
 impl Stream {
@@ -56,8 +67,8 @@ impl Stream {
                 self.installs.insert(owned.route.clone(), (owned.term, self.revision));
             }
         }
-        self.installs
-            .retain(|route, _| body.instances.iter().any(|o| &o.route == route));
+        let carried: std::collections::BTreeSet<&str> = body.instances.iter().map(|o| o.route.as_str()).collect();
+        self.installs.retain(|route, _| carried.contains(route.as_str()));
         let numbered = Snapshot {
             revision: self.revision,
             ..body.clone()
@@ -81,31 +92,46 @@ impl Stream {
         self.acked
     }
 
-    /// The statuses of `report` that can be attributed to a term, plus an
-    /// `ABSENT` status for every installed route the member acknowledged but
-    /// does not host.
+    /// The statuses of `report` that can be attributed to a term — plus, for a complete
+    /// report, an `ABSENT` status for every installed route the member acknowledged but does
+    /// not host (in a partial report an absent route is unchanged).
     pub fn attribute(&self, report: &StatusReport, encoded_len: usize) -> Result<Vec<Attributed>, Dropped> {
         if encoded_len > proto::MAX_STATUS_REPORT_BYTES {
             return Err(Dropped::OversizedReport);
         }
         let applied = report.applied_revision.min(self.acked);
+        let attributed = |route: &String, term: u64, s: &proto::host::v1::InstanceStatus| Attributed {
+            route: route.clone(),
+            term,
+            phase: proto::common::v1::InstancePhase::from_wire(s.phase)
+                .as_str_name()
+                .to_owned(),
+            message: truncate(&s.message, proto::MAX_STATUS_MESSAGE_BYTES),
+            workload_pid: s.workload_pid,
+            progress: s.counters.as_ref().map_or(0, |c| c.last_progress_value),
+        };
+        if report.partial {
+            return Ok(report
+                .instances
+                .iter()
+                .filter_map(|s| {
+                    let (route, &(term, installed_at)) = self.installs.get_key_value(&s.route)?;
+                    (term == s.term && installed_at <= applied).then(|| attributed(route, term, s))
+                })
+                .collect());
+        }
+        let by_route: BTreeMap<(&str, u64), &proto::host::v1::InstanceStatus> = report
+            .instances
+            .iter()
+            .map(|s| ((s.route.as_str(), s.term), s))
+            .collect();
         let mut out = Vec::new();
         for (route, &(term, installed_at)) in &self.installs {
             if installed_at > applied {
                 continue;
             }
-            let status = report.instances.iter().find(|s| &s.route == route && s.term == term);
-            out.push(match status {
-                Some(s) => Attributed {
-                    route: route.clone(),
-                    term,
-                    phase: proto::common::v1::InstancePhase::from_wire(s.phase)
-                        .as_str_name()
-                        .to_owned(),
-                    message: truncate(&s.message, proto::MAX_STATUS_MESSAGE_BYTES),
-                    workload_pid: s.workload_pid,
-                    progress: s.counters.as_ref().map_or(0, |c| c.last_progress_value),
-                },
+            out.push(match by_route.get(&(route.as_str(), term)) {
+                Some(s) => attributed(route, term, s),
                 None => Attributed {
                     route: route.clone(),
                     term,
@@ -117,6 +143,24 @@ impl Stream {
             });
         }
         Ok(out)
+    }
+
+    /// Of `statuses`, those that differ from what this stream last handed to the writer, each
+    /// marked urgent when its term, phase or PID changed; remembered as handed over.
+    pub fn changes(&mut self, statuses: Vec<Attributed>) -> Vec<Change> {
+        let mut out = Vec::new();
+        for status in statuses {
+            let urgent = match self.written.get(&status.route) {
+                Some(last) if *last == status => continue,
+                Some(last) => {
+                    (last.term, &last.phase, last.workload_pid) != (status.term, &status.phase, status.workload_pid)
+                }
+                None => true,
+            };
+            self.written.insert(status.route.clone(), status.clone());
+            out.push(Change { status, urgent });
+        }
+        out
     }
 }
 
@@ -161,7 +205,76 @@ mod tests {
                     ..InstanceStatus::default()
                 })
                 .collect(),
+            partial: false,
         }
+    }
+
+    fn partial(applied: u64, statuses: &[(&str, u64, InstancePhase)]) -> StatusReport {
+        StatusReport {
+            partial: true,
+            ..report(applied, statuses)
+        }
+    }
+
+    #[test]
+    fn a_partial_report_speaks_only_for_the_routes_it_lists() {
+        let mut s = Stream::default();
+        s.next_snapshot(snapshot(&[("a", 1), ("b", 1), ("c", 2)]));
+        s.on_ack(1).unwrap();
+        let out = s
+            .attribute(&partial(1, &[("b", 1, InstancePhase::Active)]), 10)
+            .unwrap();
+        assert_eq!(out.len(), 1, "a and c are unchanged, not absent: {out:?}");
+        assert_eq!(
+            (out[0].route.as_str(), out[0].phase.as_str()),
+            ("b", "INSTANCE_PHASE_ACTIVE")
+        );
+        // A wrong term, an unknown route or a report built before the ack: nothing.
+        let s2 = {
+            let mut s2 = Stream::default();
+            s2.next_snapshot(snapshot(&[("a", 1)]));
+            s2
+        };
+        assert!(
+            s2.attribute(&partial(1, &[("a", 1, InstancePhase::Active)]), 10)
+                .unwrap()
+                .is_empty()
+        );
+        let none = s
+            .attribute(
+                &partial(1, &[("c", 1, InstancePhase::Active), ("z", 1, InstancePhase::Active)]),
+                10,
+            )
+            .unwrap();
+        assert!(none.is_empty(), "{none:?}");
+        // The same report, complete: every other acked route is absent.
+        let complete = s.attribute(&report(1, &[("b", 1, InstancePhase::Active)]), 10).unwrap();
+        assert_eq!(complete.iter().filter(|a| a.phase == "ABSENT").count(), 2);
+    }
+
+    #[test]
+    fn only_changes_reach_the_writer_and_new_phases_are_urgent() {
+        let mut s = Stream::default();
+        let status = |term, phase: &str, progress| Attributed {
+            route: "a".into(),
+            term,
+            phase: phase.into(),
+            message: String::new(),
+            workload_pid: 7,
+            progress,
+        };
+        let first = s.changes(vec![status(1, "INSTANCE_PHASE_STARTING", 0)]);
+        assert_eq!(first.len(), 1);
+        assert!(first[0].urgent, "the first status of a route");
+        assert!(
+            s.changes(vec![status(1, "INSTANCE_PHASE_STARTING", 0)]).is_empty(),
+            "unchanged"
+        );
+        let counted = s.changes(vec![status(1, "INSTANCE_PHASE_STARTING", 5)]);
+        assert_eq!(counted.len(), 1);
+        assert!(!counted[0].urgent, "progress only");
+        assert!(s.changes(vec![status(1, "INSTANCE_PHASE_ACTIVE", 5)])[0].urgent);
+        assert!(s.changes(vec![status(2, "INSTANCE_PHASE_ACTIVE", 5)])[0].urgent);
     }
 
     #[test]

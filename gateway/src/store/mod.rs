@@ -820,6 +820,21 @@ impl Store {
 
     /// Record an owner's report unless a report of a higher term is already there.
     pub async fn record_report(&self, r: &Report) -> Result<()> {
+        self.record_reports(std::slice::from_ref(r)).await
+    }
+
+    /// Record owners' reports in one transaction (a batch from the report writer), each
+    /// unless a report of a higher term of its route is already there.
+    pub async fn record_reports(&self, reports: &[Report]) -> Result<()> {
+        if reports.is_empty() {
+            return Ok(());
+        }
+        let reports = reports.to_vec();
+        self.detached(move |store| async move { store.record_reports_now(&reports).await })
+            .await
+    }
+
+    async fn record_reports_now(&self, reports: &[Report]) -> Result<()> {
         let sql = format!(
             "INSERT INTO instance_reports (route, term, member, process_id, phase, message, workload_pid, reported_by, progress, updated_at_ms) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, ({})) \
@@ -830,18 +845,22 @@ impl Store {
              WHERE instance_reports.term <= excluded.term",
             self.backend.clock_expr()
         );
-        sqlx::query(&sql)
-            .bind(&r.route)
-            .bind(r.term)
-            .bind(&r.member)
-            .bind(&r.process_id)
-            .bind(&r.phase)
-            .bind(&r.message)
-            .bind(r.workload_pid)
-            .bind(&r.reported_by)
-            .bind(r.progress)
-            .execute(&self.pool)
-            .await?;
+        let mut tx = self.pool.begin_with(self.backend.begin_sql()).await?;
+        for r in reports {
+            sqlx::query(&sql)
+                .bind(&r.route)
+                .bind(r.term)
+                .bind(&r.member)
+                .bind(&r.process_id)
+                .bind(&r.phase)
+                .bind(&r.message)
+                .bind(r.workload_pid)
+                .bind(&r.reported_by)
+                .bind(r.progress)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
         Ok(())
     }
 

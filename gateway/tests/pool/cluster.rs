@@ -591,6 +591,7 @@ async fn drive(
                                 workload_pid: 4242,
                                 ..InstanceStatus::default()
                             }).collect(),
+                            partial: false,
                         };
                         let _ = outbound.send(MemberMessage { kind: Some(MemberKind::StatusReport(report)) }).await;
                     }

@@ -295,11 +295,13 @@ pub async fn reports_count_only_after_the_installing_revision_is_acked(db: &Test
     m.send(MemberKind::StatusReport(StatusReport {
         instances: vec![status(owned.term + 1)],
         applied_revision: snapshot.revision,
+        partial: false,
     }))
     .await;
     m.send(MemberKind::StatusReport(StatusReport {
         instances: vec![status(owned.term)],
         applied_revision: snapshot.revision,
+        partial: false,
     }))
     .await;
     // The first report may be recorded on its own first: it hosts nothing at the installed
@@ -946,6 +948,7 @@ pub async fn an_oversized_report_ends_the_stream_with_an_error(db: &TestDb) {
     m.send(MemberKind::StatusReport(StatusReport {
         instances: vec![huge],
         applied_revision: 0,
+        partial: false,
     }))
     .await;
     let ended = m.wait_ended().await;

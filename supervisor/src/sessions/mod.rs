@@ -30,6 +30,9 @@ pub(crate) struct SessionSet {
     /// Sessions told to stop or relinquish, kept until a report has shown their final phase.
     ending: Vec<(String, SessionHandle)>,
     changed: Arc<Notify>,
+    /// What the reports of the current stream said last, per route: a partial report carries
+    /// only what differs from it.
+    reported: BTreeMap<String, InstanceStatus>,
     table: watch::Sender<Arc<RouteTable>>,
     directory: Arc<BTreeMap<String, proto::common::v1::RouteDirectoryEntry>>,
     recovery_deadline_ms: u64,
@@ -43,6 +46,7 @@ impl SessionSet {
             live: BTreeMap::new(),
             ending: Vec::new(),
             changed: Arc::new(Notify::new()),
+            reported: BTreeMap::new(),
             table,
             directory: Arc::default(),
             recovery_deadline_ms: 0,
@@ -140,10 +144,17 @@ impl SessionSet {
         }));
     }
 
-    /// The complete status of this process's instances, bounded to
+    /// A new stream: its first report is complete and nothing it sends is a difference from
+    /// what an earlier stream said.
+    pub(crate) fn new_stream(&mut self) {
+        self.reported.clear();
+    }
+
+    /// The status of this process's instances — all of them (`complete`), or only those that
+    /// changed since the previous report of this stream — bounded to
     /// [`proto::MAX_STATUS_REPORT_BYTES`]. Ended sessions appear until one report has shown
     /// their final phase.
-    pub(crate) fn report(&mut self, applied_revision: u64) -> StatusReport {
+    pub(crate) fn report(&mut self, applied_revision: u64, complete: bool) -> StatusReport {
         let mut instances: Vec<InstanceStatus> = self.live.values().map(SessionHandle::status).collect();
         let ending_before = self.ending.len();
         for (route, session) in std::mem::take(&mut self.ending) {
@@ -162,9 +173,23 @@ impl SessionSet {
             // The next report shows them gone; send it soon rather than in 10 s.
             self.changed.notify_one();
         }
+        let instances = if complete {
+            self.reported = instances.iter().map(|s| (s.route.clone(), s.clone())).collect();
+            instances
+        } else {
+            let mut changed = Vec::new();
+            for status in instances {
+                if self.reported.get(&status.route) != Some(&status) {
+                    self.reported.insert(status.route.clone(), status.clone());
+                    changed.push(status);
+                }
+            }
+            changed
+        };
         bounded(StatusReport {
             instances,
             applied_revision,
+            partial: !complete,
         })
     }
 
@@ -234,6 +259,7 @@ mod tests {
         let report = StatusReport {
             instances: (0..256).map(big).collect(),
             applied_revision: 1,
+            partial: false,
         };
         assert!(report.encoded_len() > proto::MAX_STATUS_REPORT_BYTES);
         let report = bounded(report);
