@@ -26,7 +26,6 @@ pub mod server;
 pub mod status;
 pub mod store;
 pub mod tokens;
-pub mod verdict;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

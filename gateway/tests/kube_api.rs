@@ -1,5 +1,5 @@
 //! The Kubernetes integration against a mock API server that answers only with bodies
-//! captured from a real kube-apiserver v1.28.7 (`shared/fixtures/kube-api/`, see its
+//! captured from a real kube-apiserver v1.28.7 (`testdata/fixtures/kube-api/`, copied from `shared/fixtures/kube-api/`, see its
 //! README): the namespace and Pod watches feeding the index (bookmarks, label-selector
 //! deletions, a `410 Expired` inside a 200 stream, a 403 on the list), and `Kube`'s writes
 //! (server-side apply of the token Secret, deletion, events.k8s.io Events with series).
@@ -51,7 +51,7 @@ mod api {
     type Handle = tower_test::mock::Handle<http::Request<kube::client::Body>, http::Response<Body>>;
     pub type Responder = tower_test::mock::SendResponse<http::Response<Body>>;
 
-    const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/kube-api/");
+    const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/fixtures/kube-api/");
 
     /// A captured response body, unchanged.
     pub fn fixture(name: &str) -> String {

@@ -222,7 +222,7 @@ mod tests {
     use super::*;
 
     fn fixture(name: &str) -> TokenReviewStatus {
-        let path = format!("{}/../../shared/fixtures/kube-api/{name}", env!("CARGO_MANIFEST_DIR"));
+        let path = format!("{}/../testdata/fixtures/kube-api/{name}", env!("CARGO_MANIFEST_DIR"));
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
         let review: TokenReview = serde_json::from_str(&text).expect("a TokenReview");
         review.status.expect("a status")

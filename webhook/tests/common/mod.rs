@@ -18,7 +18,7 @@ use tokio_rustls::TlsConnector;
 pub fn fixtures_dir() -> PathBuf {
     match std::env::var_os("OPENSHELL_FIXTURES_DIR") {
         Some(dir) => PathBuf::from(dir).join("admission"),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/admission"),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/fixtures/admission"),
     }
 }
 
