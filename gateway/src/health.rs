@@ -114,7 +114,7 @@ async fn metrics(State(port): State<Port>) -> impl IntoResponse {
         "Coordinator term this replica holds (0: standby)",
         coordinator,
     );
-    let live = view.members.values().filter(|m| m.is_live(view.now_ms)).count();
+    let live = view.members.values().filter(|m| view.member_is_live(m)).count();
     gauge(
         &mut registry,
         "members_live",

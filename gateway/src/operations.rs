@@ -285,7 +285,7 @@ impl<'v> Round<'v> {
             .view
             .members
             .values()
-            .filter(|m| m.leaving && m.is_live(self.view.now_ms))
+            .filter(|m| m.leaving && self.view.member_is_live(m))
             .map(|m| m.member.clone())
             .collect();
         for member in leaving {

@@ -67,7 +67,7 @@ pub fn status(view: &View, lease: Option<&LeaseView>, served_by: &str) -> GetSup
         .map(|m| Member {
             name: m.member.clone(),
             process_id: m.process_id.clone(),
-            state: if !m.is_live(view.now_ms) {
+            state: if !view.member_is_live(m) {
                 MemberState::Gone
             } else if m.leaving {
                 MemberState::Leaving

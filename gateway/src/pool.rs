@@ -39,7 +39,18 @@ pub struct View {
     pub operations: Vec<Operation>,
     /// When each replica last recorded that it is running (database time).
     pub replicas: BTreeMap<String, i64>,
+    /// The last span this replica could not read the store, as database times (the last
+    /// read before, the first read after): nobody's records could be refreshed in it, so a
+    /// record that lapsed within it is no evidence of silence until the writers have had
+    /// [`BLACKOUT_GRACE`] to refresh it (see [`View::member_is_live`]).
+    pub blackout: Option<(i64, i64)>,
 }
+
+/// After the store was unreachable, how long records that lapsed meanwhile still count as
+/// live: two membership refreshes and a pool read, time for every stream to refresh its
+/// member's record (or for the member to attach again).
+pub const BLACKOUT_GRACE: Duration =
+    Duration::from_millis(2 * timing::MEMBERSHIP_REFRESH.as_millis() as u64 + REFRESH_INTERVAL.as_millis() as u64);
 
 impl View {
     pub async fn load(store: &Store) -> store::Result<Self> {
@@ -54,6 +65,7 @@ impl View {
             reports: by_route(store.list_reports().await?, |r| &r.route),
             operations: store.list_operations().await?,
             replicas: store.list_replicas().await?.into_iter().collect(),
+            blackout: None,
         })
     }
 
@@ -61,22 +73,40 @@ impl View {
     /// longer than `silence`: the replica is paused, cut off or dead, and cannot tell whether
     /// the member still lives. A member that attached elsewhere has a record served by its
     /// new replica; one whose replica never recorded itself is left to its TTL.
+    /// A replica's silence is counted from the end of a blackout when it was still recording
+    /// itself when the blackout began (it could not write meanwhile either).
     pub fn orphaned(&self, silence: Duration) -> Vec<&MemberRecord> {
         let silence_ms = i64::try_from(silence.as_millis()).unwrap_or(i64::MAX);
         self.members
             .values()
             .filter(|m| m.is_live(self.now_ms))
             .filter(|m| {
-                self.replicas
-                    .get(&m.served_by)
-                    .is_some_and(|at| *at < self.now_ms.saturating_sub(silence_ms))
+                self.replicas.get(&m.served_by).is_some_and(|at| {
+                    let heard = match self.blackout {
+                        Some((from, to)) if *at >= from.saturating_sub(silence_ms) => (*at).max(to),
+                        _ => *at,
+                    };
+                    heard < self.now_ms.saturating_sub(silence_ms)
+                })
             })
             .collect()
     }
 
+    /// Whether `m` counts as a live member process: its record has not expired, or it
+    /// expired during this replica's last blackout and the grace after it has not passed (the
+    /// record could not be refreshed; a record that had expired before stays expired).
+    pub fn member_is_live(&self, m: &MemberRecord) -> bool {
+        if m.is_live(self.now_ms) {
+            return true;
+        }
+        let grace_ms = i64::try_from(BLACKOUT_GRACE.as_millis()).unwrap_or(i64::MAX);
+        self.blackout
+            .is_some_and(|(from, to)| m.expires_at_ms > from && self.now_ms < to.saturating_add(grace_ms))
+    }
+
     /// The member process with a live record, if `member` is one.
     pub fn live_member(&self, member: &str) -> Option<&MemberRecord> {
-        self.members.get(member).filter(|m| m.is_live(self.now_ms))
+        self.members.get(member).filter(|m| self.member_is_live(m))
     }
 
     /// Whether `process_id` is the live process of `member`.
@@ -98,7 +128,7 @@ impl View {
     pub fn candidates(&self, excluded: &BTreeSet<String>) -> Vec<Candidate> {
         self.members
             .values()
-            .filter(|m| m.is_live(self.now_ms))
+            .filter(|m| self.member_is_live(m))
             .map(|m| Candidate {
                 member: m.member.clone(),
                 process_id: m.process_id.clone(),
@@ -233,10 +263,12 @@ fn by_route<T>(items: Vec<T>, route: impl Fn(&T) -> &String) -> BTreeMap<String,
 /// notified, and publish it, until `shutdown`. Members whose serving replica went silent
 /// ([`View::orphaned`]) are expired on the way, and the pool read again at once.
 pub async fn refresh(store: Store, publish: watch::Sender<Arc<View>>, wake: Arc<Notify>, shutdown: CancellationToken) {
+    let mut reads = Reads::default();
     loop {
         let mut again = false;
         match tokio::time::timeout(REFRESH_INTERVAL * 10, View::load(&store)).await {
-            Ok(Ok(view)) => {
+            Ok(Ok(mut view)) => {
+                view.blackout = reads.succeeded(view.now_ms);
                 for m in view.orphaned(timing::replica_silence_bound()) {
                     match store
                         .expire_member_of_silent_replica(m, timing::replica_silence_bound())
@@ -255,8 +287,14 @@ pub async fn refresh(store: Store, publish: watch::Sender<Arc<View>>, wake: Arc<
                 }
                 publish.send_replace(Arc::new(view));
             }
-            Ok(Err(err)) => warn!(error = %err, "cannot read the pool"),
-            Err(_) => warn!("reading the pool timed out"),
+            Ok(Err(err)) => {
+                reads.failed();
+                warn!(error = %err, "cannot read the pool");
+            }
+            Err(_) => {
+                reads.failed();
+                warn!("reading the pool timed out");
+            }
         }
         if again {
             continue;
@@ -266,6 +304,31 @@ pub async fn refresh(store: Store, publish: watch::Sender<Arc<View>>, wake: Arc<
             () = wake.notified() => {}
             () = tokio::time::sleep(REFRESH_INTERVAL) => {}
         }
+    }
+}
+
+/// This replica's reads of the store: the last that succeeded, whether one failed since, and
+/// the last blackout (the span between the last read before a failure and the first after).
+#[derive(Debug, Default)]
+struct Reads {
+    last_ok: Option<i64>,
+    failing: bool,
+    blackout: Option<(i64, i64)>,
+}
+
+impl Reads {
+    fn succeeded(&mut self, now_ms: i64) -> Option<(i64, i64)> {
+        if std::mem::take(&mut self.failing)
+            && let Some(last) = self.last_ok
+        {
+            self.blackout = Some((last, now_ms));
+        }
+        self.last_ok = Some(now_ms);
+        self.blackout
+    }
+
+    fn failed(&mut self) {
+        self.failing = true;
     }
 }
 
@@ -368,6 +431,68 @@ mod tests {
         // Another process of the same member owns nothing.
         let other = view().snapshot_for("m1", "m1-other", 60_000);
         assert!(other.instances.is_empty() && other.stop_routes.is_empty());
+    }
+
+    #[test]
+    fn records_that_lapsed_while_the_store_was_unreachable_count_until_the_grace_passed() {
+        // m1's record ran to 5 000 and m2's to 500; the store was unreachable from 1 000 to
+        // 40 000 (nobody could refresh anything).
+        let grace = i64::try_from(BLACKOUT_GRACE.as_millis()).unwrap();
+        let mut v = View {
+            now_ms: 40_000,
+            blackout: Some((1_000, 40_000)),
+            ..view()
+        };
+        assert!(
+            v.live_member("m1").is_some(),
+            "lapsed during the blackout: not evidence of silence yet"
+        );
+        assert!(v.live_member("m2").is_none(), "lapsed before the blackout: gone");
+        assert_eq!(v.candidates(&BTreeSet::new()).len(), 1);
+        v.now_ms = 40_000 + grace;
+        assert!(v.live_member("m1").is_none(), "not refreshed within the grace: gone");
+        // Without a blackout an expired record is gone at once.
+        let plain = View {
+            now_ms: 6_000,
+            ..view()
+        };
+        assert!(plain.live_member("m1").is_none());
+    }
+
+    #[test]
+    fn a_blackout_is_the_span_between_the_last_read_before_a_failure_and_the_first_after() {
+        let mut reads = Reads::default();
+        assert_eq!(reads.succeeded(100), None);
+        assert_eq!(reads.succeeded(300), None);
+        reads.failed();
+        reads.failed();
+        assert_eq!(reads.succeeded(30_300), Some((300, 30_300)));
+        assert_eq!(
+            reads.succeeded(30_500),
+            Some((300, 30_300)),
+            "kept: the grace runs from its end"
+        );
+    }
+
+    #[test]
+    fn a_replica_silent_only_during_a_blackout_orphans_nothing() {
+        let silence = Duration::from_millis(3_000);
+        let mut v = view();
+        v.members.get_mut("m1").unwrap().expires_at_ms = 60_000;
+        // gw recorded itself at 900, just before the store went away at 1 000; back at 40 000.
+        v.replicas.insert("gw".into(), 900);
+        v.now_ms = 40_500;
+        v.blackout = Some((1_000, 40_000));
+        assert!(
+            v.orphaned(silence).is_empty(),
+            "its silence counts from the store's return"
+        );
+        v.now_ms = 43_100;
+        assert_eq!(v.orphaned(silence).len(), 1, "still silent 3 s after the return");
+        // A replica already silent when the blackout began stays silent.
+        v.replicas.insert("gw".into(), -5_000);
+        v.now_ms = 40_500;
+        assert_eq!(v.orphaned(silence).len(), 1);
     }
 
     #[test]

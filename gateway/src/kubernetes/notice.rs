@@ -93,7 +93,7 @@ fn workload_pod(instance: &InstanceRecord) -> Regarding {
 fn members(before: &View, after: &View, install_namespace: &str, out: &mut Vec<Notice>) {
     let member_pod = |name: &str| member_pod(install_namespace, name);
     for m in after.members.values() {
-        if m.is_live(after.now_ms) && before.live_member(&m.member).is_none() {
+        if after.member_is_live(m) && before.live_member(&m.member).is_none() {
             out.push(Notice {
                 regarding: member_pod(&m.member),
                 related: None,
@@ -105,7 +105,7 @@ fn members(before: &View, after: &View, install_namespace: &str, out: &mut Vec<N
         }
     }
     for m in before.members.values() {
-        if m.is_live(before.now_ms) && after.live_member(&m.member).is_none() {
+        if before.member_is_live(m) && after.live_member(&m.member).is_none() {
             // It announced leaving before, or its stream ended after announcing it (the
             // record stays, expired and marked leaving): often both within one refresh.
             let left = m.leaving
