@@ -357,7 +357,11 @@ pub fn render_plan(plan: &OperationPlan) -> String {
         "dry run (nothing recorded) over the pool as {} read it: {} moves, {}\n",
         plan.served_by,
         plan.moves.len(),
-        if plan.completes { "would succeed" } else { "would not finish" }
+        if plan.completes {
+            "would succeed"
+        } else {
+            "would not finish"
+        }
     );
     if !plan.moves.is_empty() {
         out.push_str(&format!(
@@ -667,13 +671,19 @@ mod tests {
             ..OperationPlan::default()
         };
         let text = render_plan(&plan);
-        assert!(text.contains("nothing recorded") && text.contains("would not finish"), "{text}");
+        assert!(
+            text.contains("nothing recorded") && text.contains("would not finish"),
+            "{text}"
+        );
         assert!(
             text.lines().any(|l| l.split_whitespace().collect::<Vec<_>>()
                 == ["1", "team-a/agent-0", "supervisor-0", "supervisor-1", "4"]),
             "{text}"
         );
-        assert!(text.contains("team-a/agent-1") && text.contains("holds 2 of 2"), "{text}");
+        assert!(
+            text.contains("team-a/agent-1") && text.contains("holds 2 of 2"),
+            "{text}"
+        );
         let json = render_plan_json(&plan);
         assert_eq!(json["moves"][0]["to"], "supervisor-1");
         assert_eq!(json["refused"][0]["route"], "team-a/agent-1");
@@ -690,7 +700,10 @@ mod tests {
         };
         assert!(plan.dry_run && plan.output == Output::Json);
         assert!(parse(&["rebalance", "--dry-run"]).is_ok());
-        assert!(parse(&["rebalance", "--dry-run", "--wait"]).is_err(), "a dry run has nothing to wait for");
+        assert!(
+            parse(&["rebalance", "--dry-run", "--wait"]).is_err(),
+            "a dry run has nothing to wait for"
+        );
     }
 
     #[test]

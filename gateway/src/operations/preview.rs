@@ -58,7 +58,9 @@ pub fn preview(view: &View, op: &Operation) -> Preview {
     let mut refusal = None;
     // Every wave moves at least one instance, and an instance never needs more moves than
     // there are assignments: a bound, not an expectation.
-    let waves = u32::try_from(pool.assignments.len()).unwrap_or(u32::MAX).saturating_add(1);
+    let waves = u32::try_from(pool.assignments.len())
+        .unwrap_or(u32::MAX)
+        .saturating_add(1);
     for wave in 1..=waves {
         let mut round = Round::new(&pool);
         round.operation(&op);
@@ -169,11 +171,7 @@ mod tests {
         let p = preview(&v, &op(OperationKind::Drain, "a", 2));
         assert_eq!(
             routes(&p),
-            [
-                ("r1", "a", "c", 2, 1),
-                ("r2", "a", "b", 2, 1),
-                ("r3", "a", "c", 2, 2)
-            ]
+            [("r1", "a", "c", 2, 1), ("r2", "a", "b", 2, 1), ("r3", "a", "c", 2, 2)]
         );
         assert!(p.completes && p.refused.is_empty());
         assert_eq!(p.message, "a drained: 3 instances moved");
@@ -228,7 +226,10 @@ mod tests {
 
     #[test]
     fn a_rebalance_preview_evens_out_and_a_balanced_pool_plans_nothing() {
-        let v = pool(&["a", "b"], &[("r1", "a"), ("r2", "a"), ("r3", "a"), ("r4", "a"), ("r5", "a")]);
+        let v = pool(
+            &["a", "b"],
+            &[("r1", "a"), ("r2", "a"), ("r3", "a"), ("r4", "a"), ("r5", "a")],
+        );
         let p = preview(&v, &op(OperationKind::Rebalance, "", 1));
         assert_eq!(
             routes(&p),
@@ -246,7 +247,10 @@ mod tests {
         let mut v = pool(&["a", "b"], &[("r1", "a")]);
         assert!(equivalent(&v, OperationKind::Drain, "a").is_none());
         v.operations.push(op(OperationKind::Drain, "a", 1));
-        assert_eq!(equivalent(&v, OperationKind::Drain, "a").map(|o| o.id.as_str()), Some("op"));
+        assert_eq!(
+            equivalent(&v, OperationKind::Drain, "a").map(|o| o.id.as_str()),
+            Some("op")
+        );
         v.operations[0].phase = OperationPhase::Failed;
         assert!(equivalent(&v, OperationKind::Drain, "a").is_none());
     }

@@ -13,6 +13,7 @@ use gateway::kubernetes::notice::{
     REASON_UNPLACEABLE,
 };
 use gateway::kubernetes::plan::{NAMESPACE_SECRET, OPERATOR_SECRET, SUPERVISOR_SECRET};
+use gateway::kubernetes::pool_status::{POOL_NAME, PoolStatus};
 use gateway::kubernetes::review::{Account, Scripted};
 use gateway::kubernetes::{Integration, Recording, Scope, Shared};
 use proto::host::v1::Leaving;
@@ -683,4 +684,109 @@ pub async fn a_pod_acts_only_for_itself_within_its_namespace_quota(db: &TestDb) 
     );
     assert!(db.store.instance("team-b/web-1").await.unwrap().is_none());
     replica.stop().await;
+}
+
+/// The `SupervisorPool` status the call applies, if it is one (of the install's pool object).
+fn pool_status(call: &Call) -> Option<PoolStatus> {
+    match call {
+        Call::ApplyPoolStatus {
+            namespace,
+            name,
+            status,
+        } if namespace == INSTALL && name == POOL_NAME => Some((**status).clone()),
+        _ => None,
+    }
+}
+
+fn condition(status: &PoolStatus, type_: &str) -> (String, String) {
+    let c = status.conditions.iter().find(|c| c.type_ == type_).unwrap();
+    (c.status.clone(), c.reason.clone())
+}
+
+/// The `SupervisorPool` status comes from the coordinator only: not ready without members,
+/// ready with the member and its active instance once they are there (and not written again
+/// while nothing changes), and after a failover written by the next coordinator under its own
+/// name and term, which the standby never wrote before.
+pub async fn the_pool_status_is_kept_by_the_coordinator_alone(db: &TestDb) {
+    let (first, mut calls) = coordinator_with_default_namespace(db, &["agent-0"]).await;
+    let empty = next_call(&mut calls, "a pool status", |c| pool_status(c).is_some()).await;
+    let empty = pool_status(&empty).unwrap();
+    assert_eq!(empty.coordinator.as_ref().map(|c| c.replica.as_str()), Some("gw-k"));
+    assert_eq!(condition(&empty, "CoordinatorElected").0, "True");
+    assert_eq!(
+        condition(&empty, "Ready"),
+        ("False".into(), "NoMemberTakesInstances".into())
+    );
+    let shared = Shared::default();
+    let (standby, _, mut standby_calls) = replica_with(db, "gw-standby", Scope::new(INSTALL), &shared).await;
+    shared.with(|index| {
+        index.reset_namespaces(["default".to_owned()]);
+        index.reset_pods([Pod {
+            namespace: "default".into(),
+            name: "agent-0".into(),
+            uid: "uid-agent-0".into(),
+        }]);
+    });
+
+    let supervisor = Identity {
+        member: "supervisor-0".into(),
+        process_id: "p1".into(),
+        epoch: 1,
+        capacity: 8,
+    };
+    let member = Member::attach(
+        &first.endpoint(),
+        &member_token("supervisor-0"),
+        supervisor,
+        Behaviour::Healthy,
+    )
+    .await
+    .unwrap();
+    register(&first.endpoint(), &pod_token("agent-0"), "agent-0")
+        .await
+        .unwrap();
+    let mut between = Vec::new();
+    let ready = next_call(&mut calls, "a ready pool with one active instance", |c| {
+        let status = pool_status(c);
+        if let Some(s) = &status {
+            between.push(s.clone());
+        }
+        status.is_some_and(|s| s.ready_instances == "1/1" && condition(&s, "Ready").0 == "True")
+    })
+    .await;
+    let ready = pool_status(&ready).unwrap();
+    assert_eq!(ready.ready_members, "1/1");
+    assert_eq!(
+        (
+            ready.members[0].name.as_str(),
+            ready.members[0].state.as_str(),
+            ready.members[0].instances
+        ),
+        ("supervisor-0", "active", 1)
+    );
+    assert_eq!(condition(&ready, "Degraded"), ("False".into(), "AsExpected".into()));
+    for pair in between.windows(2) {
+        assert_ne!(pair[0], pair[1], "the same status applied twice in a row");
+    }
+    // Only the coordinator writes it.
+    while let Ok(call) = standby_calls.try_recv() {
+        assert!(
+            pool_status(&call).is_none(),
+            "the standby wrote the pool status: {call:?}"
+        );
+    }
+
+    // Failover: the standby coordinates and writes the status under its name and next term.
+    let term = ready.coordinator.as_ref().unwrap().term;
+    first.stop().await;
+    let taken = next_call(&mut standby_calls, "the pool status from the next coordinator", |c| {
+        pool_status(c).is_some()
+    })
+    .await;
+    let taken = pool_status(&taken).unwrap();
+    let coordinator = taken.coordinator.clone().unwrap();
+    assert_eq!(coordinator.replica, "gw-standby");
+    assert!(coordinator.term > term, "{} after {term}", coordinator.term);
+    drop(member);
+    standby.stop().await;
 }

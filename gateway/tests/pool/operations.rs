@@ -246,7 +246,10 @@ pub async fn a_dry_run_lists_the_moves_a_drain_then_makes_and_writes_nothing(db:
             .unwrap();
     }
     wait_assignments(&db.store, "two instances on each member", |a| {
-        a.len() == 6 && ["m-a", "m-b", "m-c"].iter().all(|m| a.iter().filter(|a| a.member == *m).count() == 2)
+        a.len() == 6
+            && ["m-a", "m-b", "m-c"]
+                .iter()
+                .all(|m| a.iter().filter(|a| a.member == *m).count() == 2)
     })
     .await;
     // Answered by whichever replica does not hold the lease.
@@ -274,7 +277,10 @@ pub async fn a_dry_run_lists_the_moves_a_drain_then_makes_and_writes_nothing(db:
     let operations_before = db.store.list_operations().await.unwrap();
     let assignments_before = db.store.list_assignments().await.unwrap();
     let answer = dry_run(OperationKind::Drain, "m-b").await.unwrap();
-    assert!(answer.operation.is_none() && !answer.created, "a dry run records nothing");
+    assert!(
+        answer.operation.is_none() && !answer.created,
+        "a dry run records nothing"
+    );
     let plan = answer.plan.expect("a dry run answers with the plan");
     assert_eq!(plan.served_by, follower.name);
     assert!(plan.completes, "{}", plan.message);
@@ -284,7 +290,15 @@ pub async fn a_dry_run_lists_the_moves_a_drain_then_makes_and_writes_nothing(db:
     let planned: Vec<(String, String, String, u64, u32)> = plan
         .moves
         .iter()
-        .map(|m| (m.route.clone(), m.from_member.clone(), m.to_member.clone(), m.term, m.wave))
+        .map(|m| {
+            (
+                m.route.clone(),
+                m.from_member.clone(),
+                m.to_member.clone(),
+                m.term,
+                m.wave,
+            )
+        })
         .collect();
     // Both of m-b's instances, one per wave (max_parallel 1): the first to m-a (a tie with
     // m-c, broken by name), the second to m-c, then at three of three.
@@ -358,7 +372,10 @@ pub async fn a_dry_run_lists_the_moves_a_drain_then_makes_and_writes_nothing(db:
         assert!(r.reason.contains("m-c holds 3 of 3"), "{r:?}");
     }
     let table = poolctl::render_plan(&plan);
-    assert!(table.contains("would not finish") && table.contains("m-c holds 3 of 3"), "{table}");
+    assert!(
+        table.contains("would not finish") && table.contains("m-c holds 3 of 3"),
+        "{table}"
+    );
     assert_eq!(db.store.list_operations().await.unwrap(), operations_before);
     assert_eq!(db.store.list_assignments().await.unwrap(), after);
     drop(members);
