@@ -424,6 +424,25 @@ mod tests {
         );
     }
 
+    /// A running operation `op-1`, nothing moved yet.
+    fn running(kind: OperationKind, target: &str) -> Operation {
+        Operation {
+            id: "op-1".into(),
+            kind,
+            target: target.into(),
+            phase: OperationPhase::Running,
+            message: "running".into(),
+            attempts: 0,
+            moves: 0,
+            deadline_at_ms: None,
+            max_parallel: 1,
+            requested_by: "admin".into(),
+            cancel_requested: false,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+        }
+    }
+
     fn lease() -> Lease {
         Lease {
             holder: "openshell-gateway-0/4f2a".into(),
@@ -569,21 +588,7 @@ mod tests {
     #[test]
     fn a_running_drain_shows_its_progress_and_a_drained_member_its_state() {
         let mut v = view();
-        let drain = Operation {
-            id: "op-1".into(),
-            kind: OperationKind::Drain,
-            target: "a".into(),
-            phase: OperationPhase::Running,
-            message: "moving 2 instances off a".into(),
-            attempts: 0,
-            moves: 0,
-            deadline_at_ms: None,
-            max_parallel: 1,
-            requested_by: "admin".into(),
-            cancel_requested: false,
-            created_at_ms: 0,
-            updated_at_ms: 0,
-        };
+        let drain = running(OperationKind::Drain, "a");
         v.operations.push(drain.clone());
         let status = desired(&v, Some(&lease()), None);
         assert_eq!(status.operations.len(), 1);
@@ -631,21 +636,7 @@ mod tests {
             }
         }
         let mut v = view();
-        v.operations.push(Operation {
-            id: "op-1".into(),
-            kind: OperationKind::Rebalance,
-            target: String::new(),
-            phase: OperationPhase::Running,
-            message: String::new(),
-            attempts: 0,
-            moves: 0,
-            deadline_at_ms: None,
-            max_parallel: 1,
-            requested_by: "admin".into(),
-            cancel_requested: false,
-            created_at_ms: 0,
-            updated_at_ms: 0,
-        });
+        v.operations.push(running(OperationKind::Rebalance, ""));
         let status = desired(&v, Some(&lease()), None);
         assert!(!status.operations.is_empty() && !status.members.is_empty());
         let mut written = std::collections::BTreeSet::new();

@@ -48,6 +48,28 @@ async fn next_call(calls: &mut UnboundedReceiver<Call>, what: &str, mut want: im
     }
 }
 
+/// The supervisor Pod `supervisor-0` of the install (process `p1`, capacity 8).
+fn supervisor_0() -> Identity {
+    Identity {
+        member: "supervisor-0".into(),
+        process_id: "p1".into(),
+        epoch: 1,
+        capacity: 8,
+    }
+}
+
+/// [`supervisor_0`] attached to `endpoint` with its Pod's ServiceAccount token.
+async fn attach_supervisor_0(endpoint: &str) -> Member {
+    Member::attach(
+        endpoint,
+        &member_token("supervisor-0"),
+        supervisor_0(),
+        Behaviour::Healthy,
+    )
+    .await
+    .expect("the supervisor Pod's token is accepted")
+}
+
 /// A replica `name` with a recording cluster, the TokenReview stand-in and `shared` as its
 /// watches' index: the replica, the recording cluster and the calls it records.
 async fn replica_with(
@@ -156,20 +178,7 @@ pub async fn secrets_follow_labels_and_pods_decide_desired_instances(db: &TestDb
     );
 
     // A member joins: an Event on its Pod in the install namespace.
-    let supervisor = Identity {
-        member: "supervisor-0".into(),
-        process_id: "p1".into(),
-        epoch: 1,
-        capacity: 8,
-    };
-    let _member = Member::attach(
-        &replica.endpoint(),
-        &member_token("supervisor-0"),
-        supervisor,
-        Behaviour::Healthy,
-    )
-    .await
-    .expect("the supervisor Pod's token is accepted");
+    let _member = attach_supervisor_0(&replica.endpoint()).await;
     let call = next_call(
         &mut calls,
         "MemberJoined",
@@ -304,20 +313,7 @@ pub async fn a_member_that_leaves_gracefully_is_reported_left_on_its_pod(db: &Te
     applied(&call, INSTALL, SUPERVISOR_SECRET).unwrap();
     shared.with(|index| index.reset_member_pods([("supervisor-0".to_owned(), "uid-supervisor-0".to_owned())]));
 
-    let identity = Identity {
-        member: "supervisor-0".into(),
-        process_id: "p1".into(),
-        epoch: 1,
-        capacity: 8,
-    };
-    let member = Member::attach(
-        &replica.endpoint(),
-        &member_token("supervisor-0"),
-        identity,
-        Behaviour::Healthy,
-    )
-    .await
-    .unwrap();
+    let member = attach_supervisor_0(&replica.endpoint()).await;
     let joined = next_call(
         &mut calls,
         "MemberJoined",
@@ -403,27 +399,13 @@ async fn coordinator_with_default_namespace(
 /// Pod, once, naming the last owner and term.
 pub async fn a_workload_stopped_at_its_recovery_deadline_is_reported_on_its_pod(db: &TestDb) {
     let (coordinator, mut calls) = coordinator_with_default_namespace(db, &["agent-0", "agent-1"]).await;
-    let supervisor_token = member_token("supervisor-0");
     let instance_token = pod_token("agent-0");
     // Another replica, a follower (its writer never acts), serves the sidecar's report.
     let listed = Shared::default();
     listed.with(|index| index.reset_namespaces(["default".to_owned()]));
     let (follower, _, _ignored) = replica_with(db, "gw-f", Scope::new(INSTALL), &listed).await;
 
-    let supervisor = Identity {
-        member: "supervisor-0".into(),
-        process_id: "p1".into(),
-        epoch: 1,
-        capacity: 8,
-    };
-    let member = Member::attach(
-        &coordinator.endpoint(),
-        &supervisor_token,
-        supervisor,
-        Behaviour::Healthy,
-    )
-    .await
-    .unwrap();
+    let member = attach_supervisor_0(&coordinator.endpoint()).await;
     next_call(
         &mut calls,
         "MemberJoined",
@@ -523,7 +505,6 @@ pub async fn a_workload_stopped_at_its_recovery_deadline_is_reported_on_its_pod(
 /// it.
 pub async fn an_instance_registered_without_members_is_reported_unplaceable(db: &TestDb) {
     let (replica, mut calls) = coordinator_with_default_namespace(db, &["agent-0"]).await;
-    let supervisor_token = member_token("supervisor-0");
     let instance_token = pod_token("agent-0");
 
     let refused = register(&replica.endpoint(), &instance_token, "agent-0")
@@ -552,15 +533,7 @@ pub async fn an_instance_registered_without_members_is_reported_unplaceable(db: 
     register(&replica.endpoint(), &instance_token, "agent-0")
         .await
         .unwrap_err();
-    let supervisor = Identity {
-        member: "supervisor-0".into(),
-        process_id: "p1".into(),
-        epoch: 1,
-        capacity: 8,
-    };
-    let _member = Member::attach(&replica.endpoint(), &supervisor_token, supervisor, Behaviour::Healthy)
-        .await
-        .unwrap();
+    let _member = attach_supervisor_0(&replica.endpoint()).await;
     let mut between = Vec::new();
     next_call(&mut calls, "MemberJoined", |c| {
         between.push(c.clone());
@@ -596,20 +569,8 @@ pub async fn a_pod_acts_only_for_itself_within_its_namespace_quota(db: &TestDb) 
     let (replica, _, _calls) = replica_with(db, "gw-k", Scope::new(INSTALL), &shared).await;
     // Registration answers with an instance token: the coordinator's first signing key.
     crate::cluster::Tokens::load(&db.store).await;
-    let supervisor = Identity {
-        member: "supervisor-0".into(),
-        process_id: "p1".into(),
-        epoch: 1,
-        capacity: 8,
-    };
-    let _member = Member::attach(
-        &replica.endpoint(),
-        &member_token("supervisor-0"),
-        supervisor.clone(),
-        Behaviour::Healthy,
-    )
-    .await
-    .unwrap();
+    let supervisor = supervisor_0();
+    let _member = attach_supervisor_0(&replica.endpoint()).await;
     register(&replica.endpoint(), &pod_token("agent-0"), "agent-0")
         .await
         .unwrap();
@@ -728,20 +689,7 @@ pub async fn the_pool_status_is_kept_by_the_coordinator_alone(db: &TestDb) {
         }]);
     });
 
-    let supervisor = Identity {
-        member: "supervisor-0".into(),
-        process_id: "p1".into(),
-        epoch: 1,
-        capacity: 8,
-    };
-    let member = Member::attach(
-        &first.endpoint(),
-        &member_token("supervisor-0"),
-        supervisor,
-        Behaviour::Healthy,
-    )
-    .await
-    .unwrap();
+    let member = attach_supervisor_0(&first.endpoint()).await;
     register(&first.endpoint(), &pod_token("agent-0"), "agent-0")
         .await
         .unwrap();

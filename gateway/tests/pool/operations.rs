@@ -56,31 +56,55 @@ async fn wait_phase(db: &TestDb, id: &str, phase: OperationPhase) -> gateway::st
     .await
 }
 
+/// `poolctl` with the operator token of `credentials` against `endpoint`, then `args`.
+fn poolctl_cli(endpoint: &str, credentials: &std::path::Path, args: &[&str]) -> poolctl::Cli {
+    let token = credentials.join("operator").join("token");
+    let base = [
+        "poolctl",
+        "--gateway",
+        endpoint,
+        "--token-file",
+        token.to_str().unwrap(),
+    ];
+    poolctl::Cli::try_parse_from(base.iter().chain(args)).unwrap()
+}
+
+/// Members `(name, capacity)` attached to `endpoint` (process `<name>-p1`), once all are live.
+async fn attach_members(
+    db: &TestDb,
+    endpoint: &str,
+    tokens: &crate::cluster::Tokens,
+    members: &[(&str, u32)],
+) -> Vec<Member> {
+    let mut attached = Vec::new();
+    for (name, capacity) in members {
+        let id = Identity {
+            member: (*name).into(),
+            process_id: format!("{name}-p1"),
+            epoch: 1,
+            capacity: *capacity,
+        };
+        attached.push(
+            Member::attach(endpoint, &tokens.member(name), id, Behaviour::Healthy)
+                .await
+                .unwrap(),
+        );
+    }
+    wait_for("every member live", 2000, || async {
+        let (now, all) = db.store.list_members().await.ok()?;
+        (all.iter().filter(|m| m.is_live(now)).count() == members.len()).then_some(())
+    })
+    .await;
+    attached
+}
+
 pub async fn drain_and_rebalance_move_instances_at_term_plus_one(db: &TestDb) {
     let credentials = tempfile::tempdir().unwrap();
     let replica = start_replica("gw-ops", &db.url, credentials.path()).await;
     let endpoint = replica.endpoint();
     let operator = token(credentials.path(), "operator").await;
     let tokens = crate::cluster::Tokens::load(&db.store).await;
-    let mut members = Vec::new();
-    for name in ["m-a", "m-b"] {
-        let id = Identity {
-            member: name.into(),
-            process_id: format!("{name}-p1"),
-            epoch: 1,
-            capacity: 16,
-        };
-        members.push(
-            Member::attach(&endpoint, &tokens.member(name), id, Behaviour::Healthy)
-                .await
-                .unwrap(),
-        );
-    }
-    wait_for("two live members", 2000, || async {
-        let (now, all) = db.store.list_members().await.ok()?;
-        (all.iter().filter(|m| m.is_live(now)).count() == 2).then_some(())
-    })
-    .await;
+    let members = attach_members(db, &endpoint, &tokens, &[("m-a", 16), ("m-b", 16)]).await;
     for i in 0..4 {
         let name = format!("agent-{i}");
         register(&endpoint, &tokens.instance(&name), &name).await.unwrap();
@@ -178,18 +202,11 @@ pub async fn drain_and_rebalance_move_instances_at_term_plus_one(db: &TestDb) {
     assert_eq!(unknown.code(), Code::NotFound);
 
     // Rebalance evens out 0 / 5, through poolctl's client (as an operator would).
-    let cli = poolctl::Cli::try_parse_from([
-        "poolctl",
-        "--gateway",
+    let cli = poolctl_cli(
         &endpoint,
-        "--token-file",
-        credentials.path().join("operator").join("token").to_str().unwrap(),
-        "rebalance",
-        "--max-parallel",
-        "8",
-        "--wait",
-    ])
-    .unwrap();
+        credentials.path(),
+        &["rebalance", "--max-parallel", "8", "--wait"],
+    );
     let poolctl::Command::Rebalance { run, .. } = &cli.command else {
         panic!("a rebalance")
     };
@@ -220,25 +237,7 @@ pub async fn a_dry_run_lists_the_moves_a_drain_then_makes_and_writes_nothing(db:
     let second = start_replica("gw-two", &db.url, credentials.path()).await;
     let operator = token(credentials.path(), "operator").await;
     let tokens = crate::cluster::Tokens::load(&db.store).await;
-    let mut members = Vec::new();
-    for (name, capacity) in [("m-a", 16), ("m-b", 16), ("m-c", 3)] {
-        let id = Identity {
-            member: name.into(),
-            process_id: format!("{name}-p1"),
-            epoch: 1,
-            capacity,
-        };
-        members.push(
-            Member::attach(&first.endpoint(), &tokens.member(name), id, Behaviour::Healthy)
-                .await
-                .unwrap(),
-        );
-    }
-    wait_for("three live members", 2000, || async {
-        let (now, all) = db.store.list_members().await.ok()?;
-        (all.iter().filter(|m| m.is_live(now)).count() == 3).then_some(())
-    })
-    .await;
+    let members = attach_members(db, &first.endpoint(), &tokens, &[("m-a", 16), ("m-b", 16), ("m-c", 3)]).await;
     for i in 0..6 {
         let name = format!("agent-{i}");
         register(&first.endpoint(), &tokens.instance(&name), &name)
@@ -344,17 +343,7 @@ pub async fn a_dry_run_lists_the_moves_a_drain_then_makes_and_writes_nothing(db:
     // Now m-b is drained and m-c is full: a dry run of draining m-a says why, per instance,
     // through poolctl (as an operator would), and still writes nothing.
     let operations_before = db.store.list_operations().await.unwrap();
-    let cli = poolctl::Cli::try_parse_from([
-        "poolctl",
-        "--gateway",
-        &endpoint,
-        "--token-file",
-        credentials.path().join("operator").join("token").to_str().unwrap(),
-        "drain",
-        "m-a",
-        "--dry-run",
-    ])
-    .unwrap();
+    let cli = poolctl_cli(&endpoint, credentials.path(), &["drain", "m-a", "--dry-run"]);
     let poolctl::Command::Drain { run, .. } = &cli.command else {
         panic!("a drain")
     };
