@@ -3,7 +3,9 @@
 # `kubectl kustomize`, validate every rendered resource offline against the Kubernetes
 # OpenAPI schemas (PyPI package kubernetes-validate, strict mode, Kubernetes 1.28 and 1.37),
 # and check the install's own rules (restricted Pods, probes on declared ports, webhook
-# registration, RBAC without wildcards and with secrets restricted by name, every gRPC URL
+# registration, RBAC without wildcards and with secrets restricted by name, the SupervisorPool
+# CRD (namespaced, status subresource, printer columns on declared fields, the gateway may apply
+# it), every gRPC URL
 # https://, every TLS file variable pointing into the component's mounted TLS Secret, those
 # Secrets written by kustomize/pool-certs.sh and — where the cert-manager component is used —
 # by a Certificate with the Service's names, and every env variable of the gateway, supervisor
@@ -361,6 +363,54 @@ def check_rbac(target, res):
                 err(target, res, "secrets other than create must be restricted by resourceNames")
 
 
+def schema_has(schema, json_path):
+    """Whether a printer column's JSONPath (.a.b or .a[?(...)].b) names declared properties."""
+    node = schema
+    for part in re.sub(r"\[\?\(.*?\)\]", "[]", json_path).strip(".").split("."):
+        if part.endswith("[]"):
+            node = (node.get("properties") or {}).get(part[:-2]) or {}
+            node = node.get("items") or {}
+            continue
+        node = (node.get("properties") or {}).get(part)
+        if node is None:
+            return False
+    return True
+
+
+def check_pool_crd(target, kinds):
+    """The SupervisorPool CRD: namespaced, a status subresource, printer columns on declared
+    fields, and the gateway's Role may create the object and patch its status."""
+    crds = {c["metadata"]["name"]: c for c in kinds.get("CustomResourceDefinition", [])}
+    crd = crds.get("supervisorpools.supervision.openshell.ai")
+    if crd is None:
+        errors.append(f"{target}: missing CustomResourceDefinition supervisorpools.supervision.openshell.ai")
+        return
+    if crd["spec"].get("scope") != "Namespaced":
+        err(target, crd, "must be namespaced (one pool per install namespace)")
+    for version in crd["spec"]["versions"]:
+        if "status" not in (version.get("subresources") or {}):
+            err(target, crd, f"{version['name']}: needs the status subresource")
+        schema = version["schema"]["openAPIV3Schema"]
+        columns = {c["name"]: c for c in version.get("additionalPrinterColumns") or []}
+        for name in ("Ready", "Coordinator", "Members", "Instances", "Age"):
+            if name not in columns:
+                err(target, crd, f"{version['name']}: no printer column {name}")
+        for column in columns.values():
+            path = column["jsonPath"]
+            if not path.startswith(".metadata.") and not schema_has(schema, path):
+                err(target, crd, f"printer column {column['name']}: {path} is not in the schema")
+    roles = [r for r in kinds.get("Role", []) if r["metadata"]["name"] == "openshell-gateway"]
+    rules = [rule for r in roles for rule in r.get("rules") or []
+             if "supervision.openshell.ai" in (rule.get("apiGroups") or [])]
+    def granted(resource, verb, name=None):
+        return any(resource in (rule.get("resources") or []) and verb in (rule.get("verbs") or [])
+                   and (not rule.get("resourceNames") or name in rule["resourceNames"]) for rule in rules)
+    for resource, verb, name in (("supervisorpools", "create", None), ("supervisorpools", "patch", "openshell"),
+                                 ("supervisorpools/status", "patch", "openshell")):
+        if not granted(resource, verb, name):
+            errors.append(f"{target}: Role openshell-gateway lacks {verb} on {resource} {name or ''}".rstrip())
+
+
 for target, path in targets:
     with open(path) as f:
         docs = [d for d in yaml.safe_load_all(f) if d]
@@ -413,6 +463,7 @@ for target, path in targets:
             errors.append(f"{target}: Service {name} must expose port {port}")
     if not kinds.get("MutatingWebhookConfiguration"):
         errors.append(f"{target}: missing MutatingWebhookConfiguration")
+    check_pool_crd(target, kinds)
     # The TLS Secrets: written by pool-certs.sh, and by cert-manager where its component is used.
     for secret, service in TLS_SERVICE.items():
         if POOL_CERTS.get(service) != secret:

@@ -321,6 +321,34 @@ impl Flow {
             let active = status.members.iter().filter(|m| m.state == "active").count();
             (status.coordinator.is_some() && active == 2).then_some(())
         })
+        .await?;
+        // The SupervisorPool object the coordinator keeps: `kubectl wait` for Ready works, and
+        // `kubectl get supervisorpool` shows the pool healthy with both members.
+        let (kubectl, install) = (&self.kubectl, self.install.as_str());
+        wait_for("the SupervisorPool object", MINUTE, || async {
+            kubectl
+                .run(&["get", "supervisorpool/openshell", "-n", install])
+                .await
+                .ok()
+                .map(drop)
+        })
+        .await?;
+        self.kubectl
+            .run(&[
+                "wait",
+                "--for=condition=Ready",
+                "supervisorpool/openshell",
+                "-n",
+                install,
+                "--timeout=60s",
+            ])
+            .await?;
+        wait_for("kubectl get supervisorpool: ready, two members", MINUTE, || async {
+            let table = kubectl.run(&["get", "supervisorpool", "-n", install]).await.ok()?;
+            let row = table.lines().find(|l| l.starts_with("openshell "))?.to_owned();
+            let columns: Vec<&str> = row.split_whitespace().collect();
+            (columns.get(1) == Some(&"True") && columns.get(3) == Some(&"2/2")).then_some(())
+        })
         .await
     }
 
@@ -672,6 +700,18 @@ impl Flow {
     async fn drain(&mut self) -> Result<(), Error> {
         let base = self.baseline().await?;
         let member = base.busiest.clone();
+        // The dry run first: every instance of the member planned, nothing recorded.
+        let planned = self
+            .pool
+            .poolctl(&["drain", &member, "--max-parallel", "2", "--dry-run", "-o", "json"])
+            .await?;
+        let planned: Value = serde_json::from_str(&planned)
+            .map_err(|err| Error::Check(format!("poolctl --dry-run -o json: {err}: {planned}")))?;
+        let held = base.status.instances.iter().filter(|i| i.owner == member).count();
+        check(
+            planned["completes"] == true && planned["moves"].as_array().map(Vec::len) == Some(held),
+            || format!("the dry run plans all {held} instances of {member}: {planned}"),
+        )?;
         let out = self
             .pool
             .poolctl(&["drain", &member, "--max-parallel", "2", "--wait"])

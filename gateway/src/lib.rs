@@ -111,7 +111,7 @@ pub async fn run(settings: Settings, listener: TcpListener, shutdown: Cancellati
 }
 
 /// [`run`] with a given Kubernetes integration (tests pass a recording one), or none.
-pub async fn run_with<C: kubernetes::Cluster>(
+pub async fn run_with<C: kubernetes::Cluster + Clone>(
     settings: Settings,
     listener: TcpListener,
     shutdown: CancellationToken,

@@ -12,8 +12,14 @@
 //! admits it (`Running`), finishes it (`Succeeded` when nothing is left to move and no handoff
 //! is in flight), fails it at its deadline, and applies cancellations. A succeeded drain keeps
 //! its member out of placement until the drain is cancelled.
+//!
+//! A dry run ([`preview`]) runs the same rounds over a copy of the view and writes nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
+
+mod preview;
+
+pub use preview::{PlannedMove, Preview, Refusal, equivalent, preview};
 
 use crate::placement::{Candidate, least_loaded};
 use crate::pool::View;
@@ -71,6 +77,8 @@ struct Round<'v> {
     /// Routes given a move this round.
     moved: BTreeSet<String>,
     batches: Vec<Vec<FencedWrite>>,
+    /// Why the last move asked for could not be made (no eligible member with room).
+    refusal: Option<String>,
 }
 
 impl<'v> Round<'v> {
@@ -87,6 +95,7 @@ impl<'v> Round<'v> {
             in_flight: in_flight(view),
             moved: BTreeSet::new(),
             batches: Vec::new(),
+            refusal: None,
         }
     }
 
@@ -150,7 +159,9 @@ impl<'v> Round<'v> {
             .filter(|c| c.member != a.member)
             .cloned()
             .collect();
-        let to = least_loaded(&others, &self.load)?.clone();
+        let to = least_loaded(&others, &self.load)
+            .inspect_err(|reason| self.refusal = Some(reason.clone()))?
+            .clone();
         *self.load.entry(to.member.clone()).or_default() += 1;
         if let Some(n) = self.load.get_mut(&a.member) {
             *n = n.saturating_sub(1);
@@ -318,7 +329,7 @@ mod tests {
         }
     }
 
-    fn pool(members: &[&str], placed: &[(&str, &str)]) -> View {
+    pub(super) fn pool(members: &[&str], placed: &[(&str, &str)]) -> View {
         let mut v = View {
             now_ms: 10_000,
             ..View::default()
@@ -360,7 +371,7 @@ mod tests {
         v
     }
 
-    fn op(kind: OperationKind, target: &str, max_parallel: i64) -> Operation {
+    pub(super) fn op(kind: OperationKind, target: &str, max_parallel: i64) -> Operation {
         Operation {
             id: "op".into(),
             kind,

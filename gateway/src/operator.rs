@@ -1,7 +1,7 @@
 //! The operator API (`pool.v1.SupervisorPool`): pool status, and drain and
 //! rebalance operations (recorded here by any replica, run by the coordinator:
-//! see `operations`). Authenticated with an operator token carrying the
-//! platform-admin role.
+//! see `operations`) and their dry runs (planned over a fresh read, never recorded).
+//! Authenticated with an operator token carrying the platform-admin role.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,12 +14,13 @@ use proto::pool::v1::supervisor_pool_server::SupervisorPool;
 use proto::pool::v1::{
     CancelSupervisorPoolOperationRequest, CancelSupervisorPoolOperationResponse, Coordinator,
     GetSupervisorPoolStatusRequest, GetSupervisorPoolStatusResponse, InstanceSummary, Member, MemberState,
-    StartSupervisorPoolOperationRequest, StartSupervisorPoolOperationResponse,
+    OperationPlan, PlannedMove, RefusedMove, StartSupervisorPoolOperationRequest, StartSupervisorPoolOperationResponse,
 };
 use proto::trust::{Claims, Kind, OperatorClaims};
 use tonic::{Request, Response, Status};
 
 use crate::auth::bearer;
+use crate::operations;
 use crate::pool::{View, instance_ref};
 use crate::replica::Replica;
 use crate::store::{self, AssignmentPhase, LeaseView, OperationKind, OperationPhase};
@@ -167,6 +168,66 @@ fn operation(op: &store::Operation) -> proto::pool::v1::Operation {
     }
 }
 
+impl Operator {
+    /// Plan the requested operation over a fresh read of the pool; records nothing.
+    async fn dry_run(
+        &self,
+        request: &StartSupervisorPoolOperationRequest,
+        requested_by: &str,
+    ) -> Result<StartSupervisorPoolOperationResponse, Status> {
+        let view = View::load(&self.replica.store)
+            .await
+            .map_err(|err| Status::unavailable(format!("cannot read the pool: {err}")))?;
+        let op = request_to_operation(request, requested_by, &view)?;
+        let served_by = self.replica.name.clone();
+        // Wave after wave over the whole pool: off the runtime's threads.
+        let plan = tokio::task::spawn_blocking(move || plan(&view, &op, &served_by))
+            .await
+            .map_err(|err| Status::internal(format!("planning failed: {err}")))?;
+        info!(kind = ?request.kind(), target = %request.target, %requested_by, moves = plan.moves.len(),
+              completes = plan.completes, "operation planned (dry run)");
+        Ok(StartSupervisorPoolOperationResponse {
+            operation: None,
+            created: false,
+            plan: Some(plan),
+        })
+    }
+}
+
+/// The dry-run answer for `op` over `view`. Pure.
+pub fn plan(view: &View, op: &store::Operation, served_by: &str) -> OperationPlan {
+    let preview = operations::preview(view, op);
+    OperationPlan {
+        moves: preview
+            .moves
+            .into_iter()
+            .map(|m| PlannedMove {
+                route: m.route,
+                from_member: m.from,
+                to_member: m.to,
+                term: u64::try_from(m.term).unwrap_or(0),
+                wave: m.wave,
+            })
+            .collect(),
+        refused: preview
+            .refused
+            .into_iter()
+            .map(|r| RefusedMove {
+                route: r.route,
+                from_member: r.from,
+                reason: r.reason,
+            })
+            .collect(),
+        completes: preview.completes,
+        message: preview.message,
+        observed_at_ms: view.now_ms,
+        served_by: served_by.to_owned(),
+        existing_operation_id: operations::equivalent(view, op.kind, &op.target)
+            .map(|o| o.id.clone())
+            .unwrap_or_default(),
+    }
+}
+
 #[tonic::async_trait]
 impl SupervisorPool for Operator {
     async fn get_supervisor_pool_status(
@@ -187,6 +248,9 @@ impl SupervisorPool for Operator {
     ) -> Result<Response<StartSupervisorPoolOperationResponse>, Status> {
         let requested_by = self.authorize(&request).await?;
         let request = request.into_inner();
+        if request.dry_run {
+            return self.dry_run(&request, &requested_by).await.map(Response::new);
+        }
         let view = self.replica.view.borrow().clone();
         let op = request_to_operation(&request, &requested_by, &view)?;
         let (operation, created) = self
@@ -203,6 +267,7 @@ impl SupervisorPool for Operator {
         Ok(Response::new(StartSupervisorPoolOperationResponse {
             operation: Some(self::operation(&operation)),
             created,
+            plan: None,
         }))
     }
 

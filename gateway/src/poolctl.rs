@@ -1,5 +1,5 @@
 //! `poolctl`, the operator's command line for the pool (the `poolctl` binary is a thin shell
-//! around [`run`]): status, drain, rebalance and cancel through the operator API of any
+//! around [`run`]): status, drain, rebalance (either also as a dry run) and cancel through the operator API of any
 //! gateway replica, with an operator token. Rendering is pure and tested without I/O.
 
 use std::path::PathBuf;
@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use proto::pool::v1::supervisor_pool_client::SupervisorPoolClient;
 use proto::pool::v1::{
     CancelSupervisorPoolOperationRequest, GetSupervisorPoolStatusRequest, GetSupervisorPoolStatusResponse, MemberState,
-    Operation, OperationKind, OperationPhase, StartSupervisorPoolOperationRequest,
+    Operation, OperationKind, OperationPhase, OperationPlan, StartSupervisorPoolOperationRequest,
 };
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
@@ -55,11 +55,15 @@ pub enum Command {
         member: String,
         #[command(flatten)]
         run: RunArgs,
+        #[command(flatten)]
+        plan: PlanArgs,
     },
     /// Even out instance counts across eligible members.
     Rebalance {
         #[command(flatten)]
         run: RunArgs,
+        #[command(flatten)]
+        plan: PlanArgs,
     },
     /// Cancel an operation (a succeeded drain: return the member to service).
     Cancel {
@@ -88,6 +92,18 @@ pub struct RunArgs {
     pub wait: bool,
 }
 
+/// Dry runs of drain and rebalance.
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// Only list the moves the operation would make (and why any would not happen); records
+    /// nothing and moves nothing. Exits 1 when the operation would not finish.
+    #[arg(long, conflicts_with = "wait")]
+    pub dry_run: bool,
+    /// Output format of the dry run or of the started operation.
+    #[arg(short, long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot read the operator token {path}: {source}")]
@@ -104,6 +120,8 @@ pub enum Error {
     Call(#[from] tonic::Status),
     #[error("operation {id} ended {phase}: {message}")]
     Ended { id: String, phase: String, message: String },
+    #[error("the operation would not finish: {0}")]
+    WouldNotFinish(String),
 }
 
 /// A connected operator client.
@@ -170,12 +188,28 @@ impl Client {
             target: target.to_owned(),
             max_parallel: run.max_parallel,
             timeout_ms: run.timeout_secs.saturating_mul(1000),
+            dry_run: false,
         });
         let answer = self.pool.start_supervisor_pool_operation(request).await?.into_inner();
         let op = answer
             .operation
             .ok_or_else(|| tonic::Status::internal("the gateway answered without the operation"))?;
         Ok((op, answer.created))
+    }
+
+    /// A dry run: the moves the operation would make; nothing is recorded.
+    pub async fn plan(&mut self, kind: OperationKind, target: &str, run: &RunArgs) -> Result<OperationPlan, Error> {
+        let request = self.request(StartSupervisorPoolOperationRequest {
+            kind: kind as i32,
+            target: target.to_owned(),
+            max_parallel: run.max_parallel,
+            timeout_ms: run.timeout_secs.saturating_mul(1000),
+            dry_run: true,
+        });
+        let answer = self.pool.start_supervisor_pool_operation(request).await?.into_inner();
+        Ok(answer
+            .plan
+            .ok_or_else(|| tonic::Status::internal("the gateway answered a dry run without a plan"))?)
     }
 
     pub async fn cancel(&mut self, id: &str) -> Result<Operation, Error> {
@@ -250,7 +284,13 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
             }
             tokio::time::sleep(POLL_INTERVAL).await;
         },
-        Command::Drain { member, run } => {
+        Command::Drain { member, run, plan } if plan.dry_run => {
+            dry_run(&mut client, OperationKind::Drain, member, run, plan.output).await
+        }
+        Command::Rebalance { run, plan } if plan.dry_run => {
+            dry_run(&mut client, OperationKind::Rebalance, "", run, plan.output).await
+        }
+        Command::Drain { member, run, plan } => {
             let total = client
                 .status()
                 .await?
@@ -259,15 +299,15 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
                 .find(|m| &m.name == member)
                 .map_or(0, |m| u64::from(m.instance_count));
             let (op, created) = client.start(OperationKind::Drain, member, run).await?;
-            started(&op, created);
+            started(&op, created, plan.output);
             if run.wait {
                 client.wait(&op.id, total).await?;
             }
             Ok(())
         }
-        Command::Rebalance { run } => {
+        Command::Rebalance { run, plan } => {
             let (op, created) = client.start(OperationKind::Rebalance, "", run).await?;
-            started(&op, created);
+            started(&op, created, plan.output);
             if run.wait {
                 client.wait(&op.id, 0).await?;
             }
@@ -281,9 +321,99 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
     }
 }
 
-fn started(op: &Operation, created: bool) {
+fn started(op: &Operation, created: bool, output: Output) {
+    if output == Output::Json {
+        let mut json = operation_json(op);
+        json["created"] = created.into();
+        println!("{json}");
+        return;
+    }
     let verb = if created { "started" } else { "already running" };
     println!("{verb}: {}", render_operation(op));
+}
+
+async fn dry_run(
+    client: &mut Client,
+    kind: OperationKind,
+    target: &str,
+    run: &RunArgs,
+    output: Output,
+) -> Result<(), Error> {
+    let plan = client.plan(kind, target, run).await?;
+    match output {
+        Output::Json => println!("{}", render_plan_json(&plan)),
+        Output::Table => print!("{}", render_plan(&plan)),
+    }
+    if plan.completes {
+        Ok(())
+    } else {
+        Err(Error::WouldNotFinish(plan.message))
+    }
+}
+
+/// A dry run for people: the moves by wave, then what would not move.
+pub fn render_plan(plan: &OperationPlan) -> String {
+    let mut out = format!(
+        "dry run (nothing recorded) over the pool as {} read it: {} moves, {}\n",
+        plan.served_by,
+        plan.moves.len(),
+        if plan.completes {
+            "would succeed"
+        } else {
+            "would not finish"
+        }
+    );
+    if !plan.moves.is_empty() {
+        out.push_str(&format!(
+            "{:>4}  {:<28} {:<16} {:<16} {:>5}\n",
+            "WAVE", "INSTANCE", "FROM", "TO", "TERM"
+        ));
+        for m in &plan.moves {
+            out.push_str(&format!(
+                "{:>4}  {:<28} {:<16} {:<16} {:>5}\n",
+                m.wave, m.route, m.from_member, m.to_member, m.term
+            ));
+        }
+    }
+    if !plan.refused.is_empty() {
+        out.push_str(&format!("{:<28} {:<16} {}\n", "NOT MOVED", "FROM", "WHY"));
+        for r in &plan.refused {
+            out.push_str(&format!("{:<28} {:<16} {}\n", r.route, r.from_member, r.reason));
+        }
+    }
+    out.push_str(&format!("outcome: {}\n", plan.message));
+    if !plan.existing_operation_id.is_empty() {
+        out.push_str(&format!(
+            "note: operation {} is equivalent: a real request returns it instead of starting another\n",
+            plan.existing_operation_id
+        ));
+    }
+    out
+}
+
+/// A dry run for programs.
+pub fn render_plan_json(plan: &OperationPlan) -> serde_json::Value {
+    use serde_json::json;
+    json!({
+        "dryRun": true,
+        "completes": plan.completes,
+        "message": plan.message,
+        "servedBy": plan.served_by,
+        "observedAtMs": plan.observed_at_ms,
+        "existingOperationId": plan.existing_operation_id,
+        "moves": plan.moves.iter().map(|m| json!({
+            "route": m.route,
+            "from": m.from_member,
+            "to": m.to_member,
+            "term": m.term,
+            "wave": m.wave,
+        })).collect::<Vec<_>>(),
+        "refused": plan.refused.iter().map(|r| json!({
+            "route": r.route,
+            "from": r.from_member,
+            "reason": r.reason,
+        })).collect::<Vec<_>>(),
+    })
 }
 
 fn phase_name(phase: i32) -> String {
@@ -359,29 +489,28 @@ pub fn render_json(status: &GetSupervisorPoolStatusResponse) -> serde_json::Valu
             })
         })
         .collect();
-    let operations: Vec<_> = status
-        .operations
-        .iter()
-        .map(|o| {
-            let kind = OperationKind::try_from(o.kind).unwrap_or_default().as_str_name();
-            json!({
-                "id": o.id,
-                "kind": enum_name(kind, "OPERATION_KIND_"),
-                "target": o.target,
-                "phase": phase_name(o.phase),
-                "moves": o.moves,
-                "maxParallel": o.max_parallel,
-                "message": o.message,
-                "requestedBy": o.requested_by,
-            })
-        })
-        .collect();
+    let operations: Vec<_> = status.operations.iter().map(operation_json).collect();
     json!({
         "coordinator": status.coordinator.as_ref().map(|c| json!({"holder": c.holder, "term": c.term})),
         "servedBy": status.served_by,
         "members": members,
         "instances": instances,
         "operations": operations,
+    })
+}
+
+/// One operation for programs.
+pub fn operation_json(o: &Operation) -> serde_json::Value {
+    let kind = OperationKind::try_from(o.kind).unwrap_or_default().as_str_name();
+    serde_json::json!({
+        "id": o.id,
+        "kind": enum_name(kind, "OPERATION_KIND_"),
+        "target": o.target,
+        "phase": phase_name(o.phase),
+        "moves": o.moves,
+        "maxParallel": o.max_parallel,
+        "message": o.message,
+        "requestedBy": o.requested_by,
     })
 }
 
@@ -521,6 +650,63 @@ mod tests {
     }
 
     #[test]
+    fn a_dry_run_prints_moves_by_wave_and_what_would_not_move() {
+        use proto::pool::v1::{PlannedMove, RefusedMove};
+        let plan = OperationPlan {
+            moves: vec![PlannedMove {
+                route: "team-a/agent-0".into(),
+                from_member: "supervisor-0".into(),
+                to_member: "supervisor-1".into(),
+                term: 4,
+                wave: 1,
+            }],
+            refused: vec![RefusedMove {
+                route: "team-a/agent-1".into(),
+                from_member: "supervisor-0".into(),
+                reason: "all 1 eligible pool members are at capacity (supervisor-1 holds 2 of 2)".into(),
+            }],
+            completes: false,
+            message: "waiting: all 1 eligible pool members are at capacity".into(),
+            served_by: "gateway-1".into(),
+            ..OperationPlan::default()
+        };
+        let text = render_plan(&plan);
+        assert!(
+            text.contains("nothing recorded") && text.contains("would not finish"),
+            "{text}"
+        );
+        assert!(
+            text.lines().any(|l| l.split_whitespace().collect::<Vec<_>>()
+                == ["1", "team-a/agent-0", "supervisor-0", "supervisor-1", "4"]),
+            "{text}"
+        );
+        assert!(
+            text.contains("team-a/agent-1") && text.contains("holds 2 of 2"),
+            "{text}"
+        );
+        let json = render_plan_json(&plan);
+        assert_eq!(json["moves"][0]["to"], "supervisor-1");
+        assert_eq!(json["refused"][0]["route"], "team-a/agent-1");
+        assert_eq!(json["completes"], false);
+    }
+
+    #[test]
+    fn dry_run_takes_an_output_format_and_not_wait() {
+        let base = ["poolctl", "--gateway", "x", "--token-file", "/t"];
+        let parse = |rest: &[&str]| Cli::try_parse_from(base.iter().chain(rest));
+        let cli = parse(&["drain", "supervisor-0", "--dry-run", "-o", "json"]).unwrap();
+        let Command::Drain { plan, .. } = cli.command else {
+            panic!("a drain")
+        };
+        assert!(plan.dry_run && plan.output == Output::Json);
+        assert!(parse(&["rebalance", "--dry-run"]).is_ok());
+        assert!(
+            parse(&["rebalance", "--dry-run", "--wait"]).is_err(),
+            "a dry run has nothing to wait for"
+        );
+    }
+
+    #[test]
     fn the_command_line_reads_env_and_bounds_max_parallel() {
         let cli = Cli::try_parse_from([
             "poolctl",
@@ -536,7 +722,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(cli.gateway.len(), 2);
-        let Command::Drain { member, run } = cli.command else {
+        let Command::Drain { member, run, .. } = cli.command else {
             panic!("a drain")
         };
         assert_eq!((member.as_str(), run.max_parallel, run.wait), ("supervisor-0", 2, true));

@@ -2,7 +2,8 @@
 //! captured from a real kube-apiserver v1.28.7 (`testdata/fixtures/kube-api/`, copied from `shared/fixtures/kube-api/`, see its
 //! README): the namespace and Pod watches feeding the index (bookmarks, label-selector
 //! deletions, a `410 Expired` inside a 200 stream, a 403 on the list), and `Kube`'s writes
-//! (server-side apply of the token Secret, deletion, events.k8s.io Events with series).
+//! (server-side apply of the token Secret, deletion, events.k8s.io Events with series, the
+//! SupervisorPool status and the object when it is missing).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -14,6 +15,7 @@ use base64::engine::general_purpose::STANDARD;
 use futures::StreamExt;
 use gateway::kubernetes::index::Index;
 use gateway::kubernetes::notice::{self, Notice, Regarding};
+use gateway::kubernetes::pool_status::PoolStatus;
 use gateway::kubernetes::{Cluster, Kube, Shared, watch};
 use gateway::tokens::Delivered;
 use k8s_openapi::api::core::v1::Pod;
@@ -705,4 +707,114 @@ async fn publish_reports_an_invalid_event_and_does_not_start_a_series() {
     };
     let (created, ()) = tokio::join!(kube.publish(&notice), create);
     created.expect("created on retry");
+}
+
+// ---------------------------------------------------------------------------------------
+// Kube: the SupervisorPool status
+// ---------------------------------------------------------------------------------------
+
+const POOL_PATH: &str =
+    "/apis/supervision.openshell.ai/v1alpha1/namespaces/openshell-supervision/supervisorpools/openshell";
+
+fn pool_status() -> PoolStatus {
+    PoolStatus {
+        ready_members: "2/2".into(),
+        ready_instances: "5/5".into(),
+        ..PoolStatus::default()
+    }
+}
+
+/// A server-side apply by the gateway's field manager, forced.
+fn assert_pool_apply(request: &Seen, path: &str) -> Value {
+    assert_eq!((&request.method, request.path.as_str()), (&http::Method::PATCH, path));
+    assert_eq!(request.param("fieldManager"), Some("supervision-gateway"));
+    assert_eq!(request.param("force"), Some("true"));
+    assert_eq!(request.header("content-type"), Some("application/apply-patch+yaml"));
+    let body = request.json();
+    assert_eq!(body["apiVersion"], "supervision.openshell.ai/v1alpha1");
+    assert_eq!(body["kind"], "SupervisorPool");
+    assert_eq!(body["metadata"]["name"], "openshell");
+    assert_eq!(body["metadata"]["namespace"], "openshell-supervision");
+    body
+}
+
+#[tokio::test]
+async fn pool_status_is_applied_to_the_status_subresource_and_the_object_created_when_missing() {
+    // The object exists: one apply of its status. (The fixtures are captured answers for a
+    // Secret; the client reads nothing back but the status code.)
+    let (client, server) = api::client();
+    let kube = Kube::new(client, INSTANCE);
+    let status_path = format!("{POOL_PATH}/status");
+    let expect = status_path.clone();
+    let script = vec![api::step(
+        move |r| {
+            let body = assert_pool_apply(r, &expect);
+            assert_eq!(body["status"]["readyMembers"], "2/2");
+            assert!(body.get("spec").is_none(), "the status apply owns only the status");
+        },
+        200,
+        "secret-apply-existing.json",
+    )];
+    let (applied, seen) = against(
+        server,
+        script,
+        kube.apply_pool_status("openshell-supervision", "openshell", &pool_status()),
+    )
+    .await;
+    applied.expect("applied");
+    assert_eq!(seen.len(), 1);
+
+    // Missing (404 on the status): the object is applied with an empty spec, then its status.
+    let (client, server) = api::client();
+    let kube = Kube::new(client, INSTANCE);
+    let (first, last) = (status_path.clone(), status_path.clone());
+    let script = vec![
+        api::step(
+            move |r| drop(assert_pool_apply(r, &first)),
+            404,
+            "secret-get-after-delete.json",
+        ),
+        api::step(
+            |r| {
+                let body = assert_pool_apply(r, POOL_PATH);
+                assert_eq!(body["spec"], serde_json::json!({}));
+                assert_eq!(
+                    body["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+                    "supervision-gateway"
+                );
+            },
+            201,
+            "secret-apply-create.json",
+        ),
+        api::step(
+            move |r| assert_eq!(assert_pool_apply(r, &last)["status"]["readyInstances"], "5/5"),
+            200,
+            "secret-apply-existing.json",
+        ),
+    ];
+    let (created, seen) = against(
+        server,
+        script,
+        kube.apply_pool_status("openshell-supervision", "openshell", &pool_status()),
+    )
+    .await;
+    created.expect("created, then its status applied");
+    assert_eq!(seen.len(), 3);
+}
+
+#[tokio::test]
+async fn a_refused_pool_status_is_reported_and_creates_nothing() {
+    let (client, server) = api::client();
+    let kube = Kube::new(client, INSTANCE);
+    // Captured for a POST of a Secret; an RBAC refusal of the status patch has the same shape.
+    let script = vec![api::step(|_| {}, 403, "rbac-forbidden-create-secret.json")];
+    let (result, seen) = against(
+        server,
+        script,
+        kube.apply_pool_status("openshell-supervision", "openshell", &pool_status()),
+    )
+    .await;
+    let err = result.expect_err("forbidden");
+    assert!(err.to_string().contains("forbidden"), "{err}");
+    assert_eq!(seen.len(), 1, "no attempt to create the object after a refusal");
 }

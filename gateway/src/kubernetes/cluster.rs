@@ -9,7 +9,7 @@ use std::time::Duration;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, ObjectReference, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client};
 use proto::tls::CA_FILE;
@@ -17,6 +17,7 @@ use proto::trust::{TOKEN_FILE, TRUST_BUNDLE_FILE};
 use tokio::sync::mpsc;
 
 use super::notice::{Notice, Regarding};
+use super::pool_status::{self, PoolStatus};
 use crate::tokens::Delivered;
 
 /// Field manager of the gateway's server-side applies.
@@ -75,6 +76,44 @@ pub trait Cluster: Send + Sync + 'static {
     fn delete_secret(&self, namespace: &str, name: &str) -> impl Future<Output = Result<(), Error>> + Send;
     /// Record an Event (repeats of the same event become a series).
     fn publish(&self, notice: &Notice) -> impl Future<Output = Result<(), Error>> + Send;
+    /// Server-side apply the status of the `SupervisorPool` `name` in `namespace`, creating
+    /// the object (spec empty) when it does not exist.
+    fn apply_pool_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        status: &PoolStatus,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+/// The `SupervisorPool` resource for the dynamic API.
+pub fn pool_resource() -> ApiResource {
+    ApiResource {
+        group: pool_status::GROUP.to_owned(),
+        version: pool_status::VERSION.to_owned(),
+        api_version: format!("{}/{}", pool_status::GROUP, pool_status::VERSION),
+        kind: pool_status::KIND.to_owned(),
+        plural: pool_status::PLURAL.to_owned(),
+    }
+}
+
+/// The `SupervisorPool` object as the gateway applies it: its name and label, an empty spec,
+/// and `status` when given (the status subresource's apply body).
+pub fn pool_object(namespace: &str, name: &str, status: Option<&PoolStatus>) -> serde_json::Value {
+    let mut object = serde_json::json!({
+        "apiVersion": format!("{}/{}", pool_status::GROUP, pool_status::VERSION),
+        "kind": pool_status::KIND,
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": { MANAGED_BY.0: MANAGED_BY.1 },
+        },
+    });
+    match status {
+        Some(status) => object["status"] = serde_json::to_value(status).unwrap_or_default(),
+        None => object["spec"] = serde_json::json!({}),
+    }
+    object
 }
 
 /// The Secret as the gateway writes it: the token (operator only), the trust bundle and the
@@ -211,6 +250,23 @@ impl Cluster for Kube {
             .await
             .map_err(|err| in_namespace(&notice.regarding.namespace, err))
     }
+
+    async fn apply_pool_status(&self, namespace: &str, name: &str, status: &PoolStatus) -> Result<(), Error> {
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &pool_resource());
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let body = pool_object(namespace, name, Some(status));
+        match bounded(api.patch_status(name, &params, &Patch::Apply(&body))).await {
+            // Not there yet (first coordinator of the install, or deleted by hand): create it,
+            // then its status (an apply of the status subresource never creates).
+            Err(Error::Api(kube::Error::Api(refused))) if refused.code == 404 => {
+                let object = pool_object(namespace, name, None);
+                bounded(api.patch(name, &params, &Patch::Apply(&object))).await?;
+                bounded(api.patch_status(name, &params, &Patch::Apply(&body))).await?;
+                Ok(())
+            }
+            other => other.map(|_| ()),
+        }
+    }
 }
 
 /// One call the writer made, as [`Recording`] reports it.
@@ -226,6 +282,11 @@ pub enum Call {
         name: String,
     },
     Publish(Notice),
+    ApplyPoolStatus {
+        namespace: String,
+        name: String,
+        status: Box<PoolStatus>,
+    },
 }
 
 /// A cluster that only reports each call on a channel (tests read the intended writes off
@@ -294,6 +355,15 @@ impl Cluster for Recording {
     async fn publish(&self, notice: &Notice) -> Result<(), Error> {
         self.send(Call::Publish(notice.clone()));
         self.refuses(&notice.regarding.namespace)
+    }
+
+    async fn apply_pool_status(&self, namespace: &str, name: &str, status: &PoolStatus) -> Result<(), Error> {
+        self.send(Call::ApplyPoolStatus {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            status: Box::new(status.clone()),
+        });
+        self.refuses(namespace)
     }
 }
 

@@ -12,11 +12,15 @@
 //! | `notice` | which Events a change of the pool view makes |
 //! | `cluster` | the API calls (kube-rs) and a recording stand-in for tests |
 //! | `writer` | carries out the plan while the lease is held |
+//! | `pool_status` | the `SupervisorPool` object's status: coordinator, members, counts, operations, conditions |
+//! | `pool_writer` | applies that status while the lease is held, at most once a second and only when it changed |
 
 pub mod cluster;
 pub mod index;
 pub mod notice;
 pub mod plan;
+pub mod pool_status;
+pub mod pool_writer;
 pub mod review;
 pub mod watch;
 pub mod writer;
@@ -84,20 +88,31 @@ impl Integration<Kube> {
     }
 }
 
-impl<C: Cluster> Integration<C> {
-    /// Spawn the writer: it acts while `lease` is held.
+impl<C: Cluster + Clone> Integration<C> {
+    /// Spawn the writers (token Secrets, Events and withdrawals; the `SupervisorPool`
+    /// status): they act while `lease` is held. The handle ends when both did.
     pub fn spawn_writer(
         self,
         replica: Arc<Replica>,
         lease: channel::Receiver<Option<Lease>>,
         shutdown: CancellationToken,
     ) -> JoinHandle<()> {
+        let pool = pool_writer::PoolWriter {
+            cluster: self.cluster.clone(),
+            replica: replica.clone(),
+            namespace: self.scope.install_namespace.clone(),
+        };
+        let pool = tokio::spawn(pool.run(lease.clone(), shutdown.clone()));
         let writer = writer::Writer {
             cluster: self.cluster,
             shared: self.shared,
             replica,
             scope: self.scope,
         };
-        tokio::spawn(writer.run(lease, shutdown))
+        let writer = tokio::spawn(writer.run(lease, shutdown));
+        tokio::spawn(async move {
+            let _ = writer.await;
+            let _ = pool.await;
+        })
     }
 }

@@ -206,6 +206,7 @@ async fn call(method: &str, endpoint: &str, channel: Channel, token: Option<&str
                 target: "no-such-member".into(),
                 max_parallel: 1,
                 timeout_ms: 0,
+                dry_run: false,
             };
             code(
                 SupervisorPoolClient::new(channel)

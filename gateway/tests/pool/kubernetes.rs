@@ -13,6 +13,7 @@ use gateway::kubernetes::notice::{
     REASON_UNPLACEABLE,
 };
 use gateway::kubernetes::plan::{NAMESPACE_SECRET, OPERATOR_SECRET, SUPERVISOR_SECRET};
+use gateway::kubernetes::pool_status::{POOL_NAME, PoolStatus};
 use gateway::kubernetes::review::{Account, Scripted};
 use gateway::kubernetes::{Integration, Recording, Scope, Shared};
 use proto::host::v1::Leaving;
@@ -45,6 +46,28 @@ async fn next_call(calls: &mut UnboundedReceiver<Call>, what: &str, mut want: im
         Ok(Some(call)) => call,
         _ => panic!("no call where {what}"),
     }
+}
+
+/// The supervisor Pod `supervisor-0` of the install (process `p1`, capacity 8).
+fn supervisor_0() -> Identity {
+    Identity {
+        member: "supervisor-0".into(),
+        process_id: "p1".into(),
+        epoch: 1,
+        capacity: 8,
+    }
+}
+
+/// [`supervisor_0`] attached to `endpoint` with its Pod's ServiceAccount token.
+async fn attach_supervisor_0(endpoint: &str) -> Member {
+    Member::attach(
+        endpoint,
+        &member_token("supervisor-0"),
+        supervisor_0(),
+        Behaviour::Healthy,
+    )
+    .await
+    .expect("the supervisor Pod's token is accepted")
 }
 
 /// A replica `name` with a recording cluster, the TokenReview stand-in and `shared` as its
@@ -155,20 +178,7 @@ pub async fn secrets_follow_labels_and_pods_decide_desired_instances(db: &TestDb
     );
 
     // A member joins: an Event on its Pod in the install namespace.
-    let supervisor = Identity {
-        member: "supervisor-0".into(),
-        process_id: "p1".into(),
-        epoch: 1,
-        capacity: 8,
-    };
-    let _member = Member::attach(
-        &replica.endpoint(),
-        &member_token("supervisor-0"),
-        supervisor,
-        Behaviour::Healthy,
-    )
-    .await
-    .expect("the supervisor Pod's token is accepted");
+    let _member = attach_supervisor_0(&replica.endpoint()).await;
     let call = next_call(
         &mut calls,
         "MemberJoined",
@@ -303,20 +313,7 @@ pub async fn a_member_that_leaves_gracefully_is_reported_left_on_its_pod(db: &Te
     applied(&call, INSTALL, SUPERVISOR_SECRET).unwrap();
     shared.with(|index| index.reset_member_pods([("supervisor-0".to_owned(), "uid-supervisor-0".to_owned())]));
 
-    let identity = Identity {
-        member: "supervisor-0".into(),
-        process_id: "p1".into(),
-        epoch: 1,
-        capacity: 8,
-    };
-    let member = Member::attach(
-        &replica.endpoint(),
-        &member_token("supervisor-0"),
-        identity,
-        Behaviour::Healthy,
-    )
-    .await
-    .unwrap();
+    let member = attach_supervisor_0(&replica.endpoint()).await;
     let joined = next_call(
         &mut calls,
         "MemberJoined",
@@ -402,27 +399,13 @@ async fn coordinator_with_default_namespace(
 /// Pod, once, naming the last owner and term.
 pub async fn a_workload_stopped_at_its_recovery_deadline_is_reported_on_its_pod(db: &TestDb) {
     let (coordinator, mut calls) = coordinator_with_default_namespace(db, &["agent-0", "agent-1"]).await;
-    let supervisor_token = member_token("supervisor-0");
     let instance_token = pod_token("agent-0");
     // Another replica, a follower (its writer never acts), serves the sidecar's report.
     let listed = Shared::default();
     listed.with(|index| index.reset_namespaces(["default".to_owned()]));
     let (follower, _, _ignored) = replica_with(db, "gw-f", Scope::new(INSTALL), &listed).await;
 
-    let supervisor = Identity {
-        member: "supervisor-0".into(),
-        process_id: "p1".into(),
-        epoch: 1,
-        capacity: 8,
-    };
-    let member = Member::attach(
-        &coordinator.endpoint(),
-        &supervisor_token,
-        supervisor,
-        Behaviour::Healthy,
-    )
-    .await
-    .unwrap();
+    let member = attach_supervisor_0(&coordinator.endpoint()).await;
     next_call(
         &mut calls,
         "MemberJoined",
@@ -522,7 +505,6 @@ pub async fn a_workload_stopped_at_its_recovery_deadline_is_reported_on_its_pod(
 /// it.
 pub async fn an_instance_registered_without_members_is_reported_unplaceable(db: &TestDb) {
     let (replica, mut calls) = coordinator_with_default_namespace(db, &["agent-0"]).await;
-    let supervisor_token = member_token("supervisor-0");
     let instance_token = pod_token("agent-0");
 
     let refused = register(&replica.endpoint(), &instance_token, "agent-0")
@@ -551,15 +533,7 @@ pub async fn an_instance_registered_without_members_is_reported_unplaceable(db: 
     register(&replica.endpoint(), &instance_token, "agent-0")
         .await
         .unwrap_err();
-    let supervisor = Identity {
-        member: "supervisor-0".into(),
-        process_id: "p1".into(),
-        epoch: 1,
-        capacity: 8,
-    };
-    let _member = Member::attach(&replica.endpoint(), &supervisor_token, supervisor, Behaviour::Healthy)
-        .await
-        .unwrap();
+    let _member = attach_supervisor_0(&replica.endpoint()).await;
     let mut between = Vec::new();
     next_call(&mut calls, "MemberJoined", |c| {
         between.push(c.clone());
@@ -595,20 +569,8 @@ pub async fn a_pod_acts_only_for_itself_within_its_namespace_quota(db: &TestDb) 
     let (replica, _, _calls) = replica_with(db, "gw-k", Scope::new(INSTALL), &shared).await;
     // Registration answers with an instance token: the coordinator's first signing key.
     crate::cluster::Tokens::load(&db.store).await;
-    let supervisor = Identity {
-        member: "supervisor-0".into(),
-        process_id: "p1".into(),
-        epoch: 1,
-        capacity: 8,
-    };
-    let _member = Member::attach(
-        &replica.endpoint(),
-        &member_token("supervisor-0"),
-        supervisor.clone(),
-        Behaviour::Healthy,
-    )
-    .await
-    .unwrap();
+    let supervisor = supervisor_0();
+    let _member = attach_supervisor_0(&replica.endpoint()).await;
     register(&replica.endpoint(), &pod_token("agent-0"), "agent-0")
         .await
         .unwrap();
@@ -683,4 +645,96 @@ pub async fn a_pod_acts_only_for_itself_within_its_namespace_quota(db: &TestDb) 
     );
     assert!(db.store.instance("team-b/web-1").await.unwrap().is_none());
     replica.stop().await;
+}
+
+/// The `SupervisorPool` status the call applies, if it is one (of the install's pool object).
+fn pool_status(call: &Call) -> Option<PoolStatus> {
+    match call {
+        Call::ApplyPoolStatus {
+            namespace,
+            name,
+            status,
+        } if namespace == INSTALL && name == POOL_NAME => Some((**status).clone()),
+        _ => None,
+    }
+}
+
+fn condition(status: &PoolStatus, type_: &str) -> (String, String) {
+    let c = status.conditions.iter().find(|c| c.type_ == type_).unwrap();
+    (c.status.clone(), c.reason.clone())
+}
+
+/// The `SupervisorPool` status comes from the coordinator only: not ready without members,
+/// ready with the member and its active instance once they are there (and not written again
+/// while nothing changes), and after a failover written by the next coordinator under its own
+/// name and term, which the standby never wrote before.
+pub async fn the_pool_status_is_kept_by_the_coordinator_alone(db: &TestDb) {
+    let (first, mut calls) = coordinator_with_default_namespace(db, &["agent-0"]).await;
+    let empty = next_call(&mut calls, "a pool status", |c| pool_status(c).is_some()).await;
+    let empty = pool_status(&empty).unwrap();
+    assert_eq!(empty.coordinator.as_ref().map(|c| c.replica.as_str()), Some("gw-k"));
+    assert_eq!(condition(&empty, "CoordinatorElected").0, "True");
+    assert_eq!(
+        condition(&empty, "Ready"),
+        ("False".into(), "NoMemberTakesInstances".into())
+    );
+    let shared = Shared::default();
+    let (standby, _, mut standby_calls) = replica_with(db, "gw-standby", Scope::new(INSTALL), &shared).await;
+    shared.with(|index| {
+        index.reset_namespaces(["default".to_owned()]);
+        index.reset_pods([Pod {
+            namespace: "default".into(),
+            name: "agent-0".into(),
+            uid: "uid-agent-0".into(),
+        }]);
+    });
+
+    let member = attach_supervisor_0(&first.endpoint()).await;
+    register(&first.endpoint(), &pod_token("agent-0"), "agent-0")
+        .await
+        .unwrap();
+    let mut between = Vec::new();
+    let ready = next_call(&mut calls, "a ready pool with one active instance", |c| {
+        let status = pool_status(c);
+        if let Some(s) = &status {
+            between.push(s.clone());
+        }
+        status.is_some_and(|s| s.ready_instances == "1/1" && condition(&s, "Ready").0 == "True")
+    })
+    .await;
+    let ready = pool_status(&ready).unwrap();
+    assert_eq!(ready.ready_members, "1/1");
+    assert_eq!(
+        (
+            ready.members[0].name.as_str(),
+            ready.members[0].state.as_str(),
+            ready.members[0].instances
+        ),
+        ("supervisor-0", "active", 1)
+    );
+    assert_eq!(condition(&ready, "Degraded"), ("False".into(), "AsExpected".into()));
+    for pair in between.windows(2) {
+        assert_ne!(pair[0], pair[1], "the same status applied twice in a row");
+    }
+    // Only the coordinator writes it.
+    while let Ok(call) = standby_calls.try_recv() {
+        assert!(
+            pool_status(&call).is_none(),
+            "the standby wrote the pool status: {call:?}"
+        );
+    }
+
+    // Failover: the standby coordinates and writes the status under its name and next term.
+    let term = ready.coordinator.as_ref().unwrap().term;
+    first.stop().await;
+    let taken = next_call(&mut standby_calls, "the pool status from the next coordinator", |c| {
+        pool_status(c).is_some()
+    })
+    .await;
+    let taken = pool_status(&taken).unwrap();
+    let coordinator = taken.coordinator.clone().unwrap();
+    assert_eq!(coordinator.replica, "gw-standby");
+    assert!(coordinator.term > term, "{} after {term}", coordinator.term);
+    drop(member);
+    standby.stop().await;
 }

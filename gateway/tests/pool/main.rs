@@ -50,6 +50,7 @@ mod with_kubernetes {
         a_workload_stopped_at_its_recovery_deadline_is_reported_on_its_pod,
         an_instance_registered_without_members_is_reported_unplaceable,
         a_pod_acts_only_for_itself_within_its_namespace_quota,
+        the_pool_status_is_kept_by_the_coordinator_alone,
     );
 }
 
@@ -69,5 +70,6 @@ mod with_tenancy {
 mod with_operations {
     on_both_backends!(operations;
         drain_and_rebalance_move_instances_at_term_plus_one,
+        a_dry_run_lists_the_moves_a_drain_then_makes_and_writes_nothing,
     );
 }
