@@ -253,6 +253,7 @@ impl Session {
         let mut refresh = tokio::time::interval(timing::MEMBERSHIP_REFRESH);
         refresh.reset();
         let token_expiry = Instant::now() + until(self.token_expires_at_ms);
+        let mut refreshing: Option<tokio::task::JoinHandle<Refreshed>> = None;
         view.mark_changed();
 
         let end = loop {
@@ -298,6 +299,13 @@ impl Session {
                     {
                         break end;
                     }
+                    if !read_after_admission {
+                        // A view read before this stream was admitted may predate assignments
+                        // made since (after a store outage: by half a minute); a snapshot built
+                        // from it would have the member relinquish what it still owns. The next
+                        // read (at most a refresh away) is fresh.
+                        continue;
+                    }
                     let body = current.snapshot_for(&self.identity.member, &self.identity.process_id, replica.recovery_deadline_ms);
                     if let Some(snapshot) = protocol.next_snapshot(body) {
                         let snapshot = proto::host::v1::Snapshot { gateway_replica: replica.name.clone(), ..snapshot };
@@ -314,17 +322,24 @@ impl Session {
                         self.close(Status::deadline_exceeded("member silent past the silence timeout")).await;
                         break End::Silent;
                     }
-                    match replica.store.refresh_member(&self.record, timing::MEMBERSHIP_TTL).await {
-                        Ok(Some(_)) => {}
-                        Ok(None) => match replica.store.member(&self.identity.member).await {
-                            Ok((now_ms, record)) => {
-                                if let Some(end) = self.judge(record.as_ref(), now_ms, true).await {
-                                    break end;
-                                }
-                            }
-                            Err(err) => warn!(error = %err, "cannot read membership"),
-                        },
-                        Err(err) => warn!(error = %err, "cannot refresh membership"),
+                    // In a task of its own: the stream goes on answering heartbeats while the
+                    // store is slow or down (one refresh at a time).
+                    if refreshing.is_none() {
+                        let (store, record) = (replica.store.clone(), self.record.clone());
+                        refreshing = Some(tokio::spawn(async move { refresh_membership(&store, &record).await }));
+                    }
+                }
+                done = async {
+                    match refreshing.as_mut() {
+                        Some(task) => task.await,
+                        None => std::future::pending().await,
+                    }
+                }, if refreshing.is_some() => {
+                    refreshing = None;
+                    if let Ok(Refreshed::Lapsed(now_ms, record)) = done
+                        && let Some(end) = self.judge(record.as_ref(), now_ms, true).await
+                    {
+                        break end;
                     }
                 }
                 why = async { superseded.wait_for(Option::is_some).await.ok().and_then(|w| *w) } => {
@@ -442,11 +457,19 @@ impl Session {
             Some(MemberKind::Leaving(leaving)) => {
                 info!(reason = %leaving.reason.chars().take(256).collect::<String>(), "member announced it is leaving");
                 self.record.leaving = true;
-                match replica.store.refresh_member(&self.record, timing::MEMBERSHIP_TTL).await {
-                    Ok(Some(_)) => {}
+                // Bounded: heartbeats wait behind it.
+                let recorded = timeout(
+                    timing::HEARTBEAT_INTERVAL,
+                    replica.store.refresh_member(&self.record, timing::MEMBERSHIP_TTL),
+                );
+                match recorded.await {
+                    Ok(Ok(Some(_))) => {}
                     // A newer stream owns the record; the view check ends this one.
-                    Ok(None) => info!("leaving announcement of a superseded stream ignored"),
-                    Err(err) => warn!(error = %err, "cannot record the leaving announcement"),
+                    Ok(Ok(None)) => info!("leaving announcement of a superseded stream ignored"),
+                    Ok(Err(err)) => warn!(error = %err, "cannot record the leaving announcement"),
+                    Err(_) => {
+                        warn!("recording the leaving announcement timed out; the stream's next refresh carries it")
+                    }
                 }
                 replica.wake.notify_one();
             }
@@ -470,6 +493,32 @@ impl Session {
 
     async fn close(&self, status: Status) {
         let _ = timeout(Duration::from_millis(500), self.tx.send(Err(status))).await;
+    }
+}
+
+/// What a membership refresh found.
+enum Refreshed {
+    /// Refreshed, or the store could not be asked (the record's TTL covers a slow store).
+    Kept,
+    /// Not this stream's live record any more: the record as read, at database time.
+    Lapsed(i64, Option<MemberRecord>),
+}
+
+/// Refresh the stream's membership record (run as a task: never in the stream loop's way).
+async fn refresh_membership(store: &crate::store::Store, record: &MemberUpdate) -> Refreshed {
+    match store.refresh_member(record, timing::MEMBERSHIP_TTL).await {
+        Ok(Some(_)) => Refreshed::Kept,
+        Ok(None) => match store.member(&record.member).await {
+            Ok((now_ms, current)) => Refreshed::Lapsed(now_ms, current),
+            Err(err) => {
+                warn!(error = %err, "cannot read membership");
+                Refreshed::Kept
+            }
+        },
+        Err(err) => {
+            warn!(error = %err, "cannot refresh membership");
+            Refreshed::Kept
+        }
     }
 }
 
