@@ -251,7 +251,11 @@ impl SupervisorPool for Operator {
         if request.dry_run {
             return self.dry_run(&request, &requested_by).await.map(Response::new);
         }
-        let view = self.replica.view.borrow().clone();
+        // A fresh read, as for the status and the dry run: the replica's published view may be
+        // a refresh behind (a member that attached a moment ago would be "no pool member").
+        let view = View::load(&self.replica.store)
+            .await
+            .map_err(|err| Status::unavailable(format!("cannot read the pool: {err}")))?;
         let op = request_to_operation(&request, &requested_by, &view)?;
         let (operation, created) = self
             .replica
