@@ -440,6 +440,23 @@ impl LocalPool {
         Ok(())
     }
 
+    /// An operator client (poolctl's, with the delivered operator token) of the first of
+    /// `endpoints` that connects.
+    pub async fn operator(&self, endpoints: Vec<String>) -> Result<gateway::poolctl::Client, String> {
+        let tls = self.client_tls();
+        let cli = gateway::poolctl::Cli {
+            gateway: endpoints,
+            token_file: self.credentials().join("operator").join(proto::trust::TOKEN_FILE),
+            tls_ca: tls.ca.clone(),
+            gateway_tls_name: tls.server_name.clone(),
+            command: gateway::poolctl::Command::Status {
+                watch: false,
+                output: gateway::poolctl::Output::Table,
+            },
+        };
+        gateway::poolctl::Client::connect(&cli).await.map_err(|e| e.to_string())
+    }
+
     /// Pool status from the first gateway replica that answers.
     pub async fn status(&self) -> Result<GetSupervisorPoolStatusResponse, Error> {
         let token_path = self.credentials().join("operator").join(proto::trust::TOKEN_FILE);

@@ -169,7 +169,8 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         if self.running {
-            // Drop cannot await: a blocking pg_ctl, bounded by its own -t.
+            // Only when the owner did not `halt` it (an early return, a panic): Drop cannot
+            // await, so a blocking pg_ctl, bounded by its own -t.
             let program = self.bin.join("pg_ctl");
             let data = self.data();
             let mut command = if as_root() {

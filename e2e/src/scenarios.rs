@@ -134,6 +134,10 @@ pub async fn run(name: &str, setup: &Setup) -> Result<Outcome, Error> {
     .await;
     store.close().await;
     pool.stop().await;
+    if let Some(server) = server.as_mut() {
+        // Stopped here, awaited, rather than by the blocking `Drop`.
+        let _ = server.halt().await;
+    }
     drop(server);
     let mut outcome = outcome?;
     outcome.scenario = name.to_owned();
@@ -517,20 +521,9 @@ pub(crate) enum Planned {
     Rebalance,
 }
 
-/// An operator client of the pool (poolctl's), with the delivered operator token.
+/// An operator client of the pool over every replica.
 async fn operator(pool: &LocalPool) -> Result<poolctl::Client, Error> {
-    let tls = pool.client_tls();
-    let cli = poolctl::Cli {
-        gateway: pool.endpoints(),
-        token_file: pool.credentials().join("operator").join(proto::trust::TOKEN_FILE),
-        tls_ca: tls.ca.clone(),
-        gateway_tls_name: tls.server_name.clone(),
-        command: poolctl::Command::Status {
-            watch: false,
-            output: poolctl::Output::Table,
-        },
-    };
-    poolctl::Client::connect(&cli)
+    pool.operator(pool.endpoints())
         .await
         .map_err(|e| Error::Scenario(format!("operator client: {e}")))
 }

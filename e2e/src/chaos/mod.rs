@@ -186,7 +186,10 @@ pub async fn run(settings: &Settings) -> Result<Report, Error> {
     let result = Driver::new(settings, &mut pool, &store, server.as_mut()).run().await;
     store.close().await;
     pool.stop().await;
-    drop(server);
+    if let Some(server) = server.as_mut() {
+        // Stopped here, awaited, rather than by the blocking `Drop`.
+        let _ = server.halt().await;
+    }
     result
 }
 
@@ -460,18 +463,7 @@ impl<'a> Driver<'a> {
                 .collect()
         };
         endpoints.shuffle(&mut rand::rng());
-        let tls = self.pool.client_tls();
-        let cli = poolctl::Cli {
-            gateway: endpoints,
-            token_file: self.pool.credentials().join("operator").join(proto::trust::TOKEN_FILE),
-            tls_ca: tls.ca.clone(),
-            gateway_tls_name: tls.server_name.clone(),
-            command: poolctl::Command::Status {
-                watch: false,
-                output: poolctl::Output::Table,
-            },
-        };
-        poolctl::Client::connect(&cli).await.ok()
+        self.pool.operator(endpoints).await.ok()
     }
 
     async fn start_operation(
