@@ -197,6 +197,13 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
     if batches.is_empty() {
         batches = operations::plan(view);
     }
+    // Forgetting ended operations waits for a round with nothing else to write.
+    if batches.is_empty() {
+        let expired = operations::expired(view);
+        if !expired.is_empty() {
+            batches.push(expired);
+        }
+    }
     batches
 }
 

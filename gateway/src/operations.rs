@@ -14,8 +14,12 @@
 //! its member out of placement until the drain is cancelled.
 //!
 //! A dry run ([`preview`]) runs the same rounds over a copy of the view and writes nothing.
+//!
+//! Ended operations are forgotten after their retention ([`expired`]), so the records every
+//! replica reads stay proportional to recent activity, not to the pool's history.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 mod preview;
 
@@ -36,6 +40,41 @@ pub fn drained(view: &View) -> BTreeSet<String> {
         .filter(|op| op.kind == OperationKind::Drain)
         .filter(|op| !op.phase.is_finished() || (op.phase == OperationPhase::Succeeded && !op.cancel_requested))
         .map(|op| op.target.clone())
+        .collect()
+}
+
+/// How long an ended recovery stays on record (for `poolctl status` and the pool's status).
+pub const ENDED_RECOVERY_RETENTION: Duration = Duration::from_secs(10 * 60);
+/// How long an ended drain or rebalance stays on record. A succeeded drain that was not
+/// cancelled is still in force (its member takes nothing new) and stays until cancelled.
+pub const ENDED_OPERATION_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+/// At most this many ended operations are forgotten in one fenced write.
+pub const EXPIRED_PER_ROUND: usize = 256;
+
+/// Ended operations whose retention passed, oldest first (at most [`EXPIRED_PER_ROUND`]): the
+/// coordinator deletes them. Open operations and drains still in force are never among them.
+pub fn expired(view: &View) -> Vec<FencedWrite> {
+    let retention = |kind: OperationKind| {
+        let keep = match kind {
+            OperationKind::Drain | OperationKind::Rebalance => ENDED_OPERATION_RETENTION,
+            OperationKind::Assign | OperationKind::Recover => ENDED_RECOVERY_RETENTION,
+        };
+        i64::try_from(keep.as_millis()).unwrap_or(i64::MAX)
+    };
+    let in_force = |op: &Operation| {
+        op.kind == OperationKind::Drain && op.phase == OperationPhase::Succeeded && !op.cancel_requested
+    };
+    let mut ended: Vec<&Operation> = view
+        .operations
+        .iter()
+        .filter(|op| op.phase.is_finished() && !in_force(op))
+        .filter(|op| op.updated_at_ms < view.now_ms.saturating_sub(retention(op.kind)))
+        .collect();
+    ended.sort_by_key(|op| op.updated_at_ms);
+    ended
+        .into_iter()
+        .take(EXPIRED_PER_ROUND)
+        .map(|op| FencedWrite::DeleteOperation { id: op.id.clone() })
         .collect()
 }
 
@@ -515,5 +554,45 @@ mod tests {
         let mut v = pool(&["a", "b"], &[("r1", "a"), ("r2", "b")]);
         v.members.get_mut("a").unwrap().leaving = true;
         assert_eq!(moves(&plan(&v)), [("r1".into(), "b".into(), 2)]);
+    }
+
+    #[test]
+    fn ended_operations_are_forgotten_after_their_retention_but_drains_in_force_stay() {
+        let hour = 60 * 60 * 1000;
+        let mut v = pool(&["a", "b"], &[]);
+        v.now_ms = 48 * hour;
+        let now = v.now_ms;
+        let ended = |id: &str, kind, phase, cancel_requested, hours_ago: i64| Operation {
+            id: id.into(),
+            phase,
+            cancel_requested,
+            updated_at_ms: now - hours_ago * hour,
+            ..op(kind, "a", 1)
+        };
+        use OperationKind::{Drain, Rebalance, Recover};
+        use OperationPhase::{Cancelled, Failed, Running, Succeeded};
+        v.operations = vec![
+            ended("recovery-old", Recover, Succeeded, false, 1),
+            ended("recovery-new", Recover, Succeeded, false, 0),
+            ended("rebalance-old", Rebalance, Succeeded, false, 25),
+            ended("rebalance-new", Rebalance, Failed, false, 23),
+            ended("drain-in-force", Drain, Succeeded, false, 47),
+            ended("drain-cancelled", Drain, Succeeded, true, 47),
+            ended("drain-failed", Drain, Cancelled, false, 30),
+            ended("running-long", Drain, Running, false, 40),
+        ];
+        let mut forgotten: Vec<String> = expired(&v)
+            .into_iter()
+            .map(|w| match w {
+                FencedWrite::DeleteOperation { id } => id,
+                other => panic!("unexpected write {other:?}"),
+            })
+            .collect();
+        forgotten.sort();
+        assert_eq!(
+            forgotten,
+            ["drain-cancelled", "drain-failed", "rebalance-old", "recovery-old"]
+        );
+        assert!(drained(&v).contains("a"), "the drain in force still holds its member");
     }
 }

@@ -175,7 +175,9 @@ impl Operator {
         request: &StartSupervisorPoolOperationRequest,
         requested_by: &str,
     ) -> Result<StartSupervisorPoolOperationResponse, Status> {
-        let view = View::load(&self.replica.store)
+        let view = self
+            .replica
+            .fresh_view()
             .await
             .map_err(|err| Status::unavailable(format!("cannot read the pool: {err}")))?;
         let op = request_to_operation(request, requested_by, &view)?;
@@ -237,7 +239,7 @@ impl SupervisorPool for Operator {
         self.authorize(&request).await?;
         let store = &self.replica.store;
         let unavailable = |err: store::Error| Status::unavailable(format!("cannot read the pool: {err}"));
-        let view = View::load(store).await.map_err(unavailable)?;
+        let view = self.replica.fresh_view().await.map_err(unavailable)?;
         let lease = store.read_lease().await.map_err(unavailable)?;
         Ok(Response::new(status(&view, lease.as_ref(), &self.replica.name)))
     }
@@ -251,9 +253,11 @@ impl SupervisorPool for Operator {
         if request.dry_run {
             return self.dry_run(&request, &requested_by).await.map(Response::new);
         }
-        // A fresh read, as for the status and the dry run: the replica's published view may be
-        // a refresh behind (a member that attached a moment ago would be "no pool member").
-        let view = View::load(&self.replica.store)
+        // A view read after the request, as for the status and the dry run: the published one
+        // may be a refresh behind (a member that attached a moment ago would be "no pool member").
+        let view = self
+            .replica
+            .fresh_view()
             .await
             .map_err(|err| Status::unavailable(format!("cannot read the pool: {err}")))?;
         let op = request_to_operation(&request, &requested_by, &view)?;

@@ -147,8 +147,11 @@ impl InstanceRegistry for Registry {
         self.replica.wake.notify_one();
         info!(route = %request.route, generation, "instance registered");
 
-        // A fresh read: the cached view may predate a member that just attached.
-        let view = crate::pool::View::load(store)
+        // A view read after the registration: the published one may predate a member that
+        // just attached.
+        let view = self
+            .replica
+            .fresh_view()
             .await
             .map_err(|err| Status::unavailable(format!("cannot read the pool: {err}")))?;
         let assignment = view.current_assignment(&request.route);

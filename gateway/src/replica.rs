@@ -2,6 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
@@ -9,7 +10,11 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::Keys;
 use crate::host::admission::Sessions;
 use crate::pool::View;
-use crate::store::Store;
+use crate::store::{self, Store};
+
+/// How long a caller that needs a pool view read after its request waits for the refresh
+/// before it reads the store itself.
+pub const FRESH_VIEW_WAIT: Duration = Duration::from_secs(2);
 
 pub struct Replica {
     /// This replica's name (its Pod name in Kubernetes).
@@ -37,6 +42,26 @@ impl Replica {
     pub fn sessions<T>(&self, f: impl FnOnce(&mut Sessions) -> T) -> T {
         let mut guard = self.sessions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         f(&mut guard)
+    }
+
+    /// A pool view read after this call began (a member that attached a moment ago, an
+    /// instance just registered are in it): wakes the refresh and waits for its next read,
+    /// which every caller waiting meanwhile shares — a burst of registrations or status calls
+    /// costs one read of the pool, not one each. Reads the store itself only when no refresh
+    /// read comes within [`FRESH_VIEW_WAIT`].
+    pub async fn fresh_view(&self) -> store::Result<Arc<View>> {
+        let asked = Instant::now();
+        let mut view = self.view.clone();
+        self.wake.notify_one();
+        let read_after = view.wait_for(|v| v.read_at.is_some_and(|at| at >= asked));
+        let shared = match tokio::time::timeout(FRESH_VIEW_WAIT, read_after).await {
+            Ok(Ok(view)) => Some(Arc::clone(&view)),
+            _ => None,
+        };
+        match shared {
+            Some(view) => Ok(view),
+            None => View::load(&self.store).await.map(Arc::new),
+        }
     }
 }
 

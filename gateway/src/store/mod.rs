@@ -1460,6 +1460,12 @@ async fn apply(
                 .execute(&mut **tx)
                 .await?;
         }
+        FencedWrite::DeleteOperation { id } => {
+            sqlx::query("DELETE FROM operations WHERE id = $1 AND phase IN ('succeeded', 'failed', 'cancelled')")
+                .bind(id)
+                .execute(&mut **tx)
+                .await?;
+        }
     }
     Ok(())
 }

@@ -69,6 +69,10 @@ pub enum FencedWrite {
     DeleteSigningKey {
         kid: String,
     },
+    /// Forget an ended operation (its retention passed); an open one is never deleted.
+    DeleteOperation {
+        id: String,
+    },
     /// The coordinator's first write of its term: records when it started.
     StartTerm,
 }

@@ -28,6 +28,7 @@ on_both_backends!(suite;
     a_workload_replaced_under_its_route_starts_fresh,
     terms_never_repeat_on_a_route,
     operations_are_adopted_unchanged,
+    only_ended_operations_can_be_forgotten,
     signing_key_rotation_is_fenced,
     members_expire_by_ttl,
     member_removal_needs_the_same_process,

@@ -738,6 +738,35 @@ pub async fn a_workload_replaced_under_its_route_starts_fresh(db: &TestDb) {
     );
 }
 
+pub async fn only_ended_operations_can_be_forgotten(db: &TestDb) {
+    let lease = acquire(&db.store, "gw-a/1", LONG).await;
+    let running = Operation {
+        phase: OperationPhase::Running,
+        ..operation("running")
+    };
+    let ended = Operation {
+        phase: OperationPhase::Failed,
+        target: "member-b".into(),
+        ..operation("ended")
+    };
+    let puts = [FencedWrite::PutOperation(running), FencedWrite::PutOperation(ended)];
+    db.store.write_fenced(&lease, &puts).await.unwrap();
+    let forget = |id: &str| FencedWrite::DeleteOperation { id: id.into() };
+    db.store
+        .write_fenced(&lease, &[forget("running"), forget("ended"), forget("never-was")])
+        .await
+        .unwrap();
+    let left: Vec<String> = db
+        .store
+        .list_operations()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.id)
+        .collect();
+    assert_eq!(left, ["running"], "an open operation is never deleted");
+}
+
 pub async fn operations_are_adopted_unchanged(db: &TestDb) {
     let first = acquire(&db.store, "gw-a/1", SHORT).await;
     let op = Operation {
