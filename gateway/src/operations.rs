@@ -350,7 +350,7 @@ impl<'v> Round<'v> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::store::{InstanceRecord, MemberRecord, SecretBytes};
 
@@ -410,7 +410,7 @@ mod tests {
         v
     }
 
-    pub(super) fn op(kind: OperationKind, target: &str, max_parallel: i64) -> Operation {
+    pub(crate) fn op(kind: OperationKind, target: &str, max_parallel: i64) -> Operation {
         Operation {
             id: "op".into(),
             kind,

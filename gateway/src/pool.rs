@@ -44,6 +44,10 @@ pub struct View {
     /// record that lapsed within it is no evidence of silence until the writers have had
     /// [`BLACKOUT_GRACE`] to refresh it (see [`View::member_is_live`]).
     pub blackout: Option<(i64, i64)>,
+    /// Changes whenever what a member's snapshot is built from changes (instances,
+    /// assignments, members' processes and addresses); equal revisions build equal snapshots,
+    /// so a stream rebuilds only when it changed (0: not numbered, always build).
+    pub snapshot_revision: u64,
 }
 
 /// After the store was unreachable, how long records that lapsed meanwhile still count as
@@ -66,7 +70,31 @@ impl View {
             operations: store.list_operations().await?,
             replicas: store.list_replicas().await?.into_iter().collect(),
             blackout: None,
+            snapshot_revision: 0,
         })
+    }
+
+    /// Number this view's snapshot input after `previous`: the same revision when instances,
+    /// assignments and members' processes and addresses are unchanged, the next otherwise.
+    pub fn number_after(&mut self, previous: Option<&View>) {
+        self.snapshot_revision = match previous {
+            Some(p) if p.snapshot_revision != 0 && self.same_snapshot_input(p) => p.snapshot_revision,
+            Some(p) => p.snapshot_revision.wrapping_add(1).max(1),
+            None => 1,
+        };
+    }
+
+    fn same_snapshot_input(&self, other: &View) -> bool {
+        fn address(m: &MemberRecord) -> (&str, &str, &str) {
+            (&m.member, &m.process_id, &m.runtime_address)
+        }
+        self.assignments == other.assignments
+            && self.instances == other.instances
+            && self
+                .members
+                .values()
+                .map(address)
+                .eq(other.members.values().map(address))
     }
 
     /// Live member records whose serving replica has not recorded that it is running for
@@ -264,6 +292,7 @@ fn by_route<T>(items: Vec<T>, route: impl Fn(&T) -> &String) -> BTreeMap<String,
 /// ([`View::orphaned`]) are expired on the way, and the pool read again at once.
 pub async fn refresh(store: Store, publish: watch::Sender<Arc<View>>, wake: Arc<Notify>, shutdown: CancellationToken) {
     let mut reads = Reads::default();
+    let mut previous: Option<Arc<View>> = None;
     loop {
         let mut again = false;
         match tokio::time::timeout(REFRESH_INTERVAL * 10, View::load(&store)).await {
@@ -285,7 +314,10 @@ pub async fn refresh(store: Store, publish: watch::Sender<Arc<View>>, wake: Arc<
                         }
                     }
                 }
-                publish.send_replace(Arc::new(view));
+                view.number_after(previous.as_deref());
+                let view = Arc::new(view);
+                previous = Some(Arc::clone(&view));
+                publish.send_replace(view);
             }
             Ok(Err(err)) => {
                 reads.failed();
@@ -417,6 +449,48 @@ mod tests {
             );
         }
         v
+    }
+
+    #[test]
+    fn the_snapshot_revision_changes_exactly_when_a_snapshot_could() {
+        let mut first = view();
+        first.number_after(None);
+        let numbered = |mut next: View, previous: &View| {
+            next.number_after(Some(previous));
+            next
+        };
+        // Time passing, member records refreshed, reports and operations: same input.
+        let mut later = view();
+        later.now_ms += 5_000;
+        later.members.values_mut().for_each(|m| m.expires_at_ms += 5_000);
+        later.operations.push(crate::operations::tests::op(
+            crate::store::OperationKind::Drain,
+            "m1",
+            1,
+        ));
+        let later = numbered(later, &first);
+        assert_eq!(later.snapshot_revision, first.snapshot_revision);
+        assert_eq!(
+            later.snapshot_for("m1", "m1-p", 60_000),
+            first.snapshot_for("m1", "m1-p", 60_000),
+            "equal revisions build equal snapshots"
+        );
+        // Each input a snapshot is built from moves the revision.
+        let mut moved = view();
+        moved.assignments.values_mut().for_each(|a| a.term += 1);
+        let mut withdrawn = view();
+        withdrawn.instances.values_mut().for_each(|i| i.withdrawn = true);
+        let mut readdressed = view();
+        readdressed
+            .members
+            .values_mut()
+            .for_each(|m| m.runtime_address = "https://elsewhere:1".into());
+        for changed in [moved, withdrawn, readdressed] {
+            let changed = numbered(changed, &later);
+            assert_eq!(changed.snapshot_revision, later.snapshot_revision + 1);
+        }
+        // A view that was never numbered (read directly from the store) is built from always.
+        assert_eq!(View::default().snapshot_revision, 0);
     }
 
     #[test]

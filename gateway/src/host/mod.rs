@@ -254,6 +254,8 @@ impl Session {
         refresh.reset();
         let token_expiry = Instant::now() + until(self.token_expires_at_ms);
         let mut refreshing: Option<tokio::task::JoinHandle<Refreshed>> = None;
+        // The snapshot input revision last built from: unchanged input, no rebuild.
+        let mut built: Option<u64> = None;
         view.mark_changed();
 
         let end = loop {
@@ -306,6 +308,10 @@ impl Session {
                         // read (at most a refresh away) is fresh.
                         continue;
                     }
+                    if current.snapshot_revision != 0 && built == Some(current.snapshot_revision) {
+                        continue;
+                    }
+                    built = Some(current.snapshot_revision);
                     let body = current.snapshot_for(&self.identity.member, &self.identity.process_id, replica.recovery_deadline_ms);
                     if let Some(snapshot) = protocol.next_snapshot(body) {
                         let snapshot = proto::host::v1::Snapshot { gateway_replica: replica.name.clone(), ..snapshot };
