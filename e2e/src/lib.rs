@@ -6,6 +6,7 @@
 //!   its status over the operator API;
 //! - [`chaos`]: randomized faults and the history checker (`scenarios chaos`);
 //! - [`postgres`]: a private PostgreSQL server the harness can stop and start;
+//! - [`scale`]: simulated members over real gRPC and many registrations (`scenarios scale`);
 //! - [`flood`]: the connection flood probe with its measurements;
 //! - [`cluster`]: a real cluster through `kubectl`, for the cluster test (`scripts/test-cluster`).
 
@@ -16,4 +17,5 @@ pub mod flood;
 pub mod local;
 pub mod postgres;
 pub mod process;
+pub mod scale;
 pub mod scenarios;

@@ -211,6 +211,11 @@ impl LocalPool {
         &self.database_url
     }
 
+    /// The key-encryption key file the pool's gateways seal their signing keys with.
+    pub fn kek(&self) -> &Path {
+        &self.kek
+    }
+
     pub fn endpoints(&self) -> Vec<String> {
         self.gateways.iter().map(|g| g.endpoint.clone()).collect()
     }

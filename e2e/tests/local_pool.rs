@@ -71,3 +71,28 @@ async fn members_show_up_in_the_pool_status() {
     );
     pool.stop().await;
 }
+
+/// The scale scenario's machinery on a small pool: simulated members attach over TLS, every
+/// registration is answered, every instance reaches a member's snapshot, no stream breaks,
+/// and the figures it prints are filled in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scale_scenario_places_every_registered_instance() {
+    let root = tempfile::tempdir().unwrap();
+    let settings = e2e::scale::Settings {
+        members: 3,
+        concurrency: 8,
+        rest: Duration::from_secs(1),
+        ..e2e::scale::Settings::new(120, root.path().join("scale"), e2e::chaos::Backend::Sqlite)
+    };
+    let report = e2e::scale::run(&settings).await.unwrap();
+    assert_eq!(report.refused, 0);
+    assert_eq!(report.streams_ended, 0, "no member stream broke");
+    assert!(report.snapshots >= 3 && report.final_snapshot_bytes > 0);
+    assert!(report.snapshot_bytes >= report.final_snapshot_bytes);
+    assert_eq!(
+        report.replicas.iter().filter(|r| r.coordinator).count(),
+        1,
+        "{report:?}"
+    );
+    assert!(e2e::scale::table(&[report]).contains("| sqlite | 120 | 3 |"));
+}

@@ -17,7 +17,9 @@ use tracing::warn;
 
 use crate::placement::{Candidate, Owner};
 use crate::registration::Material;
-use crate::store::{self, Assignment, AssignmentPhase, InstanceRecord, MemberRecord, Operation, Report, Store};
+use crate::store::{
+    self, Assignment, AssignmentPhase, InstanceRecord, MemberRecord, Operation, PoolWrites, Report, Store,
+};
 
 /// How often a replica re-reads the pool when nothing wakes it earlier.
 pub const REFRESH_INTERVAL: Duration = Duration::from_millis(200);
@@ -48,7 +50,13 @@ pub struct View {
     /// assignments, members' processes and addresses); equal revisions build equal snapshots,
     /// so a stream rebuilds only when it changed (0: not numbered, always build).
     pub snapshot_revision: u64,
+    /// The store's write counts taken just before this view's tables were read (`None`: not
+    /// counted); the next refresh re-reads only the tables whose count moved.
+    pub writes: Option<PoolWrites>,
 }
+
+/// How often a refresh reads every table even when no write was counted: a safety net.
+pub const FULL_READ_EVERY: Duration = Duration::from_secs(10);
 
 /// After the store was unreachable, how long records that lapsed meanwhile still count as
 /// live: two membership refreshes and a pool read, time for every stream to refresh its
@@ -57,20 +65,50 @@ pub const BLACKOUT_GRACE: Duration =
     Duration::from_millis(2 * timing::MEMBERSHIP_REFRESH.as_millis() as u64 + REFRESH_INTERVAL.as_millis() as u64);
 
 impl View {
+    /// Read the whole pool.
     pub async fn load(store: &Store) -> store::Result<Self> {
+        Self::reload(store, None).await
+    }
+
+    /// Read the pool, taking from `previous` the tables nobody wrote since it was read (every
+    /// table without one). Members and replicas' liveness are small and always read.
+    pub async fn reload(store: &Store, previous: Option<&View>) -> store::Result<Self> {
         let read_at = Some(Instant::now());
+        // Counted before the tables are read: a write committed after the count is either in
+        // what is read below or moves the count for the next refresh.
+        let writes = store.pool_writes().await?;
+        let unchanged = |count: fn(&PoolWrites) -> i64| {
+            previous.filter(|p| p.writes.is_some_and(|before| count(&before) == count(&writes)))
+        };
         let (now_ms, members) = store.list_members().await?;
+        let instances = match unchanged(|w| w.instances) {
+            Some(p) => p.instances.clone(),
+            None => by_route(store.list_instances().await?, |i| &i.route),
+        };
+        let assignments = match unchanged(|w| w.assignments) {
+            Some(p) => p.assignments.clone(),
+            None => by_route(store.list_assignments().await?, |a| &a.route),
+        };
+        let reports = match unchanged(|w| w.reports) {
+            Some(p) => p.reports.clone(),
+            None => by_route(store.list_reports().await?, |r| &r.route),
+        };
+        let operations = match unchanged(|w| w.operations) {
+            Some(p) => p.operations.clone(),
+            None => store.list_operations().await?,
+        };
         Ok(Self {
             now_ms,
             read_at,
-            instances: by_route(store.list_instances().await?, |i| &i.route),
-            assignments: by_route(store.list_assignments().await?, |a| &a.route),
+            instances,
+            assignments,
             members: members.into_iter().map(|m| (m.member.clone(), m)).collect(),
-            reports: by_route(store.list_reports().await?, |r| &r.route),
-            operations: store.list_operations().await?,
+            reports,
+            operations,
             replicas: store.list_replicas().await?.into_iter().collect(),
             blackout: None,
             snapshot_revision: 0,
+            writes: Some(writes),
         })
     }
 
@@ -293,9 +331,16 @@ fn by_route<T>(items: Vec<T>, route: impl Fn(&T) -> &String) -> BTreeMap<String,
 pub async fn refresh(store: Store, publish: watch::Sender<Arc<View>>, wake: Arc<Notify>, shutdown: CancellationToken) {
     let mut reads = Reads::default();
     let mut previous: Option<Arc<View>> = None;
+    let mut full_read_at = Instant::now();
     loop {
         let mut again = false;
-        match tokio::time::timeout(REFRESH_INTERVAL * 10, View::load(&store)).await {
+        // Every table now and then, whatever the counts say.
+        let full = full_read_at.elapsed() >= FULL_READ_EVERY;
+        if full {
+            full_read_at = Instant::now();
+        }
+        let since = previous.as_deref().filter(|_| !full);
+        match tokio::time::timeout(REFRESH_INTERVAL * 10, View::reload(&store, since)).await {
             Ok(Ok(mut view)) => {
                 view.blackout = reads.succeeded(view.now_ms);
                 for m in view.orphaned(timing::replica_silence_bound()) {

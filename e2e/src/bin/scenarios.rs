@@ -4,11 +4,13 @@
 //!
 //! cargo run --release -p e2e --bin scenarios -- [--json FILE] [--database URL] [SCENARIO…]
 //! cargo run --release -p e2e --bin scenarios -- chaos --trials N --seed S [--postgres | --database URL]
+//! cargo run --release -p e2e --bin scenarios -- scale [--instances 1000,4000,10000] [--postgres | --database URL]
 
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 use e2e::chaos::{self, Backend};
+use e2e::scale;
 use e2e::scenarios::{self, Setup};
 
 #[derive(Debug, Parser)]
@@ -49,17 +51,62 @@ enum Command {
         #[arg(long, conflicts_with = "database")]
         postgres: bool,
     },
+    /// The gateway's cost as the pool grows: simulated members over real gRPC, registrations
+    /// through the registry, placement, snapshot bytes, CPU and memory at rest.
+    Scale {
+        /// Pool sizes to run, one fresh pool each.
+        #[arg(long, value_delimiter = ',', default_value = "1000,4000,10000")]
+        instances: Vec<usize>,
+        #[arg(long, default_value_t = 40)]
+        members: usize,
+        /// Registrations in flight at a time.
+        #[arg(long, default_value_t = 32)]
+        concurrency: usize,
+        /// A private PostgreSQL server for the runs.
+        #[arg(long, conflicts_with = "database")]
+        postgres: bool,
+    },
+}
+
+fn backend(postgres: bool, database: Option<String>) -> Backend {
+    match (postgres, database) {
+        (true, _) => Backend::PrivatePostgres,
+        (false, Some(url)) => Backend::Postgres(url),
+        (false, None) => Backend::Sqlite,
+    }
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(Command::Scale {
+        instances,
+        members,
+        concurrency,
+        postgres,
+    }) = args.command
+    {
+        let backend = backend(postgres, args.database);
+        let mut reports = Vec::new();
+        for n in instances {
+            eprintln!("scale: {n} instances on {members} members ({}) ...", backend.name());
+            let settings = scale::Settings {
+                members,
+                concurrency,
+                ..scale::Settings::new(n, args.dir.join("scale"), backend.clone())
+            };
+            reports.push(scale::run(&settings).await?);
+            print!("{}", scale::table(&reports[reports.len() - 1..]));
+        }
+        print!("{}", scale::table(&reports));
+        if let Some(path) = &args.json {
+            std::fs::write(path, serde_json::to_string_pretty(&reports)?)?;
+            eprintln!("wrote {}", path.display());
+        }
+        return Ok(());
+    }
     if let Some(Command::Chaos { trials, seed, postgres }) = args.command {
-        let backend = match (postgres, args.database) {
-            (true, _) => Backend::PrivatePostgres,
-            (false, Some(url)) => Backend::Postgres(url),
-            (false, None) => Backend::Sqlite,
-        };
+        let backend = backend(postgres, args.database);
         let settings = chaos::Settings::new(trials, seed, args.dir.join("chaos"), backend);
         let report = chaos::run(&settings).await?;
         print!("{}", chaos::table(&report));

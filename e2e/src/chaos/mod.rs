@@ -50,6 +50,29 @@ impl Backend {
             Self::PrivatePostgres | Self::Postgres(_) => "postgresql",
         }
     }
+
+    /// The database of a run named `run`: a private server started for it (stop it with an
+    /// awaited `halt` at the end) and a fresh database's URL, or `None` for SQLite.
+    pub async fn database(&self, run: &str) -> Result<(Option<postgres::Server>, Option<String>), Error> {
+        let server = match self {
+            Self::PrivatePostgres => Some(
+                postgres::Server::start()
+                    .await
+                    .map_err(|e| Error::Scenario(e.to_string()))?,
+            ),
+            _ => None,
+        };
+        let admin = match (self, &server) {
+            (Self::Postgres(url), _) => Some(url.clone()),
+            (_, Some(server)) => Some(server.url()),
+            _ => None,
+        };
+        let url = match admin {
+            Some(admin) => Some(crate::scenarios::fresh_database(&admin, run).await?),
+            None => None,
+        };
+        Ok((server, url))
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -153,23 +176,7 @@ impl Health {
 const WEDGED_AFTER: Duration = Duration::from_secs(120);
 
 pub async fn run(settings: &Settings) -> Result<Report, Error> {
-    let mut server = match settings.backend {
-        Backend::PrivatePostgres => Some(
-            postgres::Server::start()
-                .await
-                .map_err(|e| Error::Scenario(e.to_string()))?,
-        ),
-        _ => None,
-    };
-    let admin = match (&settings.backend, &server) {
-        (Backend::Postgres(url), _) => Some(url.clone()),
-        (_, Some(server)) => Some(server.url()),
-        _ => None,
-    };
-    let database_url = match admin {
-        Some(admin) => Some(crate::scenarios::fresh_database(&admin, "chaos").await?),
-        None => None,
-    };
+    let (mut server, database_url) = settings.backend.database("chaos").await?;
     let config = Config {
         root: settings.root.clone(),
         database_url: database_url.clone(),

@@ -342,6 +342,45 @@ impl Store {
             .await?)
     }
 
+    /// How many writes were committed to each table the pool view reads in full, counted by
+    /// triggers in the writing transactions (migration `0011_pool_writes`). Taken before the
+    /// tables are read, an equal count at the next read means the table did not change.
+    pub async fn pool_writes(&self) -> Result<PoolWrites> {
+        let rows = sqlx::query(
+            "SELECT table_name, CAST(SUM(writes) AS BIGINT) AS writes FROM pool_writes GROUP BY table_name",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let mut writes = PoolWrites::default();
+        for row in &rows {
+            let count: i64 = row.try_get("writes")?;
+            match row.try_get::<String, _>("table_name")?.as_str() {
+                "instances" => writes.instances = count,
+                "assignments" => writes.assignments = count,
+                "instance_reports" => writes.reports = count,
+                "operations" => writes.operations = count,
+                _ => {}
+            }
+        }
+        Ok(writes)
+    }
+
+    /// PostgreSQL: this database's committed and rolled-back transactions and rows read
+    /// (returned + fetched) since its statistics were reset; `None` on SQLite. For
+    /// measurements (`scenarios scale`).
+    pub async fn database_activity(&self) -> Result<Option<(i64, i64)>> {
+        if self.backend != Backend::Postgres {
+            return Ok(None);
+        }
+        let row = sqlx::query(
+            "SELECT (xact_commit + xact_rollback)::BIGINT AS transactions, (tup_returned + tup_fetched)::BIGINT AS rows_read \
+             FROM pg_stat_database WHERE datname = current_database()",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(Some((row.try_get("transactions")?, row.try_get("rows_read")?)))
+    }
+
     // ---- coordinator lease -----------------------------------------------
 
     /// Begin a transaction, lock the lease row, and only then sample the

@@ -77,6 +77,16 @@ pub enum FencedWrite {
     StartTerm,
 }
 
+/// Committed writes to each table the pool view reads in full (see
+/// [`Store::pool_writes`](super::Store::pool_writes)): equal counts, unchanged table.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolWrites {
+    pub instances: i64,
+    pub assignments: i64,
+    pub reports: i64,
+    pub operations: i64,
+}
+
 /// What a gateway replica knows of a member stream it serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemberUpdate {

@@ -29,6 +29,7 @@ on_both_backends!(suite;
     terms_never_repeat_on_a_route,
     operations_are_adopted_unchanged,
     only_ended_operations_can_be_forgotten,
+    every_write_to_a_table_the_pool_view_reads_is_counted,
     signing_key_rotation_is_fenced,
     members_expire_by_ttl,
     member_removal_needs_the_same_process,

@@ -1168,6 +1168,86 @@ pub async fn a_missed_recovery_deadline_withdraws_with_the_reason_and_last_owner
     assert_eq!((r1.withdrawn, r1.withdrawn_reason), (false, None));
 }
 
+pub async fn every_write_to_a_table_the_pool_view_reads_is_counted(db: &TestDb) {
+    use gateway::pool::View;
+    let counts = || async { db.store.pool_writes().await.unwrap() };
+    let before = counts().await;
+    let first = View::reload(&db.store, None).await.unwrap();
+    assert_eq!(first.writes, Some(before));
+
+    // A registration counts for instances only; a view re-read after it takes the new row.
+    let registration = Registration {
+        route: "team-a/agent-0".into(),
+        namespace: "team-a".into(),
+        name: "agent-0".into(),
+        uid: "u1".into(),
+        material: SecretBytes(b"m".to_vec()),
+    };
+    db.store.register_instance(&registration).await.unwrap();
+    let after = counts().await;
+    assert!(after.instances > before.instances);
+    assert_eq!(
+        (after.assignments, after.reports, after.operations),
+        (before.assignments, before.reports, before.operations)
+    );
+    let second = View::reload(&db.store, Some(&first)).await.unwrap();
+    assert!(
+        second.instances.contains_key("team-a/agent-0"),
+        "a counted write is read"
+    );
+
+    // Nothing written: every table is taken from the previous view — even one that differs
+    // from the store (proof that it was not read).
+    let mut doctored = second.clone();
+    doctored.instances.clear();
+    let third = View::reload(&db.store, Some(&doctored)).await.unwrap();
+    assert!(third.instances.is_empty(), "an uncounted table is not read again");
+
+    // A fenced placement counts assignments (and instances: the route's last term), a
+    // report counts reports, an operation counts operations, and a deletion counts too.
+    let lease = acquire(&db.store, "gw-a/1", LONG).await;
+    let assign = FencedWrite::Assign {
+        expected_term: None,
+        next: assignment("team-a/agent-0", "m1", 1),
+    };
+    db.store.write_fenced(&lease, &[assign]).await.unwrap();
+    let placed = counts().await;
+    assert!(placed.assignments > after.assignments && placed.instances > after.instances);
+    db.store
+        .record_report(&Report {
+            route: "team-a/agent-0".into(),
+            term: 1,
+            member: "m1".into(),
+            process_id: "m1-p1".into(),
+            phase: "ACTIVE".into(),
+            message: String::new(),
+            workload_pid: 42,
+            progress: 0,
+            reported_by: "gw-a".into(),
+            updated_at_ms: 0,
+        })
+        .await
+        .unwrap();
+    let reported = counts().await;
+    assert!(reported.reports > placed.reports);
+    let ended = Operation {
+        phase: OperationPhase::Failed,
+        ..operation("ended")
+    };
+    db.store
+        .write_fenced(&lease, &[FencedWrite::PutOperation(ended)])
+        .await
+        .unwrap();
+    let recorded = counts().await;
+    assert!(recorded.operations > reported.operations);
+    let forget = FencedWrite::DeleteOperation { id: "ended".into() };
+    db.store.write_fenced(&lease, &[forget]).await.unwrap();
+    assert!(counts().await.operations > recorded.operations);
+    let fourth = View::reload(&db.store, Some(&third)).await.unwrap();
+    assert_eq!(fourth.instances.len(), 1, "changed tables are read again");
+    assert!(fourth.assignments.contains_key("team-a/agent-0") && fourth.reports.contains_key("team-a/agent-0"));
+}
+
 pub async fn reports_never_regress_in_term(db: &TestDb) {
     let report = |term: i64, phase: &str| Report {
         route: "team-a/agent-0".into(),
