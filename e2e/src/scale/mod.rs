@@ -235,10 +235,10 @@ async fn measure(settings: &Settings, pool: &LocalPool) -> Result<Report, Error>
         }),
         _ => None,
     };
-    stop.cancel();
     store.close().await;
     latencies.sort_by(f64::total_cmp);
-    Ok(Report {
+    // Read before the members stop (a stopped member takes its snapshot out of the tally).
+    let report = Report {
         backend: settings.backend.name().into(),
         instances: settings.instances,
         members: settings.members,
@@ -255,7 +255,9 @@ async fn measure(settings: &Settings, pool: &LocalPool) -> Result<Report, Error>
         streams_ended: tally.ended.load(Ordering::Relaxed),
         replicas,
         database,
-    })
+    };
+    stop.cancel();
+    Ok(report)
 }
 
 fn mint<E: Serialize>(keyring: &Keyring, kind: proto::trust::Kind, subject: &str, extra: &E) -> Result<String, Error> {
