@@ -106,7 +106,7 @@ async fn the_rules_and_dashboard_use_only_exported_metrics() {
         plaintext: false,
     };
     let pool = LocalPool::start(config).await.unwrap();
-    let (_, webhook_health, mut webhook) = e2e::flood::start_webhook(&pool).await.unwrap();
+    let (_, webhook_health, webhook) = e2e::flood::start_webhook(&pool).await.unwrap();
 
     coordinator_once(&pool, "the instance active", |text| {
         value(text, "openshell_gateway_instances{phase=\"active\"}") == Some(1.0)

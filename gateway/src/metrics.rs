@@ -296,3 +296,6 @@ pub async fn follow(replica: Arc<Replica>, mut lease: watch::Receiver<Option<Lea
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
