@@ -123,10 +123,10 @@ impl Metrics {
             token_lifetime,
         );
         let token_secret_oldest = GaugeSet::default();
-        registry.register(
+        token_secret_oldest.register(
+            &mut registry,
             "token_secret_oldest_issued_timestamp_seconds",
-            "Coordinator only: when the oldest token Secret it delivered was issued (Unix time), by target kind",
-            token_secret_oldest.family(),
+            "when the oldest token Secret it delivered was issued (Unix time), by target kind",
         );
         let pool = pool::Gauges::register(&mut registry);
         // Every labelled counter starts at 0, so `increase()` sees its first event.

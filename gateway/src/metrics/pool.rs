@@ -103,6 +103,11 @@ impl<L: Clone + Hash + Eq + EncodeLabelSet + std::fmt::Debug + Send + Sync + 'st
         self.family.clone()
     }
 
+    /// Register as a coordinator-only gauge (its help says so).
+    pub fn register(&self, registry: &mut Registry, name: &str, help: &str) {
+        registry.register(name, format!("Coordinator only: {help}"), self.family());
+    }
+
     /// Exactly `values` from now on.
     pub fn replace(&self, values: impl IntoIterator<Item = (L, i64)>) {
         let mut present = self.present.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -227,46 +232,33 @@ pub struct Gauges {
 impl Gauges {
     pub fn register(registry: &mut Registry) -> Self {
         let g = Self::default();
-        let pool = "Coordinator only: ";
-        registry.register(
+        g.members.register(
+            registry,
             "members",
-            format!("{pool}live pool members by state (serving, leaving, drained)"),
-            g.members.family(),
+            "live pool members by state (serving, leaving, drained)",
         );
-        registry.register(
-            "member_instances",
-            format!("{pool}desired instances a live member holds"),
-            g.member_instances.family(),
-        );
-        registry.register(
-            "member_capacity",
-            format!("{pool}instances a live member may hold"),
-            g.member_capacity.family(),
-        );
-        registry.register(
-            "instances",
-            format!("{pool}desired instances by phase"),
-            g.instances.family(),
-        );
-        registry.register(
-            "operations",
-            format!("{pool}open operations by kind and phase"),
-            g.operations.family(),
-        );
-        registry.register(
+        g.member_instances
+            .register(registry, "member_instances", "desired instances a live member holds");
+        g.member_capacity
+            .register(registry, "member_capacity", "instances a live member may hold");
+        g.instances
+            .register(registry, "instances", "desired instances by phase");
+        g.operations
+            .register(registry, "operations", "open operations by kind and phase");
+        g.moves_done.register(
+            registry,
             "operation_moves_done",
-            format!("{pool}moves an open drain or rebalance has made"),
-            g.moves_done.family(),
+            "moves an open drain or rebalance has made",
         );
-        registry.register(
+        g.moves_remaining.register(
+            registry,
             "operation_moves_remaining",
-            format!("{pool}instances an open drain still has to move off its member"),
-            g.moves_remaining.family(),
+            "instances an open drain still has to move off its member",
         );
-        registry.register(
+        g.last_progress.register(
+            registry,
             "operation_last_progress_timestamp_seconds",
-            format!("{pool}when an open drain or rebalance last changed (a move, a new message; Unix time)"),
-            g.last_progress.family(),
+            "when an open drain or rebalance last changed (a move, a new message; Unix time)",
         );
         g
     }
