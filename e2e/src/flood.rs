@@ -160,7 +160,9 @@ async fn measure(pool: &LocalPool, setup: &Setup) -> Result<(Vec<Figures>, Strin
     Ok((figures, counters))
 }
 
-async fn start_webhook(pool: &LocalPool) -> Result<(SocketAddr, SocketAddr, Process), Error> {
+/// Start a webhook process with the pool's TLS files; answers once it is ready: its HTTPS
+/// address, its health port (`/metrics`) and the process.
+pub async fn start_webhook(pool: &LocalPool) -> Result<(SocketAddr, SocketAddr, Process), Error> {
     let tls = pool.tls.as_ref().ok_or(Error::Plaintext)?;
     let listen: SocketAddr = ([127, 0, 0, 1], local::free_port()?).into();
     let metrics: SocketAddr = ([127, 0, 0, 1], local::free_port()?).into();

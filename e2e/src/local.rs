@@ -174,6 +174,8 @@ pub struct Member {
     pub name: String,
     /// Where sidecars reach it.
     pub runtime_address: String,
+    /// The plain-HTTP health port (`/readyz`, `/metrics`), `127.0.0.1:port`.
+    pub health: String,
     pub process: Process,
 }
 
@@ -338,10 +340,12 @@ impl LocalPool {
 
     pub fn start_member(&mut self, name: &str) -> Result<(), Error> {
         let runtime = format!("127.0.0.1:{}", free_port()?);
-        let process = self.spawn_member(name, &runtime)?;
+        let health = format!("127.0.0.1:{}", free_port()?);
+        let process = self.spawn_member(name, &runtime, &health)?;
         self.members.push(Member {
             name: name.into(),
             runtime_address: self.url(&runtime),
+            health,
             process,
         });
         Ok(())
@@ -353,13 +357,17 @@ impl LocalPool {
         let Some(member) = self.members.get(index) else {
             return Ok(());
         };
-        let (name, runtime) = (member.name.clone(), address_of(&member.runtime_address));
+        let (name, runtime, health) = (
+            member.name.clone(),
+            address_of(&member.runtime_address),
+            member.health.clone(),
+        );
         self.members[index].process.kill().await;
-        self.members[index].process = self.spawn_member(&name, &runtime)?;
+        self.members[index].process = self.spawn_member(&name, &runtime, &health)?;
         Ok(())
     }
 
-    fn spawn_member(&self, name: &str, runtime: &str) -> Result<Process, Error> {
+    fn spawn_member(&self, name: &str, runtime: &str, health: &str) -> Result<Process, Error> {
         let mut env = vec![
             ("OPENSHELL_SUPERVISOR_POOL_MEMBER".to_owned(), name.to_owned()),
             ("OPENSHELL_GATEWAY_ENDPOINTS".to_owned(), self.endpoints().join(",")),
@@ -373,6 +381,7 @@ impl LocalPool {
                     .to_string(),
             ),
             ("OPENSHELL_SUPERVISOR_RUNTIME_LISTEN".to_owned(), runtime.to_owned()),
+            ("OPENSHELL_SUPERVISOR_HEALTH_LISTEN".to_owned(), health.to_owned()),
         ];
         if let Some(tls) = &self.tls {
             for (variable, path) in [

@@ -60,7 +60,7 @@ pub async fn run(replica: Arc<Replica>, mut lease: watch::Receiver<Option<Lease>
         }
         for batch in writes {
             match replica.store.write_fenced(&held, &batch).await {
-                Ok(()) => {}
+                Ok(()) => replica.metrics.written(&batch),
                 Err(store::Error::Fenced(why)) => {
                     warn!(term = held.term, reason = %why, "coordinator write fenced; stepping back");
                     break;

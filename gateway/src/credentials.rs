@@ -144,6 +144,9 @@ pub async fn run(
                             Err(err) => warn!(error = %err, "cannot deliver tokens"),
                         }
                     }
+                    if let Some(issued) = &delivered {
+                        replica.metrics.token_files_delivered(issued);
+                    }
                 }
             }
             Err(err) => warn!(error = %err, "cannot load signing keys"),

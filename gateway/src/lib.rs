@@ -12,6 +12,7 @@ pub mod grpc_health;
 pub mod health;
 pub mod host;
 pub mod kubernetes;
+pub mod metrics;
 pub mod operations;
 pub mod operator;
 pub mod placement;
@@ -131,6 +132,7 @@ pub async fn run_with<C: kubernetes::Cluster + Clone>(
     }
     let limits = settings.connections.limits()?;
     let connections = proto::listener::ConnectionMetrics::default();
+    let metrics = Arc::new(metrics::Metrics::new(&connections));
     // Background work stops with `stop`, after the server drained (and on any
     // early return). The health port serves from the start: not ready while
     // the database is unreachable, but alive.
@@ -143,7 +145,7 @@ pub async fn run_with<C: kubernetes::Cluster + Clone>(
             source,
         })?;
         let health = proto::listener::Listener::new(health, limits.clone(), connections.listener("health"));
-        tokio::spawn(health::serve(health, health_rx, connections.clone(), stop.clone()));
+        tokio::spawn(health::serve(health, health_rx, metrics.clone(), stop.clone()));
     }
     let Some(store) = open_store(&url, &settings.store_options(), &shutdown).await? else {
         return Ok(());
@@ -180,7 +182,7 @@ pub async fn run_with<C: kubernetes::Cluster + Clone>(
             namespaces: kubernetes.as_ref().map(|integration| integration.shared.clone()),
         },
         recovery_deadline_ms: settings.recovery_deadline_ms,
-        counters: replica::Counters::default(),
+        metrics,
         reports: Arc::default(),
         shutdown: shutdown.clone(),
     });
@@ -203,6 +205,7 @@ pub async fn run_with<C: kubernetes::Cluster + Clone>(
         tokio::spawn(pool::beat(store.clone(), settings.replica.clone(), stop.clone())),
         tokio::spawn(reports::run(replica.reports.clone(), store.clone(), stop.clone())),
         tokio::spawn(coordinator::run(replica.clone(), lease_rx.clone(), stop.clone())),
+        tokio::spawn(metrics::follow(replica.clone(), lease_rx.clone(), stop.clone())),
         tokio::spawn(credentials::run(
             replica.clone(),
             settings.issuer.clone(),

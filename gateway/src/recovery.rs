@@ -39,7 +39,7 @@ impl Recovery {
     /// Count a refusal for acting as another member.
     fn denied(&self, check: Result<(), Status>) -> Result<(), Status> {
         if check.is_err() {
-            crate::replica::Counters::bump(&self.replica.counters.denied);
+            self.replica.metrics.call_denied();
         }
         check
     }

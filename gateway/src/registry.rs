@@ -43,7 +43,7 @@ impl Registry {
         let caller = self.replica.keys.instance(request).await?;
         let instance = instance.ok_or_else(|| Status::invalid_argument("the request names no instance"))?;
         if let Err(denied) = caller.owns(route, instance) {
-            crate::replica::Counters::bump(&self.replica.counters.denied);
+            self.replica.metrics.call_denied();
             return Err(denied);
         }
         Ok((caller, instance.clone()))
@@ -247,6 +247,7 @@ impl InstanceRegistry for Registry {
             .await
             .map_err(|err| Status::unavailable(format!("cannot withdraw the instance: {err}")))?;
         if withdrawn {
+            self.replica.metrics.recovery_failed_reported();
             self.replica.wake.notify_one();
         }
         Ok(Response::new(RecoveryFailedResponse {}))

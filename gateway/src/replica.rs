@@ -1,6 +1,5 @@
 //! What every service of one gateway replica shares.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,7 +29,8 @@ pub struct Replica {
     pub quota: crate::quota::Quota,
     /// Recovery deadline offered to sidecars.
     pub recovery_deadline_ms: u64,
-    pub counters: Counters,
+    /// The replica's metrics (served on the health port's `/metrics`).
+    pub metrics: Arc<crate::metrics::Metrics>,
     /// Writes the member streams' status reports in batches.
     pub reports: Arc<crate::reports::Writer>,
     /// Cancelled when the replica shuts down.
@@ -62,25 +62,5 @@ impl Replica {
             Some(view) => Ok(view),
             None => View::load(&self.store).await.map(Arc::new),
         }
-    }
-}
-
-/// Messages dropped by the member streams of this replica, and calls refused because a
-/// credential was used for another instance or member.
-#[derive(Debug, Default)]
-pub struct Counters {
-    pub acks_never_sent: AtomicU64,
-    pub acks_regressed: AtomicU64,
-    pub oversized_reports: AtomicU64,
-    pub denied: AtomicU64,
-}
-
-impl Counters {
-    pub fn bump(counter: &AtomicU64) {
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub fn get(counter: &AtomicU64) -> u64 {
-        counter.load(Ordering::Relaxed)
     }
 }

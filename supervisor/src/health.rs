@@ -14,9 +14,10 @@ use proto::tls::CertStore;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use prometheus_client::registry::Registry;
 use proto::listener::{ConnectionMetrics, Listener};
 use proto::standard::HealthStatus;
 use tokio::sync::watch;
@@ -117,7 +118,10 @@ pub async fn serve(
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
-        .with_state(Port { readiness, connections });
+        .with_state(Port {
+            readiness,
+            registry: Arc::new(registry(&connections)),
+        });
     proto::listener::serve_health(listener, app, stop.cancelled_owned()).await;
 }
 
@@ -125,24 +129,20 @@ pub async fn serve(
 #[derive(Clone)]
 struct Port {
     readiness: Arc<Readiness>,
-    connections: ConnectionMetrics,
+    registry: Arc<Registry>,
+}
+
+/// The member's one registry (built once; the counters it holds are shared).
+fn registry(connections: &ConnectionMetrics) -> Registry {
+    let mut registry = Registry::with_prefix("openshell_supervisor");
+    connections.register(&mut registry);
+    registry
 }
 
 async fn metrics(State(port): State<Port>) -> Response {
-    let mut registry = prometheus_client::registry::Registry::with_prefix("openshell_supervisor");
-    port.connections.register(&mut registry);
-    let mut body = String::new();
-    match prometheus_client::encoding::text::encode(&mut body, &registry) {
-        Ok(()) => (
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            body,
-        )
-            .into_response(),
-        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
-    }
+    let mut body = String::with_capacity(4096);
+    let encoded = prometheus_client::encoding::text::encode(&mut body, &port.registry).map(|()| body);
+    proto::listener::openmetrics(encoded).into_response()
 }
 
 async fn ready(State(port): State<Port>) -> (StatusCode, String) {

@@ -183,6 +183,20 @@ pub enum SkipReason {
 }
 
 impl SkipReason {
+    /// Every reason (each metric label starts at 0).
+    pub const ALL: [Self; 10] = [
+        SkipReason::NotCreate,
+        SkipReason::NotPod,
+        SkipReason::SystemNamespace,
+        SkipReason::InstallNamespace,
+        SkipReason::OptedOut,
+        SkipReason::HostNetwork,
+        SkipReason::HostPid,
+        SkipReason::AlreadyInjected,
+        SkipReason::VolumeConflict,
+        SkipReason::MountConflict,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             SkipReason::NotCreate => "not_create",

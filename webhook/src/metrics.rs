@@ -7,7 +7,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::review::Outcome;
+use crate::inject::{SidecarMode, SkipReason};
+use crate::review::{FailReason, Outcome};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ModeLabels {
@@ -24,8 +25,10 @@ pub struct ResultLabels {
     pub result: &'static str,
 }
 
-/// Latency buckets in milliseconds.
-pub const LATENCY_BUCKETS_MS: [f64; 12] = [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 1000.0];
+/// Latency buckets in seconds (0.1 ms to 1 s).
+pub const LATENCY_BUCKETS_SECONDS: [f64; 12] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
 
 /// All webhook metrics, prefixed `openshell_webhook_`.
 #[derive(Debug)]
@@ -35,7 +38,7 @@ pub struct Metrics {
     pub injected: Family<ModeLabels, Counter>,
     pub skipped: Family<ReasonLabels, Counter>,
     pub failed: Family<ReasonLabels, Counter>,
-    pub latency_ms: Histogram,
+    pub latency: Histogram,
     pub cert_reloads: Family<ResultLabels, Counter>,
     pub cert_loaded: Gauge,
     /// Connection counters of the HTTPS (`listener="webhook"`) and health ports.
@@ -55,7 +58,7 @@ impl Metrics {
         let injected = Family::<ModeLabels, Counter>::default();
         let skipped = Family::<ReasonLabels, Counter>::default();
         let failed = Family::<ReasonLabels, Counter>::default();
-        let latency_ms = Histogram::new(LATENCY_BUCKETS_MS);
+        let latency = Histogram::new(LATENCY_BUCKETS_SECONDS);
         let cert_reloads = Family::<ResultLabels, Counter>::default();
         let cert_loaded = Gauge::default();
         registry.register(
@@ -79,9 +82,9 @@ impl Metrics {
             failed.clone(),
         );
         registry.register(
-            "admission_duration_milliseconds",
-            "Time to answer one review (body read to response), in milliseconds",
-            latency_ms.clone(),
+            "admission_duration_seconds",
+            "Time to answer one review (body read to response), in seconds",
+            latency.clone(),
         );
         registry.register(
             "tls_certificate_reloads",
@@ -95,13 +98,26 @@ impl Metrics {
         );
         let connections = proto::listener::ConnectionMetrics::default();
         connections.register(&mut registry);
+        // Every label starts at 0, so `increase()` sees the first event of each.
+        for mode in <SidecarMode as clap::ValueEnum>::value_variants() {
+            injected.get_or_create(&ModeLabels { mode: mode.as_str() }).inc_by(0);
+        }
+        for reason in SkipReason::ALL.map(SkipReason::as_str) {
+            skipped.get_or_create(&ReasonLabels { reason }).inc_by(0);
+        }
+        for reason in FailReason::ALL.map(FailReason::as_str) {
+            failed.get_or_create(&ReasonLabels { reason }).inc_by(0);
+        }
+        for result in ["loaded", "error"] {
+            cert_reloads.get_or_create(&ResultLabels { result }).inc_by(0);
+        }
         Self {
             registry,
             requests,
             injected,
             skipped,
             failed,
-            latency_ms,
+            latency,
             cert_reloads,
             cert_loaded,
             connections,
@@ -129,7 +145,7 @@ impl Metrics {
                     .inc();
             }
         }
-        self.latency_ms.observe(elapsed_ms);
+        self.latency.observe(elapsed_ms / 1000.0);
     }
 
     /// The OpenMetrics text exposition.

@@ -28,6 +28,17 @@ pub enum FailReason {
 }
 
 impl FailReason {
+    /// Every reason (each metric label starts at 0).
+    pub const ALL: [Self; 7] = [
+        FailReason::InvalidJson,
+        FailReason::InvalidReview,
+        FailReason::MissingRequest,
+        FailReason::MissingObject,
+        FailReason::InvalidPod,
+        FailReason::BodyTooLarge,
+        FailReason::BodyRead,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             FailReason::InvalidJson => "invalid_json",

@@ -145,7 +145,7 @@ async fn ready_only_with_a_certificate_then_mutates_over_tls() {
         Some(1.0)
     );
     assert_eq!(
-        metric(server.health, "openshell_webhook_admission_duration_milliseconds_count").await,
+        metric(server.health, "openshell_webhook_admission_duration_seconds_count").await,
         Some(3.0)
     );
 

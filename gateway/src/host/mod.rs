@@ -27,10 +27,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::replica::{Counters, Replica};
+use crate::replica::Replica;
 use crate::store::{MemberRecord, MemberUpdate, Report};
 use admission::{Admission, RecordCheck, Superseded, check_record};
-use stream::{Dropped, Stream};
+use stream::Stream;
 
 /// The `SupervisorHost` service of one replica.
 #[derive(Clone)]
@@ -144,7 +144,7 @@ impl SupervisorHost for Host {
         let identity = validate_hello(&hello)?;
         // A member attaches only under its own name.
         if let Err(denied) = caller.is(&identity.member) {
-            Counters::bump(&self.replica.counters.denied);
+            self.replica.metrics.call_denied();
             return Err(denied);
         }
 
@@ -421,7 +421,7 @@ impl Session {
     /// Handle one member message; `false` ends the stream.
     async fn handle(&mut self, message: MemberMessage, protocol: &mut Stream) -> bool {
         let replica = self.host.replica.clone();
-        let counters = &replica.counters;
+        let metrics = &replica.metrics;
         let encoded_len = message.encoded_len();
         match message.kind {
             Some(MemberKind::Heartbeat(beat)) => {
@@ -433,8 +433,7 @@ impl Session {
             }
             Some(MemberKind::Ack(ack)) => match protocol.on_ack(ack.revision) {
                 Ok(()) => {}
-                Err(Dropped::AckNeverSent) => Counters::bump(&counters.acks_never_sent),
-                Err(_) => Counters::bump(&counters.acks_regressed),
+                Err(dropped) => metrics.dropped(dropped),
             },
             Some(MemberKind::StatusReport(report)) => match protocol.attribute(&report, encoded_len) {
                 Ok(statuses) => {
@@ -458,7 +457,7 @@ impl Session {
                         .collect();
                     replica.reports.submit(self.stream_id, records, urgent);
                 }
-                Err(_) => Counters::bump(&counters.oversized_reports),
+                Err(dropped) => metrics.dropped(dropped),
             },
             Some(MemberKind::Leaving(leaving)) => {
                 info!(reason = %leaving.reason.chars().take(256).collect::<String>(), "member announced it is leaving");

@@ -43,6 +43,7 @@ impl<C: Cluster> Writer<C> {
             }
             info!("coordinator: writing to the cluster");
             self.while_held(&mut lease, &shutdown).await;
+            self.replica.metrics.token_secrets_forgotten();
             if shutdown.is_cancelled() {
                 return;
             }
@@ -123,6 +124,7 @@ impl<C: Cluster> Writer<C> {
                     }
                 }
             }
+            self.replica.metrics.token_secrets_delivered(&sent);
             for mut notice in notices {
                 if !held(lease) {
                     return;
@@ -180,7 +182,9 @@ impl<C: Cluster> Writer<C> {
                     Target::Namespace(ns) => self.shared.with(|index| index.secret_written(ns)),
                     _ => false,
                 };
-                if let Err(err) = self.cluster.apply_secret(namespace, name, &delivered).await {
+                let applied = self.cluster.apply_secret(namespace, name, &delivered).await;
+                self.replica.metrics.token_secret_written(applied.is_ok());
+                if let Err(err) = applied {
                     if needed {
                         self.shared.with(|index| index.need_secret(namespace));
                     }

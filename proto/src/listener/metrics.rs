@@ -155,3 +155,21 @@ pub struct Snapshot {
     pub idle_closed: u64,
     pub open: u64,
 }
+
+/// The content type of the OpenMetrics text every `/metrics` serves.
+pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// A `/metrics` answer: the encoded exposition, or 500 when it could not be encoded.
+pub fn openmetrics(encoded: Result<String, std::fmt::Error>) -> http::Response<String> {
+    let (status, body) = match encoded {
+        Ok(body) => (http::StatusCode::OK, body),
+        Err(_) => (http::StatusCode::INTERNAL_SERVER_ERROR, String::new()),
+    };
+    let mut response = http::Response::new(body);
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(OPENMETRICS_CONTENT_TYPE),
+    );
+    response
+}

@@ -27,7 +27,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
 
 pub use self::conn::Conn;
-pub use self::metrics::{ConnectionMetrics, Counters, Snapshot};
+pub use self::metrics::{ConnectionMetrics, Counters, OPENMETRICS_CONTENT_TYPE, Snapshot, openmetrics};
 pub use self::serve::{
     Drain, HEALTH_DRAIN_BOUND, HttpBody, HttpService, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, REQUEST_TIMEOUT,
     grpc_server, serve_grpc, serve_health, serve_http,
