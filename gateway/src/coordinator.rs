@@ -217,15 +217,18 @@ pub fn decisions(view: &View) -> Vec<Decision> {
     )
 }
 
-/// The routes no member can take in `view`, with placement's reason. Pure.
-pub fn unplaced(view: &View) -> BTreeMap<String, String> {
-    decisions(view)
-        .into_iter()
-        .filter_map(|d| match d {
-            Decision::Unplaced { route, reason } => Some((route, reason)),
-            _ => None,
-        })
-        .collect()
+/// The routes no member can take in `view`, with placement's reason. Pure; worked out once per
+/// view (memoized in it).
+pub fn unplaced(view: &View) -> &BTreeMap<String, String> {
+    view.unplaced.get_or_init(|| {
+        decisions(view)
+            .into_iter()
+            .filter_map(|d| match d {
+                Decision::Unplaced { route, reason } => Some((route, reason)),
+                _ => None,
+            })
+            .collect()
+    })
 }
 
 /// A recover operation is done when the new owner reports the instance at

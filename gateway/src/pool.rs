@@ -53,7 +53,41 @@ pub struct View {
     /// The store's write counts taken just before this view's tables were read (`None`: not
     /// counted); the next refresh re-reads only the tables whose count moved.
     pub writes: Option<PoolWrites>,
+    /// Memo of [`crate::coordinator::unplaced`] for this view: placement runs once per view
+    /// however many registrations wait on it.
+    pub unplaced: Memo<BTreeMap<String, String>>,
 }
+
+/// A value worked out from the rest of a view, at most once. A clone starts empty (the clone
+/// may be changed before anyone asks), and memos never make two views unequal.
+#[derive(Debug)]
+pub struct Memo<T>(std::sync::OnceLock<T>);
+
+impl<T> Memo<T> {
+    pub fn get_or_init(&self, work: impl FnOnce() -> T) -> &T {
+        self.0.get_or_init(work)
+    }
+}
+
+impl<T> Default for Memo<T> {
+    fn default() -> Self {
+        Self(std::sync::OnceLock::new())
+    }
+}
+
+impl<T> Clone for Memo<T> {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl<T> PartialEq for Memo<T> {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl<T> Eq for Memo<T> {}
 
 /// How often a refresh reads every table even when no write was counted: a safety net.
 pub const FULL_READ_EVERY: Duration = Duration::from_secs(10);
@@ -109,6 +143,7 @@ impl View {
             blackout: None,
             snapshot_revision: 0,
             writes: Some(writes),
+            unplaced: Memo::default(),
         })
     }
 
@@ -536,6 +571,29 @@ mod tests {
         }
         // A view that was never numbered (read directly from the store) is built from always.
         assert_eq!(View::default().snapshot_revision, 0);
+    }
+
+    #[test]
+    fn a_memo_is_worked_out_once_and_a_clone_works_it_out_again() {
+        let v = view();
+        let runs = std::cell::Cell::new(0);
+        let work = || {
+            runs.set(runs.get() + 1);
+            BTreeMap::from([("ns/a".to_owned(), format!("run {}", runs.get()))])
+        };
+        assert_eq!(v.unplaced.get_or_init(work)["ns/a"], "run 1");
+        assert_eq!(
+            v.unplaced.get_or_init(work)["ns/a"],
+            "run 1",
+            "asked again: not worked out again"
+        );
+        let changed = v.clone();
+        assert_eq!(
+            changed.unplaced.get_or_init(work)["ns/a"],
+            "run 2",
+            "a clone may differ: worked out anew"
+        );
+        assert_eq!(v, changed, "memos never make views unequal");
     }
 
     #[test]

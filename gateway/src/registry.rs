@@ -156,7 +156,7 @@ impl InstanceRegistry for Registry {
             .map_err(|err| Status::unavailable(format!("cannot read the pool: {err}")))?;
         let assignment = view.current_assignment(&request.route);
         if assignment.is_none()
-            && let Some(reason) = crate::coordinator::unplaced(&view).remove(&request.route)
+            && let Some(reason) = crate::coordinator::unplaced(&view).get(&request.route)
         {
             // Said now, with the pool's reason (the coordinator's plan over the same view).
             return Err(Status::resource_exhausted(format!(

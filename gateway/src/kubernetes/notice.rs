@@ -256,10 +256,10 @@ fn stopped_at_the_deadline(before: &View, after: &View, install_namespace: &str,
 fn unplaceable(before: &View, after: &View, out: &mut Vec<Notice>) {
     let was = coordinator::unplaced(before);
     for (route, reason) in coordinator::unplaced(after) {
-        if was.get(&route) == Some(&reason) {
+        if was.get(route) == Some(reason) {
             continue;
         }
-        let Some(instance) = after.instances.get(&route) else {
+        let Some(instance) = after.instances.get(route) else {
             continue;
         };
         out.push(Notice {
