@@ -161,8 +161,8 @@ pub fn desired(view: &View, lease: Option<&Lease>, previous: Option<&PoolStatus>
     });
     let mut conditions = vec![
         elected(coordinator.as_ref()),
-        ready(coordinator.as_ref(), taking, live, &counts, &unplaced),
-        degraded(&members, &counts, &unplaced),
+        ready(coordinator.as_ref(), taking, live, &counts, unplaced),
+        degraded(&members, &counts, unplaced),
     ];
     let at = transition_time(view.now_ms);
     for c in &mut conditions {
