@@ -238,9 +238,9 @@ impl SupervisorPool for Operator {
     ) -> Result<Response<GetSupervisorPoolStatusResponse>, Status> {
         self.authorize(&request).await?;
         let store = &self.replica.store;
-        let unavailable = |err: store::Error| Status::unavailable(format!("cannot read the pool: {err}"));
-        let view = self.replica.fresh_view().await.map_err(unavailable)?;
-        let lease = store.read_lease().await.map_err(unavailable)?;
+        let unavailable = |err: &dyn std::fmt::Display| Status::unavailable(format!("cannot read the pool: {err}"));
+        let view = self.replica.fresh_view().await.map_err(|e| unavailable(&e))?;
+        let lease = store.read_lease().await.map_err(|e| unavailable(&e))?;
         Ok(Response::new(status(&view, lease.as_ref(), &self.replica.name)))
     }
 

@@ -9,11 +9,15 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::Keys;
 use crate::host::admission::Sessions;
 use crate::pool::View;
-use crate::store::{self, Store};
+use crate::store::Store;
 
-/// How long a caller that needs a pool view read after its request waits for the refresh
-/// before it reads the store itself.
-pub const FRESH_VIEW_WAIT: Duration = Duration::from_secs(2);
+/// How long a caller that needs a pool view read after its request waits for the refresh.
+pub const FRESH_VIEW_WAIT: Duration = Duration::from_secs(5);
+
+/// No pool read came within [`FRESH_VIEW_WAIT`].
+#[derive(Debug, thiserror::Error)]
+#[error("no read of the pool within {} s (the store is slow or unreachable); try again", FRESH_VIEW_WAIT.as_secs())]
+pub struct ViewBehind;
 
 pub struct Replica {
     /// This replica's name (its Pod name in Kubernetes).
@@ -47,20 +51,17 @@ impl Replica {
     /// A pool view read after this call began (a member that attached a moment ago, an
     /// instance just registered are in it): wakes the refresh and waits for its next read,
     /// which every caller waiting meanwhile shares — a burst of registrations or status calls
-    /// costs one read of the pool, not one each. Reads the store itself only when no refresh
-    /// read comes within [`FRESH_VIEW_WAIT`].
-    pub async fn fresh_view(&self) -> store::Result<Arc<View>> {
+    /// costs one read of the pool, not one each. When no read comes within
+    /// [`FRESH_VIEW_WAIT`] the store is slow or unreachable and the caller is told so: it does
+    /// not read the pool itself (a slow store would get one more full read per waiting call).
+    pub async fn fresh_view(&self) -> Result<Arc<View>, ViewBehind> {
         let asked = Instant::now();
         let mut view = self.view.clone();
         self.wake.notify_one();
         let read_after = view.wait_for(|v| v.read_at.is_some_and(|at| at >= asked));
-        let shared = match tokio::time::timeout(FRESH_VIEW_WAIT, read_after).await {
-            Ok(Ok(view)) => Some(Arc::clone(&view)),
-            _ => None,
-        };
-        match shared {
-            Some(view) => Ok(view),
-            None => View::load(&self.store).await.map(Arc::new),
+        match tokio::time::timeout(FRESH_VIEW_WAIT, read_after).await {
+            Ok(Ok(view)) => Ok(Arc::clone(&view)),
+            _ => Err(ViewBehind),
         }
     }
 }
