@@ -202,4 +202,20 @@ mod tests {
         .unwrap_or_else(|err| panic!("{err}"));
         assert!(object_of(&nameless).is_none());
     }
+
+    #[test]
+    fn every_status_field_written_is_declared_in_the_crd() {
+        const CRD: &str = include_str!("../../../manifests/supervisorpooloperation-crd.yaml");
+        let status = OperationStatus {
+            phase: "Planned".into(),
+            operation_id: "u-1".into(),
+            planned: vec![PlannedMove::default()],
+            refused: vec![RefusedMove::default()],
+            conditions: vec![Condition::default()],
+            ..OperationStatus::default()
+        };
+        let body = status_body("ns", "drain-a", &status);
+        let undeclared = super::super::pool_status::tests::undeclared(CRD, &body["status"]);
+        assert!(undeclared.is_empty(), "not in the CRD schema: {undeclared:?}");
+    }
 }
