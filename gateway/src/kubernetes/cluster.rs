@@ -282,8 +282,7 @@ impl Cluster for Kube {
         resource_version: &str,
         finalizers: &[String],
     ) -> Result<(), Error> {
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(self.client.clone(), namespace, &pool_operation::resource());
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &pool_operation::resource());
         let patch = pool_operation::finalizers_patch(resource_version, finalizers);
         match bounded(api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))).await {
             Err(Error::Api(kube::Error::Api(status))) if status.code == 404 => Ok(()),
@@ -292,8 +291,7 @@ impl Cluster for Kube {
     }
 
     async fn apply_operation_status(&self, namespace: &str, name: &str, status: &OperationStatus) -> Result<(), Error> {
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(self.client.clone(), namespace, &pool_operation::resource());
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &pool_operation::resource());
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let body = pool_operation::status_body(namespace, name, status);
         bounded(api.patch_status(name, &params, &Patch::Apply(&body))).await?;
@@ -457,7 +455,12 @@ impl Cluster for Recording {
         Ok(())
     }
 
-    async fn apply_operation_status(&self, _namespace: &str, name: &str, status: &OperationStatus) -> Result<(), Error> {
+    async fn apply_operation_status(
+        &self,
+        _namespace: &str,
+        name: &str,
+        status: &OperationStatus,
+    ) -> Result<(), Error> {
         self.send(Call::ApplyOperationStatus {
             name: name.to_owned(),
             status: Box::new(status.clone()),

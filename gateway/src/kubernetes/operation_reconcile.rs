@@ -19,9 +19,7 @@
 use proto::pool::v1::{OperationKind as RequestKind, StartSupervisorPoolOperationRequest};
 use proto::{DEFAULT_MAX_PARALLEL, MAX_MAX_PARALLEL};
 
-use super::pool_operation::{
-    FINALIZER, MAX_LISTED_MOVES, OperationObject, OperationStatus, PlannedMove, RefusedMove,
-};
+use super::pool_operation::{FINALIZER, MAX_LISTED_MOVES, OperationObject, OperationStatus, PlannedMove, RefusedMove};
 use super::pool_status::{Condition, condition, moves_total, stamp};
 use crate::operations;
 use crate::operator;
@@ -115,12 +113,19 @@ pub fn reconcile(objects: &[OperationObject], view: &View, lease: Option<&Lease>
 
 fn one(o: &OperationObject, view: &View, namespace: &str, out: &mut Vec<Effect>) {
     let previous = o.status.clone().unwrap_or_default();
-    let known = |op: &&Operation| op.id == o.uid || (!previous.operation_id.is_empty() && op.id == previous.operation_id);
+    let known =
+        |op: &&Operation| op.id == o.uid || (!previous.operation_id.is_empty() && op.id == previous.operation_id);
     let recorded = view.operations.iter().find(known);
     if o.deleting {
         if o.finalized() {
             let operation_id = recorded.map_or_else(
-                || if previous.operation_id.is_empty() { o.uid.clone() } else { previous.operation_id.clone() },
+                || {
+                    if previous.operation_id.is_empty() {
+                        o.uid.clone()
+                    } else {
+                        previous.operation_id.clone()
+                    }
+                },
                 |op| op.id.clone(),
             );
             out.push(Effect::Release {
@@ -237,7 +242,12 @@ fn status(o: &OperationObject, phase: &str, message: String, accepted: (bool, &s
         observed_generation: o.generation,
         conditions: vec![
             condition(ACCEPTED, taken, reason, why),
-            condition(COMPLETE, complete, phase, format!("the operation is {}", phase.to_ascii_lowercase())),
+            condition(
+                COMPLETE,
+                complete,
+                phase,
+                format!("the operation is {}", phase.to_ascii_lowercase()),
+            ),
         ],
         ..OperationStatus::default()
     }
@@ -268,7 +278,11 @@ fn start(o: &OperationObject, view: &View, namespace: &str, out: &mut Vec<Effect
         operation,
     });
     if o.status.as_ref().is_none_or(|s| s.operation_id.is_empty()) {
-        out.push(Effect::Event(notice(o, REASON_STARTED, format!("operation {id} recorded"))));
+        out.push(Effect::Event(notice(
+            o,
+            REASON_STARTED,
+            format!("operation {id} recorded"),
+        )));
     }
     let mut next = status(
         o,
@@ -293,7 +307,12 @@ fn add_finalizer(o: &OperationObject) -> Effect {
 /// The status of a recorded operation.
 fn started(o: &OperationObject, op: &Operation, view: &View, out: &mut Vec<Effect>) -> OperationStatus {
     let open = !op.phase.is_finished() || (op.kind == OperationKind::Drain && op.phase == OperationPhase::Succeeded);
-    if open && !o.finalized() && !out.iter().any(|e| matches!(e, Effect::AddFinalizer { name, .. } if *name == o.name)) {
+    if open
+        && !o.finalized()
+        && !out
+            .iter()
+            .any(|e| matches!(e, Effect::AddFinalizer { name, .. } if *name == o.name))
+    {
         out.push(add_finalizer(o));
     }
     let phase = match op.phase {
@@ -309,7 +328,12 @@ fn started(o: &OperationObject, op: &Operation, view: &View, out: &mut Vec<Effec
         None => (
             true,
             "Adopted",
-            format!("operation {} was already open for the same {} (requested by {})", op.id, op.kind.as_str(), op.requested_by),
+            format!(
+                "operation {} was already open for the same {} (requested by {})",
+                op.id,
+                op.kind.as_str(),
+                op.requested_by
+            ),
         ),
     };
     let message = if accepted.1 == "SpecChanged" {
@@ -332,7 +356,11 @@ fn changed_spec(o: &OperationObject, op: &Operation) -> Option<String> {
         "rebalance" => Some(OperationKind::Rebalance),
         _ => None,
     };
-    let target = if op.kind == OperationKind::Drain { op.target.as_str() } else { "" };
+    let target = if op.kind == OperationKind::Drain {
+        op.target.as_str()
+    } else {
+        ""
+    };
     let max_parallel = o.spec.max_parallel.unwrap_or(i64::from(DEFAULT_MAX_PARALLEL));
     // An adopted operation keeps its own maxParallel.
     let same = kind == Some(op.kind)
@@ -369,7 +397,12 @@ fn planned(o: &OperationObject, previous: &OperationStatus, view: &View, namespa
     if let Some(existing) = operations::equivalent(view, operation.kind, &operation.target) {
         message.push_str(&format!("; operation {} already does this", existing.id));
     }
-    let mut next = status(o, PLANNED, message, (true, "DryRun", "planned only; nothing recorded".into()));
+    let mut next = status(
+        o,
+        PLANNED,
+        message,
+        (true, "DryRun", "planned only; nothing recorded".into()),
+    );
     next.moves_total = i64::try_from(total).unwrap_or(i64::MAX);
     next.moves = format!("0/{total}");
     next.planned = preview

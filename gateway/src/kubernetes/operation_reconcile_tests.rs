@@ -107,7 +107,10 @@ fn an_operation_is_started_once_under_the_objects_uid_after_its_finalizer() {
     assert_eq!(operation.requested_by, format!("SupervisorPoolOperation {NS}/drain-a"));
     assert_eq!(events(&effects), [REASON_STARTED]);
     let pending = status_in(&effects);
-    assert_eq!((pending.phase.as_str(), pending.operation_id.as_str()), (PENDING, object.uid.as_str()));
+    assert_eq!(
+        (pending.phase.as_str(), pending.operation_id.as_str()),
+        (PENDING, object.uid.as_str())
+    );
 
     // The view has not caught up yet: the same id is recorded again (the store finds it),
     // no second Started Event, no status change.
@@ -125,9 +128,15 @@ fn an_operation_is_started_once_under_the_objects_uid_after_its_finalizer() {
     assert_eq!(starts(&effects), 0);
     let status = status_in(&effects);
     assert_eq!(status.phase, RUNNING);
-    assert_eq!((status.moves_done, status.moves_total, status.moves.as_str()), (0, 2, "0/2"));
+    assert_eq!(
+        (status.moves_done, status.moves_total, status.moves.as_str()),
+        (0, 2, "0/2")
+    );
     let object = after(&object, &effects);
-    assert!(run(std::slice::from_ref(&object), &v).is_empty(), "nothing changed: nothing written");
+    assert!(
+        run(std::slice::from_ref(&object), &v).is_empty(),
+        "nothing changed: nothing written"
+    );
 }
 
 #[test]
@@ -139,7 +148,10 @@ fn an_open_equivalent_operation_is_adopted_not_doubled() {
     assert!(effects.iter().any(|e| matches!(e, Effect::AddFinalizer { .. })));
     let status = status_in(&effects);
     assert_eq!(status.operation_id, "op-1");
-    assert_eq!(condition_of(&status, ACCEPTED).map(|c| c.reason.as_str()), Some("Adopted"));
+    assert_eq!(
+        condition_of(&status, ACCEPTED).map(|c| c.reason.as_str()),
+        Some("Adopted")
+    );
 }
 
 #[test]
@@ -205,7 +217,7 @@ fn the_end_of_the_operation_is_reported_once_with_an_event() {
     assert_eq!((status.phase.as_str(), status.moves.as_str()), (SUCCEEDED, "2/2"));
     assert_eq!(condition_of(&status, COMPLETE).map(|c| c.status.as_str()), Some("True"));
     let done = after(&object, &effects);
-    assert!(run(&[done.clone()], &v).is_empty(), "reported once");
+    assert!(run(std::slice::from_ref(&done), &v).is_empty(), "reported once");
 
     // Cancelled through poolctl: the object says so.
     v.operations[0].phase = OperationPhase::Cancelled;
@@ -235,7 +247,7 @@ fn a_dry_run_lists_the_moves_and_records_nothing() {
     assert_eq!(status.moves, "0/2");
     // Planned once per generation.
     let planned = after(&object, &effects);
-    assert!(run(&[planned.clone()], &view()).is_empty());
+    assert!(run(std::slice::from_ref(&planned), &view()).is_empty());
     let mut edited = planned;
     edited.generation = 2;
     edited.spec.member = "b".into();
@@ -289,10 +301,7 @@ fn an_invalid_spec_is_refused_in_the_status_without_starting() {
         ),
     ];
     for (spec, why) in cases {
-        let object = OperationObject {
-            spec,
-            ..drain("a")
-        };
+        let object = OperationObject { spec, ..drain("a") };
         let effects = run(&[object], &view());
         assert_eq!(effects.len(), 2, "a status and a Failed Event only: {effects:?}");
         assert_eq!(events(&effects), [FAILED]);

@@ -190,7 +190,10 @@ mod tests {
         let Some(seen) = object_of(&object) else {
             panic!("a named object with a UID is kept")
         };
-        assert_eq!((seen.name.as_str(), seen.uid.as_str(), seen.generation), ("drain-a", "u-1", 2));
+        assert_eq!(
+            (seen.name.as_str(), seen.uid.as_str(), seen.generation),
+            ("drain-a", "u-1", 2)
+        );
         assert!(seen.deleting && seen.finalized());
         assert_eq!(seen.spec.member.len(), MAX_SPEC_TEXT, "a huge member name is cut");
         assert_eq!(seen.spec.max_parallel, None, "a non-number is no maxParallel");

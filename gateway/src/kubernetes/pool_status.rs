@@ -339,17 +339,15 @@ fn operations_of(view: &View) -> Vec<OperationStatus> {
         .filter(|op| {
             !op.phase.is_finished() || (op.kind == OperationKind::Drain && op.phase == OperationPhase::Succeeded)
         })
-        .map(|op| {
-            OperationStatus {
-                id: op.id.clone(),
-                kind: op.kind.as_str().to_owned(),
-                target: op.target.clone(),
-                phase: op.phase.as_str().to_owned(),
-                moves_done: op.moves,
-                moves_total: moves_total(view, op),
-                max_parallel: op.max_parallel,
-                message: op.message.clone(),
-            }
+        .map(|op| OperationStatus {
+            id: op.id.clone(),
+            kind: op.kind.as_str().to_owned(),
+            target: op.target.clone(),
+            phase: op.phase.as_str().to_owned(),
+            moves_done: op.moves,
+            moves_total: moves_total(view, op),
+            max_parallel: op.max_parallel,
+            message: op.message.clone(),
         })
         .collect()
 }

@@ -144,19 +144,25 @@ pub async fn member_pods(client: Client, namespace: String, shared: Shared, shut
 pub async fn operation_objects(client: Client, namespace: String, shared: Shared, shutdown: CancellationToken) {
     let api = Api::<DynamicObject>::namespaced_with(client, &namespace, &pool_operation::resource());
     let events = watcher(api, watcher::Config::default()).default_backoff();
-    follow(events, shared, shutdown, "supervisor pool operations", |index, event| match event {
-        Change::Apply(object) => {
-            if let Some(object) = pool_operation::object_of(&object) {
-                index.apply_operation_object(object);
+    follow(
+        events,
+        shared,
+        shutdown,
+        "supervisor pool operations",
+        |index, event| match event {
+            Change::Apply(object) => {
+                if let Some(object) = pool_operation::object_of(&object) {
+                    index.apply_operation_object(object);
+                }
             }
-        }
-        Change::Delete(object) => {
-            if let Some(name) = object.metadata.name.as_deref() {
-                index.delete_operation_object(name);
+            Change::Delete(object) => {
+                if let Some(name) = object.metadata.name.as_deref() {
+                    index.delete_operation_object(name);
+                }
             }
-        }
-        Change::Reset(all) => index.reset_operation_objects(all.iter().filter_map(pool_operation::object_of)),
-    })
+            Change::Reset(all) => index.reset_operation_objects(all.iter().filter_map(pool_operation::object_of)),
+        },
+    )
     .await;
 }
 
