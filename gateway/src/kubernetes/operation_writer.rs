@@ -16,6 +16,7 @@ use tracing::{debug, info, warn};
 use super::cluster::{self, CALL_TIMEOUT, Cluster};
 use super::operation_reconcile::{Effect, reconcile};
 use super::pool_operation::OperationStatus;
+use super::pool_writer::{next_round, rounds};
 use super::watch::Shared;
 use crate::replica::Replica;
 use crate::store::{self, Lease};
@@ -53,13 +54,8 @@ impl<C: Cluster> OperationWriter<C> {
         // The statuses this term applied, by UID: newer than what the watch may show yet.
         let mut applied: BTreeMap<String, OperationStatus> = BTreeMap::new();
         let mut failing = false;
-        let mut every = tokio::time::interval(ROUND_INTERVAL);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                _ = every.tick() => {}
-            }
+        let mut every = rounds(ROUND_INTERVAL);
+        while next_round(&mut every, &shutdown).await {
             let Some(held) = lease.borrow().clone() else {
                 applied.clear();
                 continue;
