@@ -468,9 +468,14 @@ impl Flow {
     }
 
     async fn event(&self, pod: &str, reason: &str) -> Result<Value, Error> {
-        let what = format!("a {reason} Event on {pod}");
+        self.event_in(&self.namespace, pod, reason).await
+    }
+
+    /// The first `reason` Event on the object `name` of `namespace`, once there is one.
+    async fn event_in(&self, namespace: &str, name: &str, reason: &str) -> Result<Value, Error> {
+        let what = format!("a {reason} Event on {name}");
         wait_for(&what, MINUTE, || async {
-            events(&self.kubectl, &self.namespace, pod, reason)
+            events(&self.kubectl, namespace, name, reason)
                 .await
                 .ok()?
                 .first()
@@ -816,14 +821,7 @@ impl Flow {
             format!("the operation id is the object's UID {uid}: {done}")
         })?;
         for reason in ["Started", "Succeeded"] {
-            wait_for(&format!("a {reason} Event on drain-member"), MINUTE, || async {
-                events(&self.kubectl, &self.install, "drain-member", reason)
-                    .await
-                    .ok()?
-                    .first()
-                    .cloned()
-            })
-            .await?;
+            self.event_in(&self.install, "drain-member", reason).await?;
         }
         let listed = self.kubectl.run(&["get", "spoolop", "-n", &self.install]).await?;
         eprintln!("{listed}");
@@ -864,6 +862,7 @@ impl Flow {
                 .then_some(())
         })
         .await?;
+        self.event_in(&self.install, "drain-other", "Cancelled").await?;
         let left = self.pool.status().await?;
         check(left.of(&self.namespace).iter().all(|i| i.owner == other), || {
             format!("the cancelled drain moved nothing: {left:?}")
