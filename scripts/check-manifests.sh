@@ -378,38 +378,54 @@ def schema_has(schema, json_path):
     return True
 
 
+# The custom resources: CRD name → printer columns it must have, and what the gateway's Role
+# must grant on them (resource, verb, name or None).
+POOL_CRDS = {
+    "supervisorpools.supervision.openshell.ai": (
+        ("Ready", "Coordinator", "Members", "Instances", "Age"),
+        (("supervisorpools", "create", None), ("supervisorpools", "patch", "openshell"),
+         ("supervisorpools/status", "patch", "openshell")),
+    ),
+    "supervisorpooloperations.supervision.openshell.ai": (
+        ("Kind", "Member", "Phase", "Moves", "Age"),
+        (("supervisorpooloperations", "watch", "x"), ("supervisorpooloperations", "patch", "x"),
+         ("supervisorpooloperations/status", "patch", "x")),
+    ),
+}
+
+
 def check_pool_crd(target, kinds):
-    """The SupervisorPool CRD: namespaced, a status subresource, printer columns on declared
-    fields, and the gateway's Role may create the object and patch its status."""
+    """The SupervisorPool and SupervisorPoolOperation CRDs: namespaced, a status subresource,
+    printer columns on declared fields, and the gateway's Role may do what it does with them."""
     crds = {c["metadata"]["name"]: c for c in kinds.get("CustomResourceDefinition", [])}
-    crd = crds.get("supervisorpools.supervision.openshell.ai")
-    if crd is None:
-        errors.append(f"{target}: missing CustomResourceDefinition supervisorpools.supervision.openshell.ai")
-        return
-    if crd["spec"].get("scope") != "Namespaced":
-        err(target, crd, "must be namespaced (one pool per install namespace)")
-    for version in crd["spec"]["versions"]:
-        if "status" not in (version.get("subresources") or {}):
-            err(target, crd, f"{version['name']}: needs the status subresource")
-        schema = version["schema"]["openAPIV3Schema"]
-        columns = {c["name"]: c for c in version.get("additionalPrinterColumns") or []}
-        for name in ("Ready", "Coordinator", "Members", "Instances", "Age"):
-            if name not in columns:
-                err(target, crd, f"{version['name']}: no printer column {name}")
-        for column in columns.values():
-            path = column["jsonPath"]
-            if not path.startswith(".metadata.") and not schema_has(schema, path):
-                err(target, crd, f"printer column {column['name']}: {path} is not in the schema")
     roles = [r for r in kinds.get("Role", []) if r["metadata"]["name"] == "openshell-gateway"]
     rules = [rule for r in roles for rule in r.get("rules") or []
              if "supervision.openshell.ai" in (rule.get("apiGroups") or [])]
     def granted(resource, verb, name=None):
         return any(resource in (rule.get("resources") or []) and verb in (rule.get("verbs") or [])
                    and (not rule.get("resourceNames") or name in rule["resourceNames"]) for rule in rules)
-    for resource, verb, name in (("supervisorpools", "create", None), ("supervisorpools", "patch", "openshell"),
-                                 ("supervisorpools/status", "patch", "openshell")):
-        if not granted(resource, verb, name):
-            errors.append(f"{target}: Role openshell-gateway lacks {verb} on {resource} {name or ''}".rstrip())
+    for crd_name, (wanted_columns, grants) in POOL_CRDS.items():
+        crd = crds.get(crd_name)
+        if crd is None:
+            errors.append(f"{target}: missing CustomResourceDefinition {crd_name}")
+            continue
+        if crd["spec"].get("scope") != "Namespaced":
+            err(target, crd, "must be namespaced (in the install namespace)")
+        for version in crd["spec"]["versions"]:
+            if "status" not in (version.get("subresources") or {}):
+                err(target, crd, f"{version['name']}: needs the status subresource")
+            schema = version["schema"]["openAPIV3Schema"]
+            columns = {c["name"]: c for c in version.get("additionalPrinterColumns") or []}
+            for name in wanted_columns:
+                if name not in columns:
+                    err(target, crd, f"{version['name']}: no printer column {name}")
+            for column in columns.values():
+                path = column["jsonPath"]
+                if not path.startswith(".metadata.") and not schema_has(schema, path):
+                    err(target, crd, f"printer column {column['name']}: {path} is not in the schema")
+        for resource, verb, name in grants:
+            if not granted(resource, verb, name):
+                errors.append(f"{target}: Role openshell-gateway lacks {verb} on {resource} {name or ''}".rstrip())
 
 
 for target, path in targets:

@@ -180,12 +180,26 @@ impl Coordinator {
     }
 }
 
+/// One durable operation as `poolctl status -o json` shows it.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Operation {
+    pub id: String,
+    pub kind: String,
+    pub target: String,
+    /// `pending`, `running`, `succeeded`, `failed` or `cancelled`.
+    pub phase: String,
+    pub requested_by: String,
+}
+
 /// `poolctl status -o json`, the parts the test reads.
 #[derive(Debug, Clone, serde::Deserialize)]
 pub struct Status {
     pub coordinator: Option<Coordinator>,
     pub members: Vec<Member>,
     pub instances: Vec<Instance>,
+    #[serde(default)]
+    pub operations: Vec<Operation>,
 }
 
 impl Status {

@@ -4,7 +4,8 @@
 //! that a Pod of another namespace cannot act for them, then
 //! take the pool through failures and maintenance — a supervisor Pod force-deleted, a member
 //! process SIGKILLed on the node, the coordinator's Pod deleted, a drain with `poolctl`, a
-//! rollout restart of the members — checking after each that no agent restarted, kept its PID
+//! drain declared as a `SupervisorPoolOperation` (its dry run, and a running one cancelled by
+//! deleting the object), a rollout restart of the members — checking after each that no agent restarted, kept its PID
 //! and kept counting; then Pod replacement, scaling, the namespace label and the token Secret,
 //! a recovery that misses its deadline, an unplaceable instance, and an uninstall that leaves
 //! nothing behind. Prints a measurement table at the end.
@@ -246,6 +247,11 @@ async fn the_user_flow_on_a_real_cluster() {
     flow.step("coordinator gateway Pod deleted", Flow::coordinator_deleted)
         .await;
     flow.step("poolctl drain", Flow::drain).await;
+    flow.step(
+        "SupervisorPoolOperation: dry run, drain, deletion cancels",
+        Flow::declared_drain,
+    )
+    .await;
     flow.step("rollout restart of the supervisors", Flow::rollout).await;
     flow.step("StatefulSet Pod replaced", Flow::pod_replaced).await;
     flow.step("Deployment scaled down and up", Flow::scaled).await;
@@ -462,9 +468,14 @@ impl Flow {
     }
 
     async fn event(&self, pod: &str, reason: &str) -> Result<Value, Error> {
-        let what = format!("a {reason} Event on {pod}");
+        self.event_in(&self.namespace, pod, reason).await
+    }
+
+    /// The first `reason` Event on the object `name` of `namespace`, once there is one.
+    async fn event_in(&self, namespace: &str, name: &str, reason: &str) -> Result<Value, Error> {
+        let what = format!("a {reason} Event on {name}");
         wait_for(&what, MINUTE, || async {
-            events(&self.kubectl, &self.namespace, pod, reason)
+            events(&self.kubectl, namespace, name, reason)
                 .await
                 .ok()?
                 .first()
@@ -731,6 +742,162 @@ impl Flow {
             .ok_or_else(|| Error::Check(format!("poolctl printed no operation id: {out}")))?;
         self.pool.poolctl(&["cancel", id]).await?;
         self.member_active(&member, MINUTE).await
+    }
+
+    /// The GitOps door to the same operations: a `SupervisorPoolOperation` dry run (moves
+    /// listed, nothing recorded or moved), a drain applied with `kubectl apply` (Succeeded,
+    /// nothing left on the member, no agent restarted), and a running drain cancelled by
+    /// deleting its object. That drain is of the other member while the first stays drained:
+    /// with two members it has nowhere to move anything, so it is Running (waiting) until
+    /// cancelled, whatever the timing. Deleting the first object puts its member back.
+    async fn declared_drain(&mut self) -> Result<(), Error> {
+        let base = self.baseline().await?;
+        let member = base.busiest.clone();
+        let owned = |status: &Status, m: &str| -> BTreeSet<String> {
+            status
+                .instances
+                .iter()
+                .filter(|i| i.owner == m)
+                .map(|i| i.route.clone())
+                .collect()
+        };
+        let held = owned(&base.status, &member);
+        let requested_by = |name: &str| format!("SupervisorPoolOperation {}/{name}", self.install);
+
+        // The dry run: every instance of the member planned away from it, nothing recorded.
+        self.kubectl
+            .apply(&pool_operation(&self.install, "plan-drain", &member, true))
+            .await?;
+        let planned = self.pool_operation_status("plan-drain", "Planned").await?;
+        let moves = planned["planned"].as_array().cloned().unwrap_or_default();
+        let routes: BTreeSet<String> = moves
+            .iter()
+            .filter_map(|m| m["instance"].as_str().map(str::to_owned))
+            .collect();
+        check(
+            routes == held
+                && moves
+                    .iter()
+                    .all(|m| m["from"] == member.as_str() && m["to"] != member.as_str()),
+            || format!("the dry run plans all of {member}'s instances {held:?} away: {planned}"),
+        )?;
+        let now = self.pool.status().await?;
+        check(owned(&now, &member) == held, || {
+            format!("a dry run moved nothing: {now:?}")
+        })?;
+        check(
+            !now.operations
+                .iter()
+                .any(|o| o.requested_by == requested_by("plan-drain")),
+            || format!("a dry run records no operation: {:?}", now.operations),
+        )?;
+        self.kubectl
+            .run(&["delete", "spoolop", "plan-drain", "-n", &self.install, "--timeout=60s"])
+            .await?;
+
+        // The drain, applied.
+        self.kubectl
+            .apply(&pool_operation(&self.install, "drain-member", &member, false))
+            .await?;
+        let done = self.pool_operation_status("drain-member", "Succeeded").await?;
+        let seconds = base.t0.elapsed().as_secs_f64();
+        let after = self.pool.status().await?;
+        check(owned(&after, &member).is_empty(), || {
+            format!("nothing left on {member}: {after:?}")
+        })?;
+        let total = held.len().to_string();
+        check(done["moves"] == format!("{total}/{total}").as_str(), || {
+            format!("{total} moves done: {done}")
+        })?;
+        let uid = self
+            .kubectl
+            .json(&["get", "spoolop", "drain-member", "-n", &self.install])
+            .await?
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        check(done["operationId"] == uid.as_str(), || {
+            format!("the operation id is the object's UID {uid}: {done}")
+        })?;
+        for reason in ["Started", "Succeeded"] {
+            self.event_in(&self.install, "drain-member", reason).await?;
+        }
+        let listed = self.kubectl.run(&["get", "spoolop", "-n", &self.install]).await?;
+        eprintln!("{listed}");
+        self.all_settled(&base.names, MINUTE).await?;
+        self.survived("SupervisorPoolOperation drain applied (max-parallel 2)", seconds, &base)
+            .await?;
+
+        // A running drain, deleted: its durable operation is cancelled and the object goes.
+        let other = after
+            .members
+            .iter()
+            .find(|m| m.name != member && m.state == "active")
+            .map(|m| m.name.clone())
+            .ok_or_else(|| Error::Check(format!("no active member besides {member}: {after:?}")))?;
+        self.kubectl
+            .apply(&pool_operation(&self.install, "drain-other", &other, false))
+            .await?;
+        let running = self.pool_operation_status("drain-other", "Running").await?;
+        let id = running["operationId"].as_str().unwrap_or_default().to_owned();
+        let object = self
+            .kubectl
+            .json(&["get", "spoolop", "drain-other", "-n", &self.install])
+            .await?;
+        check(
+            object.pointer("/metadata/finalizers/0") == Some(&Value::from("supervision.openshell.ai/operation")),
+            || format!("a started operation's object carries the finalizer: {object}"),
+        )?;
+        self.kubectl
+            .run(&["delete", "spoolop", "drain-other", "-n", &self.install, "--timeout=60s"])
+            .await?;
+        let pool = self.pool.clone();
+        wait_for(&format!("operation {id} cancelled"), MINUTE, || async {
+            let status = pool.status().await.ok()?;
+            status
+                .operations
+                .iter()
+                .any(|o| o.id == id && o.phase == "cancelled")
+                .then_some(())
+        })
+        .await?;
+        self.event_in(&self.install, "drain-other", "Cancelled").await?;
+        let left = self.pool.status().await?;
+        check(left.of(&self.namespace).iter().all(|i| i.owner == other), || {
+            format!("the cancelled drain moved nothing: {left:?}")
+        })?;
+
+        // Deleting the succeeded drain's object puts the member back in service.
+        self.kubectl
+            .run(&[
+                "delete",
+                "spoolop",
+                "drain-member",
+                "-n",
+                &self.install,
+                "--timeout=60s",
+            ])
+            .await?;
+        self.member_active(&member, MINUTE).await
+    }
+
+    /// The status of the `SupervisorPoolOperation` `name` once its phase is `phase`.
+    async fn pool_operation_status(&self, name: &str, phase: &str) -> Result<Value, Error> {
+        wait_for(
+            &format!("SupervisorPoolOperation {name} {phase}"),
+            2 * MINUTE,
+            || async {
+                let object = self
+                    .kubectl
+                    .json(&["get", "spoolop", name, "-n", &self.install])
+                    .await
+                    .ok()?;
+                let status = object.get("status")?;
+                (status["phase"] == phase).then(|| status.clone())
+            },
+        )
+        .await
     }
 
     async fn rollout(&mut self) -> Result<(), Error> {
@@ -1110,6 +1277,17 @@ impl Flow {
         }
         println!("\nthe whole flow took {:.0} s", total.as_secs_f64());
     }
+}
+
+/// A `SupervisorPoolOperation` draining `member` (max-parallel 2).
+fn pool_operation(namespace: &str, name: &str, member: &str, dry_run: bool) -> String {
+    serde_json::json!({
+        "apiVersion": "supervision.openshell.ai/v1alpha1",
+        "kind": "SupervisorPoolOperation",
+        "metadata": { "name": name, "namespace": namespace },
+        "spec": { "kind": "Drain", "member": member, "maxParallel": 2, "dryRun": dry_run },
+    })
+    .to_string()
 }
 
 fn now_ms() -> u64 {

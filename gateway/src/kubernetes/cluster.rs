@@ -17,6 +17,8 @@ use proto::trust::{TOKEN_FILE, TRUST_BUNDLE_FILE};
 use tokio::sync::mpsc;
 
 use super::notice::{Notice, Regarding};
+use super::operation_reconcile::OperationNotice;
+use super::pool_operation::{self, OperationStatus};
 use super::pool_status::{self, PoolStatus};
 use crate::tokens::Delivered;
 
@@ -83,6 +85,28 @@ pub trait Cluster: Send + Sync + 'static {
         namespace: &str,
         name: &str,
         status: &PoolStatus,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+    /// Set the finalizers of the `SupervisorPoolOperation` `name`, only if it is still at
+    /// `resource_version` (409 otherwise). One already gone counts as done.
+    fn set_operation_finalizers(
+        &self,
+        namespace: &str,
+        name: &str,
+        resource_version: &str,
+        finalizers: &[String],
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+    /// Server-side apply the status of the `SupervisorPoolOperation` `name`.
+    fn apply_operation_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        status: &OperationStatus,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+    /// Record an Event on a `SupervisorPoolOperation` of `namespace`.
+    fn publish_operation(
+        &self,
+        namespace: &str,
+        notice: &OperationNotice,
     ) -> impl Future<Output = Result<(), Error>> + Send;
 }
 
@@ -207,6 +231,10 @@ impl Kube {
     }
 }
 
+fn event_type(warning: bool) -> EventType {
+    if warning { EventType::Warning } else { EventType::Normal }
+}
+
 async fn bounded<T>(call: impl Future<Output = Result<T, kube::Error>>) -> Result<T, Error> {
     match tokio::time::timeout(CALL_TIMEOUT, call).await {
         Ok(result) => result.map_err(Error::Api),
@@ -236,11 +264,7 @@ impl Cluster for Kube {
 
     async fn publish(&self, notice: &Notice) -> Result<(), Error> {
         let event = Event {
-            type_: if notice.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
+            type_: event_type(notice.warning),
             reason: notice.reason.to_owned(),
             note: Some(notice.note.clone()),
             action: notice.action.to_owned(),
@@ -249,6 +273,48 @@ impl Cluster for Kube {
         bounded(self.recorder.publish(&event, &reference(&notice.regarding)))
             .await
             .map_err(|err| in_namespace(&notice.regarding.namespace, err))
+    }
+
+    async fn set_operation_finalizers(
+        &self,
+        namespace: &str,
+        name: &str,
+        resource_version: &str,
+        finalizers: &[String],
+    ) -> Result<(), Error> {
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &pool_operation::resource());
+        let patch = pool_operation::finalizers_patch(resource_version, finalizers);
+        match bounded(api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))).await {
+            Err(Error::Api(kube::Error::Api(status))) if status.code == 404 => Ok(()),
+            other => other.map(|_| ()),
+        }
+    }
+
+    async fn apply_operation_status(&self, namespace: &str, name: &str, status: &OperationStatus) -> Result<(), Error> {
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &pool_operation::resource());
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let body = pool_operation::status_body(namespace, name, status);
+        bounded(api.patch_status(name, &params, &Patch::Apply(&body))).await?;
+        Ok(())
+    }
+
+    async fn publish_operation(&self, namespace: &str, notice: &OperationNotice) -> Result<(), Error> {
+        let event = Event {
+            type_: event_type(notice.warning),
+            reason: notice.reason.to_owned(),
+            note: Some(notice.note.clone()),
+            action: "Operate".to_owned(),
+            secondary: None,
+        };
+        let regarding = ObjectReference {
+            api_version: Some(format!("{}/{}", pool_status::GROUP, pool_status::VERSION)),
+            kind: Some(pool_operation::KIND.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            name: Some(notice.name.clone()),
+            uid: Some(notice.uid.clone()),
+            ..ObjectReference::default()
+        };
+        bounded(self.recorder.publish(&event, &regarding)).await
     }
 
     async fn apply_pool_status(&self, namespace: &str, name: &str, status: &PoolStatus) -> Result<(), Error> {
@@ -287,6 +353,15 @@ pub enum Call {
         name: String,
         status: Box<PoolStatus>,
     },
+    SetOperationFinalizers {
+        name: String,
+        finalizers: Vec<String>,
+    },
+    ApplyOperationStatus {
+        name: String,
+        status: Box<OperationStatus>,
+    },
+    PublishOperation(OperationNotice),
 }
 
 /// A cluster that only reports each call on a channel (tests read the intended writes off
@@ -364,6 +439,38 @@ impl Cluster for Recording {
             status: Box::new(status.clone()),
         });
         self.refuses(namespace)
+    }
+
+    async fn set_operation_finalizers(
+        &self,
+        _namespace: &str,
+        name: &str,
+        _resource_version: &str,
+        finalizers: &[String],
+    ) -> Result<(), Error> {
+        self.send(Call::SetOperationFinalizers {
+            name: name.to_owned(),
+            finalizers: finalizers.to_vec(),
+        });
+        Ok(())
+    }
+
+    async fn apply_operation_status(
+        &self,
+        _namespace: &str,
+        name: &str,
+        status: &OperationStatus,
+    ) -> Result<(), Error> {
+        self.send(Call::ApplyOperationStatus {
+            name: name.to_owned(),
+            status: Box::new(status.clone()),
+        });
+        Ok(())
+    }
+
+    async fn publish_operation(&self, _namespace: &str, notice: &OperationNotice) -> Result<(), Error> {
+        self.send(Call::PublishOperation(notice.clone()));
+        Ok(())
     }
 }
 

@@ -5,6 +5,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::pool_operation::OperationObject;
+
 /// A supervised Pod, as much of it as the gateway needs.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Pod {
@@ -45,6 +47,9 @@ pub struct Index {
     /// nothing).
     namespaces_synced: bool,
     pods_synced: bool,
+    /// The `SupervisorPoolOperation` objects of the install namespace by name. Their changes
+    /// do not bump `version`: the operation writer looks every second on its own.
+    operation_objects: BTreeMap<String, OperationObject>,
     /// Bumped on every change, so the writer can tell whether to look again.
     version: u64,
 }
@@ -58,6 +63,26 @@ pub fn parse_limit(value: Option<&str>) -> Option<u32> {
 }
 
 impl Index {
+    /// An operation object was added or changed.
+    pub fn apply_operation_object(&mut self, object: OperationObject) {
+        self.operation_objects.insert(object.name.clone(), object);
+    }
+
+    /// An operation object is gone.
+    pub fn delete_operation_object(&mut self, name: &str) {
+        self.operation_objects.remove(name);
+    }
+
+    /// A (re)list: exactly these operation objects exist.
+    pub fn reset_operation_objects(&mut self, objects: impl IntoIterator<Item = OperationObject>) {
+        self.operation_objects = objects.into_iter().map(|o| (o.name.clone(), o)).collect();
+    }
+
+    /// The operation objects, by name.
+    pub fn operation_objects(&self) -> Vec<OperationObject> {
+        self.operation_objects.values().cloned().collect()
+    }
+
     /// Set (or clear) the instance limit of `namespace`; no writer wake-up needed.
     pub fn set_limit(&mut self, namespace: &str, limit: Option<u32>) {
         match limit {

@@ -14,11 +14,17 @@
 //! | `writer` | carries out the plan while the lease is held |
 //! | `pool_status` | the `SupervisorPool` object's status: coordinator, members, counts, operations, conditions |
 //! | `pool_writer` | applies that status while the lease is held, at most once a second and only when it changed |
+//! | `pool_operation` | the `SupervisorPoolOperation` object as plain data, its status shape |
+//! | `operation_reconcile` | pure: what to do about those objects (start, cancel on deletion, finalizer, status, Events) |
+//! | `operation_writer` | carries that out while the lease is held, once a second |
 
 pub mod cluster;
 pub mod index;
 pub mod notice;
+pub mod operation_reconcile;
+pub mod operation_writer;
 pub mod plan;
+pub mod pool_operation;
 pub mod pool_status;
 pub mod pool_writer;
 pub mod review;
@@ -75,6 +81,12 @@ impl Integration<Kube> {
                 shared.clone(),
                 shutdown.clone(),
             )),
+            tokio::spawn(watch::operation_objects(
+                client.clone(),
+                scope.install_namespace.clone(),
+                shared.clone(),
+                shutdown.clone(),
+            )),
         ];
         let integration = Self {
             cluster: Kube::new(client.clone(), instance)
@@ -90,7 +102,7 @@ impl Integration<Kube> {
 
 impl<C: Cluster + Clone> Integration<C> {
     /// Spawn the writers (token Secrets, Events and withdrawals; the `SupervisorPool`
-    /// status): they act while `lease` is held. The handle ends when both did.
+    /// status; the `SupervisorPoolOperation` objects): they act while `lease` is held. The handle ends when both did.
     pub fn spawn_writer(
         self,
         replica: Arc<Replica>,
@@ -103,6 +115,13 @@ impl<C: Cluster + Clone> Integration<C> {
             namespace: self.scope.install_namespace.clone(),
         };
         let pool = tokio::spawn(pool.run(lease.clone(), shutdown.clone()));
+        let operations = operation_writer::OperationWriter {
+            cluster: self.cluster.clone(),
+            shared: self.shared.clone(),
+            replica: replica.clone(),
+            namespace: self.scope.install_namespace.clone(),
+        };
+        let operations = tokio::spawn(operations.run(lease.clone(), shutdown.clone()));
         let writer = writer::Writer {
             cluster: self.cluster,
             shared: self.shared,
@@ -113,6 +132,7 @@ impl<C: Cluster + Clone> Integration<C> {
         tokio::spawn(async move {
             let _ = writer.await;
             let _ = pool.await;
+            let _ = operations.await;
         })
     }
 }

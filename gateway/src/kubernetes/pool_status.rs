@@ -11,7 +11,7 @@ use crate::coordinator;
 use crate::operations;
 use crate::operator;
 use crate::pool::View;
-use crate::store::{Lease, OperationKind, OperationPhase};
+use crate::store::{Lease, Operation, OperationKind, OperationPhase};
 use proto::common::v1::InstancePhase;
 use proto::pool::v1::MemberState;
 
@@ -164,13 +164,7 @@ pub fn desired(view: &View, lease: Option<&Lease>, previous: Option<&PoolStatus>
         ready(coordinator.as_ref(), taking, live, &counts, unplaced),
         degraded(&members, &counts, unplaced),
     ];
-    let at = transition_time(view.now_ms);
-    for c in &mut conditions {
-        c.last_transition_time = previous
-            .and_then(|p| p.conditions.iter().find(|old| old.type_ == c.type_))
-            .filter(|old| old.status == c.status)
-            .map_or_else(|| at.clone(), |old| old.last_transition_time.clone());
-    }
+    stamp(&mut conditions, previous.map_or(&[], |p| &p.conditions), view.now_ms);
     PoolStatus {
         coordinator,
         ready_members: format!("{taking}/{live}"),
@@ -186,15 +180,28 @@ fn state_name(name: &str, prefix: &str) -> String {
     name.strip_prefix(prefix).unwrap_or(name).to_ascii_lowercase()
 }
 
+/// Set each condition's `lastTransitionTime`: kept from `previous` when its status did not
+/// change, else `now_ms`.
+pub fn stamp(conditions: &mut [Condition], previous: &[Condition], now_ms: i64) {
+    let at = transition_time(now_ms);
+    for c in conditions {
+        c.last_transition_time = previous
+            .iter()
+            .find(|old| old.type_ == c.type_)
+            .filter(|old| old.status == c.status)
+            .map_or_else(|| at.clone(), |old| old.last_transition_time.clone());
+    }
+}
+
 /// Whole seconds (what the API server keeps of a `metav1.Time`).
-fn transition_time(now_ms: i64) -> String {
+pub fn transition_time(now_ms: i64) -> String {
     Timestamp::from_second(now_ms.div_euclid(1000))
         .unwrap_or(Timestamp::UNIX_EPOCH)
         .strftime("%Y-%m-%dT%H:%M:%SZ")
         .to_string()
 }
 
-fn condition(type_: &str, status: bool, reason: &str, message: String) -> Condition {
+pub fn condition(type_: &str, status: bool, reason: &str, message: String) -> Condition {
     Condition {
         type_: type_.to_owned(),
         status: if status { "True" } else { "False" }.to_owned(),
@@ -311,6 +318,17 @@ fn degraded(
     )
 }
 
+/// Moves done plus, while `op` is open, the moves still planned (the dry-run planning over
+/// `view`).
+pub fn moves_total(view: &View, op: &Operation) -> i64 {
+    let remaining = if op.phase.is_finished() {
+        0
+    } else {
+        i64::try_from(operations::preview(view, op).moves.len()).unwrap_or(i64::MAX)
+    };
+    op.moves.saturating_add(remaining)
+}
+
 /// Drains and rebalances not finished, and succeeded drains that keep their member out, with
 /// the moves still planned.
 fn operations_of(view: &View) -> Vec<OperationStatus> {
@@ -321,28 +339,21 @@ fn operations_of(view: &View) -> Vec<OperationStatus> {
         .filter(|op| {
             !op.phase.is_finished() || (op.kind == OperationKind::Drain && op.phase == OperationPhase::Succeeded)
         })
-        .map(|op| {
-            let remaining = if op.phase.is_finished() {
-                0
-            } else {
-                i64::try_from(operations::preview(view, op).moves.len()).unwrap_or(i64::MAX)
-            };
-            OperationStatus {
-                id: op.id.clone(),
-                kind: op.kind.as_str().to_owned(),
-                target: op.target.clone(),
-                phase: op.phase.as_str().to_owned(),
-                moves_done: op.moves,
-                moves_total: op.moves.saturating_add(remaining),
-                max_parallel: op.max_parallel,
-                message: op.message.clone(),
-            }
+        .map(|op| OperationStatus {
+            id: op.id.clone(),
+            kind: op.kind.as_str().to_owned(),
+            target: op.target.clone(),
+            phase: op.phase.as_str().to_owned(),
+            moves_done: op.moves,
+            moves_total: moves_total(view, op),
+            max_parallel: op.max_parallel,
+            message: op.message.clone(),
         })
         .collect()
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::store::{Assignment, AssignmentPhase, InstanceRecord, MemberRecord, Operation, Report, SecretBytes};
 
@@ -362,7 +373,7 @@ mod tests {
 
     /// Members `a` and `b` (capacity 4), `r1`, `r2` on `a` and `r3` on `b`, all reported
     /// active.
-    fn view() -> View {
+    pub(crate) fn view() -> View {
         let mut v = View {
             now_ms: 1_700_000_000_500,
             ..View::default()
@@ -425,7 +436,7 @@ mod tests {
     }
 
     /// A running operation `op-1`, nothing moved yet.
-    fn running(kind: OperationKind, target: &str) -> Operation {
+    pub(crate) fn running(kind: OperationKind, target: &str) -> Operation {
         Operation {
             id: "op-1".into(),
             kind,
@@ -443,7 +454,7 @@ mod tests {
         }
     }
 
-    fn lease() -> Lease {
+    pub(crate) fn lease() -> Lease {
         Lease {
             holder: "openshell-gateway-0/4f2a".into(),
             term: 3,
@@ -623,6 +634,17 @@ mod tests {
     #[test]
     fn every_field_written_is_declared_in_the_crd() {
         const CRD: &str = include_str!("../../../manifests/supervisorpool-crd.yaml");
+        let mut v = view();
+        v.operations.push(running(OperationKind::Rebalance, ""));
+        let status = desired(&v, Some(&lease()), None);
+        assert!(!status.operations.is_empty() && !status.members.is_empty());
+        let undeclared = undeclared(CRD, &serde_json::to_value(&status).unwrap());
+        assert!(undeclared.is_empty(), "not in the CRD schema: {undeclared:?}");
+    }
+
+    /// The keys of `value` that the CRD text `crd` declares nowhere (the API server prunes
+    /// them).
+    pub(crate) fn undeclared(crd: &str, value: &serde_json::Value) -> Vec<String> {
         fn keys(value: &serde_json::Value, out: &mut std::collections::BTreeSet<String>) {
             match value {
                 serde_json::Value::Object(map) => {
@@ -635,16 +657,11 @@ mod tests {
                 _ => {}
             }
         }
-        let mut v = view();
-        v.operations.push(running(OperationKind::Rebalance, ""));
-        let status = desired(&v, Some(&lease()), None);
-        assert!(!status.operations.is_empty() && !status.members.is_empty());
         let mut written = std::collections::BTreeSet::new();
-        keys(&serde_json::to_value(&status).unwrap(), &mut written);
+        keys(value, &mut written);
         let declared: std::collections::BTreeSet<&str> =
-            CRD.lines().filter_map(|l| l.trim().strip_suffix(':')).collect();
-        let undeclared: Vec<&String> = written.iter().filter(|k| !declared.contains(k.as_str())).collect();
-        assert!(undeclared.is_empty(), "not in the CRD schema: {undeclared:?}");
+            crd.lines().filter_map(|l| l.trim().strip_suffix(':')).collect();
+        written.into_iter().filter(|k| !declared.contains(k.as_str())).collect()
     }
 
     #[test]

@@ -19,6 +19,21 @@ use crate::store::Lease;
 /// At most one status write per this interval.
 pub const STATUS_INTERVAL: Duration = Duration::from_secs(1);
 
+/// A ticker for rounds every `period`, one at a time (a slow round delays the next).
+pub fn rounds(period: Duration) -> tokio::time::Interval {
+    let mut every = tokio::time::interval(period);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    every
+}
+
+/// Wait for the next round; `false` once `shutdown` is cancelled.
+pub async fn next_round(every: &mut tokio::time::Interval, shutdown: &CancellationToken) -> bool {
+    tokio::select! {
+        () = shutdown.cancelled() => false,
+        _ = every.tick() => true,
+    }
+}
+
 /// What the pool-status task needs.
 pub struct PoolWriter<C> {
     pub cluster: C,
@@ -33,13 +48,8 @@ impl<C: Cluster> PoolWriter<C> {
         // The status last applied in this term; `None`: write it whole.
         let mut applied: Option<PoolStatus> = None;
         let mut failing = false;
-        let mut every = tokio::time::interval(STATUS_INTERVAL);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                _ = every.tick() => {}
-            }
+        let mut every = rounds(STATUS_INTERVAL);
+        while next_round(&mut every, &shutdown).await {
             let Some(held) = lease.borrow().clone() else {
                 // Another replica coordinates now; a later term of ours starts over.
                 applied = None;

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use kube::api::DynamicObject;
 use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
@@ -15,6 +16,7 @@ use tracing::{debug, warn};
 
 use super::index::{self, Index, LIMIT_ANNOTATION, parse_limit};
 use super::plan::NAMESPACE_SECRET;
+use super::pool_operation;
 
 /// Namespaces opt in with this label…
 pub const SHARED_LABEL: &str = "supervision.openshell.ai/shared";
@@ -133,6 +135,32 @@ pub async fn member_pods(client: Client, namespace: String, shared: Shared, shut
                 }
             }
             Change::Reset(all) => index.reset_member_pods(all.iter().filter_map(named)),
+        },
+    )
+    .await;
+}
+
+/// Follow the `SupervisorPoolOperation` objects of the install namespace until `shutdown`.
+pub async fn operation_objects(client: Client, namespace: String, shared: Shared, shutdown: CancellationToken) {
+    let api = Api::<DynamicObject>::namespaced_with(client, &namespace, &pool_operation::resource());
+    let events = watcher(api, watcher::Config::default()).default_backoff();
+    follow(
+        events,
+        shared,
+        shutdown,
+        "supervisor pool operations",
+        |index, event| match event {
+            Change::Apply(object) => {
+                if let Some(object) = pool_operation::object_of(&object) {
+                    index.apply_operation_object(object);
+                }
+            }
+            Change::Delete(object) => {
+                if let Some(name) = object.metadata.name.as_deref() {
+                    index.delete_operation_object(name);
+                }
+            }
+            Change::Reset(all) => index.reset_operation_objects(all.iter().filter_map(pool_operation::object_of)),
         },
     )
     .await;

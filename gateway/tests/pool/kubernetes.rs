@@ -29,10 +29,14 @@ use crate::cluster::{
 };
 use crate::support::{TestDb, wait_for};
 
-const INSTALL: &str = "openshell-supervision";
+pub(crate) const INSTALL: &str = "openshell-supervision";
 
 /// The next call matching `want`, skipping others; fails after 20 s.
-async fn next_call(calls: &mut UnboundedReceiver<Call>, what: &str, mut want: impl FnMut(&Call) -> bool) -> Call {
+pub(crate) async fn next_call(
+    calls: &mut UnboundedReceiver<Call>,
+    what: &str,
+    mut want: impl FnMut(&Call) -> bool,
+) -> Call {
     let found = tokio::time::timeout(Duration::from_secs(20), async {
         while let Some(call) = calls.recv().await {
             if want(&call) {
@@ -59,7 +63,7 @@ fn supervisor_0() -> Identity {
 }
 
 /// [`supervisor_0`] attached to `endpoint` with its Pod's ServiceAccount token.
-async fn attach_supervisor_0(endpoint: &str) -> Member {
+pub(crate) async fn attach_supervisor_0(endpoint: &str) -> Member {
     Member::attach(
         endpoint,
         &member_token("supervisor-0"),
@@ -72,7 +76,7 @@ async fn attach_supervisor_0(endpoint: &str) -> Member {
 
 /// A replica `name` with a recording cluster, the TokenReview stand-in and `shared` as its
 /// watches' index: the replica, the recording cluster and the calls it records.
-async fn replica_with(
+pub(crate) async fn replica_with(
     db: &TestDb,
     name: &str,
     scope: Scope,
@@ -92,7 +96,7 @@ async fn replica_with(
     )
 }
 
-fn applied(call: &Call, namespace: &str, name: &str) -> Option<(Option<String>, String)> {
+pub(crate) fn applied(call: &Call, namespace: &str, name: &str) -> Option<(Option<String>, String)> {
     match call {
         Call::ApplySecret {
             namespace: ns,

@@ -10,6 +10,7 @@ mod support;
 
 mod authorization;
 mod cluster;
+mod declared;
 mod kubernetes;
 mod operations;
 mod scenarios;
@@ -51,6 +52,12 @@ mod with_kubernetes {
         an_instance_registered_without_members_is_reported_unplaceable,
         a_pod_acts_only_for_itself_within_its_namespace_quota,
         the_pool_status_is_kept_by_the_coordinator_alone,
+    );
+}
+
+mod with_declared_operations {
+    on_both_backends!(declared;
+        a_declared_drain_runs_once_and_deleting_its_object_cancels_it,
     );
 }
 
