@@ -231,6 +231,35 @@ pub fn unplaced(view: &View) -> &BTreeMap<String, String> {
     })
 }
 
+/// Whether `view` would place one more new instance: nothing desired is unplaced, and the
+/// members that take instances have more free slots than there are routes still to place.
+/// Worked out once per view (memoized in it).
+pub fn takes_one_more(view: &View) -> bool {
+    *view.room.get_or_init(|| {
+        if !unplaced(view).is_empty() {
+            return false;
+        }
+        let mut load: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut pending = 0usize;
+        for route in view.desired() {
+            match view.current_assignment(&route) {
+                Some(a) => *load.entry(a.member.as_str()).or_default() += 1,
+                None => pending += 1,
+            }
+        }
+        let free: usize = view
+            .candidates(&operations::drained(view))
+            .iter()
+            .filter(|c| !c.excluded)
+            .map(|c| {
+                c.capacity
+                    .saturating_sub(load.get(c.member.as_str()).copied().unwrap_or(0))
+            })
+            .sum();
+        free > pending
+    })
+}
+
 /// A recover operation is done when the new owner reports the instance at
 /// the assigned term; it fails when its deadline passes first.
 fn settle(view: &View, op: &Operation) -> Option<Operation> {
@@ -320,6 +349,33 @@ mod tests {
     fn assign(v: &mut View, member: &str, term: i64) {
         v.assignments
             .insert("r".into(), reserved("r", member, &format!("{member}-p"), term, 1, 1));
+    }
+
+    #[test]
+    fn one_more_instance_fits_only_beyond_the_routes_still_to_place() {
+        let with_capacity = |capacity: i64| {
+            let mut v = view();
+            v.members.values_mut().for_each(|m| m.capacity = capacity);
+            v
+        };
+        // Two members of one slot each, one route still to place: room for one more.
+        assert!(takes_one_more(&with_capacity(1)));
+        // The route placed on `a`: `b`'s slot is free.
+        let mut placed = with_capacity(1);
+        assign(&mut placed, "a", 1);
+        assert!(takes_one_more(&placed));
+        // One member drained: its slot does not count, and the pending route takes the other.
+        let mut drained = with_capacity(1);
+        drained
+            .operations
+            .push(crate::operations::tests::op(OperationKind::Drain, "b", 1));
+        assert!(!takes_one_more(&drained));
+        // Nobody live.
+        let mut nobody = view();
+        nobody.now_ms = 30_000;
+        assert!(!takes_one_more(&nobody));
+        // Something is unplaced already (no capacity at all).
+        assert!(!takes_one_more(&with_capacity(0)));
     }
 
     #[test]

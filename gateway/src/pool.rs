@@ -56,6 +56,8 @@ pub struct View {
     /// Memo of [`crate::coordinator::unplaced`] for this view: placement runs once per view
     /// however many registrations wait on it.
     pub unplaced: Memo<BTreeMap<String, String>>,
+    /// Memo of [`crate::coordinator::takes_one_more`] for this view.
+    pub room: Memo<bool>,
 }
 
 /// A value worked out from the rest of a view, at most once. A clone starts empty (the clone
@@ -144,6 +146,7 @@ impl View {
             snapshot_revision: 0,
             writes: Some(writes),
             unplaced: Memo::default(),
+            room: Memo::default(),
         })
     }
 

@@ -147,13 +147,22 @@ impl InstanceRegistry for Registry {
         self.replica.wake.notify_one();
         info!(route = %request.route, generation, "instance registered");
 
-        // A view read after the registration: the published one may predate a member that
-        // just attached.
-        let view = self
-            .replica
-            .fresh_view()
-            .await
-            .map_err(|err| Status::unavailable(format!("cannot read the pool: {err}")))?;
+        // A route new to the pool, in a pool that will place one more: answered from the
+        // published view at once (nothing to say about its owner yet). Otherwise from a view
+        // read after the registration: the published one may predate a member that just
+        // attached, or hold the assignment of a workload this one replaced.
+        let published = self.replica.view.borrow().clone();
+        let view = if published.read_at.is_some()
+            && !published.instances.contains_key(&request.route)
+            && crate::coordinator::takes_one_more(&published)
+        {
+            published
+        } else {
+            self.replica
+                .fresh_view()
+                .await
+                .map_err(|err| Status::unavailable(format!("cannot read the pool: {err}")))?
+        };
         let assignment = view.current_assignment(&request.route);
         if assignment.is_none()
             && let Some(reason) = crate::coordinator::unplaced(&view).get(&request.route)
