@@ -64,7 +64,7 @@ async fn members_show_up_in_the_pool_status() {
     };
     let names: Vec<&str> = status.members.iter().map(|m| m.name.as_str()).collect();
     assert_eq!(names, vec!["supervisor-0", "supervisor-1"]);
-    let rendered = gateway::poolctl::render(&status);
+    let rendered = poolctl::render::status_table(&status);
     assert!(
         rendered.contains("supervisor-0") && rendered.contains("coordinator: gateway-"),
         "{rendered}"

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use proto::pool::v1::supervisor_pool_client::SupervisorPoolClient;
 use proto::pool::v1::{
     CancelSupervisorPoolOperationRequest, GetSupervisorPoolStatusRequest, OperationKind,
-    StartSupervisorPoolOperationRequest,
+    StartSupervisorPoolOperationRequest, WatchSupervisorPoolRequest,
 };
 use proto::recovery::v1::supervisor_recovery_client::SupervisorRecoveryClient;
 use proto::recovery::v1::{ActivateRequest, IssueGrantRequest, IssueGrantResponse, TrustBundleRequest};
@@ -94,9 +94,10 @@ fn allowed(method: &str) -> &'static [Caller] {
             Caller::OtherInstance,
         ],
         "Register" | "Deregister" | "ReportRecoveryFailed" => &[Caller::Instance],
-        "GetSupervisorPoolStatus" | "StartSupervisorPoolOperation" | "CancelSupervisorPoolOperation" => {
-            &[Caller::Operator]
-        }
+        "GetSupervisorPoolStatus"
+        | "StartSupervisorPoolOperation"
+        | "CancelSupervisorPoolOperation"
+        | "WatchSupervisorPool" => &[Caller::Operator],
         other => panic!("no matrix entry for {other}: add one"),
     }
 }
@@ -196,6 +197,11 @@ async fn call(method: &str, endpoint: &str, channel: Channel, token: Option<&str
         "GetSupervisorPoolStatus" => code(
             SupervisorPoolClient::new(channel)
                 .get_supervisor_pool_status(request(GetSupervisorPoolStatusRequest {}, token))
+                .await,
+        ),
+        "WatchSupervisorPool" => code(
+            SupervisorPoolClient::new(channel)
+                .watch_supervisor_pool(request(WatchSupervisorPoolRequest {}, token))
                 .await,
         ),
         "StartSupervisorPoolOperation" => {
