@@ -66,7 +66,18 @@ pub fn ensure_binaries() -> Result<(), Error> {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut command = std::process::Command::new(cargo);
     command.current_dir(&workspace).args(["build", "--quiet", "--bins"]);
-    command.args(["-p", "gateway", "-p", "poolctl", "-p", "supervisor", "-p", "sidecar", "-p", "e2e"]);
+    command.args([
+        "-p",
+        "gateway",
+        "-p",
+        "poolctl",
+        "-p",
+        "supervisor",
+        "-p",
+        "sidecar",
+        "-p",
+        "e2e",
+    ]);
     command.args(["-p", "webhook"]);
     if binary_dir().ends_with("release") {
         command.arg("--release");

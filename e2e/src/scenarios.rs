@@ -553,7 +553,10 @@ pub(crate) async fn planned(pool: &LocalPool, store: &Store, kind: Planned) -> R
             .start(proto::pool::v1::OperationKind::Drain, &member, &run(2))
             .await
             .map_err(op_error)?;
-        client.wait(&drain.id, &mut poolctl::Progress::quiet()).await.map_err(op_error)?;
+        client
+            .wait(&drain.id, &mut poolctl::Progress::quiet())
+            .await
+            .map_err(op_error)?;
         steady(pool, store).await?;
         client.cancel(&drain.id).await.map_err(op_error)?;
         until(
@@ -597,7 +600,10 @@ pub(crate) async fn planned(pool: &LocalPool, store: &Store, kind: Planned) -> R
             "rebalance",
         ),
     };
-    let done = client.wait(&op.0.id, &mut poolctl::Progress::quiet()).await.map_err(op_error)?;
+    let done = client
+        .wait(&op.0.id, &mut poolctl::Progress::quiet())
+        .await
+        .map_err(op_error)?;
     let finished = store
         .list_operations()
         .await?

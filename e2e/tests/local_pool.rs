@@ -71,3 +71,50 @@ async fn members_show_up_in_the_pool_status() {
     );
     pool.stop().await;
 }
+
+/// The workload PID shows in the pool status from the instance's first placement on: every
+/// streamed status that shows the instance running under its first owner shows the agent's
+/// real PID (never 0 or a stale one), and such a status comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workload_pid_shows_from_the_first_placement() {
+    let root = tempfile::tempdir().unwrap();
+    let config = Config {
+        root: root.path().join("pool"),
+        database_url: None,
+        gateways: 1,
+        members: 1,
+        sandboxes: 1,
+        lease_length_ms: 5000,
+        plaintext: false,
+    };
+    let pool = LocalPool::start(config).await.unwrap();
+    let agent = pool.sandboxes[0].agent.pid().unwrap();
+    let mut client = pool.operator(pool.endpoints()).await.unwrap();
+    let mut statuses = client.watch();
+    let first_active = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let status = statuses.next().await.unwrap();
+            let Some(instance) = status.instances.first() else {
+                continue;
+            };
+            // Before the sidecar connects there is no workload to show; never another PID.
+            assert!(
+                [0, agent].contains(&instance.workload_pid),
+                "{instance:?}: the agent is {agent}"
+            );
+            if instance.phase == proto::common::v1::InstancePhase::Active as i32 {
+                return instance.clone();
+            }
+        }
+    })
+    .await
+    .expect("the instance never showed active");
+    assert_eq!(first_active.term, 1, "the first placement: {first_active:?}");
+    assert_eq!(
+        first_active.workload_pid,
+        agent,
+        "the first active status shows the PID; logs in {}",
+        pool.logs().display()
+    );
+    pool.stop().await;
+}

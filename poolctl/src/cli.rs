@@ -206,7 +206,14 @@ mod tests {
     #[test]
     fn help_lists_the_exit_codes() {
         let help = <Cli as clap::CommandFactory>::command().render_long_help().to_string();
-        for code in ["0  done", "2  usage", "3  no gateway", "4  the operation failed", "5  the operation was cancelled", "6  the request was refused"] {
+        for code in [
+            "0  done",
+            "2  usage",
+            "3  no gateway",
+            "4  the operation failed",
+            "5  the operation was cancelled",
+            "6  the request was refused",
+        ] {
             assert!(help.contains(code), "{code} missing from:\n{help}");
         }
     }

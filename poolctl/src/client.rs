@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use proto::pool::v1::Operation;
 use proto::pool::v1::supervisor_pool_client::SupervisorPoolClient;
 use proto::pool::v1::watch_supervisor_pool_response::Event;
 use proto::pool::v1::{
@@ -11,7 +12,6 @@ use proto::pool::v1::{
     OperationKind, OperationPlan, StartSupervisorPoolOperationRequest, WatchSupervisorPoolRequest,
     WatchSupervisorPoolResponse,
 };
-use proto::pool::v1::Operation;
 use proto::timing;
 use proto::tls::ClientTls;
 use tonic::metadata::{Ascii, MetadataValue};
@@ -99,7 +99,13 @@ impl Client {
         Ok(bounded(call).await?.into_inner())
     }
 
-    fn start_request(&self, kind: OperationKind, target: &str, run: &RunArgs, dry_run: bool) -> tonic::Request<StartSupervisorPoolOperationRequest> {
+    fn start_request(
+        &self,
+        kind: OperationKind,
+        target: &str,
+        run: &RunArgs,
+        dry_run: bool,
+    ) -> tonic::Request<StartSupervisorPoolOperationRequest> {
         self.unary(StartSupervisorPoolOperationRequest {
             kind: kind as i32,
             target: target.to_owned(),
@@ -110,9 +116,16 @@ impl Client {
     }
 
     /// Start an operation: it, and whether it is new (false: an equivalent one was running).
-    pub async fn start(&mut self, kind: OperationKind, target: &str, run: &RunArgs) -> Result<(Operation, bool), Error> {
+    pub async fn start(
+        &mut self,
+        kind: OperationKind,
+        target: &str,
+        run: &RunArgs,
+    ) -> Result<(Operation, bool), Error> {
         let request = self.start_request(kind, target, run, false);
-        let answer = bounded(self.pool.start_supervisor_pool_operation(request)).await?.into_inner();
+        let answer = bounded(self.pool.start_supervisor_pool_operation(request))
+            .await?
+            .into_inner();
         let op = answer
             .operation
             .ok_or_else(|| tonic::Status::internal("the gateway answered without the operation"))?;
@@ -122,7 +135,9 @@ impl Client {
     /// A dry run: the moves the operation would make; nothing is recorded.
     pub async fn plan(&mut self, kind: OperationKind, target: &str, run: &RunArgs) -> Result<OperationPlan, Error> {
         let request = self.start_request(kind, target, run, true);
-        let answer = bounded(self.pool.start_supervisor_pool_operation(request)).await?.into_inner();
+        let answer = bounded(self.pool.start_supervisor_pool_operation(request))
+            .await?
+            .into_inner();
         Ok(answer
             .plan
             .ok_or_else(|| tonic::Status::internal("the gateway answered a dry run without a plan"))?)

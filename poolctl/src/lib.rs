@@ -25,21 +25,35 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
     if let Command::Completions { shell } = cli.command {
         let mut out = Vec::new();
         clap_complete::generate(shell, &mut Cli::command(), "poolctl", &mut out);
-        return std::io::stdout().write_all(&out).map_err(|err| Error::Output(err.to_string()));
+        return std::io::stdout()
+            .write_all(&out)
+            .map_err(|err| Error::Output(err.to_string()));
     }
     let mut client = Client::connect(&cli.connection).await?;
     match &cli.command {
         Command::Status { watch: false } => {
             let status = client.status().await?;
-            println!("{}", render::render(output, || render::status_json(&status), || render::status_table(&status)));
+            println!(
+                "{}",
+                render::render(
+                    output,
+                    || render::status_json(&status),
+                    || render::status_table(&status)
+                )
+            );
             Ok(())
         }
         Command::Status { watch: true } | Command::Watch => watch(&mut client, output).await,
-        Command::Drain { member, run, plan } => operate(&mut client, OperationKind::Drain, member, run, plan, output).await,
+        Command::Drain { member, run, plan } => {
+            operate(&mut client, OperationKind::Drain, member, run, plan, output).await
+        }
         Command::Rebalance { run, plan } => operate(&mut client, OperationKind::Rebalance, "", run, plan, output).await,
         Command::Cancel { id } => {
             let op = client.cancel(id).await?;
-            println!("{}", render::render(output, || render::operation_json(&op), || render::operation_line(&op)));
+            println!(
+                "{}",
+                render::render(output, || render::operation_json(&op), || render::operation_line(&op))
+            );
             Ok(())
         }
         Command::Completions { .. } => Ok(()),
@@ -55,7 +69,11 @@ async fn watch(client: &mut Client, output: Output) -> Result<(), Error> {
             status = statuses.next() => status?,
             _ = tokio::signal::ctrl_c() => return Ok(()),
         };
-        let text = render::render(output, || render::status_json(&status), || render::status_table(&status));
+        let text = render::render(
+            output,
+            || render::status_json(&status),
+            || render::status_table(&status),
+        );
         if clear {
             // Redraw in place.
             print!("\x1b[2J\x1b[H");
@@ -76,7 +94,10 @@ async fn operate(
 ) -> Result<(), Error> {
     if plan.dry_run {
         let plan = client.plan(kind, target, run).await?;
-        println!("{}", render::render(output, || render::plan_json(&plan), || render::plan_table(&plan)));
+        println!(
+            "{}",
+            render::render(output, || render::plan_json(&plan), || render::plan_table(&plan))
+        );
         return if plan.completes {
             Ok(())
         } else {

@@ -190,10 +190,13 @@ mod tests {
 
     #[test]
     fn a_line_shows_moves_done_of_total_elapsed_and_eta() {
-        let line = progress_line(&op(OperationPhase::Running, 1, ), 4, Duration::from_millis(1500));
+        let line = progress_line(&op(OperationPhase::Running, 1), 4, Duration::from_millis(1500));
         assert_eq!(line, "op-1 running: 1/4 moves, elapsed 1.5s, ETA 4.5s — moving");
         let done = progress_line(&op(OperationPhase::Succeeded, 4), 4, Duration::from_secs(6));
-        assert!(done.contains("succeeded: 4/4 moves") && done.contains("ETA -"), "{done}");
+        assert!(
+            done.contains("succeeded: 4/4 moves") && done.contains("ETA -"),
+            "{done}"
+        );
         assert!(progress_line(&op(OperationPhase::Pending, 0), 0, Duration::ZERO).contains("0/? moves"));
     }
 

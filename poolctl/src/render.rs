@@ -4,7 +4,9 @@
 use comfy_table::presets::NOTHING;
 use comfy_table::{CellAlignment, Table};
 use proto::common::v1::InstancePhase;
-use proto::pool::v1::{GetSupervisorPoolStatusResponse, MemberState, Operation, OperationKind, OperationPhase, OperationPlan};
+use proto::pool::v1::{
+    GetSupervisorPoolStatusResponse, MemberState, Operation, OperationKind, OperationPhase, OperationPlan,
+};
 use serde_json::{Value, json};
 
 use crate::cli::Output;
@@ -41,7 +43,10 @@ fn kind_name(kind: i32) -> String {
 }
 
 fn member_state(state: i32) -> String {
-    enum_name(MemberState::try_from(state).unwrap_or_default().as_str_name(), "MEMBER_STATE_")
+    enum_name(
+        MemberState::try_from(state).unwrap_or_default().as_str_name(),
+        "MEMBER_STATE_",
+    )
 }
 
 fn instance_phase(phase: i32) -> String {

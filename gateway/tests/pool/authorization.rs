@@ -275,7 +275,7 @@ pub async fn every_rpc_refuses_every_caller_but_the_right_one(db: &TestDb) {
         .into_inner();
 
     let methods = gateway_methods();
-    assert_eq!(methods.len(), 10, "the gateway's RPCs in the inventory: {methods:?}");
+    assert_eq!(methods.len(), 11, "the gateway's RPCs in the inventory: {methods:?}");
     let mut matrix: BTreeMap<(String, Caller), Code> = BTreeMap::new();
     for method in &methods {
         for caller in CALLERS {

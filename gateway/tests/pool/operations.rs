@@ -215,7 +215,8 @@ pub async fn drain_and_rebalance_move_instances_at_term_plus_one(db: &TestDb) {
     assert!(created);
     let done = client
         .wait(&rebalance.id, &mut poolctl::Progress::lines(0, poolctl::Output::Table))
-        .await.expect("the rebalance succeeds");
+        .await
+        .expect("the rebalance succeeds");
     assert_eq!(done.moves, 2, "{}", poolctl::render::operation_line(&done));
     let on_a = db
         .store

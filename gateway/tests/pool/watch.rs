@@ -55,7 +55,13 @@ async fn poolctl(endpoints: &str, credentials: &std::path::Path, args: &[&str]) 
 pub async fn a_watch_streams_changes_and_wait_follows_an_operation_to_its_end(db: &TestDb) {
     let credentials = tempfile::tempdir().unwrap();
     let dir = credentials.path().to_str().unwrap();
-    let first = start_replica_with("gw-w1", &db.url, &["--credentials-dir", dir, "--max-pool-watchers", "2"], None).await;
+    let first = start_replica_with(
+        "gw-w1",
+        &db.url,
+        &["--credentials-dir", dir, "--max-pool-watchers", "2"],
+        None,
+    )
+    .await;
     let second = start_replica_with("gw-w2", &db.url, &["--credentials-dir", dir], None).await;
     let endpoints = format!("{},{}", first.endpoint(), second.endpoint());
     let operator = token(credentials.path(), "operator").await;
@@ -96,7 +102,9 @@ pub async fn a_watch_streams_changes_and_wait_follows_an_operation_to_its_end(db
 
     for i in 0..2 {
         let name = format!("agent-{i}");
-        register(&first.endpoint(), &tokens.instance(&name), &name).await.unwrap();
+        register(&first.endpoint(), &tokens.instance(&name), &name)
+            .await
+            .unwrap();
     }
     wait_assignments(&db.store, "one instance on each member", |a| {
         a.len() == 2 && a.iter().any(|a| a.member == "m-a") && a.iter().any(|a| a.member == "m-b")
@@ -129,12 +137,20 @@ pub async fn a_watch_streams_changes_and_wait_follows_an_operation_to_its_end(db
         within("--wait to end", waiting).await.unwrap(),
         poolctl::exit::OPERATION_CANCELLED
     );
-    assert_eq!(db.store.operation(&drain.id).await.unwrap().unwrap().phase, OperationPhase::Cancelled);
+    assert_eq!(
+        db.store.operation(&drain.id).await.unwrap().unwrap().phase,
+        OperationPhase::Cancelled
+    );
 
     // With room on a new member the drain succeeds, and `--wait` exits 0 once it has.
     let more = attach_members(db, &first.endpoint(), &tokens, &[("m-c", 4)]).await;
     assert_eq!(
-        poolctl(&endpoints, credentials.path(), &["drain", "m-b", "--wait", "-o", "json"]).await,
+        poolctl(
+            &endpoints,
+            credentials.path(),
+            &["drain", "m-b", "--wait", "-o", "json"]
+        )
+        .await,
         0
     );
     let drains: Vec<_> = db

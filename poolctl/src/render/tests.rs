@@ -108,7 +108,10 @@ fn json_and_yaml_carry_the_same_document() {
     assert!(yaml.starts_with("---\n"), "{yaml}");
     let parsed: Value = serde_yaml_ng::from_str(&yaml).unwrap();
     assert_eq!(parsed, json);
-    assert!(!render(Output::Json, || status_json(&status), String::new).contains('\n'), "one line");
+    assert!(
+        !render(Output::Json, || status_json(&status), String::new).contains('\n'),
+        "one line"
+    );
 }
 
 #[test]
@@ -117,7 +120,10 @@ fn a_started_operation_says_whether_it_is_new() {
     assert!(started(Output::Table, &op, true).starts_with("started: op-1 drain"));
     assert!(started(Output::Table, &op, false).starts_with("already running: op-1"));
     let json: Value = serde_json::from_str(&started(Output::Json, &op, false)).unwrap();
-    assert_eq!((json["created"].as_bool(), json["id"].as_str()), (Some(false), Some("op-1")));
+    assert_eq!(
+        (json["created"].as_bool(), json["id"].as_str()),
+        (Some(false), Some("op-1"))
+    );
 }
 
 #[test]
