@@ -8,19 +8,23 @@ use std::time::Duration;
 use e2e::local::{Config, LocalPool};
 use proto::pool::v1::MemberState;
 
+/// A TLS pool on the embedded SQLite store under `root`.
+fn config(root: &std::path::Path, gateways: usize, members: usize, sandboxes: usize) -> Config {
+    Config {
+        root: root.join("pool"),
+        database_url: None,
+        gateways,
+        members,
+        sandboxes,
+        lease_length_ms: 5000,
+        plaintext: false,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_show_up_in_the_pool_status() {
     let root = tempfile::tempdir().unwrap();
-    let config = Config {
-        root: root.path().join("pool"),
-        database_url: None,
-        gateways: 2,
-        members: 2,
-        sandboxes: 0,
-        lease_length_ms: 5000,
-        plaintext: false,
-    };
-    let pool = LocalPool::start(config).await.unwrap();
+    let pool = LocalPool::start(config(root.path(), 2, 2, 0)).await.unwrap();
     // TLS by default: https:// everywhere, a private key only its owner reads.
     let tls = pool.tls.clone().expect("TLS by default");
     assert!(pool.endpoints().iter().all(|e| e.starts_with("https://127.0.0.1:")));
@@ -78,16 +82,7 @@ async fn members_show_up_in_the_pool_status() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_workload_pid_shows_from_the_first_placement() {
     let root = tempfile::tempdir().unwrap();
-    let config = Config {
-        root: root.path().join("pool"),
-        database_url: None,
-        gateways: 1,
-        members: 1,
-        sandboxes: 1,
-        lease_length_ms: 5000,
-        plaintext: false,
-    };
-    let pool = LocalPool::start(config).await.unwrap();
+    let pool = LocalPool::start(config(root.path(), 1, 1, 1)).await.unwrap();
     let agent = pool.sandboxes[0].agent.pid().unwrap();
     let mut client = pool.operator(pool.endpoints()).await.unwrap();
     let mut statuses = client.watch();

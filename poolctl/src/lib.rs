@@ -60,6 +60,13 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
     }
 }
 
+/// The completion script of `shell`.
+pub fn completions(shell: clap_complete::Shell) -> Vec<u8> {
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "poolctl", &mut out);
+    out
+}
+
 /// Print every streamed status until interrupted (Ctrl-C ends it with 0).
 async fn watch(client: &mut Client, output: Output) -> Result<(), Error> {
     let clear = output == Output::Table && std::io::stdout().is_terminal();
@@ -117,4 +124,71 @@ async fn operate(
         client.wait(&op.id, &mut progress).await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    async fn exit_code(args: &[&str]) -> u8 {
+        let cli = Cli::try_parse_from(args).unwrap();
+        run(cli).await.map_or_else(|err| err.exit_code(), |()| exit::OK)
+    }
+
+    #[tokio::test]
+    async fn a_missing_gateway_or_token_is_a_usage_error() {
+        assert_eq!(exit_code(&["poolctl", "status"]).await, exit::USAGE);
+        assert_eq!(
+            exit_code(&["poolctl", "--gateway", "http://127.0.0.1:1", "status"]).await,
+            exit::USAGE
+        );
+        let missing = [
+            "poolctl",
+            "--gateway",
+            "http://127.0.0.1:1",
+            "--token-file",
+            "/nonexistent/token",
+            "status",
+        ];
+        assert_eq!(exit_code(&missing).await, exit::USAGE);
+    }
+
+    #[tokio::test]
+    async fn no_gateway_answering_is_exit_3() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "not-a-real-token").unwrap();
+        // A port nothing listens on (bound, then released).
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let gateway = format!("http://127.0.0.1:{port}");
+        let args = [
+            "poolctl",
+            "--gateway",
+            &gateway,
+            "--token-file",
+            token.to_str().unwrap(),
+            "status",
+        ];
+        assert_eq!(exit_code(&args).await, exit::UNREACHABLE);
+    }
+
+    #[test]
+    fn completions_cover_the_commands() {
+        for shell in [
+            clap_complete::Shell::Bash,
+            clap_complete::Shell::Zsh,
+            clap_complete::Shell::Fish,
+        ] {
+            let script = String::from_utf8(completions(shell)).unwrap();
+            for word in ["poolctl", "drain", "rebalance", "watch", "completions"] {
+                assert!(script.contains(word), "{shell}: {word} missing");
+            }
+        }
+    }
 }
