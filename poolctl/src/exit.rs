@@ -31,7 +31,7 @@ pub enum Error {
     TokenFormat,
     #[error("no gateway answered: {0}")]
     Connect(String),
-    #[error("{}: {}", .0.code(), .0.message())]
+    #[error("{} ({:?})", .0.message(), .0.code())]
     Call(#[from] tonic::Status),
     #[error("operation {id} failed: {message}")]
     Failed { id: String, message: String },

@@ -73,6 +73,9 @@ fn table(header: &[&str], right: &[usize], rows: impl IntoIterator<Item = Vec<St
     for row in rows {
         table.add_row(row);
     }
+    for column in table.column_iter_mut() {
+        column.set_padding((0, 2));
+    }
     for index in right {
         if let Some(column) = table.column_mut(*index) {
             column.set_cell_alignment(CellAlignment::Right);
