@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use e2e::local::{Config, LocalPool};
-use proto::pool::v1::MemberState;
+use proto::pool::v1::{GetSupervisorPoolStatusResponse, MemberState};
 
 /// A TLS pool on the embedded SQLite store under `root`.
 fn config(root: &std::path::Path, gateways: usize, members: usize, sandboxes: usize) -> Config {
@@ -76,9 +76,10 @@ async fn members_show_up_in_the_pool_status() {
     pool.stop().await;
 }
 
-/// The workload PID shows in the pool status from the instance's first placement on: every
-/// streamed status that shows the instance running under its first owner shows the agent's
-/// real PID (never 0 or a stale one), and such a status comes.
+/// The workload PID shows in the pool status from the instance's first placement on: the
+/// streamed statuses show no PID until the workload is known (its sidecar may report the
+/// instance ACTIVE before the agent first connects to it), then the agent's real PID, still
+/// at term 1 — never another PID.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_workload_pid_shows_from_the_first_placement() {
     let root = tempfile::tempdir().unwrap();
@@ -86,30 +87,34 @@ async fn the_workload_pid_shows_from_the_first_placement() {
     let agent = pool.sandboxes[0].agent.pid().unwrap();
     let mut client = pool.operator(pool.endpoints()).await.unwrap();
     let mut statuses = client.watch();
-    let first_active = tokio::time::timeout(Duration::from_secs(60), async {
+    let shown = tokio::time::timeout(Duration::from_secs(60), async {
         loop {
             let status = statuses.next().await.unwrap();
             let Some(instance) = status.instances.first() else {
                 continue;
             };
-            // Before the sidecar connects there is no workload to show; never another PID.
             assert!(
                 [0, agent].contains(&instance.workload_pid),
                 "{instance:?}: the agent is {agent}"
             );
-            if instance.phase == proto::common::v1::InstancePhase::Active as i32 {
+            if instance.workload_pid != 0 {
                 return instance.clone();
             }
         }
     })
     .await
-    .expect("the instance never showed active");
-    assert_eq!(first_active.term, 1, "the first placement: {first_active:?}");
+    .unwrap_or_else(|_| panic!("the PID never showed; logs in {}", pool.logs().display()));
+    assert_eq!(shown.term, 1, "the first placement: {shown:?}");
+    assert_eq!(shown.owner_member, "supervisor-0", "{shown:?}");
     assert_eq!(
-        first_active.workload_pid,
-        agent,
-        "the first active status shows the PID; logs in {}",
-        pool.logs().display()
+        shown.phase,
+        proto::common::v1::InstancePhase::Active as i32,
+        "{shown:?}"
     );
+    let table = poolctl::render::status_table(&GetSupervisorPoolStatusResponse {
+        instances: vec![shown],
+        ..GetSupervisorPoolStatusResponse::default()
+    });
+    assert!(table.contains(&agent.to_string()), "{table}");
     pool.stop().await;
 }
