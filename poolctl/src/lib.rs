@@ -179,6 +179,20 @@ mod tests {
     }
 
     #[test]
+    fn it_depends_on_the_contracts_and_no_server_crate() {
+        let manifest = include_str!("../Cargo.toml");
+        let dependencies = manifest
+            .split("[dependencies]")
+            .nth(1)
+            .and_then(|rest| rest.split("\n[").next())
+            .unwrap();
+        assert!(dependencies.contains("proto.workspace"), "{dependencies}");
+        for server in ["gateway", "sqlx", "kube", "k8s-openapi"] {
+            assert!(!dependencies.contains(server), "{server} in {dependencies}");
+        }
+    }
+
+    #[test]
     fn completions_cover_the_commands() {
         for shell in [
             clap_complete::Shell::Bash,
