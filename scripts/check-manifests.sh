@@ -10,8 +10,8 @@
 # Secrets written by kustomize/pool-certs.sh and — where the cert-manager component is used —
 # by a Certificate with the Service's names, and every env variable of the gateway, supervisor
 # and webhook containers one their binaries read — names found in <crate>/src (for the
-# gateway container poolctl's too) — plus the ones each needs in a cluster). Then runs scripts/check-pool-certs.sh (the certificate script
-# against a fake kubectl).
+# gateway container poolctl's too) — plus the ones each needs in a cluster). Then runs
+# scripts/check-pool-certs.sh (the certificate script against a fake kubectl).
 #
 # Needs kubectl (with its built-in kustomize) and python3. Installs kubernetes-validate from
 # PyPI into .local/check-manifests-venv on first use (or with pip --user if venv is missing).
