@@ -9,9 +9,9 @@
 # https://, every TLS file variable pointing into the component's mounted TLS Secret, those
 # Secrets written by kustomize/pool-certs.sh and — where the cert-manager component is used —
 # by a Certificate with the Service's names, and every env variable of the gateway, supervisor
-# and webhook containers one their binary reads — names found in <crate>/src — plus the ones
-# each needs in a cluster). Then runs scripts/check-pool-certs.sh (the certificate script
-# against a fake kubectl).
+# and webhook containers one their binaries read — names found in <crate>/src (for the
+# gateway container poolctl's too) — plus the ones each needs in a cluster). Then runs
+# scripts/check-pool-certs.sh (the certificate script against a fake kubectl).
 #
 # Needs kubectl (with its built-in kustomize) and python3. Installs kubernetes-validate from
 # PyPI into .local/check-manifests-venv on first use (or with pip --user if venv is missing).
@@ -92,9 +92,11 @@ errors = []
 skipped = set()
 notes = set()
 
-# Which crate each install container runs, and the variables each must set (what the binary
-# needs in a cluster; the webhook's injected sidecar env is checked by webhook/tests/patch.rs).
-CRATES = {"gateway": "gateway", "supervisor": "supervisor", "webhook": "webhook"}
+# Which crates' binaries each install container runs (the gateway image also carries poolctl,
+# whose settings the gateway container's environment holds), and the variables each must set
+# (what the binary needs in a cluster; the webhook's injected sidecar env is checked by
+# webhook/tests/patch.rs).
+CRATES = {"gateway": ("gateway", "poolctl"), "supervisor": ("supervisor",), "webhook": ("webhook",)}
 REQUIRED_ENV = {
     "gateway": {"DATABASE_URL", "OPENSHELL_GATEWAY_KUBERNETES", "OPENSHELL_GATEWAY_REPLICA",
                 "OPENSHELL_POD_NAMESPACE", "OPENSHELL_GATEWAY_LISTEN", "OPENSHELL_GATEWAY_HEALTH_LISTEN",
@@ -126,15 +128,16 @@ ALWAYS_KNOWN_ENV = {"RUST_LOG"}
 ENV_NAME = re.compile(r'"((?:OPENSHELL|DATABASE)_[A-Z0-9_]+)"')
 
 
-def env_names_read_by(crate):
+def env_names_read_by(crates):
     names = set()
-    for path in glob.glob(os.path.join(root, crate, "src", "**", "*.rs"), recursive=True):
-        with open(path) as f:
-            names |= set(ENV_NAME.findall(f.read()))
+    for crate in crates:
+        for path in glob.glob(os.path.join(root, crate, "src", "**", "*.rs"), recursive=True):
+            with open(path) as f:
+                names |= set(ENV_NAME.findall(f.read()))
     return names
 
 
-KNOWN_ENV = {container: env_names_read_by(crate) for container, crate in CRATES.items()}
+KNOWN_ENV = {container: env_names_read_by(crates) for container, crates in CRATES.items()}
 
 SYSTEM_NAMESPACES = {"kube-system", "kube-public", "kube-node-lease", "openshell-supervision"}
 WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job", "ReplicaSet"}
@@ -270,7 +273,7 @@ def check_container(target, res, c, volumes):
     known = KNOWN_ENV[name] | ALWAYS_KNOWN_ENV | expanded
     for var in env:
         if var not in known:
-            err(target, res, f"container {name}: {var} is not read by the {CRATES[name]} binary")
+            err(target, res, f"container {name}: {var} is not read by the {' or '.join(CRATES[name])} binary")
     for var in sorted(REQUIRED_ENV.get(name, set()) - set(env)):
         err(target, res, f"container {name}: missing {var}")
     if name == "gateway" and (env.get("OPENSHELL_GATEWAY_KUBERNETES") or {}).get("value") != "true":

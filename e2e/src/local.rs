@@ -66,7 +66,18 @@ pub fn ensure_binaries() -> Result<(), Error> {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut command = std::process::Command::new(cargo);
     command.current_dir(&workspace).args(["build", "--quiet", "--bins"]);
-    command.args(["-p", "gateway", "-p", "supervisor", "-p", "sidecar", "-p", "e2e"]);
+    command.args([
+        "-p",
+        "gateway",
+        "-p",
+        "poolctl",
+        "-p",
+        "supervisor",
+        "-p",
+        "sidecar",
+        "-p",
+        "e2e",
+    ]);
     command.args(["-p", "webhook"]);
     if binary_dir().ends_with("release") {
         command.arg("--release");
@@ -456,19 +467,21 @@ impl LocalPool {
 
     /// An operator client (poolctl's, with the delivered operator token) of the first of
     /// `endpoints` that connects.
-    pub async fn operator(&self, endpoints: Vec<String>) -> Result<gateway::poolctl::Client, String> {
+    pub async fn operator(&self, endpoints: Vec<String>) -> Result<poolctl::Client, String> {
+        poolctl::Client::connect(&self.operator_connection(endpoints))
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// How poolctl reaches `endpoints` with the delivered operator token and the pool's CA.
+    pub fn operator_connection(&self, endpoints: Vec<String>) -> poolctl::Connection {
         let tls = self.client_tls();
-        let cli = gateway::poolctl::Cli {
+        poolctl::Connection {
             gateway: endpoints,
-            token_file: self.credentials().join("operator").join(proto::trust::TOKEN_FILE),
+            token_file: Some(self.credentials().join("operator").join(proto::trust::TOKEN_FILE)),
             tls_ca: tls.ca.clone(),
             gateway_tls_name: tls.server_name.clone(),
-            command: gateway::poolctl::Command::Status {
-                watch: false,
-                output: gateway::poolctl::Output::Table,
-            },
-        };
-        gateway::poolctl::Client::connect(&cli).await.map_err(|e| e.to_string())
+        }
     }
 
     /// Pool status from the first gateway replica that answers.

@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use gateway::poolctl;
 use gateway::store::{AssignmentPhase, Options, Store};
 use nix::sys::signal::Signal;
 use serde::Serialize;
@@ -554,7 +553,10 @@ pub(crate) async fn planned(pool: &LocalPool, store: &Store, kind: Planned) -> R
             .start(proto::pool::v1::OperationKind::Drain, &member, &run(2))
             .await
             .map_err(op_error)?;
-        client.wait(&drain.id, 0).await.map_err(op_error)?;
+        client
+            .wait(&drain.id, &mut poolctl::Progress::quiet())
+            .await
+            .map_err(op_error)?;
         steady(pool, store).await?;
         client.cancel(&drain.id).await.map_err(op_error)?;
         until(
@@ -598,7 +600,10 @@ pub(crate) async fn planned(pool: &LocalPool, store: &Store, kind: Planned) -> R
             "rebalance",
         ),
     };
-    let done = client.wait(&op.0.id, 0).await.map_err(op_error)?;
+    let done = client
+        .wait(&op.0.id, &mut poolctl::Progress::quiet())
+        .await
+        .map_err(op_error)?;
     let finished = store
         .list_operations()
         .await?

@@ -6,21 +6,25 @@
 use std::time::Duration;
 
 use e2e::local::{Config, LocalPool};
-use proto::pool::v1::MemberState;
+use proto::pool::v1::{GetSupervisorPoolStatusResponse, MemberState};
+
+/// A TLS pool on the embedded SQLite store under `root`.
+fn config(root: &std::path::Path, gateways: usize, members: usize, sandboxes: usize) -> Config {
+    Config {
+        root: root.join("pool"),
+        database_url: None,
+        gateways,
+        members,
+        sandboxes,
+        lease_length_ms: 5000,
+        plaintext: false,
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_show_up_in_the_pool_status() {
     let root = tempfile::tempdir().unwrap();
-    let config = Config {
-        root: root.path().join("pool"),
-        database_url: None,
-        gateways: 2,
-        members: 2,
-        sandboxes: 0,
-        lease_length_ms: 5000,
-        plaintext: false,
-    };
-    let pool = LocalPool::start(config).await.unwrap();
+    let pool = LocalPool::start(config(root.path(), 2, 2, 0)).await.unwrap();
     // TLS by default: https:// everywhere, a private key only its owner reads.
     let tls = pool.tls.clone().expect("TLS by default");
     assert!(pool.endpoints().iter().all(|e| e.starts_with("https://127.0.0.1:")));
@@ -64,7 +68,7 @@ async fn members_show_up_in_the_pool_status() {
     };
     let names: Vec<&str> = status.members.iter().map(|m| m.name.as_str()).collect();
     assert_eq!(names, vec!["supervisor-0", "supervisor-1"]);
-    let rendered = gateway::poolctl::render(&status);
+    let rendered = poolctl::render::status_table(&status);
     assert!(
         rendered.contains("supervisor-0") && rendered.contains("coordinator: gateway-"),
         "{rendered}"
@@ -95,4 +99,47 @@ async fn the_scale_scenario_places_every_registered_instance() {
         "{report:?}"
     );
     assert!(e2e::scale::table(&[report]).contains("| sqlite | 120 | 3 |"));
+}
+
+/// The workload PID shows in the pool status from the instance's first placement on: the
+/// streamed statuses show no PID until the workload is known (its sidecar may report the
+/// instance ACTIVE before the agent first connects to it), then the agent's real PID, still
+/// at term 1 — never another PID.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workload_pid_shows_from_the_first_placement() {
+    let root = tempfile::tempdir().unwrap();
+    let pool = LocalPool::start(config(root.path(), 1, 1, 1)).await.unwrap();
+    let agent = pool.sandboxes[0].agent.pid().unwrap();
+    let mut client = pool.operator(pool.endpoints()).await.unwrap();
+    let mut statuses = client.watch();
+    let shown = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let status = statuses.next().await.unwrap();
+            let Some(instance) = status.instances.first() else {
+                continue;
+            };
+            assert!(
+                [0, agent].contains(&instance.workload_pid),
+                "{instance:?}: the agent is {agent}"
+            );
+            if instance.workload_pid != 0 {
+                return instance.clone();
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the PID never showed; logs in {}", pool.logs().display()));
+    assert_eq!(shown.term, 1, "the first placement: {shown:?}");
+    assert_eq!(shown.owner_member, "supervisor-0", "{shown:?}");
+    assert_eq!(
+        shown.phase,
+        proto::common::v1::InstancePhase::Active as i32,
+        "{shown:?}"
+    );
+    let table = poolctl::render::status_table(&GetSupervisorPoolStatusResponse {
+        instances: vec![shown],
+        ..GetSupervisorPoolStatusResponse::default()
+    });
+    assert!(table.contains(&agent.to_string()), "{table}");
+    pool.stop().await;
 }

@@ -83,6 +83,12 @@ pub struct Settings {
     #[arg(long, env = "OPENSHELL_GATEWAY_NAMESPACE_INSTANCE_LIMIT", default_value_t = 256)]
     pub namespace_instance_limit: u32,
 
+    /// Operator API: pool watches (`WatchSupervisorPool`, e.g. `poolctl watch`) this replica
+    /// serves at once; one more is refused with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "OPENSHELL_GATEWAY_MAX_POOL_WATCHERS", default_value_t = 64,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub max_pool_watchers: u32,
+
     /// Kubernetes mode: the audience of the projected ServiceAccount tokens sidecars and
     /// members authenticate with (checked by TokenReview).
     #[arg(long, env = "OPENSHELL_GATEWAY_TOKEN_AUDIENCE", default_value = proto::trust::KUBERNETES_AUDIENCE)]

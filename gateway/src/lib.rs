@@ -17,7 +17,6 @@ pub mod operations;
 pub mod operator;
 pub mod placement;
 pub mod pool;
-pub mod poolctl;
 pub mod quota;
 pub mod recovery;
 pub mod registry;
@@ -185,6 +184,7 @@ pub async fn run_with<C: kubernetes::Cluster + Clone>(
         metrics,
         reports: Arc::default(),
         shutdown: shutdown.clone(),
+        max_pool_watchers: usize::try_from(settings.max_pool_watchers).unwrap_or(1),
     });
     let (lease_tx, lease_rx) = watch::channel(None);
     let timing = election::Timing::from_lease_length(Duration::from_millis(settings.lease_length_ms));

@@ -1,7 +1,10 @@
 //! The operator API (`pool.v1.SupervisorPool`): pool status, and drain and
 //! rebalance operations (recorded here by any replica, run by the coordinator:
 //! see `operations`) and their dry runs (planned over a fresh read, never recorded).
-//! Authenticated with an operator token carrying the platform-admin role.
+//! Authenticated with an operator token carrying the platform-admin role. The status stream
+//! (`WatchSupervisorPool`) is in `watch`.
+
+mod watch;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,6 +18,7 @@ use proto::pool::v1::{
     CancelSupervisorPoolOperationRequest, CancelSupervisorPoolOperationResponse, Coordinator,
     GetSupervisorPoolStatusRequest, GetSupervisorPoolStatusResponse, InstanceSummary, Member, MemberState,
     OperationPlan, PlannedMove, RefusedMove, StartSupervisorPoolOperationRequest, StartSupervisorPoolOperationResponse,
+    WatchSupervisorPoolRequest,
 };
 use proto::trust::{Claims, Kind, OperatorClaims};
 use tonic::{Request, Response, Status};
@@ -29,11 +33,14 @@ use crate::tokens::PLATFORM_ADMIN;
 #[derive(Clone)]
 pub struct Operator {
     replica: Arc<Replica>,
+    feed: Arc<watch::Feed>,
 }
 
 impl Operator {
+    /// The operator API of `replica`; starts its status feed (within a runtime).
     pub fn new(replica: Arc<Replica>) -> Self {
-        Self { replica }
+        let feed = Arc::new(watch::Feed::start(replica.clone()));
+        Self { replica, feed }
     }
 
     /// An operator token with the platform-admin role; returns who asks.
@@ -232,6 +239,18 @@ pub fn plan(view: &View, op: &store::Operation, served_by: &str) -> OperationPla
 
 #[tonic::async_trait]
 impl SupervisorPool for Operator {
+    type WatchSupervisorPoolStream = watch::Stream;
+
+    async fn watch_supervisor_pool(
+        &self,
+        request: Request<WatchSupervisorPoolRequest>,
+    ) -> Result<Response<Self::WatchSupervisorPoolStream>, Status> {
+        let watcher = self.authorize(&request).await?;
+        let stream = self.feed.watch()?;
+        info!(%watcher, "pool watch opened");
+        Ok(Response::new(stream))
+    }
+
     async fn get_supervisor_pool_status(
         &self,
         request: Request<GetSupervisorPoolStatusRequest>,

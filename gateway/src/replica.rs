@@ -39,6 +39,8 @@ pub struct Replica {
     pub reports: Arc<crate::reports::Writer>,
     /// Cancelled when the replica shuts down.
     pub shutdown: CancellationToken,
+    /// Pool watches this replica serves at once (`--max-pool-watchers`).
+    pub max_pool_watchers: usize,
 }
 
 impl Replica {

@@ -62,6 +62,15 @@ pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(600);
 /// The largest time budget an operator may give an operation.
 pub const MAX_OPERATION_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
+/// `WatchSupervisorPool`: statuses that change within this long of the last one sent are
+/// coalesced into the next.
+pub const WATCH_COALESCE: Duration = Duration::from_millis(100);
+/// `WatchSupervisorPool`: a keepalive is sent after this long without a status.
+pub const WATCH_KEEPALIVE: Duration = Duration::from_secs(15);
+/// A pool watcher that heard nothing (no status, no keepalive) for this long takes the
+/// stream for dead and reconnects.
+pub const WATCH_SILENCE_TIMEOUT: Duration = Duration::from_secs(2 * WATCH_KEEPALIVE.as_secs() + 5);
+
 /// Supervisor tokens live this long and are renewed at half their lifetime.
 pub const SUPERVISOR_TOKEN_LIFETIME: Duration = Duration::from_secs(3600);
 /// Instance tokens issued at registration live this long; the sidecar registers again at

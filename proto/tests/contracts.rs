@@ -274,6 +274,10 @@ fn descriptor_set_contains_all_five_services_with_their_rpcs() -> TestResult {
             "openshell.supervisor.pool.v1.SupervisorPool/CancelSupervisorPoolOperation",
             (false, false),
         ),
+        (
+            "openshell.supervisor.pool.v1.SupervisorPool/WatchSupervisorPool",
+            (false, true),
+        ),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))

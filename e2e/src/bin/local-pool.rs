@@ -69,7 +69,7 @@ async fn main() -> anyhow::Result<()> {
             _ = tick.tick() => {}
         }
         match pool.status().await {
-            Ok(status) => println!("{}", gateway::poolctl::render(&status)),
+            Ok(status) => println!("{}", poolctl::render::status_table(&status)),
             Err(err) => println!("status unavailable: {err}\n"),
         }
         printed += 1;

@@ -17,7 +17,6 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gateway::poolctl;
 use gateway::store::{AssignmentPhase, OperationPhase, Options, Store};
 use nix::sys::signal::Signal;
 use rand::SeedableRng as _;

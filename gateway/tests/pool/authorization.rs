@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use proto::pool::v1::supervisor_pool_client::SupervisorPoolClient;
 use proto::pool::v1::{
     CancelSupervisorPoolOperationRequest, GetSupervisorPoolStatusRequest, OperationKind,
-    StartSupervisorPoolOperationRequest,
+    StartSupervisorPoolOperationRequest, WatchSupervisorPoolRequest,
 };
 use proto::recovery::v1::supervisor_recovery_client::SupervisorRecoveryClient;
 use proto::recovery::v1::{ActivateRequest, IssueGrantRequest, IssueGrantResponse, TrustBundleRequest};
@@ -94,9 +94,10 @@ fn allowed(method: &str) -> &'static [Caller] {
             Caller::OtherInstance,
         ],
         "Register" | "Deregister" | "ReportRecoveryFailed" => &[Caller::Instance],
-        "GetSupervisorPoolStatus" | "StartSupervisorPoolOperation" | "CancelSupervisorPoolOperation" => {
-            &[Caller::Operator]
-        }
+        "GetSupervisorPoolStatus"
+        | "StartSupervisorPoolOperation"
+        | "CancelSupervisorPoolOperation"
+        | "WatchSupervisorPool" => &[Caller::Operator],
         other => panic!("no matrix entry for {other}: add one"),
     }
 }
@@ -198,6 +199,11 @@ async fn call(method: &str, endpoint: &str, channel: Channel, token: Option<&str
                 .get_supervisor_pool_status(request(GetSupervisorPoolStatusRequest {}, token))
                 .await,
         ),
+        "WatchSupervisorPool" => code(
+            SupervisorPoolClient::new(channel)
+                .watch_supervisor_pool(request(WatchSupervisorPoolRequest {}, token))
+                .await,
+        ),
         "StartSupervisorPoolOperation" => {
             // A drain of a member that does not exist: refused by its own checks even for the
             // right caller, so the matrix changes nothing.
@@ -269,7 +275,7 @@ pub async fn every_rpc_refuses_every_caller_but_the_right_one(db: &TestDb) {
         .into_inner();
 
     let methods = gateway_methods();
-    assert_eq!(methods.len(), 10, "the gateway's RPCs in the inventory: {methods:?}");
+    assert_eq!(methods.len(), 11, "the gateway's RPCs in the inventory: {methods:?}");
     let mut matrix: BTreeMap<(String, Caller), Code> = BTreeMap::new();
     for method in &methods {
         for caller in CALLERS {

@@ -16,6 +16,7 @@ mod operations;
 mod scenarios;
 mod startup;
 mod tenancy;
+mod watch;
 
 on_both_backends!(scenarios;
     placement_spreads_and_is_stable,
@@ -78,5 +79,11 @@ mod with_operations {
     on_both_backends!(operations;
         drain_and_rebalance_move_instances_at_term_plus_one,
         a_dry_run_lists_the_moves_a_drain_then_makes_and_writes_nothing,
+    );
+}
+
+mod with_watch {
+    on_both_backends!(watch;
+        a_watch_streams_changes_and_wait_follows_an_operation_to_its_end,
     );
 }

@@ -4,7 +4,6 @@
 //! run lists the moves the drain then makes and records nothing.
 
 use clap::Parser;
-use gateway::poolctl;
 use gateway::store::{AssignmentPhase, OperationPhase};
 use proto::pool::v1::supervisor_pool_client::SupervisorPoolClient;
 use proto::pool::v1::{
@@ -57,7 +56,7 @@ async fn wait_phase(db: &TestDb, id: &str, phase: OperationPhase) -> gateway::st
 }
 
 /// `poolctl` with the operator token of `credentials` against `endpoint`, then `args`.
-fn poolctl_cli(endpoint: &str, credentials: &std::path::Path, args: &[&str]) -> poolctl::Cli {
+pub fn poolctl_cli(endpoint: &str, credentials: &std::path::Path, args: &[&str]) -> poolctl::Cli {
     let token = credentials.join("operator").join("token");
     let base = [
         "poolctl",
@@ -70,7 +69,7 @@ fn poolctl_cli(endpoint: &str, credentials: &std::path::Path, args: &[&str]) -> 
 }
 
 /// Members `(name, capacity)` attached to `endpoint` (process `<name>-p1`), once all are live.
-async fn attach_members(
+pub async fn attach_members(
     db: &TestDb,
     endpoint: &str,
     tokens: &crate::cluster::Tokens,
@@ -92,7 +91,8 @@ async fn attach_members(
     }
     wait_for("every member live", 2000, || async {
         let (now, all) = db.store.list_members().await.ok()?;
-        (all.iter().filter(|m| m.is_live(now)).count() == members.len()).then_some(())
+        let live = |name: &str| all.iter().any(|m| m.member == name && m.is_live(now));
+        members.iter().all(|(name, _)| live(name)).then_some(())
     })
     .await;
     attached
@@ -210,11 +210,14 @@ pub async fn drain_and_rebalance_move_instances_at_term_plus_one(db: &TestDb) {
     let poolctl::Command::Rebalance { run, .. } = &cli.command else {
         panic!("a rebalance")
     };
-    let mut client = poolctl::Client::connect(&cli).await.unwrap();
+    let mut client = poolctl::Client::connect(&cli.connection).await.unwrap();
     let (rebalance, created) = client.start(OperationKind::Rebalance, "", run).await.unwrap();
     assert!(created);
-    let done = client.wait(&rebalance.id, 0).await.expect("the rebalance succeeds");
-    assert_eq!(done.moves, 2, "{}", poolctl::render_operation(&done));
+    let done = client
+        .wait(&rebalance.id, &mut poolctl::Progress::lines(0, poolctl::Output::Table))
+        .await
+        .expect("the rebalance succeeds");
+    assert_eq!(done.moves, 2, "{}", poolctl::render::operation_line(&done));
     let on_a = db
         .store
         .list_assignments()
@@ -347,7 +350,7 @@ pub async fn a_dry_run_lists_the_moves_a_drain_then_makes_and_writes_nothing(db:
     let poolctl::Command::Drain { run, .. } = &cli.command else {
         panic!("a drain")
     };
-    let mut client = poolctl::Client::connect(&cli).await.unwrap();
+    let mut client = poolctl::Client::connect(&cli.connection).await.unwrap();
     let plan = client.plan(OperationKind::Drain, "m-a", run).await.unwrap();
     assert!(!plan.completes && plan.moves.is_empty(), "{plan:?}");
     let mut on_a: Vec<&str> = after
@@ -360,7 +363,7 @@ pub async fn a_dry_run_lists_the_moves_a_drain_then_makes_and_writes_nothing(db:
     for r in &plan.refused {
         assert!(r.reason.contains("m-c holds 3 of 3"), "{r:?}");
     }
-    let table = poolctl::render_plan(&plan);
+    let table = poolctl::render::plan_table(&plan);
     assert!(
         table.contains("would not finish") && table.contains("m-c holds 3 of 3"),
         "{table}"

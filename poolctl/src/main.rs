@@ -1,15 +1,15 @@
-//! `poolctl`: operate a shared-supervision pool. See [`gateway::poolctl`].
+//! `poolctl`: operate a shared-supervision pool. See the [`poolctl`] library.
 
 use clap::Parser;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> std::process::ExitCode {
-    let cli = gateway::poolctl::Cli::parse();
-    match gateway::poolctl::run(cli).await {
+    let cli = poolctl::Cli::parse();
+    match poolctl::run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err}");
-            std::process::ExitCode::FAILURE
+            std::process::ExitCode::from(err.exit_code())
         }
     }
 }
