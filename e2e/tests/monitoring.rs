@@ -115,7 +115,7 @@ async fn the_rules_and_dashboard_use_only_exported_metrics() {
     // A drain of the only member cannot move anything: it runs, waiting, with one instance left.
     let name = &pool.members[0].name;
     let mut operator = pool.operator(pool.endpoints()).await.unwrap();
-    let run = gateway::poolctl::RunArgs {
+    let run = poolctl::RunArgs {
         max_parallel: 1,
         timeout_secs: 600,
         wait: false,
