@@ -92,7 +92,7 @@ impl<T> PartialEq for Memo<T> {
 impl<T> Eq for Memo<T> {}
 
 /// How often a refresh reads every table even when no write was counted: a safety net.
-pub const FULL_READ_EVERY: Duration = Duration::from_secs(10);
+pub const FULL_READ_EVERY: Duration = Duration::from_secs(60);
 
 /// After the store was unreachable, how long records that lapsed meanwhile still count as
 /// live: two membership refreshes and a pool read, time for every stream to refresh its
