@@ -73,6 +73,9 @@ pub async fn run(replica: Arc<Replica>, mut lease: watch::Receiver<Option<Lease>
     }
 }
 
+/// At most this many first placements in one fenced transaction.
+pub const PLACEMENTS_PER_WRITE: usize = 128;
+
 /// One round: the fenced write batches the view calls for. Pure apart from
 /// logging; `unplaced` remembers reasons already logged.
 pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<String, String>) -> Vec<Vec<FencedWrite>> {
@@ -83,6 +86,9 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
         .map(|o| (o.target.as_str(), o))
         .collect();
     let mut batches = Vec::new();
+    // First placements of new routes share fenced transactions (each is a compare-and-set on
+    // "no assignment yet"; a conflict fails its batch, which the next round plans again).
+    let mut placements = Vec::new();
     let mut still_unplaced = BTreeSet::new();
     let decisions = decisions(view);
     let generation = |route: &str| view.instances.get(route).map_or(0, |i| i.generation);
@@ -94,10 +100,10 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
                 let term = view.instances.get(&route).map_or(0, |i| i.last_term) + 1;
                 info!(%route, member = %to.member, term, "placing instance");
                 let next = reserved(&route, &to.member, &to.process_id, term, generation(&route), term);
-                batches.push(vec![FencedWrite::Assign {
+                placements.push(FencedWrite::Assign {
                     expected_term: None,
                     next,
-                }]);
+                });
             }
             Decision::Replace { route, from, to, term } => {
                 info!(
@@ -188,6 +194,7 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
         }
     }
     unplaced.retain(|route, _| still_unplaced.contains(route));
+    batches.extend(placements.chunks(PLACEMENTS_PER_WRITE).map(<[FencedWrite]>::to_vec));
     for op in open_recoveries.values().filter(|op| !replaced.contains(&op.target)) {
         if let Some(settled) = settle(view, op) {
             batches.push(vec![FencedWrite::PutOperation(settled)]);
@@ -349,6 +356,44 @@ mod tests {
     fn assign(v: &mut View, member: &str, term: i64) {
         v.assignments
             .insert("r".into(), reserved("r", member, &format!("{member}-p"), term, 1, 1));
+    }
+
+    #[test]
+    fn first_placements_share_fenced_writes() {
+        let mut v = view();
+        let template = v.instances["r"].clone();
+        for i in 0..300 {
+            let route = format!("r{i:03}");
+            v.instances.insert(
+                route.clone(),
+                InstanceRecord {
+                    route,
+                    ..template.clone()
+                },
+            );
+        }
+        let batches = plan(&v, 60_000, &mut BTreeMap::new());
+        let sizes: Vec<usize> = batches.iter().map(Vec::len).collect();
+        assert_eq!(
+            sizes,
+            [
+                PLACEMENTS_PER_WRITE,
+                PLACEMENTS_PER_WRITE,
+                301 - 2 * PLACEMENTS_PER_WRITE
+            ]
+        );
+        let placed: BTreeSet<&str> = batches
+            .iter()
+            .flatten()
+            .map(|w| match w {
+                FencedWrite::Assign {
+                    expected_term: None,
+                    next,
+                } => next.route.as_str(),
+                other => panic!("only first placements: {other:?}"),
+            })
+            .collect();
+        assert_eq!(placed.len(), 301, "every route once");
     }
 
     #[test]
