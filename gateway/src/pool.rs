@@ -58,7 +58,12 @@ pub struct View {
     pub unplaced: Memo<BTreeMap<String, String>>,
     /// Memo of [`crate::coordinator::takes_one_more`] for this view.
     pub room: Memo<bool>,
+    /// Memo of [`View::directory`]: built once per view, shared by every member stream.
+    pub route_directory: Memo<Arc<Directory>>,
 }
+
+/// The route directory (host.v1.Snapshot.directory) by route.
+pub type Directory = BTreeMap<String, RouteDirectoryEntry>;
 
 /// A value worked out from the rest of a view, at most once. A clone starts empty (the clone
 /// may be changed before anyone asks), and memos never make two views unequal.
@@ -147,6 +152,7 @@ impl View {
             writes: Some(writes),
             unplaced: Memo::default(),
             room: Memo::default(),
+            route_directory: Memo::default(),
         })
     }
 
@@ -283,13 +289,13 @@ impl View {
             .collect()
     }
 
-    /// The whole desired state of one member process (revision left at 0:
-    /// the stream numbers what it sends). Omitted routes mean release: a stale
+    /// The whole desired state of one member process, without the route
+    /// directory (revision left at 0: the stream numbers what it sends and adds
+    /// the directory, whole or as a delta). Omitted routes mean release: a stale
     /// assignment (its workload was replaced under the route) is omitted, so
-    /// the owner lets the old session go, and is left out of the directory; so
-    /// is a withdrawn instance (its workload ended or its Pod is gone: the
-    /// owner relinquishes the session until the coordinator drops the
-    /// assignment; nor is it in the directory).
+    /// the owner lets the old session go; so is a withdrawn instance (its
+    /// workload ended or its Pod is gone: the owner relinquishes the session
+    /// until the coordinator drops the assignment).
     pub fn snapshot_for(&self, member: &str, process_id: &str, recovery_deadline_ms: u64) -> Snapshot {
         let mut snapshot = Snapshot {
             recovery_deadline_ms,
@@ -315,24 +321,31 @@ impl View {
                 _ => {}
             }
         }
-        snapshot.directory = self
-            .assignments
-            .values()
-            .filter(|a| self.holds_desired(a))
-            .map(|a| RouteDirectoryEntry {
-                route: a.route.clone(),
-                member: a.member.clone(),
-                process_id: a.process_id.clone(),
-                runtime_address: self
-                    .members
-                    .get(&a.member)
-                    .filter(|m| m.process_id == a.process_id)
-                    .map(|m| m.runtime_address.clone())
-                    .unwrap_or_default(),
-                term: u64::try_from(a.term).unwrap_or(0),
-            })
-            .collect();
         snapshot
+    }
+
+    /// The current owner of every placed route whose instance is desired: stale
+    /// assignments and withdrawn instances are left out. Worked out once per view.
+    pub fn directory(&self) -> Arc<Directory> {
+        let build = || {
+            let entries = self.assignments.values().filter(|a| self.holds_desired(a)).map(|a| {
+                let entry = RouteDirectoryEntry {
+                    route: a.route.clone(),
+                    member: a.member.clone(),
+                    process_id: a.process_id.clone(),
+                    runtime_address: self
+                        .members
+                        .get(&a.member)
+                        .filter(|m| m.process_id == a.process_id)
+                        .map(|m| m.runtime_address.clone())
+                        .unwrap_or_default(),
+                    term: u64::try_from(a.term).unwrap_or(0),
+                };
+                (a.route.clone(), entry)
+            });
+            Arc::new(entries.collect())
+        };
+        Arc::clone(self.route_directory.get_or_init(build))
     }
 }
 
@@ -605,7 +618,7 @@ mod tests {
         let owned: Vec<(&str, u64)> = snapshot.instances.iter().map(|i| (i.route.as_str(), i.term)).collect();
         assert_eq!(owned, vec![("ns/a", 3)]);
         assert!(snapshot.stop_routes.is_empty(), "omitted: released, not stopped");
-        assert_eq!(snapshot.directory.len(), 2, "withdrawn routes are not in the directory");
+        assert_eq!(view().directory().len(), 2, "withdrawn routes are not in the directory");
         let credentials: Material = serde_json::from_slice(&snapshot.instances[0].credentials).unwrap();
         assert!(credentials.receipt_key.is_empty(), "members never get the receipt key");
         // Another process of the same member owns nothing.

@@ -79,6 +79,8 @@ fn host_snapshot_round_trips() -> TestResult {
             }],
             recovery_deadline_ms: 0,
             gateway_replica: "gateway-0".into(),
+            directory_delta: false,
+            directory_removed: vec![],
         })),
     };
     round_trip(&msg)?;
@@ -93,6 +95,7 @@ fn host_snapshot_round_trips() -> TestResult {
             capacity: proto::MAX_INSTANCES_PER_MEMBER,
             build_version: "0.1.0".into(),
             process_started_at_ms: 1_700_000_000_000,
+            directory_deltas: true,
         })),
     })
 }

@@ -178,6 +178,7 @@ impl Link {
             capacity: self.identity.capacity,
             build_version: env!("CARGO_PKG_VERSION").to_owned(),
             process_started_at_ms: self.identity.started_at_ms,
+            directory_deltas: true,
         };
         let _fresh_queue_has_room = outbound.try_send(MemberMessage {
             kind: Some(Kind::Hello(hello)),

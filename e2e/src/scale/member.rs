@@ -1,19 +1,21 @@
 //! A simulated pool member: one host stream over real gRPC and TLS that says hello, beats,
 //! acks every snapshot and reports what it was given as active (new instances at once as a
 //! partial report, everything every 10 s), as a member process would — without hosting
-//! anything. It counts the snapshot bytes it receives.
+//! anything. It counts the snapshot bytes it receives, applies directory deltas and keeps
+//! the launch material it was sent, so that it knows the size of the whole state it holds.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use prost::Message as _;
-use proto::common::v1::InstancePhase;
+use proto::common::v1::{InstancePhase, RouteDirectoryEntry};
 use proto::host::v1::member_message::Kind;
 use proto::host::v1::supervisor_host_client::SupervisorHostClient;
 use proto::host::v1::{
-    Ack, GatewayMessage, Heartbeat, Hello, InstanceStatus, MemberMessage, OwnedInstance, StatusReport, gateway_message,
+    Ack, GatewayMessage, Heartbeat, Hello, InstanceStatus, MemberMessage, OwnedInstance, Snapshot, StatusReport,
+    gateway_message,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -30,7 +32,8 @@ pub struct Tally {
     pub snapshot_bytes: AtomicU64,
     /// Instances in the members' latest snapshots, summed.
     pub owned: AtomicUsize,
-    /// Encoded size of the members' latest snapshots, summed.
+    /// Encoded size of the whole state the members hold after their latest snapshots (each
+    /// as one snapshot with the whole directory and every instance's material), summed.
     pub latest_bytes: AtomicU64,
     /// Streams that ended before the run stopped them.
     pub ended: AtomicU64,
@@ -55,6 +58,7 @@ pub async fn attach(
         capacity,
         build_version: "scale-simulation".into(),
         process_started_at_ms: 0,
+        directory_deltas: true,
     };
     let _ = outbound
         .send(MemberMessage {
@@ -85,6 +89,7 @@ async fn drive(
     let (mut sequence, mut applied) = (0, 0);
     let mut owned: Vec<OwnedInstance> = Vec::new();
     let mut latest_bytes = 0u64;
+    let mut held = Held::default();
     let send = |kind| outbound.send(MemberMessage { kind: Some(kind) });
     loop {
         tokio::select! {
@@ -99,10 +104,10 @@ async fn drive(
                 }
             }
             message = inbound.message() => match message {
-                Ok(Some(GatewayMessage { kind: Some(gateway_message::Kind::Snapshot(snapshot)) })) => {
-                    let bytes = snapshot.encoded_len() as u64;
+                Ok(Some(GatewayMessage { kind: Some(gateway_message::Kind::Snapshot(mut snapshot)) })) => {
                     tally.snapshots.fetch_add(1, Ordering::Relaxed);
-                    tally.snapshot_bytes.fetch_add(bytes, Ordering::Relaxed);
+                    tally.snapshot_bytes.fetch_add(snapshot.encoded_len() as u64, Ordering::Relaxed);
+                    let bytes = held.apply(&mut snapshot);
                     tally.latest_bytes.fetch_add(bytes, Ordering::Relaxed);
                     tally.latest_bytes.fetch_sub(latest_bytes, Ordering::Relaxed);
                     latest_bytes = bytes;
@@ -128,6 +133,50 @@ async fn drive(
     }
     tally.owned.fetch_sub(owned.len(), Ordering::Relaxed);
     tally.latest_bytes.fetch_sub(latest_bytes, Ordering::Relaxed);
+}
+
+/// What a member holds besides its instances: the route directory and the launch material
+/// it was sent.
+#[derive(Debug, Default)]
+struct Held {
+    directory: BTreeMap<String, RouteDirectoryEntry>,
+    /// Encoded size of `directory` as snapshot field 5.
+    directory_bytes: u64,
+    material: BTreeMap<String, Vec<u8>>,
+}
+
+impl Held {
+    /// Apply `snapshot` (its directory is taken out) and return the encoded size of the whole
+    /// state held after it.
+    fn apply(&mut self, snapshot: &mut Snapshot) -> u64 {
+        let size = |e: &RouteDirectoryEntry| prost::encoding::message::encoded_len(5, e) as u64;
+        if !snapshot.directory_delta {
+            self.directory.clear();
+            self.directory_bytes = 0;
+        }
+        let removed = std::mem::take(&mut snapshot.directory_removed);
+        for entry in removed.iter().filter_map(|r| self.directory.remove(r)) {
+            self.directory_bytes -= size(&entry);
+        }
+        for entry in std::mem::take(&mut snapshot.directory) {
+            self.directory_bytes += size(&entry);
+            if let Some(old) = self.directory.insert(entry.route.clone(), entry) {
+                self.directory_bytes -= size(&old);
+            }
+        }
+        snapshot.directory_delta = false;
+        self.material
+            .retain(|route, _| snapshot.instances.iter().any(|o| &o.route == route));
+        let mut whole = snapshot.clone();
+        for owned in &mut whole.instances {
+            if owned.credentials.is_empty() {
+                owned.credentials = self.material.get(&owned.route).cloned().unwrap_or_default();
+            } else {
+                self.material.insert(owned.route.clone(), owned.credentials.clone());
+            }
+        }
+        whole.encoded_len() as u64 + self.directory_bytes
+    }
 }
 
 /// Every instance in `owned` active at its term, with a made-up workload PID.

@@ -57,6 +57,8 @@ pub struct Identity {
     pub epoch: u64,
     pub runtime_address: String,
     pub capacity: u32,
+    /// The member applies directory deltas (`Hello.directory_deltas`).
+    pub directory_deltas: bool,
 }
 
 /// Check a hello; the error names the setting the operator must fix.
@@ -118,6 +120,7 @@ pub fn validate_hello(hello: &Hello) -> Result<Identity, Status> {
         epoch: hello.connection_epoch,
         runtime_address: hello.runtime_address.clone(),
         capacity: hello.capacity,
+        directory_deltas: hello.directory_deltas,
     })
 }
 
@@ -248,7 +251,7 @@ impl Session {
         let replica = self.host.replica.clone();
         let mut view = replica.view.clone();
         let mut superseded = self.superseded.clone();
-        let mut protocol = Stream::default();
+        let mut protocol = Stream::new(self.identity.directory_deltas);
         let mut silence = Box::pin(sleep(timing::SILENCE_TIMEOUT));
         let mut refresh = tokio::time::interval(timing::MEMBERSHIP_REFRESH);
         refresh.reset();
@@ -313,7 +316,7 @@ impl Session {
                     }
                     built = Some(current.snapshot_revision);
                     let body = current.snapshot_for(&self.identity.member, &self.identity.process_id, replica.recovery_deadline_ms);
-                    if let Some(snapshot) = protocol.next_snapshot(body) {
+                    if let Some(snapshot) = protocol.next_snapshot(body, current.directory()) {
                         let snapshot = proto::host::v1::Snapshot { gateway_replica: replica.name.clone(), ..snapshot };
                         if !self.send(gateway_message::Kind::Snapshot(snapshot)).await {
                             break End::Silent;

@@ -1,9 +1,14 @@
 //! The protocol state of one member stream: snapshot revisions, acks, and
 //! which reported statuses can be attributed to which term. Pure.
 
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
+use proto::common::v1::RouteDirectoryEntry;
 use proto::host::v1::{Snapshot, StatusReport};
+
+use crate::pool::Directory;
 
 /// Why a member message was dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,7 +42,15 @@ pub struct Stream {
     acked: u64,
     /// route -> (term, revision that first carried that term on this stream)
     installs: BTreeMap<String, (u64, u64)>,
+    /// Routes whose launch material this stream already carried at their installed term: it
+    /// is not sent again while the term stays (host.proto `OwnedInstance.credentials`).
+    carried_material: BTreeMap<String, u64>,
+    /// The last snapshot sent, before numbering and without its directory.
     last: Option<Snapshot>,
+    /// The directory the member holds after the last snapshot sent.
+    directory: Option<Arc<Directory>>,
+    /// Whether the member applies directory deltas (`Hello.directory_deltas`).
+    deltas: bool,
     /// What this stream last handed to the report writer, per route.
     written: BTreeMap<String, Attributed>,
 }
@@ -52,9 +65,24 @@ pub struct Change {
 }
 
 impl Stream {
-    /// Number `body` as the next snapshot if it differs from the last one sent.
-    pub fn next_snapshot(&mut self, body: Snapshot) -> Option<Snapshot> {
-        if self.last.as_ref() == Some(&body) {
+    /// A stream of a member that applies directory deltas (`Hello.directory_deltas`) or not.
+    pub fn new(deltas: bool) -> Self {
+        Self {
+            deltas,
+            ..Self::default()
+        }
+    }
+
+    /// Number `body` (a snapshot without its directory) with `directory` as the next snapshot
+    /// if either differs from what was last sent. The directory goes whole in the first
+    /// snapshot and to a member without deltas, as the change since the last snapshot
+    /// otherwise; launch material already carried at the same term is not sent again.
+    pub fn next_snapshot(&mut self, body: Snapshot, directory: Arc<Directory>) -> Option<Snapshot> {
+        let delta = self.directory.as_deref().map(|held| diff(held, &directory));
+        let directory_unchanged = delta
+            .as_ref()
+            .is_some_and(|(changed, removed)| changed.is_empty() && removed.is_empty());
+        if self.last.as_ref() == Some(&body) && directory_unchanged {
             return None;
         }
         self.revision += 1;
@@ -69,11 +97,32 @@ impl Stream {
         }
         let carried: std::collections::BTreeSet<&str> = body.instances.iter().map(|o| o.route.as_str()).collect();
         self.installs.retain(|route, _| carried.contains(route.as_str()));
-        let numbered = Snapshot {
+        let mut numbered = Snapshot {
             revision: self.revision,
             ..body.clone()
         };
+        self.carried_material
+            .retain(|route, term| self.installs.get(route).is_some_and(|(installed, _)| installed == term));
+        for owned in &mut numbered.instances {
+            if owned.credentials.is_empty() {
+                continue;
+            }
+            if self.carried_material.get(&owned.route) == Some(&owned.term) {
+                owned.credentials = Vec::new();
+            } else {
+                self.carried_material.insert(owned.route.clone(), owned.term);
+            }
+        }
+        match delta.filter(|_| self.deltas) {
+            Some((changed, removed)) => {
+                numbered.directory_delta = true;
+                numbered.directory = changed;
+                numbered.directory_removed = removed;
+            }
+            None => numbered.directory = directory.values().cloned().collect(),
+        }
         self.last = Some(body);
+        self.directory = Some(directory);
         Some(numbered)
     }
 
@@ -164,6 +213,35 @@ impl Stream {
     }
 }
 
+/// What turns directory `held` into `now`: the entries new or changed, and the routes gone.
+/// One merge walk over both (sorted) maps; nothing when they are the same map.
+fn diff(held: &Directory, now: &Arc<Directory>) -> (Vec<RouteDirectoryEntry>, Vec<String>) {
+    let (mut changed, mut removed) = (Vec::new(), Vec::new());
+    if std::ptr::eq(held, now.as_ref()) {
+        return (changed, removed);
+    }
+    let (mut before, mut after) = (held.iter().peekable(), now.iter().peekable());
+    loop {
+        let order = match (before.peek(), after.peek()) {
+            (None, None) => break,
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (Some((a, _)), Some((b, _))) => a.cmp(b),
+        };
+        match order {
+            Ordering::Less => removed.extend(before.next().map(|(route, _)| route.clone())),
+            Ordering::Greater => changed.extend(after.next().map(|(_, entry)| entry.clone())),
+            Ordering::Equal => {
+                let (old, new) = (before.next().map(|(_, e)| e), after.next().map(|(_, e)| e));
+                if old != new {
+                    changed.extend(new.cloned());
+                }
+            }
+        }
+    }
+    (changed, removed)
+}
+
 /// At most `max` bytes, cut on a character boundary.
 fn truncate(text: &str, max: usize) -> String {
     let mut end = text.len().min(max);
@@ -219,7 +297,7 @@ mod tests {
     #[test]
     fn a_partial_report_speaks_only_for_the_routes_it_lists() {
         let mut s = Stream::default();
-        s.next_snapshot(snapshot(&[("a", 1), ("b", 1), ("c", 2)]));
+        s.next_snapshot(snapshot(&[("a", 1), ("b", 1), ("c", 2)]), Arc::default());
         s.on_ack(1).unwrap();
         let out = s
             .attribute(&partial(1, &[("b", 1, InstancePhase::Active)]), 10)
@@ -232,7 +310,7 @@ mod tests {
         // A wrong term, an unknown route or a report built before the ack: nothing.
         let s2 = {
             let mut s2 = Stream::default();
-            s2.next_snapshot(snapshot(&[("a", 1)]));
+            s2.next_snapshot(snapshot(&[("a", 1)]), Arc::default());
             s2
         };
         assert!(
@@ -280,17 +358,142 @@ mod tests {
     #[test]
     fn unchanged_snapshots_are_not_resent_and_revisions_grow() {
         let mut s = Stream::default();
-        assert_eq!(s.next_snapshot(snapshot(&[("a", 1)])).map(|x| x.revision), Some(1));
-        assert_eq!(s.next_snapshot(snapshot(&[("a", 1)])), None);
-        assert_eq!(s.next_snapshot(snapshot(&[("a", 2)])).map(|x| x.revision), Some(2));
+        assert_eq!(
+            s.next_snapshot(snapshot(&[("a", 1)]), Arc::default())
+                .map(|x| x.revision),
+            Some(1)
+        );
+        assert_eq!(s.next_snapshot(snapshot(&[("a", 1)]), Arc::default()), None);
+        assert_eq!(
+            s.next_snapshot(snapshot(&[("a", 2)]), Arc::default())
+                .map(|x| x.revision),
+            Some(2)
+        );
+    }
+
+    fn directory(entries: &[(&str, &str, u64)]) -> Arc<Directory> {
+        Arc::new(
+            entries
+                .iter()
+                .map(|(route, member, term)| {
+                    let entry = RouteDirectoryEntry {
+                        route: (*route).into(),
+                        member: (*member).into(),
+                        term: *term,
+                        ..RouteDirectoryEntry::default()
+                    };
+                    ((*route).to_owned(), entry)
+                })
+                .collect(),
+        )
+    }
+
+    /// What a member holds after applying `snapshot` over `held` (host.proto `Snapshot`).
+    fn apply(held: &mut Directory, snapshot: &Snapshot) {
+        if !snapshot.directory_delta {
+            held.clear();
+        }
+        for route in &snapshot.directory_removed {
+            held.remove(route);
+        }
+        held.extend(snapshot.directory.iter().map(|e| (e.route.clone(), e.clone())));
+    }
+
+    #[test]
+    fn a_member_with_deltas_gets_the_whole_directory_first_and_then_only_its_changes() {
+        let mut s = Stream::new(true);
+        let mut held = Directory::new();
+        let first = s
+            .next_snapshot(snapshot(&[]), directory(&[("a", "m1", 1), ("b", "m2", 1)]))
+            .unwrap();
+        assert!(!first.directory_delta, "the first snapshot of a stream is whole");
+        apply(&mut held, &first);
+        // b moves, c is placed, a leaves.
+        let now = directory(&[("b", "m1", 2), ("c", "m2", 1)]);
+        let second = s.next_snapshot(snapshot(&[]), Arc::clone(&now)).unwrap();
+        assert!(second.directory_delta);
+        let changed: Vec<&str> = second.directory.iter().map(|e| e.route.as_str()).collect();
+        assert_eq!(changed, ["b", "c"]);
+        assert_eq!(second.directory_removed, ["a"]);
+        apply(&mut held, &second);
+        assert_eq!(held, *now, "the member holds the whole directory");
+        // An equal directory (another map with the same entries) and the same body: nothing.
+        assert_eq!(
+            s.next_snapshot(snapshot(&[]), directory(&[("b", "m1", 2), ("c", "m2", 1)])),
+            None
+        );
+        // A body change alone sends an empty delta.
+        let third = s.next_snapshot(snapshot(&[("b", 2)]), now).unwrap();
+        assert!(third.directory_delta && third.directory.is_empty() && third.directory_removed.is_empty());
+    }
+
+    #[test]
+    fn a_member_without_deltas_gets_the_whole_directory_in_every_snapshot() {
+        let mut s = Stream::new(false);
+        s.next_snapshot(snapshot(&[]), directory(&[("a", "m1", 1)])).unwrap();
+        let second = s
+            .next_snapshot(snapshot(&[]), directory(&[("a", "m1", 1), ("b", "m1", 1)]))
+            .unwrap();
+        assert!(!second.directory_delta && second.directory_removed.is_empty());
+        assert_eq!(second.directory.len(), 2);
+    }
+
+    #[test]
+    fn launch_material_is_carried_once_per_term() {
+        let with_material = |owned: &[(&str, u64)]| {
+            let mut body = snapshot(owned);
+            for o in &mut body.instances {
+                o.credentials = b"material".to_vec();
+            }
+            body
+        };
+        let material = |s: &Snapshot| -> Vec<(String, bool)> {
+            s.instances
+                .iter()
+                .map(|o| (o.route.clone(), !o.credentials.is_empty()))
+                .collect()
+        };
+        let mut s = Stream::new(true);
+        let first = s.next_snapshot(with_material(&[("a", 1)]), Arc::default()).unwrap();
+        assert_eq!(material(&first), [("a".into(), true)]);
+        let second = s
+            .next_snapshot(with_material(&[("a", 1), ("b", 1)]), Arc::default())
+            .unwrap();
+        assert_eq!(
+            material(&second),
+            [("a".into(), false), ("b".into(), true)],
+            "a's was carried"
+        );
+        // A new term carries it again; so does a route that left and came back.
+        let third = s.next_snapshot(with_material(&[("a", 2)]), Arc::default()).unwrap();
+        assert_eq!(material(&third), [("a".into(), true)]);
+        let back = s
+            .next_snapshot(with_material(&[("a", 2), ("b", 1)]), Arc::default())
+            .unwrap();
+        assert_eq!(
+            material(&back),
+            [("a".into(), false), ("b".into(), true)],
+            "b left and came back"
+        );
+        // Material this replica had not loaded yet is carried once it has it.
+        let mut s = Stream::new(true);
+        s.next_snapshot(snapshot(&[("c", 1)]), Arc::default()).unwrap();
+        let loaded = s.next_snapshot(with_material(&[("c", 1)]), Arc::default()).unwrap();
+        assert_eq!(material(&loaded), [("c".into(), true)]);
+        // A new stream of the member carries everything again.
+        let mut fresh = Stream::new(true);
+        assert_eq!(
+            material(&fresh.next_snapshot(with_material(&[("a", 2)]), Arc::default()).unwrap()),
+            [("a".into(), true)]
+        );
     }
 
     #[test]
     fn acks_of_unsent_or_regressing_revisions_are_dropped() {
         let mut s = Stream::default();
         assert_eq!(s.on_ack(1), Err(Dropped::AckNeverSent));
-        s.next_snapshot(snapshot(&[("a", 1)]));
-        s.next_snapshot(snapshot(&[("a", 2)]));
+        s.next_snapshot(snapshot(&[("a", 1)]), Arc::default());
+        s.next_snapshot(snapshot(&[("a", 2)]), Arc::default());
         assert_eq!(s.on_ack(2), Ok(()));
         assert_eq!(s.on_ack(1), Err(Dropped::AckRegressed));
         assert_eq!(s.on_ack(3), Err(Dropped::AckNeverSent));
@@ -300,9 +503,9 @@ mod tests {
     #[test]
     fn a_status_counts_for_a_term_only_after_its_revision_was_acked() {
         let mut s = Stream::default();
-        s.next_snapshot(snapshot(&[("a", 1)])); // revision 1 installs term 1
+        s.next_snapshot(snapshot(&[("a", 1)]), Arc::default()); // revision 1 installs term 1
         s.on_ack(1).unwrap();
-        s.next_snapshot(snapshot(&[("a", 2)])); // revision 2 installs term 2, not acked yet
+        s.next_snapshot(snapshot(&[("a", 2)]), Arc::default()); // revision 2 installs term 2, not acked yet
         // The member still reports term 1: nothing attributable for term 2 yet.
         let early = s.attribute(&report(1, &[("a", 1, InstancePhase::Active)]), 10).unwrap();
         assert!(early.is_empty(), "{early:?}");
@@ -320,7 +523,7 @@ mod tests {
     #[test]
     fn an_acked_route_missing_from_the_report_is_absent() {
         let mut s = Stream::default();
-        s.next_snapshot(snapshot(&[("a", 4)]));
+        s.next_snapshot(snapshot(&[("a", 4)]), Arc::default());
         s.on_ack(1).unwrap();
         let out = s.attribute(&report(1, &[]), 10).unwrap();
         assert_eq!(

@@ -10,7 +10,7 @@ use clap::Parser;
 use gateway::kubernetes::{Integration, Recording};
 use gateway::registration::{Binding, Material};
 use gateway::store::Store;
-use proto::common::v1::{InstancePhase, InstanceRef};
+use proto::common::v1::{InstancePhase, InstanceRef, RouteDirectoryEntry};
 use proto::host::v1::member_message::Kind as MemberKind;
 use proto::host::v1::supervisor_host_client::SupervisorHostClient;
 use proto::host::v1::{
@@ -203,6 +203,7 @@ pub fn identity(member: &str, process_id: &str, epoch: u64, capacity: u32) -> Id
         process_id: process_id.into(),
         epoch,
         capacity,
+        directory_deltas: true,
     }
 }
 
@@ -458,7 +459,8 @@ pub enum Behaviour {
 /// A member stream driven by the test.
 pub struct Member {
     pub name: String,
-    /// The latest snapshot received.
+    /// The latest snapshot received, its directory the whole one the member holds after
+    /// applying it (`directory_delta` says whether it came as a delta).
     pub snapshots: watch::Receiver<Option<Snapshot>>,
     /// How the stream ended (`None` while open).
     pub ended: watch::Receiver<Option<tonic::Status>>,
@@ -472,6 +474,8 @@ pub struct Identity {
     pub process_id: String,
     pub epoch: u64,
     pub capacity: u32,
+    /// Whether the member applies directory deltas (`Hello.directory_deltas`).
+    pub directory_deltas: bool,
 }
 
 impl Member {
@@ -491,6 +495,7 @@ impl Member {
                 capacity: hello.capacity,
                 build_version: "test".into(),
                 process_started_at_ms: 0,
+                directory_deltas: hello.directory_deltas,
             })),
         };
         outbound.send(first).await.expect("queue hello");
@@ -570,6 +575,7 @@ async fn drive(
 ) {
     let mut beat = tokio::time::interval(proto::timing::HEARTBEAT_INTERVAL);
     let mut sequence = 0;
+    let mut directory: Option<std::collections::BTreeMap<String, RouteDirectoryEntry>> = None;
     let status = loop {
         tokio::select! {
             () = cancel.cancelled() => break tonic::Status::cancelled("killed by the test"),
@@ -578,7 +584,18 @@ async fn drive(
                 let _ = outbound.send(MemberMessage { kind: Some(MemberKind::Heartbeat(Heartbeat { sequence, monotonic_ms: 0 })) }).await;
             }
             message = inbound.next() => match message {
-                Some(Ok(GatewayMessage { kind: Some(gateway_message::Kind::Snapshot(snapshot)) })) => {
+                Some(Ok(GatewayMessage { kind: Some(gateway_message::Kind::Snapshot(mut snapshot)) })) => {
+                    if !snapshot.directory_delta {
+                        directory = Some(Default::default());
+                    }
+                    let Some(held) = directory.as_mut() else {
+                        break tonic::Status::internal("a directory delta before a whole directory");
+                    };
+                    for route in &snapshot.directory_removed {
+                        held.remove(route);
+                    }
+                    held.extend(snapshot.directory.drain(..).map(|e| (e.route.clone(), e)));
+                    snapshot.directory = held.values().cloned().collect();
                     let _ = outbound.send(MemberMessage { kind: Some(MemberKind::Ack(Ack { revision: snapshot.revision })) }).await;
                     if behaviour == Behaviour::Healthy {
                         let report = StatusReport {

@@ -25,7 +25,8 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tonic::Code;
 
 use crate::cluster::{
-    Behaviour, Identity, Member, channel, instance_ref, register, start_replica_with, wait_assignments, with_token,
+    Behaviour, Identity, Member, channel, identity, instance_ref, register, start_replica_with, wait_assignments,
+    with_token,
 };
 use crate::support::{TestDb, wait_for};
 
@@ -54,12 +55,7 @@ pub(crate) async fn next_call(
 
 /// The supervisor Pod `supervisor-0` of the install (process `p1`, capacity 8).
 fn supervisor_0() -> Identity {
-    Identity {
-        member: "supervisor-0".into(),
-        process_id: "p1".into(),
-        epoch: 1,
-        capacity: 8,
-    }
+    identity("supervisor-0", "p1", 1, 8)
 }
 
 /// [`supervisor_0`] attached to `endpoint` with its Pod's ServiceAccount token.

@@ -13,7 +13,7 @@ use proto::pool::v1::{
 use tonic::Code;
 
 use crate::cluster::{
-    Behaviour, Identity, Member, channel, register, start_replica, token, wait_assignments, with_token,
+    Behaviour, Member, channel, identity, register, start_replica, token, wait_assignments, with_token,
 };
 use crate::support::{TestDb, wait_for};
 
@@ -77,12 +77,7 @@ pub async fn attach_members(
 ) -> Vec<Member> {
     let mut attached = Vec::new();
     for (name, capacity) in members {
-        let id = Identity {
-            member: (*name).into(),
-            process_id: format!("{name}-p1"),
-            epoch: 1,
-            capacity: *capacity,
-        };
+        let id = identity(name, &format!("{name}-p1"), 1, *capacity);
         attached.push(
             Member::attach(endpoint, &tokens.member(name), id, Behaviour::Healthy)
                 .await

@@ -90,10 +90,15 @@ async fn wait_members(db: &TestDb, n: usize) {
 pub async fn placement_spreads_and_is_stable(db: &TestDb) {
     let pool = Pool::start(db).await;
     // Members on both replicas: placement does not care who serves the stream.
+    // m-c is an older member that does not apply directory deltas.
+    let older = Identity {
+        directory_deltas: false,
+        ..identity("m-c", "m-c-p1", 1, 256)
+    };
     let mut members = vec![
         pool.member(0, "m-a", Behaviour::Healthy).await,
         pool.member(1, "m-b", Behaviour::Healthy).await,
-        pool.member(0, "m-c", Behaviour::Healthy).await,
+        pool.member_with(0, older, Behaviour::Healthy).await.unwrap(),
     ];
     wait_members(db, 3).await;
     for i in 0..6 {
@@ -136,6 +141,21 @@ pub async fn placement_spreads_and_is_stable(db: &TestDb) {
     for a in &placed {
         let now = after.iter().find(|b| b.route == a.route).unwrap();
         assert_eq!((&now.member, now.term), (&a.member, a.term), "{} stayed put", a.route);
+    }
+    // The seventh route reached every member's directory: as a delta where the member applies
+    // them (the fixture rebuilds the whole directory from it), whole where it does not.
+    for m in &mut members {
+        let name = m.name.clone();
+        let snapshot = m
+            .wait_snapshot("seven in the directory", |s| s.directory.len() == 7)
+            .await;
+        assert_eq!(snapshot.directory_delta, name != "m-c", "{name}");
+        assert!(
+            snapshot
+                .directory
+                .iter()
+                .any(|e| e.route == "default/agent-6" && e.member == "m-d")
+        );
     }
     pool.stop().await;
 }
@@ -207,6 +227,7 @@ pub async fn a_stream_ended_by_its_member_removes_the_membership_at_once(db: &Te
             capacity: 256,
             build_version: "test".into(),
             process_started_at_ms: 0,
+            directory_deltas: false,
         }))
         .await;
     assert_eq!(broken.wait_ended().await.code(), Code::InvalidArgument);

@@ -77,14 +77,7 @@ impl SessionSet {
             .collect();
         // The deadline first: sessions read it when they answer a sidecar.
         self.recovery_deadline_ms = snapshot.recovery_deadline_ms;
-        self.directory = Arc::new(
-            snapshot
-                .directory
-                .iter()
-                .filter(|e| !e.route.is_empty() && e.term >= 1)
-                .map(|e| (e.route.clone(), e.clone()))
-                .collect(),
-        );
+        plan::apply_directory(&mut self.directory, snapshot);
         self.publish_table();
         for action in plan::apply(&held, snapshot) {
             self.execute(action);

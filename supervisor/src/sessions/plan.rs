@@ -15,8 +15,9 @@
 //! Empty credentials never revoke held material: the assignment then carries `None`.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
-use proto::common::v1::InstanceRef;
+use proto::common::v1::{InstanceRef, RouteDirectoryEntry};
 use proto::host::v1::{OwnershipPhase, Snapshot};
 
 pub use super::material::{Credentials, Grant};
@@ -158,6 +159,35 @@ pub fn apply(current: &Sessions, snapshot: &Snapshot) -> Vec<Action> {
         .chain(moves)
         .chain(hosts)
         .collect()
+}
+
+/// The route directory by route (host.proto `Snapshot.directory`).
+pub type Directory = BTreeMap<String, RouteDirectoryEntry>;
+
+/// Applies the snapshot's route directory to the one held: replaced when whole, changed when
+/// a delta (`directory_delta`). An entry without a route or with term 0 is not an owner: it
+/// is left out (in a delta it removes its route's entry).
+pub fn apply_directory(held: &mut Arc<Directory>, snapshot: &Snapshot) {
+    let valid = |e: &RouteDirectoryEntry| !e.route.is_empty() && e.term >= 1;
+    if !snapshot.directory_delta {
+        let whole = snapshot.directory.iter().filter(|e| valid(e));
+        *held = Arc::new(whole.map(|e| (e.route.clone(), e.clone())).collect());
+        return;
+    }
+    if snapshot.directory.is_empty() && snapshot.directory_removed.is_empty() {
+        return;
+    }
+    let directory = Arc::make_mut(held);
+    for route in &snapshot.directory_removed {
+        directory.remove(route);
+    }
+    for entry in &snapshot.directory {
+        if valid(entry) {
+            directory.insert(entry.route.clone(), entry.clone());
+        } else {
+            directory.remove(&entry.route);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -456,6 +486,52 @@ mod tests {
             })
             .collect();
         assert_eq!(kinds, vec!["stop", "release", "move", "host"]);
+    }
+
+    #[test]
+    fn a_whole_directory_replaces_the_held_one_and_a_delta_changes_it() {
+        let entry = |route: &str, term: u64| RouteDirectoryEntry {
+            route: route.into(),
+            member: "m".into(),
+            term,
+            ..RouteDirectoryEntry::default()
+        };
+        let whole = |entries: Vec<RouteDirectoryEntry>| Snapshot {
+            directory: entries,
+            ..Snapshot::default()
+        };
+        let delta = |entries: Vec<RouteDirectoryEntry>, removed: &[&str]| Snapshot {
+            directory: entries,
+            directory_delta: true,
+            directory_removed: removed.iter().map(|r| (*r).to_owned()).collect(),
+            ..Snapshot::default()
+        };
+        let routes = |d: &Directory| d.iter().map(|(r, e)| (r.clone(), e.term)).collect::<Vec<_>>();
+        let mut held = Arc::new(Directory::new());
+        apply_directory(
+            &mut held,
+            &whole(vec![entry("a", 1), entry("b", 1), entry("", 1), entry("z", 0)]),
+        );
+        assert_eq!(
+            routes(&held),
+            [("a".into(), 1), ("b".into(), 1)],
+            "invalid entries left out"
+        );
+        let published = Arc::clone(&held);
+        apply_directory(
+            &mut held,
+            &delta(vec![entry("b", 2), entry("c", 1), entry("a", 0)], &["zz"]),
+        );
+        assert_eq!(
+            routes(&held),
+            [("b".into(), 2), ("c".into(), 1)],
+            "a's invalid entry removed it"
+        );
+        assert_eq!(published.len(), 2, "a table already published keeps its directory");
+        apply_directory(&mut held, &delta(vec![], &["b"]));
+        assert_eq!(routes(&held), [("c".into(), 1)]);
+        apply_directory(&mut held, &whole(vec![entry("d", 3)]));
+        assert_eq!(routes(&held), [("d".into(), 3)], "whole again: replaced");
     }
 
     #[test]
