@@ -580,7 +580,8 @@ pub(crate) mod tests {
             ended("drain-cancelled", Drain, Succeeded, true, 47),
             ended("drain-failed", Drain, Cancelled, false, 30),
             ended("running-long", Drain, Running, false, 40),
-        ];
+        ]
+        .into();
         let mut forgotten: Vec<String> = expired(&v)
             .into_iter()
             .map(|w| match w {

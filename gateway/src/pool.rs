@@ -33,12 +33,12 @@ pub struct View {
     /// before it finds its own record in it.
     pub read_at: Option<Instant>,
     /// Every registered instance, withdrawn ones included.
-    pub instances: BTreeMap<String, InstanceRecord>,
-    pub assignments: BTreeMap<String, Assignment>,
+    pub instances: Table<BTreeMap<String, InstanceRecord>>,
+    pub assignments: Table<BTreeMap<String, Assignment>>,
     /// Every member record, expired ones included.
     pub members: BTreeMap<String, MemberRecord>,
-    pub reports: BTreeMap<String, Report>,
-    pub operations: Vec<Operation>,
+    pub reports: Table<BTreeMap<String, Report>>,
+    pub operations: Table<Vec<Operation>>,
     /// When each replica last recorded that it is running (database time).
     pub replicas: BTreeMap<String, i64>,
     /// The last span this replica could not read the store, as database times (the last
@@ -50,6 +50,9 @@ pub struct View {
     /// assignments, members' processes and addresses); equal revisions build equal snapshots,
     /// so a stream rebuilds only when it changed (0: not numbered, always build).
     pub snapshot_revision: u64,
+    /// When the reports were last read from the store: a report that moves only a workload's
+    /// progress is not counted as a write, so they are re-read every [`COUNTERS_READ_EVERY`].
+    pub reports_read_at: Option<Instant>,
     /// The store's write counts taken just before this view's tables were read (`None`: not
     /// counted); the next refresh re-reads only the tables whose count moved.
     pub writes: Option<PoolWrites>,
@@ -64,6 +67,44 @@ pub struct View {
 
 /// The route directory (host.v1.Snapshot.directory) by route.
 pub type Directory = BTreeMap<String, RouteDirectoryEntry>;
+
+/// One table of a view, shared with the views before it while nobody writes to it: a refresh
+/// that finds a table unchanged takes it over without copying it, and comparing two views
+/// compares shared tables by address. Changing it (tests, plans) copies it first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Table<T>(Arc<T>);
+
+impl<T> std::ops::Deref for Table<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T: Clone> std::ops::DerefMut for Table<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        Arc::make_mut(&mut self.0)
+    }
+}
+
+impl<'a, T> IntoIterator for &'a Table<T>
+where
+    &'a T: IntoIterator,
+{
+    type Item = <&'a T as IntoIterator>::Item;
+    type IntoIter = <&'a T as IntoIterator>::IntoIter;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.as_ref().into_iter()
+    }
+}
+
+impl<T> From<T> for Table<T> {
+    fn from(table: T) -> Self {
+        Self(Arc::new(table))
+    }
+}
 
 /// A value worked out from the rest of a view, at most once. A clone starts empty (the clone
 /// may be changed before anyone asks), and memos never make two views unequal.
@@ -99,6 +140,10 @@ impl<T> Eq for Memo<T> {}
 /// How often a refresh reads every table even when no write was counted: a safety net.
 pub const FULL_READ_EVERY: Duration = Duration::from_secs(60);
 
+/// How old the workloads' progress counters in a view may be (status and watch show them;
+/// nothing decides on them).
+pub const COUNTERS_READ_EVERY: Duration = Duration::from_secs(10);
+
 /// After the store was unreachable, how long records that lapsed meanwhile still count as
 /// live: two membership refreshes and a pool read, time for every stream to refresh its
 /// member's record (or for the member to attach again).
@@ -124,19 +169,20 @@ impl View {
         let (now_ms, members) = store.list_members().await?;
         let instances = match unchanged(|w| w.instances) {
             Some(p) => p.instances.clone(),
-            None => by_route(store.list_instances().await?, |i| &i.route),
+            None => by_route(store.list_instances().await?, |i| &i.route).into(),
         };
         let assignments = match unchanged(|w| w.assignments) {
             Some(p) => p.assignments.clone(),
-            None => by_route(store.list_assignments().await?, |a| &a.route),
+            None => by_route(store.list_assignments().await?, |a| &a.route).into(),
         };
-        let reports = match unchanged(|w| w.reports) {
-            Some(p) => p.reports.clone(),
-            None => by_route(store.list_reports().await?, |r| &r.route),
+        let counters_fresh = |p: &&View| p.reports_read_at.is_some_and(|at| at.elapsed() < COUNTERS_READ_EVERY);
+        let (reports, reports_read_at) = match unchanged(|w| w.reports).filter(counters_fresh) {
+            Some(p) => (p.reports.clone(), p.reports_read_at),
+            None => (by_route(store.list_reports().await?, |r| &r.route).into(), read_at),
         };
         let operations = match unchanged(|w| w.operations) {
             Some(p) => p.operations.clone(),
-            None => store.list_operations().await?,
+            None => store.list_operations().await?.into(),
         };
         Ok(Self {
             now_ms,
@@ -149,6 +195,7 @@ impl View {
             replicas: store.list_replicas().await?.into_iter().collect(),
             blackout: None,
             snapshot_revision: 0,
+            reports_read_at,
             writes: Some(writes),
             unplaced: Memo::default(),
             room: Memo::default(),

@@ -578,13 +578,11 @@ pub(crate) mod tests {
             m.capacity = 1;
         }
         // a holds two with capacity one; a new instance fits nowhere.
-        v.instances.insert(
-            "r4".into(),
-            InstanceRecord {
-                route: "r4".into(),
-                ..v.instances["r1"].clone()
-            },
-        );
+        let r4 = InstanceRecord {
+            route: "r4".into(),
+            ..v.instances["r1"].clone()
+        };
+        v.instances.insert("r4".into(), r4);
         let status = desired(&v, Some(&lease()), None);
         assert_eq!(state(&status, READY), ("False".into(), "InstancesUnplaced".into()));
         assert!(

@@ -117,7 +117,8 @@ fn view() -> View {
         operation("op-1", OperationKind::Drain, "b", OperationPhase::Running),
         operation("op-2", OperationKind::Drain, "a", OperationPhase::Succeeded),
         operation("op-3", OperationKind::Recover, "r2", OperationPhase::Running),
-    ];
+    ]
+    .into();
     v
 }
 

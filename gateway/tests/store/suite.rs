@@ -1213,23 +1213,61 @@ pub async fn every_write_to_a_table_the_pool_view_reads_is_counted(db: &TestDb) 
     db.store.write_fenced(&lease, &[assign]).await.unwrap();
     let placed = counts().await;
     assert!(placed.assignments > after.assignments && placed.instances > after.instances);
-    db.store
-        .record_report(&Report {
-            route: "team-a/agent-0".into(),
-            term: 1,
-            member: "m1".into(),
-            process_id: "m1-p1".into(),
-            phase: "ACTIVE".into(),
-            message: String::new(),
-            workload_pid: 42,
-            progress: 0,
-            reported_by: "gw-a".into(),
-            updated_at_ms: 0,
-        })
-        .await
-        .unwrap();
+    let report = Report {
+        route: "team-a/agent-0".into(),
+        term: 1,
+        member: "m1".into(),
+        process_id: "m1-p1".into(),
+        phase: "ACTIVE".into(),
+        message: String::new(),
+        workload_pid: 42,
+        progress: 0,
+        reported_by: "gw-a".into(),
+        updated_at_ms: 0,
+    };
+    db.store.record_report(&report).await.unwrap();
     let reported = counts().await;
     assert!(reported.reports > placed.reports);
+    // A report that moves only the workload's progress (through another replica, later) is
+    // not a change of the pool: not counted. A new phase, PID or message is.
+    let counted = |r: Report| async move {
+        let before = counts().await.reports;
+        db.store.record_report(&r).await.unwrap();
+        counts().await.reports > before
+    };
+    let progressed = Report {
+        progress: 9,
+        reported_by: "gw-b".into(),
+        ..report.clone()
+    };
+    assert!(!counted(progressed.clone()).await, "progress alone");
+    assert!(!counted(progressed.clone()).await, "the same report again");
+    assert!(
+        counted(Report {
+            workload_pid: 43,
+            ..progressed.clone()
+        })
+        .await,
+        "a new PID"
+    );
+    assert!(
+        counted(Report {
+            message: "slow".into(),
+            workload_pid: 43,
+            ..progressed.clone()
+        })
+        .await,
+        "a message"
+    );
+    assert!(
+        counted(Report {
+            phase: "FAILED".into(),
+            ..report.clone()
+        })
+        .await,
+        "a new phase"
+    );
+    let reported = counts().await;
     let ended = Operation {
         phase: OperationPhase::Failed,
         ..operation("ended")
