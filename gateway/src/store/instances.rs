@@ -2,10 +2,12 @@
 //! generations and namespace quota, withdrawal (with the reason of a missed recovery
 //! deadline), and the latest report per route, which never goes back in term.
 
+use sqlx::any::AnyArguments;
+use sqlx::query::Query;
 use sqlx::{Any, Transaction};
 
 use super::columns::{Flag, decoded};
-use super::{InstanceRecord, Registered, Registration, Report, Result, Store, WithdrawnReason};
+use super::{InstanceRecord, Registered, Registration, Report, Result, Store, WithdrawnKind};
 
 impl Store {
     /// Register an instance and assign its generation: the same workload (uid) keeps its
@@ -45,15 +47,13 @@ impl Store {
             return Ok(refused);
         }
         let clock = self.backend.clock_expr();
-        let inserted = sqlx::query(&format!(
-            "INSERT INTO instances (route, namespace, name, uid, generation, material, registered_at_ms, withdrawn) \
-             VALUES ($1, $2, $3, $4, 1, $5, ({clock}), FALSE) ON CONFLICT (route) DO NOTHING"
-        ))
-        .bind(&r.route)
-        .bind(&r.namespace)
-        .bind(&r.name)
-        .bind(&r.uid)
-        .bind(&r.material)
+        let inserted = bind_registration(
+            &format!(
+                "INSERT INTO instances (route, namespace, name, uid, generation, material, registered_at_ms, withdrawn) \
+                 VALUES ($1, $2, $3, $4, 1, $5, ({clock}), FALSE) ON CONFLICT (route) DO NOTHING"
+            ),
+            r,
+        )
         .execute(&mut *tx)
         .await?;
         if inserted.rows_affected() > 0 {
@@ -74,14 +74,13 @@ impl Store {
                 return Ok(Registered::Withdrawn { generation });
             }
             // The same workload again (a sidecar restart): new material, same generation.
-            sqlx::query(&format!(
-                "UPDATE instances SET namespace = $2, name = $3, material = $4, registered_at_ms = ({clock}) \
-                 WHERE route = $1"
-            ))
-            .bind(&r.route)
-            .bind(&r.namespace)
-            .bind(&r.name)
-            .bind(&r.material)
+            bind_registration(
+                &format!(
+                    "UPDATE instances SET namespace = $2, name = $3, material = $5, registered_at_ms = ({clock}) \
+                     WHERE route = $1 AND uid = $4"
+                ),
+                r,
+            )
             .execute(&mut *tx)
             .await?;
             tx.commit().await?;
@@ -102,18 +101,16 @@ impl Store {
         .bind(&uid)
         .execute(&mut *tx)
         .await?;
-        sqlx::query(&format!(
-            "UPDATE instances SET namespace = $2, name = $3, uid = $4, generation = generation + 1, material = $5, \
-               registered_at_ms = ({clock}), withdrawn = FALSE, withdrawn_reason = NULL, withdrawn_owner = NULL, \
-               withdrawn_term = NULL, checkpoint_pid = NULL, checkpoint_start_ticks = NULL, \
-               checkpoint_exe_digest = NULL \
-             WHERE route = $1"
-        ))
-        .bind(&r.route)
-        .bind(&r.namespace)
-        .bind(&r.name)
-        .bind(&r.uid)
-        .bind(&r.material)
+        bind_registration(
+            &format!(
+                "UPDATE instances SET namespace = $2, name = $3, uid = $4, generation = generation + 1, material = $5, \
+                   registered_at_ms = ({clock}), withdrawn = FALSE, withdrawn_reason = NULL, withdrawn_owner = NULL, \
+                   withdrawn_term = NULL, checkpoint_pid = NULL, checkpoint_start_ticks = NULL, \
+                   checkpoint_exe_digest = NULL \
+                 WHERE route = $1"
+            ),
+            r,
+        )
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -181,7 +178,7 @@ impl Store {
         ))
         .bind(route)
         .bind(uid)
-        .bind(WithdrawnReason::RECOVERY_FAILED)
+        .bind(WithdrawnKind::RecoveryFailed)
         .bind(fence_term)
         .execute(&self.pool)
         .await?;
@@ -266,4 +263,14 @@ impl Store {
         }
         query.fetch_all(&self.pool).await.map_err(decoded("instances"))
     }
+}
+
+/// `sql` with a registration bound as `$1..$5` (route, namespace, name, uid, material).
+fn bind_registration<'q>(sql: &'q str, r: &'q Registration) -> Query<'q, Any, AnyArguments<'q>> {
+    sqlx::query(sql)
+        .bind(&r.route)
+        .bind(&r.namespace)
+        .bind(&r.name)
+        .bind(&r.uid)
+        .bind(&r.material)
 }

@@ -127,13 +127,11 @@ impl Store {
     /// Remove a member record, only if it still names `process_id` at
     /// connection `epoch` (a newer stream of the member keeps its record).
     pub async fn remove_member(&self, member: &str, process_id: &str, epoch: i64) -> Result<bool> {
-        let done = sqlx::query("DELETE FROM members WHERE member = $1 AND process_id = $2 AND epoch = $3")
-            .bind(member)
-            .bind(process_id)
-            .bind(epoch)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() > 0)
+        self.change_process_record(
+            "DELETE FROM members WHERE member = $1 AND process_id = $2 AND epoch = $3",
+            (member, process_id, epoch),
+        )
+        .await
     }
 
     /// A member process that announced it was leaving ended its stream: its record stays,
@@ -141,16 +139,23 @@ impl Store {
     /// (a removed record would look like a member that stopped answering). Only if the
     /// record still names `process_id` at connection `epoch`.
     pub async fn member_left(&self, member: &str, process_id: &str, epoch: i64) -> Result<bool> {
-        let done = sqlx::query(&format!(
+        let sql = format!(
             "UPDATE members SET leaving = TRUE, expires_at_ms = ({clock}), updated_at_ms = ({clock}) \
              WHERE member = $1 AND process_id = $2 AND epoch = $3",
             clock = self.backend.clock_expr()
-        ))
-        .bind(member)
-        .bind(process_id)
-        .bind(epoch)
-        .execute(&self.pool)
-        .await?;
+        );
+        self.change_process_record(&sql, (member, process_id, epoch)).await
+    }
+
+    /// Run `sql` on the record of one member process (`$1..$3`: member, process, connection
+    /// epoch); whether it changed a row.
+    async fn change_process_record(&self, sql: &str, (member, process_id, epoch): (&str, &str, i64)) -> Result<bool> {
+        let done = sqlx::query(sql)
+            .bind(member)
+            .bind(process_id)
+            .bind(epoch)
+            .execute(&self.pool)
+            .await?;
         Ok(done.rows_affected() > 0)
     }
 

@@ -171,14 +171,18 @@ pub enum WithdrawnReason {
 }
 
 impl WithdrawnReason {
-    /// The text of `instances.withdrawn_reason`.
-    pub const RECOVERY_FAILED: &'static str = "recovery_failed";
-
-    pub fn as_str(&self) -> &'static str {
+    /// What `instances.withdrawn_reason` holds for it.
+    pub fn kind(&self) -> WithdrawnKind {
         match self {
-            Self::RecoveryFailed { .. } => Self::RECOVERY_FAILED,
+            Self::RecoveryFailed { .. } => WithdrawnKind::RecoveryFailed,
         }
     }
+}
+
+/// The text column `instances.withdrawn_reason`: which [`WithdrawnReason`] a row holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WithdrawnKind {
+    RecoveryFailed,
 }
 
 /// What a registration asks for: the store assigns the generation.
@@ -372,6 +376,7 @@ macro_rules! text_enum {
 
 text_enum!(AssignmentPhase { Reserved => "reserved", Active => "active" });
 text_enum!(OperationKind { Assign => "assign", Recover => "recover", Drain => "drain", Rebalance => "rebalance" });
+text_enum!(WithdrawnKind { RecoveryFailed => "recovery_failed" });
 text_enum!(OperationPhase {
     Pending => "pending",
     Running => "running",
