@@ -144,7 +144,7 @@ impl Store {
         if !recorded.is_empty() && &recorded != workload {
             return Err(refuse("workload identity differs from checkpoint"));
         }
-        let now_ms = self.clock(&mut tx).await?;
+        let now_ms = self.clock(&mut *tx).await?;
         sqlx::query("UPDATE assignments SET phase = $3, updated_at_ms = $2 WHERE route = $1")
             .bind(route)
             .bind(now_ms)

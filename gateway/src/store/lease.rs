@@ -68,7 +68,7 @@ impl Store {
                 table: "coordinator_lease",
                 detail: "the lease row is missing".into(),
             })?;
-        let now_ms = self.clock(&mut tx).await?;
+        let now_ms = self.clock(&mut *tx).await?;
         let view = LeaseView {
             holder,
             term,

@@ -193,15 +193,13 @@ impl Store {
 
     /// The database clock, in Unix milliseconds.
     pub async fn now_ms(&self) -> Result<i64> {
-        Ok(sqlx::query_scalar(&format!("SELECT {}", self.backend.clock_expr()))
-            .fetch_one(&self.pool)
-            .await?)
+        self.clock(&self.pool).await
     }
 
-    /// The database clock inside `tx`, in Unix milliseconds.
-    async fn clock(&self, tx: &mut sqlx::Transaction<'static, sqlx::Any>) -> Result<i64> {
+    /// The database clock as `executor` (the pool, or a transaction) reads it.
+    async fn clock<'e>(&self, executor: impl sqlx::Executor<'e, Database = sqlx::Any>) -> Result<i64> {
         Ok(sqlx::query_scalar(&format!("SELECT {}", self.backend.clock_expr()))
-            .fetch_one(&mut **tx)
+            .fetch_one(executor)
             .await?)
     }
 
