@@ -1,8 +1,12 @@
 //! Plain records the store reads and writes. Times are Unix milliseconds of
-//! the database clock.
+//! the database clock. Records read back whole derive `sqlx::FromRow` (column
+//! names are the field names); the enums are text in the tables (see
+//! [`super::columns`] for the column types).
 
 use std::fmt;
 use std::str::FromStr;
+
+use super::columns::{Flag, UnknownText, WithdrawnColumns};
 
 /// A coordinator lease as its holder knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,7 +19,7 @@ pub struct Lease {
 }
 
 /// The lease row as read, with the database time of the read.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct LeaseView {
     pub holder: String,
     pub term: i64,
@@ -38,7 +42,7 @@ pub enum Acquire {
 }
 
 /// One granted coordinator term, from the lease log.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct TermRecord {
     pub term: i64,
     pub holder: String,
@@ -101,7 +105,7 @@ pub struct MemberUpdate {
 }
 
 /// A member record with its TTL expiry.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct MemberRecord {
     pub member: String,
     pub process_id: String,
@@ -109,6 +113,7 @@ pub struct MemberRecord {
     pub runtime_address: String,
     pub capacity: i64,
     pub served_by: String,
+    #[sqlx(try_from = "Flag")]
     pub leaving: bool,
     pub expires_at_ms: i64,
     pub updated_at_ms: i64,
@@ -120,8 +125,9 @@ impl MemberRecord {
     }
 }
 
-/// Bytes that carry credentials: never printed.
-#[derive(Clone, PartialEq, Eq, Default)]
+/// Bytes that carry credentials: never printed. A `BLOB`/`BYTEA` column as it is.
+#[derive(Clone, PartialEq, Eq, Default, sqlx::Type)]
+#[sqlx(transparent)]
 pub struct SecretBytes(pub Vec<u8>);
 
 impl fmt::Debug for SecretBytes {
@@ -131,7 +137,7 @@ impl fmt::Debug for SecretBytes {
 }
 
 /// A desired instance: one running generation of a workload.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct InstanceRecord {
     /// The stable key sidecars and supervisors find each other by.
     pub route: String,
@@ -144,12 +150,14 @@ pub struct InstanceRecord {
     pub registered_at_ms: i64,
     /// Withdrawn instances are no longer desired; the row keeps the route's
     /// generation counter.
+    #[sqlx(try_from = "Flag")]
     pub withdrawn: bool,
     /// The highest ownership term ever assigned on the route (any generation): the next
     /// placement starts above it.
     pub last_term: i64,
     /// Why it was withdrawn, when that says more than "no longer desired" (`None` for a
     /// deregistration, a Pod gone, or a desired instance).
+    #[sqlx(flatten, try_from = "WithdrawnColumns")]
     pub withdrawn_reason: Option<WithdrawnReason>,
 }
 
@@ -163,14 +171,18 @@ pub enum WithdrawnReason {
 }
 
 impl WithdrawnReason {
-    /// The text of `instances.withdrawn_reason`.
-    pub const RECOVERY_FAILED: &'static str = "recovery_failed";
-
-    pub fn as_str(&self) -> &'static str {
+    /// What `instances.withdrawn_reason` holds for it.
+    pub fn kind(&self) -> WithdrawnKind {
         match self {
-            Self::RecoveryFailed { .. } => Self::RECOVERY_FAILED,
+            Self::RecoveryFailed { .. } => WithdrawnKind::RecoveryFailed,
         }
     }
+}
+
+/// The text column `instances.withdrawn_reason`: which [`WithdrawnReason`] a row holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WithdrawnKind {
+    RecoveryFailed,
 }
 
 /// What a registration asks for: the store assigns the generation.
@@ -225,7 +237,7 @@ impl Checkpoint {
 }
 
 /// The latest status an owner reported for a route, at a term.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct Report {
     pub route: String,
     pub term: i64,
@@ -254,7 +266,7 @@ pub enum AssignmentPhase {
 }
 
 /// The owner of one instance at one ownership term.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct Assignment {
     pub route: String,
     pub member: String,
@@ -297,7 +309,7 @@ impl OperationPhase {
 }
 
 /// A durable coordinator operation; a new coordinator adopts pending ones.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct Operation {
     pub id: String,
     pub kind: OperationKind,
@@ -312,6 +324,7 @@ pub struct Operation {
     pub max_parallel: i64,
     pub requested_by: String,
     /// An operator asked to cancel it; the coordinator applies that.
+    #[sqlx(try_from = "Flag")]
     pub cancel_requested: bool,
     /// Set by the store on first insert from the database clock.
     pub created_at_ms: i64,
@@ -321,7 +334,7 @@ pub struct Operation {
 
 /// A gateway signing key. The private half never leaves the store and the
 /// gateway's memory, and is never printed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct SigningKey {
     pub kid: String,
     pub algorithm: String,
@@ -334,7 +347,8 @@ pub struct SigningKey {
     pub retired_at_ms: Option<i64>,
 }
 
-/// Text forms stored in the tables, shared by both backends.
+/// Text forms stored in the tables, shared by both backends; the column types
+/// themselves (read and bound as text) are in [`super::columns`].
 macro_rules! text_enum {
     ($ty:ident { $($variant:ident => $text:literal),+ $(,)? }) => {
         impl $ty {
@@ -343,11 +357,11 @@ macro_rules! text_enum {
             }
         }
         impl FromStr for $ty {
-            type Err = String;
-            fn from_str(s: &str) -> Result<Self, String> {
+            type Err = UnknownText;
+            fn from_str(s: &str) -> Result<Self, UnknownText> {
                 match s {
                     $($text => Ok(Self::$variant),)+
-                    other => Err(format!("unknown {} {other:?}", stringify!($ty))),
+                    other => Err(UnknownText { kind: stringify!($ty), text: other.to_owned() }),
                 }
             }
         }
@@ -356,11 +370,13 @@ macro_rules! text_enum {
                 f.write_str(self.as_str())
             }
         }
+        super::columns::text_column!($ty);
     };
 }
 
 text_enum!(AssignmentPhase { Reserved => "reserved", Active => "active" });
 text_enum!(OperationKind { Assign => "assign", Recover => "recover", Drain => "drain", Rebalance => "rebalance" });
+text_enum!(WithdrawnKind { RecoveryFailed => "recovery_failed" });
 text_enum!(OperationPhase {
     Pending => "pending",
     Running => "running",

@@ -7,6 +7,7 @@
 mod support;
 
 mod cancellation;
+mod corrupt;
 mod errors;
 mod postgres_locks;
 mod suite;
@@ -46,5 +47,11 @@ on_both_backends!(suite;
 mod cancelled {
     on_both_backends!(cancellation;
         a_campaign_cancelled_inside_its_transaction_leaves_the_store_usable,
+    );
+}
+
+mod corrupted {
+    on_both_backends!(corrupt;
+        an_unknown_value_is_a_corrupt_record_and_changes_nothing,
     );
 }

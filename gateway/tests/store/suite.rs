@@ -17,14 +17,14 @@ use crate::support::{TestDb, wait_until_db_time};
 const LONG: Duration = Duration::from_secs(30);
 const SHORT: Duration = Duration::from_millis(300);
 
-async fn acquire(store: &Store, holder: &str, length: Duration) -> Lease {
+pub(crate) async fn acquire(store: &Store, holder: &str, length: Duration) -> Lease {
     match store.acquire_lease(holder, length).await.expect("acquire") {
         Acquire::Acquired(lease) => lease,
         Acquire::HeldBy(row) => panic!("{holder} expected the lease; held by {row:?}"),
     }
 }
 
-fn operation(id: &str) -> Operation {
+pub(crate) fn operation(id: &str) -> Operation {
     Operation {
         id: id.into(),
         kind: OperationKind::Drain,
@@ -42,7 +42,7 @@ fn operation(id: &str) -> Operation {
     }
 }
 
-fn assignment(route: &str, member: &str, term: i64) -> Assignment {
+pub(crate) fn assignment(route: &str, member: &str, term: i64) -> Assignment {
     Assignment {
         route: route.into(),
         member: member.into(),

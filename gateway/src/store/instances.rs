@@ -1,0 +1,276 @@
+//! Desired instances and their owners' reports (any replica): registration with its
+//! generations and namespace quota, withdrawal (with the reason of a missed recovery
+//! deadline), and the latest report per route, which never goes back in term.
+
+use sqlx::any::AnyArguments;
+use sqlx::query::Query;
+use sqlx::{Any, Transaction};
+
+use super::columns::{Flag, decoded};
+use super::{InstanceRecord, Registered, Registration, Report, Result, Store, WithdrawnKind};
+
+impl Store {
+    /// Register an instance and assign its generation: the same workload (uid) keeps its
+    /// generation; another workload on the same route gets the next one and starts fresh —
+    /// its own material (receipt key), no workload checkpoint — while the workload it
+    /// replaced is remembered and can never register the route again. A withdrawn workload
+    /// stays withdrawn.
+    pub async fn register_instance(&self, r: &Registration) -> Result<Registered> {
+        self.register_instance_within(r, None).await
+    }
+
+    /// [`Store::register_instance`], refused ([`Registered::OverQuota`], nothing stored) when
+    /// a new workload would give its namespace more than `limit` registered instances. The
+    /// same workload registering again is never refused.
+    pub async fn register_instance_within(&self, r: &Registration, limit: Option<u32>) -> Result<Registered> {
+        let r = r.clone();
+        self.detached(move |store| async move { store.register_instance_now(&r, limit).await })
+            .await
+    }
+
+    async fn register_instance_now(&self, r: &Registration, limit: Option<u32>) -> Result<Registered> {
+        /// Whether a newer workload already replaced this one under its route.
+        async fn replaced(tx: &mut Transaction<'static, Any>, r: &Registration) -> Result<bool> {
+            let count: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM replaced_instances WHERE route = $1 AND uid = $2")
+                    .bind(&r.route)
+                    .bind(&r.uid)
+                    .fetch_one(&mut **tx)
+                    .await?;
+            Ok(count > 0)
+        }
+        let mut tx = self.pool.begin_with(self.backend.begin_sql()).await?;
+        if replaced(&mut tx, r).await? {
+            return Ok(Registered::Replaced);
+        }
+        if let Some(refused) = self.over_quota(&mut tx, r, limit).await? {
+            return Ok(refused);
+        }
+        let clock = self.backend.clock_expr();
+        let inserted = bind_registration(
+            &format!(
+                "INSERT INTO instances (route, namespace, name, uid, generation, material, registered_at_ms, withdrawn) \
+                 VALUES ($1, $2, $3, $4, 1, $5, ({clock}), FALSE) ON CONFLICT (route) DO NOTHING"
+            ),
+            r,
+        )
+        .execute(&mut *tx)
+        .await?;
+        if inserted.rows_affected() > 0 {
+            tx.commit().await?;
+            return Ok(Registered::Desired { generation: 1 });
+        }
+        let (uid, generation, withdrawn): (String, i64, Flag) = sqlx::query_as(&format!(
+            "SELECT uid, generation, CASE WHEN withdrawn THEN 1 ELSE 0 END AS withdrawn FROM instances \
+             WHERE route = $1{}",
+            self.backend.row_lock()
+        ))
+        .bind(&r.route)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(decoded("instances"))?;
+        if uid == r.uid {
+            if bool::from(withdrawn) {
+                return Ok(Registered::Withdrawn { generation });
+            }
+            // The same workload again (a sidecar restart): new material, same generation.
+            bind_registration(
+                &format!(
+                    "UPDATE instances SET namespace = $2, name = $3, material = $5, registered_at_ms = ({clock}) \
+                     WHERE route = $1 AND uid = $4"
+                ),
+                r,
+            )
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            return Ok(Registered::Desired { generation });
+        }
+        // Another workload under the route. Checked again under the row lock: a registration
+        // that replaced this very workload may have committed while this one waited for the
+        // lock (the check above ran before it), and a replaced workload never comes back.
+        if replaced(&mut tx, r).await? {
+            return Ok(Registered::Replaced);
+        }
+        // The next generation, from scratch.
+        sqlx::query(&format!(
+            "INSERT INTO replaced_instances (route, uid, replaced_at_ms) VALUES ($1, $2, ({clock})) \
+             ON CONFLICT DO NOTHING"
+        ))
+        .bind(&r.route)
+        .bind(&uid)
+        .execute(&mut *tx)
+        .await?;
+        bind_registration(
+            &format!(
+                "UPDATE instances SET namespace = $2, name = $3, uid = $4, generation = generation + 1, material = $5, \
+                   registered_at_ms = ({clock}), withdrawn = FALSE, withdrawn_reason = NULL, withdrawn_owner = NULL, \
+                   withdrawn_term = NULL, checkpoint_pid = NULL, checkpoint_start_ticks = NULL, \
+                   checkpoint_exe_digest = NULL \
+                 WHERE route = $1"
+            ),
+            r,
+        )
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Registered::Desired {
+            generation: generation + 1,
+        })
+    }
+
+    /// [`Registered::OverQuota`] when `r` is a new workload of its namespace and the
+    /// namespace already has `limit` registered instances. Counted under a lock on the
+    /// namespace's registrations (SQLite: the write lock), so concurrent ones count right.
+    async fn over_quota(
+        &self,
+        tx: &mut Transaction<'static, Any>,
+        r: &Registration,
+        limit: Option<u32>,
+    ) -> Result<Option<Registered>> {
+        let Some(limit) = limit.map(i64::from) else {
+            return Ok(None);
+        };
+        if let Some(lock) = self.backend.namespace_lock_sql() {
+            sqlx::query(lock).bind(&r.namespace).execute(&mut **tx).await?;
+        }
+        let same: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM instances WHERE route = $1 AND uid = $2 AND NOT withdrawn")
+                .bind(&r.route)
+                .bind(&r.uid)
+                .fetch_one(&mut **tx)
+                .await?;
+        if same > 0 {
+            return Ok(None);
+        }
+        let registered: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM instances WHERE namespace = $1 AND NOT withdrawn AND route <> $2")
+                .bind(&r.namespace)
+                .bind(&r.route)
+                .fetch_one(&mut **tx)
+                .await?;
+        Ok((registered >= limit).then_some(Registered::OverQuota { registered, limit }))
+    }
+
+    /// Withdraw the instance of `route` if it is still the workload `uid`.
+    /// Returns whether a desired instance was withdrawn.
+    pub async fn withdraw_instance(&self, route: &str, uid: &str) -> Result<bool> {
+        let done = sqlx::query("UPDATE instances SET withdrawn = TRUE WHERE route = $1 AND uid = $2 AND NOT withdrawn")
+            .bind(route)
+            .bind(uid)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// The sidecar of the workload `uid` stopped it at the recovery deadline: withdraw the
+    /// instance of `route` (if it is still that workload and still desired) and record why,
+    /// with the assignment it last had — its owner and term — or, without one, `fence_term`
+    /// (the last term the sidecar activated, when it reports one). Returns whether a desired
+    /// instance was withdrawn: a repeated report changes nothing.
+    pub async fn report_recovery_failed(&self, route: &str, uid: &str, fence_term: Option<i64>) -> Result<bool> {
+        let current = "FROM assignments a WHERE a.route = instances.route AND a.generation >= instances.generation";
+        let done = sqlx::query(&format!(
+            "UPDATE instances SET withdrawn = TRUE, withdrawn_reason = $3, \
+               withdrawn_owner = (SELECT a.member {current}), \
+               withdrawn_term = COALESCE((SELECT a.term {current}), $4) \
+             WHERE route = $1 AND uid = $2 AND NOT withdrawn"
+        ))
+        .bind(route)
+        .bind(uid)
+        .bind(WithdrawnKind::RecoveryFailed)
+        .bind(fence_term)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// Record an owner's report unless a report of a higher term is already there.
+    pub async fn record_report(&self, r: &Report) -> Result<()> {
+        self.record_reports(std::slice::from_ref(r)).await
+    }
+
+    /// Record owners' reports in one transaction (a batch from the report writer), each
+    /// unless a report of a higher term of its route is already there.
+    pub async fn record_reports(&self, reports: &[Report]) -> Result<()> {
+        if reports.is_empty() {
+            return Ok(());
+        }
+        let reports = reports.to_vec();
+        self.detached(move |store| async move { store.record_reports_now(&reports).await })
+            .await
+    }
+
+    async fn record_reports_now(&self, reports: &[Report]) -> Result<()> {
+        let sql = format!(
+            "INSERT INTO instance_reports (route, term, member, process_id, phase, message, workload_pid, reported_by, progress, updated_at_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, ({})) \
+             ON CONFLICT (route) DO UPDATE SET term = excluded.term, member = excluded.member, \
+               process_id = excluded.process_id, phase = excluded.phase, message = excluded.message, \
+               workload_pid = excluded.workload_pid, reported_by = excluded.reported_by, progress = excluded.progress, \
+               updated_at_ms = excluded.updated_at_ms \
+             WHERE instance_reports.term <= excluded.term",
+            self.backend.clock_expr()
+        );
+        let mut tx = self.pool.begin_with(self.backend.begin_sql()).await?;
+        for r in reports {
+            sqlx::query(&sql)
+                .bind(&r.route)
+                .bind(r.term)
+                .bind(&r.member)
+                .bind(&r.process_id)
+                .bind(&r.phase)
+                .bind(&r.message)
+                .bind(r.workload_pid)
+                .bind(&r.reported_by)
+                .bind(r.progress)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub async fn list_reports(&self) -> Result<Vec<Report>> {
+        sqlx::query_as(
+            "SELECT route, term, member, process_id, phase, message, workload_pid, reported_by, progress, updated_at_ms \
+             FROM instance_reports ORDER BY route",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(decoded("instance_reports"))
+    }
+
+    /// One registered instance (withdrawn or not).
+    pub async fn instance(&self, route: &str) -> Result<Option<InstanceRecord>> {
+        Ok(self.list_instances_where(Some(route)).await?.pop())
+    }
+
+    pub async fn list_instances(&self) -> Result<Vec<InstanceRecord>> {
+        self.list_instances_where(None).await
+    }
+
+    async fn list_instances_where(&self, route: Option<&str>) -> Result<Vec<InstanceRecord>> {
+        let filter = if route.is_some() { "WHERE route = $1" } else { "" };
+        let sql = format!(
+            "SELECT route, namespace, name, uid, generation, material, registered_at_ms, last_term, \
+             CASE WHEN withdrawn THEN 1 ELSE 0 END AS withdrawn, withdrawn_reason, withdrawn_owner, withdrawn_term \
+             FROM instances {filter} ORDER BY route"
+        );
+        let mut query = sqlx::query_as(&sql);
+        if let Some(route) = route {
+            query = query.bind(route);
+        }
+        query.fetch_all(&self.pool).await.map_err(decoded("instances"))
+    }
+}
+
+/// `sql` with a registration bound as `$1..$5` (route, namespace, name, uid, material).
+fn bind_registration<'q>(sql: &'q str, r: &'q Registration) -> Query<'q, Any, AnyArguments<'q>> {
+    sqlx::query(sql)
+        .bind(&r.route)
+        .bind(&r.namespace)
+        .bind(&r.name)
+        .bind(&r.uid)
+        .bind(&r.material)
+}

@@ -1,0 +1,133 @@
+//! Opening the store: the URL (never shown with its password), the SQLite files made
+//! private, the connection pool with its session settings and its transaction hygiene,
+//! and the repository's migrations.
+
+use sqlx::Connection;
+use sqlx::any::AnyPoolOptions;
+
+use super::{Backend, Error, Options, Result, Store, files, liveness, redact_url, scrub};
+
+impl Store {
+    /// Open the store named by `url` (`postgres://…`, `postgresql://…` or
+    /// `sqlite:…`) and apply the repository's migrations for that backend.
+    pub async fn open(url: &str, options: &Options) -> Result<Self> {
+        let shown = redact_url(url);
+        let backend = Backend::from_url(url).ok_or_else(|| Error::Url {
+            url: shown.clone(),
+            reason: "expected a postgres://, postgresql:// or sqlite: URL".into(),
+        })?;
+        if let Some(path) = files::sqlite_path(url) {
+            let secured = path.clone();
+            tokio::task::spawn_blocking(move || files::secure_sqlite(&secured))
+                .await
+                .map_err(|_| Error::Interrupted)?
+                .map_err(|source| Error::Files {
+                    path: path.display().to_string(),
+                    source,
+                })?;
+        }
+        sqlx::any::install_default_drivers();
+        // One direct attempt first: a pool only reports that it timed out,
+        // while this names the cause (refused, unknown host, bad password).
+        let probe = tokio::time::timeout(options.connect_timeout, sqlx::AnyConnection::connect(url)).await;
+        match probe {
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+            }
+            Ok(Err(source)) => return Err(connect_error(url, &shown, source)),
+            Err(_) => {
+                return Err(Error::Connect {
+                    url: shown,
+                    source: sqlx::Error::PoolTimedOut,
+                });
+            }
+        }
+        let key = liveness::new_key();
+        let locks = match liveness::lock_dir(url) {
+            Some(dir) if backend == Backend::Sqlite => {
+                let lock = liveness::FileLock::take(&dir, &key).map_err(|source| Error::Url {
+                    url: shown.clone(),
+                    reason: format!("cannot create the liveness lock beside the database: {source}"),
+                })?;
+                Some((dir, std::sync::Arc::new(lock)))
+            }
+            _ => None,
+        };
+        let setup = backend.session_setup(options, &liveness::application_name(&key));
+        let pool = AnyPoolOptions::new()
+            .max_connections(options.max_connections)
+            .min_connections(1)
+            .acquire_timeout(options.connect_timeout)
+            // A connection that comes back inside a transaction (one whose
+            // `BEGIN` was cancelled after it ran, and so has no `Transaction`
+            // left to end it) would hold its locks — SQLite's write lock —
+            // for as long as it lives: close it. A dropped `Transaction` only
+            // queues its rollback; the ping lets it run first.
+            .after_release(|conn, _| {
+                Box::pin(async move {
+                    if conn.is_in_transaction() {
+                        conn.ping().await?;
+                    }
+                    Ok(!conn.is_in_transaction())
+                })
+            })
+            .after_connect(move |conn, _| {
+                let setup = setup.clone();
+                Box::pin(async move {
+                    for statement in setup.split(';') {
+                        sqlx::Executor::execute(&mut *conn, statement).await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect(url)
+            .await
+            .map_err(|source| connect_error(url, &shown, source))?;
+        let store = Self {
+            pool,
+            backend,
+            key,
+            locks,
+            keks: None,
+        };
+        store.migrate(&shown).await?;
+        Ok(store)
+    }
+
+    async fn migrate(&self, shown: &str) -> Result<()> {
+        let migrator = match self.backend {
+            Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
+            Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
+        };
+        // PostgreSQL serialises concurrent migrators with an advisory lock;
+        // SQLite has none, so a replica that loses the race to another
+        // process sees its tables appear and tries again.
+        let mut attempt = 0;
+        loop {
+            match migrator.run(&self.pool).await {
+                Ok(()) => return Ok(()),
+                Err(_) if self.backend == Backend::Sqlite && attempt < 3 => attempt += 1,
+                Err(source) => {
+                    return Err(Error::Migrate {
+                        url: shown.to_owned(),
+                        source,
+                    });
+                }
+            }
+        }
+    }
+}
+
+fn connect_error(url: &str, shown: &str, source: sqlx::Error) -> Error {
+    match source {
+        // The driver's reason may quote parts of the URL.
+        sqlx::Error::Configuration(reason) => Error::Url {
+            url: shown.to_owned(),
+            reason: scrub(&reason.to_string(), url),
+        },
+        source => Error::Connect {
+            url: shown.to_owned(),
+            source,
+        },
+    }
+}
