@@ -152,7 +152,7 @@ pub(crate) fn now_ms() -> u64 {
 }
 
 /// Poll `check` every 10 ms until it yields, or fail after `limit`.
-async fn until<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> Result<T, Error>
+pub(crate) async fn until<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> Result<T, Error>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<Option<T>, Error>>,
@@ -199,13 +199,13 @@ async fn steady(pool: &LocalPool, store: &Store) -> Result<(), Error> {
     .await
 }
 
-fn observe(pool: &LocalPool, sandbox: &str) -> Observed {
+pub(crate) fn observe(pool: &LocalPool, sandbox: &str) -> Observed {
     let log = pool.logs().join(format!("{sandbox}-agent.log"));
     agent_log::parse(&std::fs::read_to_string(log).unwrap_or_default())
 }
 
 /// Agent PIDs by sandbox name, as the agents logged them.
-fn agent_pids(pool: &LocalPool, sandboxes: &[String]) -> Vec<u32> {
+pub(crate) fn agent_pids(pool: &LocalPool, sandboxes: &[String]) -> Vec<u32> {
     sandboxes.iter().filter_map(|s| observe(pool, s).pid).collect()
 }
 
@@ -521,7 +521,7 @@ pub(crate) enum Planned {
 }
 
 /// An operator client of the pool over every replica.
-async fn operator(pool: &LocalPool) -> Result<poolctl::Client, Error> {
+pub(crate) async fn operator(pool: &LocalPool) -> Result<poolctl::Client, Error> {
     pool.operator(pool.endpoints())
         .await
         .map_err(|e| Error::Scenario(format!("operator client: {e}")))

@@ -101,6 +101,36 @@ async fn the_scale_scenario_places_every_registered_instance() {
     assert!(e2e::scale::table(&[report]).contains("| sqlite | 120 | 3 |"));
 }
 
+/// The busy-member scenario's machinery on a few sessions: gathered on one member, drained at
+/// max_parallel 8 and 1, and its member killed — every step moves every session without
+/// restarting a workload, and the at-rest figures are read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sessions_scenario_moves_every_session_without_a_restart() {
+    let root = tempfile::tempdir().unwrap();
+    let settings = e2e::scale::sessions::Settings {
+        sessions: 4,
+        root: root.path().join("sessions"),
+        backend: e2e::chaos::Backend::Sqlite,
+    };
+    let report = e2e::scale::sessions::run(&settings).await.unwrap();
+    let steps: Vec<(&str, usize, bool)> = report
+        .steps
+        .iter()
+        .map(|s| (s.step.split(' ').next().unwrap_or(""), s.moved, s.pids_preserved))
+        .collect();
+    assert_eq!(steps.len(), 4, "{report:?}");
+    assert!(
+        steps[1..].iter().all(|(_, moved, kept)| *moved == 4 && *kept),
+        "{report:?}"
+    );
+    assert_eq!(steps[3].0, "SIGKILL");
+    assert!(
+        report.at_rest.member_rss_mib > 0.0 && report.at_rest.report_bytes_per_s > 0.0,
+        "{report:?}"
+    );
+    assert!(e2e::scale::sessions::table(&[report]).contains("| sqlite | 4 |"));
+}
+
 /// The workload PID shows in the pool status from the instance's first placement on: the
 /// streamed statuses show no PID until the workload is known (its sidecar may report the
 /// instance ACTIVE before the agent first connects to it), then the agent's real PID, still

@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -28,6 +29,9 @@ pub async fn run(replica: Arc<Replica>, mut lease: watch::Receiver<Option<Lease>
     // not plan the same change twice.
     let mut wrote_at_ms = 0;
     let mut started: Option<i64> = None;
+    // The view last planned, and when: an unchanged pool is planned again only as its
+    // deadlines may come.
+    let mut planned: Option<(Arc<View>, Instant)> = None;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
@@ -43,6 +47,7 @@ pub async fn run(replica: Arc<Replica>, mut lease: watch::Receiver<Option<Lease>
                 Ok(()) => {
                     info!(term = held.term, "coordinating");
                     started = Some(held.term);
+                    planned = None;
                 }
                 Err(err) => {
                     warn!(term = held.term, error = %err, "cannot start coordinating");
@@ -54,6 +59,12 @@ pub async fn run(replica: Arc<Replica>, mut lease: watch::Receiver<Option<Lease>
         if current.now_ms == 0 || current.now_ms <= wrote_at_ms {
             continue;
         }
+        let unchanged =
+            |(before, at): &(Arc<View>, Instant)| at.elapsed() < REPLAN_EVERY && current.same_plan_input(before);
+        if planned.as_ref().is_some_and(unchanged) {
+            continue;
+        }
+        planned = Some((Arc::clone(&current), Instant::now()));
         let writes = plan(&current, replica.recovery_deadline_ms, &mut unplaced);
         if writes.is_empty() {
             continue;
@@ -65,13 +76,20 @@ pub async fn run(replica: Arc<Replica>, mut lease: watch::Receiver<Option<Lease>
                     warn!(term = held.term, reason = %why, "coordinator write fenced; stepping back");
                     break;
                 }
-                Err(err) => warn!(error = %err, "coordinator write failed; will retry on the next view"),
+                Err(err) => {
+                    warn!(error = %err, "coordinator write failed; will retry on the next view");
+                    planned = None;
+                }
             }
         }
         wrote_at_ms = replica.store.now_ms().await.unwrap_or(current.now_ms);
         replica.wake.notify_one();
     }
 }
+
+/// How often an unchanged pool is planned again: its time-bound decisions (operation and
+/// recovery deadlines, retention) come at most this late. A changed pool is planned at once.
+pub const REPLAN_EVERY: Duration = Duration::from_secs(1);
 
 /// At most this many first placements in one fenced transaction.
 pub const PLACEMENTS_PER_WRITE: usize = 128;

@@ -53,6 +53,8 @@ pub struct Metrics {
     coordinator_term: Gauge,
     member_streams: Gauge,
     messages_dropped: Family<ReasonLabels, Counter>,
+    report_bytes: Counter,
+    snapshot_bytes: Counter,
     calls_denied: Counter,
     recoveries_failed: Family<ReasonLabels, Counter>,
     operations_finished: Family<OperationLabels, Counter>,
@@ -128,6 +130,18 @@ impl Metrics {
             "token_secret_oldest_issued_timestamp_seconds",
             "when the oldest token Secret it delivered was issued (Unix time), by target kind",
         );
+        let report_bytes = Counter::default();
+        registry.register(
+            "member_report_bytes",
+            "Encoded bytes of the status reports this replica's member streams received",
+            report_bytes.clone(),
+        );
+        let snapshot_bytes = Counter::default();
+        registry.register(
+            "member_snapshot_bytes",
+            "Encoded bytes of the snapshots this replica's member streams sent",
+            snapshot_bytes.clone(),
+        );
         let pool = pool::Gauges::register(&mut registry);
         // Every labelled counter starts at 0, so `increase()` sees its first event.
         for reason in ["ack_never_sent", "ack_regressed", "report_oversized"] {
@@ -163,6 +177,8 @@ impl Metrics {
             coordinator_term,
             member_streams,
             messages_dropped,
+            report_bytes,
+            snapshot_bytes,
             calls_denied,
             recoveries_failed,
             operations_finished,
@@ -182,6 +198,16 @@ impl Metrics {
     /// A call refused because its credential is for another instance or member.
     pub fn call_denied(&self) {
         self.calls_denied.inc();
+    }
+
+    /// A status report of `bytes` received from a member.
+    pub fn report_received(&self, bytes: usize) {
+        self.report_bytes.inc_by(u64::try_from(bytes).unwrap_or(u64::MAX));
+    }
+
+    /// A snapshot of `bytes` sent to a member.
+    pub fn snapshot_sent(&self, bytes: usize) {
+        self.snapshot_bytes.inc_by(u64::try_from(bytes).unwrap_or(u64::MAX));
     }
 
     /// A member message dropped.
@@ -289,13 +315,28 @@ pub async fn follow(replica: Arc<Replica>, mut lease: watch::Receiver<Option<Lea
                 metrics.token_secrets_forgotten();
             }
         }
+        let figured = tokio::time::Instant::now();
         tokio::select! {
             () = stop.cancelled() => return,
             changed = lease.changed() => if changed.is_err() { return },
-            changed = view.changed() => if changed.is_err() { return },
+            changed = view.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                // Pool figures at most once per FIGURES_EVERY (views come every 200 ms, scrapes
+                // every 15 s or so); a lease change at once.
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    changed = lease.changed() => if changed.is_err() { return },
+                    () = tokio::time::sleep_until(figured + FIGURES_EVERY) => {}
+                }
+            }
         }
     }
 }
+
+/// How often the pool-wide gauges follow the pool view at most.
+const FIGURES_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 #[cfg(test)]
 mod tests;

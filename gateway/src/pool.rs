@@ -88,6 +88,13 @@ impl<T: Clone> std::ops::DerefMut for Table<T> {
     }
 }
 
+impl<T> Table<T> {
+    /// Whether both are the same read of the table (shared, not merely equal).
+    pub fn same(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
 impl<'a, T> IntoIterator for &'a Table<T>
 where
     &'a T: IntoIterator,
@@ -224,6 +231,36 @@ impl View {
                 .values()
                 .map(address)
                 .eq(other.members.values().map(address))
+    }
+
+    /// Whether a plan over this view sees what a plan over `other` saw, time aside: the same
+    /// reads of instances, assignments, reports and operations, the same blackout, and the same
+    /// member processes, each as live as it was. The coordinator plans such a view again only
+    /// when its deadlines may have come (see `coordinator::REPLAN_EVERY`).
+    pub fn same_plan_input(&self, other: &View) -> bool {
+        fn member<'a>(v: &View, m: &'a MemberRecord) -> (&'a str, &'a str, i64, &'a str, i64, &'a str, bool, bool) {
+            let (name, process, address, served_by) = (&m.member, &m.process_id, &m.runtime_address, &m.served_by);
+            (
+                name,
+                process,
+                m.epoch,
+                address,
+                m.capacity,
+                served_by,
+                m.leaving,
+                v.member_is_live(m),
+            )
+        }
+        self.instances.same(&other.instances)
+            && self.assignments.same(&other.assignments)
+            && self.reports.same(&other.reports)
+            && self.operations.same(&other.operations)
+            && self.blackout == other.blackout
+            && self
+                .members
+                .values()
+                .map(|m| member(self, m))
+                .eq(other.members.values().map(|m| member(other, m)))
     }
 
     /// Live member records whose serving replica has not recorded that it is running for
@@ -634,6 +671,28 @@ mod tests {
         }
         // A view that was never numbered (read directly from the store) is built from always.
         assert_eq!(View::default().snapshot_revision, 0);
+    }
+
+    #[test]
+    fn only_a_changed_table_or_member_makes_a_new_plan_input() {
+        let first = view();
+        let later = View {
+            now_ms: first.now_ms + 100,
+            ..first.clone()
+        };
+        assert!(later.same_plan_input(&first), "time alone, tables shared");
+        let mut reread = later.clone();
+        reread.assignments = (*first.assignments).clone().into();
+        assert!(!reread.same_plan_input(&first), "a table read again, even if equal");
+        let mut moved = later.clone();
+        moved.members.values_mut().next().unwrap().leaving = true;
+        assert!(!moved.same_plan_input(&first), "a member changed");
+        let expiry = first.members.values().map(|m| m.expires_at_ms).max().unwrap();
+        let lapsed = View {
+            now_ms: expiry + 1,
+            ..first.clone()
+        };
+        assert!(!lapsed.same_plan_input(&first), "a member's record lapsed");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //!
 //! cargo run --release -p e2e --bin scenarios -- [--json FILE] [--database URL] [SCENARIO…]
 //! cargo run --release -p e2e --bin scenarios -- chaos --trials N --seed S [--postgres | --database URL]
-//! cargo run --release -p e2e --bin scenarios -- scale [--instances 1000,4000,10000] [--postgres | --database URL]
+//! cargo run --release -p e2e --bin scenarios -- scale [--instances 1000,4000,10000] [--sessions 256] [--postgres | --database URL]
 
 use std::path::PathBuf;
 
@@ -62,6 +62,9 @@ enum Command {
         /// Registrations in flight at a time.
         #[arg(long, default_value_t = 32)]
         concurrency: usize,
+        /// Then real processes: this many sessions on one member (0: skip).
+        #[arg(long, default_value_t = 256)]
+        sessions: usize,
         /// A private PostgreSQL server for the runs.
         #[arg(long, conflicts_with = "database")]
         postgres: bool,
@@ -83,12 +86,13 @@ async fn main() -> anyhow::Result<()> {
         instances,
         members,
         concurrency,
+        sessions,
         postgres,
     }) = args.command
     {
         let backend = backend(postgres, args.database);
         let mut reports = Vec::new();
-        for n in instances {
+        for n in instances.into_iter().filter(|n| *n > 0) {
             eprintln!("scale: {n} instances on {members} members ({}) ...", backend.name());
             let settings = scale::Settings {
                 members,
@@ -99,8 +103,20 @@ async fn main() -> anyhow::Result<()> {
             print!("{}", scale::table(&reports[reports.len() - 1..]));
         }
         print!("{}", scale::table(&reports));
+        let mut busy = Vec::new();
+        if sessions > 0 {
+            eprintln!("scale: {sessions} sessions on one member ({}) ...", backend.name());
+            let settings = scale::sessions::Settings {
+                sessions,
+                root: args.dir.join("sessions"),
+                backend,
+            };
+            busy.push(scale::sessions::run(&settings).await?);
+            print!("{}", scale::sessions::table(&busy));
+        }
         if let Some(path) = &args.json {
-            std::fs::write(path, serde_json::to_string_pretty(&reports)?)?;
+            let both = serde_json::json!({ "instances": reports, "sessions": busy });
+            std::fs::write(path, serde_json::to_string_pretty(&both)?)?;
             eprintln!("wrote {}", path.display());
         }
         return Ok(());

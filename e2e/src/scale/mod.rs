@@ -7,6 +7,7 @@
 //! on PostgreSQL, the database's transactions and rows read per second.
 
 pub mod member;
+pub mod sessions;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -210,14 +211,10 @@ async fn measure(settings: &Settings, pool: &LocalPool) -> Result<Report, Error>
     tokio::time::sleep(settings.rest).await;
     let rest = rest_started.elapsed().as_secs_f64();
     let db_after = database_counters(&store).await;
-    let ticks_per_s = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .map_or(100.0, |t| t as f64);
     let mut replicas = Vec::new();
     for (i, gateway) in pool.gateways.iter().enumerate() {
         let cpu = match (cpu_before[i], pids[i].and_then(cpu_ticks)) {
-            (Some(before), Some(after)) => after.saturating_sub(before) as f64 / ticks_per_s / rest * 100.0,
+            (Some(before), Some(after)) => ticks_as_seconds(after.saturating_sub(before)) / rest * 100.0,
             _ => f64::NAN,
         };
         replicas.push(AtRest {
@@ -353,6 +350,15 @@ fn cpu_ticks(pid: u32) -> Option<u64> {
     let utime: u64 = fields.get(11)?.parse().ok()?;
     let stime: u64 = fields.get(12)?.parse().ok()?;
     Some(utime + stime)
+}
+
+/// CPU `ticks` as seconds.
+fn ticks_as_seconds(ticks: u64) -> f64 {
+    let per_s = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .map_or(100.0, |t| t as f64);
+    ticks as f64 / per_s
 }
 
 fn rss_kib(pid: u32) -> Option<u64> {

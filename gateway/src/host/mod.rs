@@ -318,6 +318,7 @@ impl Session {
                     let body = current.snapshot_for(&self.identity.member, &self.identity.process_id, replica.recovery_deadline_ms);
                     if let Some(snapshot) = protocol.next_snapshot(body, current.directory()) {
                         let snapshot = proto::host::v1::Snapshot { gateway_replica: replica.name.clone(), ..snapshot };
+                        replica.metrics.snapshot_sent(snapshot.encoded_len());
                         if !self.send(gateway_message::Kind::Snapshot(snapshot)).await {
                             break End::Silent;
                         }
@@ -426,6 +427,9 @@ impl Session {
         let replica = self.host.replica.clone();
         let metrics = &replica.metrics;
         let encoded_len = message.encoded_len();
+        if matches!(message.kind, Some(MemberKind::StatusReport(_))) {
+            metrics.report_received(encoded_len);
+        }
         match message.kind {
             Some(MemberKind::Heartbeat(beat)) => {
                 let ack = HeartbeatAck {
