@@ -292,10 +292,10 @@ fn has_named(list: Option<&Value>, name: &str) -> bool {
 
 /// `Some(array)` if present as an array, `None` if absent or null, an error otherwise.
 /// (`path` names the field in the error; it is built only then.)
-fn array_or_absent<'a, P: Into<String>>(
-    value: Option<&'a Value>,
+fn array_or_absent<P: Into<String>>(
+    value: Option<&Value>,
     path: impl FnOnce() -> P,
-) -> Result<Option<&'a Vec<Value>>, InjectError> {
+) -> Result<Option<&Vec<Value>>, InjectError> {
     match value {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Array(items)) => Ok(Some(items)),

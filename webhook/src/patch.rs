@@ -132,7 +132,7 @@ impl PatchWriter {
 
     /// Appends each item to the array at `path` (`path/-`), or creates the array with one
     /// `add` when it is missing.
-    pub fn push_all<'a>(&mut self, path: fmt::Arguments<'_>, exists: bool, items: &[&'a str]) {
+    pub fn push_all(&mut self, path: fmt::Arguments<'_>, exists: bool, items: &[&str]) {
         if items.is_empty() {
             return;
         }
