@@ -6,13 +6,16 @@
 //! fields) cannot be lost by a decode/encode round trip: the patch only ever *adds* at paths it
 //! has checked. Missing arrays and maps are created with one `add` carrying the whole new value
 //! (an `add` to `/spec/volumes/-` on a Pod without `spec.volumes` is refused by the API server
-//! with `doc is missing path`), and existing ones are appended to.
+//! with `doc is missing path`), and existing ones are appended to. The patch is written as
+//! JSON text by [`PatchWriter`], copying the constant parts serialized once at start.
 
-use std::borrow::Cow;
 use std::fmt;
 
 use serde::Serialize;
 use serde_json::{Map, Value, json};
+
+use crate::patch::{Fragment, PatchWriter};
+pub use crate::patch::{JsonPatch, escape_pointer_token};
 
 /// Name of the injected sidecar container.
 pub const SIDECAR_NAME: &str = "openshell-sidecar";
@@ -213,24 +216,11 @@ impl SkipReason {
     }
 }
 
-/// One RFC 6902 operation. The webhook only ever emits `add`.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct PatchOp {
-    pub op: &'static str,
-    pub path: String,
-    pub value: Value,
-}
-
-impl PatchOp {
-    fn add(path: String, value: Value) -> Self {
-        Self { op: "add", path, value }
-    }
-}
-
 /// A decided injection.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Injection {
-    pub patch: Vec<PatchOp>,
+    /// The RFC 6902 patch (only `add` operations), as JSON text.
+    pub patch: JsonPatch,
     pub mode: SidecarMode,
     /// Returned to the client as admission warnings.
     pub warnings: Vec<String>,
@@ -254,25 +244,18 @@ pub enum InjectError {
     WrongType(String, &'static str),
 }
 
-/// Escape one JSON Pointer reference token (RFC 6901): `~` becomes `~0`, then `/` becomes
-/// `~1`. The order matters: the other order would turn `/` into `~01`.
-pub fn escape_pointer_token(token: &str) -> Cow<'_, str> {
-    if token.contains(['~', '/']) {
-        Cow::Owned(token.replace('~', "~0").replace('/', "~1"))
-    } else {
-        Cow::Borrowed(token)
-    }
-}
-
 /// The injection, with the JSON it adds built once.
 #[derive(Clone, Debug)]
 pub struct Injector {
     config: InjectConfig,
-    sidecar_native: Value,
-    sidecar_container: Value,
-    volumes: Vec<Value>,
-    workload_env: Vec<Value>,
-    workload_mount: Value,
+    sidecar_native: Fragment,
+    sidecar_container: Fragment,
+    volumes: Vec<Fragment>,
+    workload_env: Vec<Fragment>,
+    workload_mount: Fragment,
+    /// `workload_env`'s values, for callers that read them as a slice.
+    workload_env_values: Vec<Value>,
+    volume_values: Vec<Value>,
 }
 
 #[derive(Serialize)]
@@ -308,11 +291,15 @@ fn has_named(list: Option<&Value>, name: &str) -> bool {
 }
 
 /// `Some(array)` if present as an array, `None` if absent or null, an error otherwise.
-fn array_or_absent<'a>(value: Option<&'a Value>, path: &str) -> Result<Option<&'a Vec<Value>>, InjectError> {
+/// (`path` names the field in the error; it is built only then.)
+fn array_or_absent<P: Into<String>>(
+    value: Option<&Value>,
+    path: impl FnOnce() -> P,
+) -> Result<Option<&Vec<Value>>, InjectError> {
     match value {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Array(items)) => Ok(Some(items)),
-        Some(_) => Err(InjectError::WrongType(path.to_string(), "an array")),
+        Some(_) => Err(InjectError::WrongType(path().into(), "an array")),
     }
 }
 
@@ -344,32 +331,16 @@ fn same_dir(a: &str, b: &str) -> bool {
     a.trim_end_matches('/') == b.trim_end_matches('/')
 }
 
-/// Appends `items` to the array at `path`, or creates it with one `add` when it is missing.
-fn push_all(patch: &mut Vec<PatchOp>, path: &str, existing: Option<&Vec<Value>>, items: Vec<Value>) {
-    if items.is_empty() {
-        return;
-    }
-    match existing {
-        Some(_) => {
-            for item in items {
-                patch.push(PatchOp::add(format!("{path}/-"), item));
-            }
-        }
-        None => patch.push(PatchOp::add(path.to_string(), Value::Array(items))),
-    }
-}
-
 /// Sets `key` in the map at `path` (creating the map with one `add` when it is missing).
 /// Nothing is emitted when the map already holds exactly `value`.
-fn put_key(patch: &mut Vec<PatchOp>, path: &str, existing: Option<&Map<String, Value>>, key: &str, value: Value) {
+fn put_key(patch: &mut PatchWriter, path: &str, existing: Option<&Map<String, Value>>, key: &str, value: &str) {
     match existing {
-        Some(map) if map.get(key) == Some(&value) => {}
-        Some(_) => patch.push(PatchOp::add(format!("{path}/{}", escape_pointer_token(key)), value)),
-        None => {
-            let mut map = Map::new();
-            map.insert(key.to_string(), value);
-            patch.push(PatchOp::add(path.to_string(), Value::Object(map)));
-        }
+        Some(map) if map.get(key).and_then(Value::as_str) == Some(value) => {}
+        Some(_) => patch.add_value(format_args!("{path}/{}", escape_pointer_token(key)), &value),
+        None => patch.add_value(
+            format_args!("{path}"),
+            &std::collections::BTreeMap::from([(key, value)]),
+        ),
     }
 }
 
@@ -482,11 +453,13 @@ impl Injector {
         let workload_mount = json!({ "name": SOCKET_VOLUME, "mountPath": SOCKET_DIR });
         Self {
             config,
-            sidecar_native,
-            sidecar_container,
-            volumes,
-            workload_env,
-            workload_mount,
+            sidecar_native: Fragment::new(sidecar_native),
+            sidecar_container: Fragment::new(sidecar_container),
+            volumes: volumes.iter().cloned().map(Fragment::new).collect(),
+            workload_env: workload_env.iter().cloned().map(Fragment::new).collect(),
+            workload_mount: Fragment::new(workload_mount),
+            workload_env_values: workload_env,
+            volume_values: volumes,
         }
     }
 
@@ -496,6 +469,10 @@ impl Injector {
 
     /// The sidecar container this injector adds in `mode`.
     pub fn sidecar(&self, mode: SidecarMode) -> &Value {
+        self.sidecar_fragment(mode).value()
+    }
+
+    fn sidecar_fragment(&self, mode: SidecarMode) -> &Fragment {
         match mode {
             SidecarMode::Native => &self.sidecar_native,
             SidecarMode::Container => &self.sidecar_container,
@@ -505,17 +482,17 @@ impl Injector {
     /// The volumes this injector adds (token Secret, socket and state `emptyDir`s), each
     /// unless the Pod already has it.
     pub fn volumes(&self) -> &[Value] {
-        &self.volumes
+        &self.volume_values
     }
 
     /// The env vars added to each workload container (unless it sets the same name).
     pub fn workload_env(&self) -> &[Value] {
-        &self.workload_env
+        &self.workload_env_values
     }
 
     /// The socket volume mount added to each workload container.
     pub fn workload_mount(&self) -> &Value {
-        &self.workload_mount
+        self.workload_mount.value()
     }
 
     /// Is `namespace` one that must never be mutated?
@@ -563,8 +540,8 @@ impl Injector {
                 return Err(InjectError::WrongType("spec.containers".into(), "an array"));
             }
         };
-        let init_containers = array_or_absent(spec.get("initContainers"), "spec.initContainers")?;
-        let volumes = array_or_absent(spec.get("volumes"), "spec.volumes")?;
+        let init_containers = array_or_absent(spec.get("initContainers"), || "spec.initContainers")?;
+        let volumes = array_or_absent(spec.get("volumes"), || "spec.volumes")?;
         let annotation_map = object_or_absent(annotations, "metadata.annotations")?;
         let label_map = object_or_absent(labels, "metadata.labels")?;
 
@@ -580,13 +557,13 @@ impl Injector {
         // leave the Pod alone rather than mount someone else's volume into the sidecar.
         let mut new_volumes = Vec::with_capacity(self.volumes.len());
         for volume in &self.volumes {
-            let name = volume.get("name").and_then(Value::as_str).unwrap_or("");
+            let name = volume.value().get("name").and_then(Value::as_str).unwrap_or("");
             let existing = volumes.and_then(|vols| {
                 vols.iter()
                     .find(|v| v.get("name").and_then(Value::as_str) == Some(name))
             });
             match existing {
-                None => new_volumes.push(volume.clone()),
+                None => new_volumes.push(volume.json()),
                 Some(existing) if is_our_volume(name, existing) => {}
                 Some(_) => return Ok(Decision::Skip(SkipReason::VolumeConflict)),
             }
@@ -608,56 +585,50 @@ impl Injector {
             },
         };
 
-        let mut patch = Vec::with_capacity(2 * containers.len() + 8);
+        let mut patch = PatchWriter::with_capacity(4096);
 
         // 1. The sidecar.
+        let sidecar = self.sidecar_fragment(mode).json();
         match mode {
             SidecarMode::Native => match init_containers {
                 // Before the Pod's own init containers, so it runs while they run.
-                Some(_) => patch.push(PatchOp::add(
-                    "/spec/initContainers/0".into(),
-                    self.sidecar_native.clone(),
-                )),
-                None => patch.push(PatchOp::add(
-                    "/spec/initContainers".into(),
-                    Value::Array(vec![self.sidecar_native.clone()]),
-                )),
+                Some(_) => patch.add_json(format_args!("/spec/initContainers/0"), sidecar),
+                None => patch.add_array(format_args!("/spec/initContainers"), [sidecar]),
             },
             // After the workload's containers, so the Pod's default container is unchanged.
-            SidecarMode::Container => patch.push(PatchOp::add(
-                "/spec/containers/-".into(),
-                self.sidecar_container.clone(),
-            )),
+            SidecarMode::Container => patch.add_json(format_args!("/spec/containers/-"), sidecar),
         }
 
         // 2. On every workload container: the supervisor route and the socket path (never
         //    overriding a variable the container sets), and the socket directory.
         let mut env_containers = Vec::with_capacity(containers.len());
         let mut mount_containers = Vec::with_capacity(containers.len());
+        let mut missing = Vec::with_capacity(self.workload_env.len());
         for (index, container) in containers.iter().enumerate() {
             let Some(container) = container.as_object() else {
                 return Err(InjectError::WrongType(format!("spec.containers[{index}]"), "an object"));
             };
             let name = container.get("name").and_then(Value::as_str).unwrap_or("");
 
-            let env_path = format!("spec.containers[{index}].env");
-            let env = array_or_absent(container.get("env"), &env_path)?;
-            let missing: Vec<Value> = self
-                .workload_env
-                .iter()
-                .filter(|var| {
-                    let var_name = var.get("name").and_then(Value::as_str).unwrap_or("");
-                    env.is_none_or(|existing| !has_named_in(existing, var_name))
-                })
-                .cloned()
-                .collect();
+            let env = array_or_absent(container.get("env"), || format!("spec.containers[{index}].env"))?;
+            missing.clear();
+            missing.extend(
+                self.workload_env
+                    .iter()
+                    .filter(|var| {
+                        let var_name = var.value().get("name").and_then(Value::as_str).unwrap_or("");
+                        env.is_none_or(|existing| !has_named_in(existing, var_name))
+                    })
+                    .map(Fragment::json),
+            );
             if !missing.is_empty() {
                 env_containers.push(name);
             }
-            push_all(&mut patch, &format!("/spec/containers/{index}/env"), env, missing);
+            patch.push_all(format_args!("/spec/containers/{index}/env"), env.is_some(), &missing);
 
-            let mounts_path = format!("spec.containers[{index}].volumeMounts");
-            let mounts = array_or_absent(container.get("volumeMounts"), &mounts_path)?;
+            let mounts = array_or_absent(container.get("volumeMounts"), || {
+                format!("spec.containers[{index}].volumeMounts")
+            })?;
             let mut add_mount = true;
             for mount in mounts.into_iter().flatten() {
                 if mount.get("name").and_then(Value::as_str) == Some(SOCKET_VOLUME) {
@@ -674,21 +645,20 @@ impl Injector {
             }
             if add_mount {
                 mount_containers.push(name);
-                push_all(
-                    &mut patch,
-                    &format!("/spec/containers/{index}/volumeMounts"),
-                    mounts,
-                    vec![self.workload_mount.clone()],
+                patch.push_all(
+                    format_args!("/spec/containers/{index}/volumeMounts"),
+                    mounts.is_some(),
+                    &[self.workload_mount.json()],
                 );
             }
         }
 
         // 3. The volumes.
-        push_all(&mut patch, "/spec/volumes", volumes, new_volumes);
+        patch.push_all(format_args!("/spec/volumes"), volumes.is_some(), &new_volumes);
 
         // 4. A shared process namespace so the sidecar can see and stop the workload.
         if spec.get("shareProcessNamespace").and_then(Value::as_bool) != Some(true) {
-            patch.push(PatchOp::add("/spec/shareProcessNamespace".into(), Value::Bool(true)));
+            patch.add_json(format_args!("/spec/shareProcessNamespace"), "true");
         }
 
         // 5. The supervised label (the gateway follows Pods by it) and the record of what was
@@ -702,29 +672,38 @@ impl Injector {
             env: env_containers,
             mounts: mount_containers,
         };
-        let record = Value::String(serde_json::to_string(&record).unwrap_or_default());
-        let label = Value::String(SUPERVISED_VALUE.into());
+        let record = serde_json::to_string(&record).unwrap_or_default();
         match metadata {
             Some(Value::Object(_)) => {
-                put_key(&mut patch, "/metadata/labels", label_map, SUPERVISED_LABEL, label);
+                put_key(
+                    &mut patch,
+                    "/metadata/labels",
+                    label_map,
+                    SUPERVISED_LABEL,
+                    SUPERVISED_VALUE,
+                );
                 put_key(
                     &mut patch,
                     "/metadata/annotations",
                     annotation_map,
                     INJECTED_ANNOTATION,
-                    record,
+                    &record,
                 );
             }
-            _ => patch.push(PatchOp::add(
-                "/metadata".into(),
-                json!({
-                    "labels": { SUPERVISED_LABEL: label },
+            _ => patch.add_value(
+                format_args!("/metadata"),
+                &json!({
+                    "labels": { SUPERVISED_LABEL: SUPERVISED_VALUE },
                     "annotations": { INJECTED_ANNOTATION: record },
                 }),
-            )),
+            ),
         }
 
-        Ok(Decision::Inject(Injection { patch, mode, warnings }))
+        Ok(Decision::Inject(Injection {
+            patch: patch.finish(),
+            mode,
+            warnings,
+        }))
     }
 }
 
@@ -737,18 +716,6 @@ fn has_named_in(items: &[Value], name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn escaping_order_is_tilde_then_slash() {
-        assert_eq!(
-            escape_pointer_token("supervision.openshell.ai/injected"),
-            "supervision.openshell.ai~1injected"
-        );
-        // `~` first: `a~/b` must become `a~0~1b`, not `a~01b` (slash first would give that).
-        assert_eq!(escape_pointer_token("a~/b"), "a~0~1b");
-        assert_eq!(escape_pointer_token("~1"), "~01");
-        assert_eq!(escape_pointer_token("plain"), "plain");
-    }
 
     #[test]
     fn bad_mode_annotation_falls_back_with_warning() {

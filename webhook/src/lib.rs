@@ -8,8 +8,10 @@
 //! - [`config::Config`]: flags and `OPENSHELL_WEBHOOK_*` environment variables.
 
 pub mod config;
+pub mod decode;
 pub mod inject;
 pub mod metrics;
+pub mod patch;
 pub mod review;
 pub mod server;
 pub mod tls;

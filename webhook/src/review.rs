@@ -193,14 +193,13 @@ pub fn scan_uid(body: &[u8]) -> Option<String> {
 
 /// Answer a raw request body.
 ///
-/// Fast path: the body is decoded into [`ReviewIn`], which keeps exactly the parts of the
-/// review [`mutate`] reads (as raw [`Value`]s: the whole `spec`, labels, annotations, ...) and
-/// skips the rest without allocating (`managedFields`, `userInfo`, `options`, `status`, ...).
-/// Anything that does not fit that shape (wrong types, duplicate keys) takes the slow path:
-/// the whole body as a `Value`. Both paths feed the same [`mutate`], so they answer alike.
+/// Fast path: the body is decoded into the pruned view of [`crate::decode`], which keeps
+/// exactly the parts of the review [`mutate`] reads and skips the rest without allocating.
+/// Anything that does not fit that view (wrong types, duplicate keys) takes the slow path: the
+/// whole body as a `Value`. Both paths feed the same [`mutate`], so they answer alike.
 pub fn mutate_bytes(body: &[u8], injector: &Injector) -> Reviewed {
-    if let Ok(review) = serde_json::from_slice::<ReviewIn>(body) {
-        return mutate(&review.into_value(), injector);
+    if let Some(review) = crate::decode::pruned(body) {
+        return mutate(&review, injector);
     }
     match serde_json::from_slice::<Value>(body) {
         Ok(review) => mutate(&review, injector),
@@ -209,87 +208,6 @@ pub fn mutate_bytes(body: &[u8], injector: &Injector) -> Reviewed {
             FailReason::InvalidJson,
             format!("request body is not valid JSON: {err}"),
         ),
-    }
-}
-
-/// The fields of an AdmissionReview that [`mutate`] reads; unknown fields are skipped.
-#[derive(serde::Deserialize)]
-struct ReviewIn {
-    #[serde(rename = "apiVersion")]
-    api_version: Option<Value>,
-    kind: Option<Value>,
-    request: Option<RequestIn>,
-}
-
-#[derive(serde::Deserialize)]
-struct RequestIn {
-    uid: Option<Value>,
-    kind: Option<Value>,
-    #[serde(rename = "subResource")]
-    sub_resource: Option<Value>,
-    operation: Option<Value>,
-    namespace: Option<Value>,
-    name: Option<Value>,
-    #[serde(rename = "dryRun")]
-    dry_run: Option<Value>,
-    object: Option<ObjectIn>,
-}
-
-#[derive(serde::Deserialize)]
-struct ObjectIn {
-    metadata: Option<MetadataIn>,
-    spec: Option<Value>,
-}
-
-#[derive(serde::Deserialize)]
-struct MetadataIn {
-    name: Option<Value>,
-    #[serde(rename = "generateName")]
-    generate_name: Option<Value>,
-    namespace: Option<Value>,
-    labels: Option<Value>,
-    annotations: Option<Value>,
-}
-
-fn insert(map: &mut serde_json::Map<String, Value>, key: &str, value: Option<Value>) {
-    if let Some(value) = value {
-        map.insert(key.to_string(), value);
-    }
-}
-
-impl ReviewIn {
-    /// The pruned review as a `Value` (absent fields stay absent; `null` reads as absent,
-    /// which [`mutate`] treats alike).
-    fn into_value(self) -> Value {
-        let mut review = serde_json::Map::new();
-        insert(&mut review, "apiVersion", self.api_version);
-        insert(&mut review, "kind", self.kind);
-        if let Some(request_in) = self.request {
-            let mut request = serde_json::Map::new();
-            insert(&mut request, "uid", request_in.uid);
-            insert(&mut request, "kind", request_in.kind);
-            insert(&mut request, "subResource", request_in.sub_resource);
-            insert(&mut request, "operation", request_in.operation);
-            insert(&mut request, "namespace", request_in.namespace);
-            insert(&mut request, "name", request_in.name);
-            insert(&mut request, "dryRun", request_in.dry_run);
-            if let Some(object_in) = request_in.object {
-                let mut object = serde_json::Map::new();
-                if let Some(metadata_in) = object_in.metadata {
-                    let mut metadata = serde_json::Map::new();
-                    insert(&mut metadata, "name", metadata_in.name);
-                    insert(&mut metadata, "generateName", metadata_in.generate_name);
-                    insert(&mut metadata, "namespace", metadata_in.namespace);
-                    insert(&mut metadata, "labels", metadata_in.labels);
-                    insert(&mut metadata, "annotations", metadata_in.annotations);
-                    object.insert("metadata".into(), Value::Object(metadata));
-                }
-                insert(&mut object, "spec", object_in.spec);
-                request.insert("object".into(), Value::Object(object));
-            }
-            review.insert("request".into(), Value::Object(request));
-        }
-        Value::Object(review)
     }
 }
 
@@ -416,21 +334,12 @@ pub fn mutate(review: &Value, injector: &Injector) -> Reviewed {
         Ok(Decision::Skip(reason)) => {
             reviewed.outcome = Outcome::Skipped(reason);
         }
-        Ok(Decision::Inject(injection)) => match serde_json::to_vec(&injection.patch) {
-            Ok(patch) => {
-                reviewed.response.patch_type = Some("JSONPatch");
-                reviewed.response.patch = Some(STANDARD.encode(patch));
-                reviewed.response.warnings = injection.warnings;
-                reviewed.outcome = Outcome::Injected(injection.mode);
-            }
-            Err(err) => {
-                return failure(
-                    reviewed.response.uid,
-                    FailReason::InvalidPod,
-                    format!("could not encode the patch: {err}"),
-                );
-            }
-        },
+        Ok(Decision::Inject(injection)) => {
+            reviewed.response.patch_type = Some("JSONPatch");
+            reviewed.response.patch = Some(STANDARD.encode(injection.patch.as_bytes()));
+            reviewed.response.warnings = injection.warnings;
+            reviewed.outcome = Outcome::Injected(injection.mode);
+        }
         Err(err) => {
             let mut failed = failure(
                 reviewed.response.uid,
