@@ -9,9 +9,9 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use plumbing::tls::ClientTls;
 use proto::pool::v1::supervisor_pool_client::SupervisorPoolClient;
 use proto::pool::v1::{GetSupervisorPoolStatusRequest, GetSupervisorPoolStatusResponse};
-use proto::tls::ClientTls;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 
 use crate::process::{self, Process};
@@ -151,7 +151,7 @@ impl TlsFiles {
         let names = vec!["localhost".to_owned(), "127.0.0.1".to_owned()];
         let cert = CertificateParams::new(names)?.signed_by(&key, &ca)?;
         let files = Self {
-            ca: dir.join(proto::tls::CA_FILE),
+            ca: dir.join(plumbing::tls::CA_FILE),
             cert: dir.join("tls.crt"),
             key: dir.join("tls.key"),
         };

@@ -102,7 +102,7 @@ pub enum Output {
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
     /// Concurrent moves, 1..=8.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(proto::MAX_MAX_PARALLEL)))]
     pub max_parallel: u32,
     /// Time budget in seconds (0: the gateway's default).
     #[arg(long, default_value_t = 0)]

@@ -5,16 +5,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
-use proto::tls::ClientTls;
+use clap::Parser;
+use plumbing::tls::ClientTls;
 
-/// Log output format.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    #[default]
-    Text,
-    Json,
-}
+pub use plumbing::logging::LogFormat;
 
 #[derive(Clone, Debug, Parser)]
 #[command(
@@ -70,9 +64,9 @@ pub struct Config {
     /// Seconds between SIGTERM and SIGKILL when the sidecar stops the workload.
     #[arg(long, env = "OPENSHELL_SIDECAR_STOP_GRACE_SECONDS", default_value_t = 10)]
     pub stop_grace_seconds: u64,
-    /// Log format.
-    #[arg(long, env = "OPENSHELL_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
+    /// `--log-format` (`OPENSHELL_LOG_FORMAT`): text or json.
+    #[command(flatten)]
+    pub log: plumbing::logging::LogArgs,
     /// Workload command to start and supervise (local mode), after `--`. Without it the
     /// workload is the first process that connects to the socket (Kubernetes).
     #[arg(last = true)]
@@ -136,7 +130,7 @@ impl Config {
         ];
         for (name, env) in names {
             if let Some(name) = name {
-                proto::tls::check_server_name(name).map_err(|why| Error::TlsName(env, why))?;
+                plumbing::tls::check_server_name(name).map_err(|why| Error::TlsName(env, why))?;
             }
         }
         Ok(())
@@ -147,7 +141,7 @@ impl Config {
     pub fn tls_ca(&self) -> PathBuf {
         self.tls_ca
             .clone()
-            .unwrap_or_else(|| self.supervision_dir.join(proto::tls::CA_FILE))
+            .unwrap_or_else(|| self.supervision_dir.join(plumbing::tls::CA_FILE))
     }
 
     /// How supervisor route, member and redirect addresses are verified.
@@ -178,23 +172,18 @@ impl Config {
 }
 
 fn addresses(list: &[String]) -> Vec<String> {
-    list.iter()
-        .map(|a| a.trim().to_owned())
-        .filter(|a| !a.is_empty())
-        .collect()
+    plumbing::gateway::endpoint_list(list)
 }
 
 /// Routes are printable ASCII without whitespace, bounded (common.proto).
 pub fn valid_route(route: &str) -> bool {
-    !route.is_empty() && route.len() <= proto::MAX_ROUTE_BYTES && route.bytes().all(|b| b.is_ascii_graphic())
+    plumbing::validate::route(route).is_ok()
 }
 
-/// An address the sidecar may dial (configured, or named by a Redirect).
+/// An address the sidecar may dial (configured, or named by a Redirect): http(s) with a host
+/// and a port.
 pub fn valid_address(address: &str) -> bool {
-    const MAX_ADDRESS_BYTES: usize = 2048;
-    address.len() <= MAX_ADDRESS_BYTES
-        && (address.starts_with("http://") || address.starts_with("https://"))
-        && address.bytes().all(|b| b.is_ascii_graphic())
+    plumbing::validate::address(address, plumbing::validate::MAX_ADDRESS_BYTES).is_ok()
 }
 
 #[cfg(test)]

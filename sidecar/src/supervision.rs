@@ -3,74 +3,26 @@
 //! in `Debug`) and the gateway's trust bundle (`trust.jwks`). Both are re-read when they change
 //! (a Kubernetes Secret mount swaps them atomically); the bundle also on an unknown `kid`.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use proto::trust::{MAX_TOKEN_BYTES, TOKEN_FILE, TRUST_BUNDLE_FILE, TrustBundle};
-use tonic::metadata::{Ascii, MetadataValue};
+use proto::trust::{TOKEN_FILE, TRUST_BUNDLE_FILE, TrustBundle};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("the token in {0} is empty, larger than {MAX_TOKEN_BYTES} bytes or not ASCII")]
-    BadToken(String),
+    #[error(transparent)]
+    Token(#[from] plumbing::token::TokenError),
     #[error(transparent)]
     Bundle(#[from] proto::trust::Error),
 }
 
 /// A bearer token (the mounted one, or the instance token a registration issued).
-#[derive(Clone)]
-pub struct Token(String);
+pub use plumbing::token::Token;
 
-impl std::fmt::Debug for Token {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Token(<redacted>)")
-    }
-}
-
-impl Token {
-    pub fn new(token: impl Into<String>) -> Self {
-        Self(token.into())
-    }
-
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-
-    /// The `authorization` metadata value.
-    pub fn bearer(&self) -> Result<MetadataValue<Ascii>, Error> {
-        let mut value =
-            MetadataValue::try_from(proto::bearer_value(&self.0)).map_err(|_| Error::BadToken("(token)".into()))?;
-        value.set_sensitive(true);
-        Ok(value)
-    }
-}
-
-/// Reads the mounted token from `dir/token` (bounded, surrounding whitespace trimmed).
+/// Reads the mounted token from `dir/token` (bounded, surrounding whitespace trimmed). A few
+/// bytes from a local mount, read where the engine decides (no await in between).
 pub fn read_token(dir: &Path) -> Result<Token, Error> {
-    let path = dir.join(TOKEN_FILE);
-    let read_error = |source| Error::Read {
-        path: path.display().to_string(),
-        source,
-    };
-    let mut bytes = Vec::new();
-    std::fs::File::open(&path)
-        .map_err(read_error)?
-        .take(MAX_TOKEN_BYTES as u64 + 1)
-        .read_to_end(&mut bytes)
-        .map_err(read_error)?;
-    let text = String::from_utf8(bytes).unwrap_or_default();
-    let token = text.trim();
-    if token.is_empty() || token.len() > MAX_TOKEN_BYTES || !token.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(Error::BadToken(path.display().to_string()));
-    }
-    Ok(Token(token.to_owned()))
+    Ok(plumbing::token::read_blocking(&dir.join(TOKEN_FILE))?)
 }
 
 /// The trust bundle, cached and reloaded when the file's modification time changes.
@@ -115,10 +67,20 @@ mod tests {
         let token = read_token(dir.path()).unwrap();
         assert_eq!(token.expose(), "s3cret.token");
         assert!(!format!("{token:?}").contains("s3cret"));
-        std::fs::write(dir.path().join(TOKEN_FILE), "a".repeat(MAX_TOKEN_BYTES + 1)).unwrap();
-        assert!(matches!(read_token(dir.path()), Err(Error::BadToken(_))));
+        std::fs::write(
+            dir.path().join(TOKEN_FILE),
+            "a".repeat(plumbing::token::MAX_TOKEN_BYTES + 1),
+        )
+        .unwrap();
+        assert!(matches!(
+            read_token(dir.path()),
+            Err(Error::Token(plumbing::token::TokenError::Content { .. }))
+        ));
         std::fs::remove_file(dir.path().join(TOKEN_FILE)).unwrap();
-        assert!(matches!(read_token(dir.path()), Err(Error::Read { .. })));
+        assert!(matches!(
+            read_token(dir.path()),
+            Err(Error::Token(plumbing::token::TokenError::Read { .. }))
+        ));
     }
 
     #[test]
