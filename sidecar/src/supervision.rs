@@ -3,8 +3,10 @@
 //! in `Debug`) and the gateway's trust bundle (`trust.jwks`). Both are re-read when they change
 //! (a Kubernetes Secret mount swaps them atomically); the bundle also on an unknown `kid`.
 
-use std::path::{Path, PathBuf};
-use std::time::SystemTime;
+use std::path::Path;
+use std::sync::Arc;
+
+use plumbing::bundle::BundleFile;
 
 use proto::trust::{TOKEN_FILE, TRUST_BUNDLE_FILE, TrustBundle};
 
@@ -25,34 +27,19 @@ pub fn read_token(dir: &Path) -> Result<Token, Error> {
     Ok(plumbing::token::read_blocking(&dir.join(TOKEN_FILE))?)
 }
 
-/// The trust bundle, cached and reloaded when the file's modification time changes.
+/// The trust bundle, cached and read again when the file changes
+/// ([`plumbing::bundle::BundleFile`]).
 #[derive(Debug)]
-pub struct Trust {
-    path: PathBuf,
-    cached: Option<(Option<SystemTime>, TrustBundle)>,
-}
+pub struct Trust(BundleFile);
 
 impl Trust {
     pub fn new(dir: &Path) -> Self {
-        Self {
-            path: dir.join(TRUST_BUNDLE_FILE),
-            cached: None,
-        }
+        Self(BundleFile::new(dir.join(TRUST_BUNDLE_FILE)))
     }
 
     /// The current bundle; `reload` forces a fresh read (after an unknown `kid`).
-    pub fn bundle(&mut self, reload: bool) -> Result<TrustBundle, Error> {
-        let modified = std::fs::metadata(&self.path).and_then(|m| m.modified()).ok();
-        if let Some((seen, bundle)) = &self.cached
-            && !reload
-            && *seen == modified
-            && modified.is_some()
-        {
-            return Ok(bundle.clone());
-        }
-        let bundle = TrustBundle::load(&self.path)?;
-        self.cached = Some((modified, bundle.clone()));
-        Ok(bundle)
+    pub fn bundle(&mut self, reload: bool) -> Result<Arc<TrustBundle>, Error> {
+        Ok(self.0.load_blocking(reload)?)
     }
 }
 
