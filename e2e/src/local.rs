@@ -477,10 +477,12 @@ impl LocalPool {
     pub fn operator_connection(&self, endpoints: Vec<String>) -> poolctl::Connection {
         let tls = self.client_tls();
         poolctl::Connection {
-            gateway: endpoints,
+            gateway: plumbing::gateway::GatewayArgs {
+                gateway_endpoints: endpoints,
+                tls_ca: tls.ca.clone(),
+                gateway_tls_name: tls.server_name.clone(),
+            },
             token_file: Some(self.credentials().join("operator").join(proto::trust::TOKEN_FILE)),
-            tls_ca: tls.ca.clone(),
-            gateway_tls_name: tls.server_name.clone(),
         }
     }
 

@@ -4,6 +4,7 @@
 //! [`proto::timing::reconnect_backoff`] (jittered); the bearer header is
 //! [`Token::authorize`](crate::token::Token::authorize).
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -17,6 +18,48 @@ pub enum DialError {
     NoEndpoints,
     #[error("no gateway replica reachable: {0}")]
     Unreachable(String),
+}
+
+/// The gateway replicas a binary dials and how their certificates are verified: the same
+/// flags and environment in the supervisor, the sidecar and poolctl.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct GatewayArgs {
+    /// Gateway gRPC endpoints, comma-separated (e.g. https://gw-0:8443,https://gw-1:8443),
+    /// tried in turn; https:// ones are verified with --tls-ca.
+    #[arg(
+        long = "gateway-endpoints",
+        visible_alias = "gateway",
+        env = "OPENSHELL_GATEWAY_ENDPOINTS",
+        value_delimiter = ','
+    )]
+    pub gateway_endpoints: Vec<String>,
+    /// PEM CA bundle that https:// addresses are verified against, re-read at every connect
+    /// (the sidecar's default: `ca.crt` in its supervision directory).
+    #[arg(long, env = "OPENSHELL_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// DNS name the gateway certificates carry, when it is not the endpoints' host.
+    #[arg(long, env = "OPENSHELL_GATEWAY_TLS_NAME")]
+    pub gateway_tls_name: Option<String>,
+}
+
+impl GatewayArgs {
+    /// The endpoints, trimmed, empty entries dropped.
+    pub fn endpoints(&self) -> Vec<String> {
+        endpoint_list(&self.gateway_endpoints)
+    }
+
+    /// How the gateways are verified, with `ca` as the CA bundle.
+    pub fn tls_with(&self, ca: Option<PathBuf>) -> ClientTls {
+        ClientTls {
+            ca,
+            server_name: self.gateway_tls_name.clone(),
+        }
+    }
+
+    /// How the gateways are verified (`--tls-ca`, `--gateway-tls-name`).
+    pub fn tls(&self) -> ClientTls {
+        self.tls_with(self.tls_ca.clone())
+    }
 }
 
 /// Trimmed, non-empty entries of a comma-separated endpoint list.

@@ -5,7 +5,6 @@
 use std::time::Duration;
 
 use plumbing::gateway::Gateways;
-use plumbing::tls::ClientTls;
 use plumbing::token::Token;
 use proto::pool::v1::Operation;
 use proto::pool::v1::supervisor_pool_client::SupervisorPoolClient;
@@ -35,7 +34,7 @@ pub struct Client {
 impl Client {
     /// Read the token and connect to the first of the gateways that answers.
     pub async fn connect(connection: &Connection) -> Result<Self, Error> {
-        if connection.gateway.is_empty() {
+        if connection.gateway.endpoints().is_empty() {
             return Err(Error::Usage(
                 "no gateway: give --gateway (or OPENSHELL_GATEWAY_ENDPOINTS)".into(),
             ));
@@ -45,11 +44,7 @@ impl Client {
         })?;
         let token = plumbing::token::read(path).await?;
         token.bearer().map_err(|_| Error::TokenFormat)?;
-        let tls = ClientTls {
-            ca: connection.tls_ca.clone(),
-            server_name: connection.gateway_tls_name.clone(),
-        };
-        let gateways = Gateways::new(&connection.gateway, tls);
+        let gateways = Gateways::new(&connection.gateway.gateway_endpoints, connection.gateway.tls());
         let channel = gateways.connect(CALL_TIMEOUT).await.map_err(connect_error)?;
         Ok(Self {
             pool: SupervisorPoolClient::new(channel),

@@ -21,9 +21,10 @@ pub struct Config {
     /// locally the members' runtime addresses: any member answers or redirects).
     #[arg(long, env = "OPENSHELL_SUPERVISOR_ROUTE", value_delimiter = ',', required = true)]
     pub supervisor_route: Vec<String>,
-    /// Gateway gRPC endpoints for the instance registry, comma-separated.
-    #[arg(long, env = "OPENSHELL_GATEWAY_ENDPOINTS", value_delimiter = ',', required = true)]
-    pub gateway_endpoints: Vec<String>,
+    /// The gateways of the instance registry (`--gateway-endpoints`, required) and their trust
+    /// (`--tls-ca`, default `ca.crt` in the supervision directory; `--gateway-tls-name`).
+    #[command(flatten)]
+    pub gateway: plumbing::gateway::GatewayArgs,
     /// Namespace of the workload Pod (local mode: the launcher's namespace, e.g. "default").
     #[arg(long, env = "OPENSHELL_POD_NAMESPACE")]
     pub namespace: String,
@@ -41,17 +42,10 @@ pub struct Config {
     /// `ca.crt` (the CA of the pool's TLS certificates); all are re-read when they change.
     #[arg(long, env = "OPENSHELL_SUPERVISION_DIR")]
     pub supervision_dir: PathBuf,
-    /// PEM CA bundle that https:// supervisor and gateway addresses are verified against,
-    /// re-read at every connect. Default: `ca.crt` in the supervision directory.
-    #[arg(long, env = "OPENSHELL_TLS_CA")]
-    pub tls_ca: Option<PathBuf>,
     /// DNS name the supervisor members' certificates carry (the supervisor Service's), for
     /// route and redirect addresses that are IPs. Default: the dialed host.
     #[arg(long, env = "OPENSHELL_SUPERVISOR_TLS_NAME")]
     pub supervisor_tls_name: Option<String>,
-    /// DNS name the gateway certificates carry, when it is not the endpoints' host.
-    #[arg(long, env = "OPENSHELL_GATEWAY_TLS_NAME")]
-    pub gateway_tls_name: Option<String>,
     /// Unix socket path of the workload endpoint.
     #[arg(long, env = "OPENSHELL_SIDECAR_SOCKET")]
     pub socket: PathBuf,
@@ -114,7 +108,7 @@ impl Config {
         }
         let lists = [
             (&self.supervisor_route, "OPENSHELL_SUPERVISOR_ROUTE"),
-            (&self.gateway_endpoints, "OPENSHELL_GATEWAY_ENDPOINTS"),
+            (&self.gateway.gateway_endpoints, "OPENSHELL_GATEWAY_ENDPOINTS"),
         ];
         for (list, env) in lists {
             if list.iter().all(|a| a.trim().is_empty()) {
@@ -126,7 +120,7 @@ impl Config {
         }
         let names = [
             (&self.supervisor_tls_name, "OPENSHELL_SUPERVISOR_TLS_NAME"),
-            (&self.gateway_tls_name, "OPENSHELL_GATEWAY_TLS_NAME"),
+            (&self.gateway.gateway_tls_name, "OPENSHELL_GATEWAY_TLS_NAME"),
         ];
         for (name, env) in names {
             if let Some(name) = name {
@@ -139,7 +133,8 @@ impl Config {
     /// The CA bundle file: `--tls-ca`, else `ca.crt` in the supervision directory (read only
     /// when an https:// address is dialed; the gateway delivers it beside the token).
     pub fn tls_ca(&self) -> PathBuf {
-        self.tls_ca
+        self.gateway
+            .tls_ca
             .clone()
             .unwrap_or_else(|| self.supervision_dir.join(plumbing::tls::CA_FILE))
     }
@@ -154,10 +149,7 @@ impl Config {
 
     /// How gateway endpoints are verified.
     pub fn gateway_tls(&self) -> ClientTls {
-        ClientTls {
-            ca: Some(self.tls_ca()),
-            server_name: self.gateway_tls_name.clone(),
-        }
+        self.gateway.tls_with(Some(self.tls_ca()))
     }
 
     /// The non-empty supervisor route addresses.
@@ -167,7 +159,7 @@ impl Config {
 
     /// The non-empty gateway endpoints.
     pub fn gateway_addresses(&self) -> Vec<String> {
-        addresses(&self.gateway_endpoints)
+        self.gateway.endpoints()
     }
 }
 

@@ -44,10 +44,10 @@ pub struct Config {
     #[arg(long, env = RUNTIME_LISTEN_ENV, default_value = "127.0.0.1:0")]
     pub runtime_listen: SocketAddr,
 
-    /// Gateway replica URIs, comma-separated (e.g. https://gw-0:50051,https://gw-1:50051);
-    /// https:// needs --tls-ca.
-    #[arg(long, env = GATEWAY_ENDPOINTS_ENV, value_delimiter = ',', required = true)]
-    pub gateway_endpoints: Vec<String>,
+    /// The gateway replicas (`--gateway-endpoints`, required; https:// needs --tls-ca) and
+    /// their trust (`--tls-ca`, `--gateway-tls-name`).
+    #[command(flatten)]
+    pub gateway: plumbing::gateway::GatewayArgs,
 
     /// File holding the supervisor token (a JWT), re-read before every (re)connect; while it
     /// is missing or empty the member keeps retrying (in Kubernetes the Secret volume fills in
@@ -64,15 +64,6 @@ pub struct Config {
     /// PEM private key of --tls-cert.
     #[arg(long, env = TLS_KEY_ENV, requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
-
-    /// PEM CA bundle that https:// gateway endpoints are verified against; re-read at every
-    /// connect.
-    #[arg(long, env = TLS_CA_ENV)]
-    pub tls_ca: Option<PathBuf>,
-
-    /// DNS name the gateway certificates must carry, when it is not the endpoints' host.
-    #[arg(long, env = GATEWAY_TLS_NAME_ENV)]
-    pub gateway_tls_name: Option<String>,
 
     /// Plain-HTTP health port (/healthz, /readyz, /metrics), e.g. 0.0.0.0:9090. Unset: none.
     #[arg(long, env = HEALTH_LISTEN_ENV)]
@@ -130,11 +121,11 @@ impl Config {
         for endpoint in endpoints {
             let scheme = validate::address(endpoint, validate::MAX_ADDRESS_BYTES)
                 .map_err(|why| ConfigError::Endpoint(endpoint.to_owned(), why))?;
-            if scheme == Scheme::Https && self.tls_ca.is_none() {
+            if scheme == Scheme::Https && self.gateway.tls_ca.is_none() {
                 return Err(ConfigError::NoCa(endpoint.to_owned()));
             }
         }
-        if let Some(name) = &self.gateway_tls_name {
+        if let Some(name) = &self.gateway.gateway_tls_name {
             plumbing::tls::check_server_name(name).map_err(ConfigError::GatewayTlsName)?;
         }
         if let Some(address) = &self.runtime_address {
@@ -151,15 +142,13 @@ impl Config {
 
     /// How gateway endpoints are verified.
     pub fn gateway_tls(&self) -> plumbing::tls::ClientTls {
-        plumbing::tls::ClientTls {
-            ca: self.tls_ca.clone(),
-            server_name: self.gateway_tls_name.clone(),
-        }
+        self.gateway.tls()
     }
 
     /// Gateway endpoints, trimmed, empty entries skipped.
     pub fn endpoints(&self) -> Vec<&str> {
-        self.gateway_endpoints
+        self.gateway
+            .gateway_endpoints
             .iter()
             .map(|e| e.trim())
             .filter(|e| !e.is_empty())
