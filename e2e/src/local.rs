@@ -623,10 +623,9 @@ async fn status_from(tls: &ClientTls, endpoint: &str, token: &str) -> Result<Get
         .map_err(|e| e.to_string())?;
     let mut request = tonic::Request::new(GetSupervisorPoolStatusRequest {});
     request.set_timeout(CALL_TIMEOUT);
-    let bearer = proto::bearer_value(token)
-        .parse()
-        .map_err(|_| "the operator token is not valid metadata".to_owned())?;
-    request.metadata_mut().insert("authorization", bearer);
+    plumbing::token::Token::new(token)
+        .authorize(&mut request)
+        .map_err(|e| e.to_string())?;
     let mut client = SupervisorPoolClient::new(channel);
     let response = tokio::time::timeout(CALL_TIMEOUT, client.get_supervisor_pool_status(request))
         .await

@@ -226,6 +226,13 @@ mod tests {
         let mut c = parse(&[]);
         c.supervisor_route = vec!["127.0.0.1:5".into()];
         assert!(matches!(c.validate(), Err(Error::Address(..))));
+        // No host: refused here as by the supervisor, the gateway and the webhook.
+        for hostless in ["http://", "https://", "http://:7443"] {
+            let mut c = parse(&[]);
+            c.supervisor_route = vec![hostless.into()];
+            assert!(matches!(c.validate(), Err(Error::Address(..))), "{hostless}");
+            assert!(!valid_address(hostless), "a redirect to {hostless} is not followed");
+        }
         let mut c = parse(&[]);
         c.uid.clear();
         assert!(matches!(c.validate(), Err(Error::Missing("uid", _))));

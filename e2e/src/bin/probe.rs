@@ -35,9 +35,7 @@ struct Args {
 
 fn request<T>(message: T, token: &str) -> anyhow::Result<tonic::Request<T>> {
     let mut request = tonic::Request::new(message);
-    request
-        .metadata_mut()
-        .insert(proto::AUTHORIZATION_METADATA_KEY, proto::bearer_value(token).parse()?);
+    plumbing::token::Token::new(token).authorize(&mut request)?;
     request.set_timeout(Duration::from_secs(10));
     Ok(request)
 }
