@@ -10,7 +10,8 @@
 # Secrets written by kustomize/pool-certs.sh and — where the cert-manager component is used —
 # by a Certificate with the Service's names, and every env variable of the gateway, supervisor
 # and webhook containers one their binaries read — names found in <crate>/src (for the
-# gateway container poolctl's too) — plus the ones each needs in a cluster). Then runs
+# gateway container poolctl's too; for every container plumbing's, whose argument groups the
+# binaries flatten) — plus the ones each needs in a cluster). Then runs
 # scripts/check-pool-certs.sh (the certificate script against a fake kubectl).
 #
 # Needs kubectl (with its built-in kustomize) and python3. Installs kubernetes-validate from
@@ -96,7 +97,10 @@ notes = set()
 # whose settings the gateway container's environment holds), and the variables each must set
 # (what the binary needs in a cluster; the webhook's injected sidecar env is checked by
 # webhook/tests/patch.rs).
-CRATES = {"gateway": ("gateway", "poolctl"), "supervisor": ("supervisor",), "webhook": ("webhook",)}
+# Every binary also takes argument groups from the shared runtime crate (plumbing: log format,
+# gateway endpoints and their trust, connection limits).
+CRATES = {"gateway": ("gateway", "poolctl", "plumbing"), "supervisor": ("supervisor", "plumbing"),
+          "webhook": ("webhook", "plumbing")}
 REQUIRED_ENV = {
     "gateway": {"DATABASE_URL", "OPENSHELL_GATEWAY_KUBERNETES", "OPENSHELL_GATEWAY_REPLICA",
                 "OPENSHELL_POD_NAMESPACE", "OPENSHELL_GATEWAY_LISTEN", "OPENSHELL_GATEWAY_HEALTH_LISTEN",

@@ -26,7 +26,7 @@ pub enum Error {
     #[error(transparent)]
     Process(#[from] crate::process::Error),
     #[error(transparent)]
-    Tls(#[from] proto::tls::TlsError),
+    Tls(#[from] plumbing::tls::TlsError),
     #[error("TLS client: {0}")]
     Client(#[from] rustls::Error),
     #[error("the webhook did not become ready within {0:?}")]
@@ -196,12 +196,12 @@ pub async fn start_webhook(pool: &LocalPool) -> Result<(SocketAddr, SocketAddr, 
 }
 
 async fn connector(ca: &std::path::Path) -> Result<TlsConnector, Error> {
-    let pem = proto::tls::read_ca(ca).await?;
+    let pem = plumbing::tls::read_ca(ca).await?;
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls::pki_types::pem::PemObject::pem_slice_iter(&pem).flatten() {
         roots.add(cert)?;
     }
-    let config = rustls::ClientConfig::builder_with_provider(proto::tls::provider())
+    let config = rustls::ClientConfig::builder_with_provider(plumbing::tls::provider())
         .with_safe_default_protocol_versions()?
         .with_root_certificates(roots)
         .with_no_client_auth();

@@ -9,9 +9,9 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use plumbing::tls::ClientTls;
 use proto::pool::v1::supervisor_pool_client::SupervisorPoolClient;
 use proto::pool::v1::{GetSupervisorPoolStatusRequest, GetSupervisorPoolStatusResponse};
-use proto::tls::ClientTls;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 
 use crate::process::{self, Process};
@@ -151,7 +151,7 @@ impl TlsFiles {
         let names = vec!["localhost".to_owned(), "127.0.0.1".to_owned()];
         let cert = CertificateParams::new(names)?.signed_by(&key, &ca)?;
         let files = Self {
-            ca: dir.join(proto::tls::CA_FILE),
+            ca: dir.join(plumbing::tls::CA_FILE),
             cert: dir.join("tls.crt"),
             key: dir.join("tls.key"),
         };
@@ -477,10 +477,12 @@ impl LocalPool {
     pub fn operator_connection(&self, endpoints: Vec<String>) -> poolctl::Connection {
         let tls = self.client_tls();
         poolctl::Connection {
-            gateway: endpoints,
+            gateway: plumbing::gateway::GatewayArgs {
+                gateway_endpoints: endpoints,
+                tls_ca: tls.ca.clone(),
+                gateway_tls_name: tls.server_name.clone(),
+            },
             token_file: Some(self.credentials().join("operator").join(proto::trust::TOKEN_FILE)),
-            tls_ca: tls.ca.clone(),
-            gateway_tls_name: tls.server_name.clone(),
         }
     }
 
@@ -621,10 +623,9 @@ async fn status_from(tls: &ClientTls, endpoint: &str, token: &str) -> Result<Get
         .map_err(|e| e.to_string())?;
     let mut request = tonic::Request::new(GetSupervisorPoolStatusRequest {});
     request.set_timeout(CALL_TIMEOUT);
-    let bearer = proto::bearer_value(token)
-        .parse()
-        .map_err(|_| "the operator token is not valid metadata".to_owned())?;
-    request.metadata_mut().insert("authorization", bearer);
+    plumbing::token::Token::new(token)
+        .authorize(&mut request)
+        .map_err(|e| e.to_string())?;
     let mut client = SupervisorPoolClient::new(channel);
     let response = tokio::time::timeout(CALL_TIMEOUT, client.get_supervisor_pool_status(request))
         .await

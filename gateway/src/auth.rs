@@ -51,7 +51,7 @@ impl InstanceCaller {
         if route == self.route && instance.namespace == self.namespace && instance.name == self.name && uid_ok {
             return Ok(());
         }
-        warn!(caller = %self.route, route = %proto::text::bounded(route, 300),
+        warn!(caller = %self.route, route = %plumbing::text::bounded(route, 300),
               "refused: an instance credential used for another route or workload");
         Err(Status::permission_denied(format!(
             "the credential is for instance {} and may act only on it",
@@ -74,7 +74,7 @@ impl MemberCaller {
         if member == self.member {
             return Ok(());
         }
-        warn!(caller = %self.member, member = %proto::text::bounded(member, 300),
+        warn!(caller = %self.member, member = %plumbing::text::bounded(member, 300),
               "refused: a member credential used for another member");
         Err(Status::permission_denied(format!(
             "the credential is for member {} and may act only for it",

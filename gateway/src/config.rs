@@ -138,13 +138,13 @@ pub struct Settings {
     )]
     pub previous_key_encryption_key_file: Option<PathBuf>,
 
-    /// Log format: text or json.
-    #[arg(long, env = "OPENSHELL_LOG_FORMAT", default_value = "text")]
-    pub log_format: String,
+    /// `--log-format` (`OPENSHELL_LOG_FORMAT`): text or json.
+    #[command(flatten)]
+    pub log: plumbing::logging::LogArgs,
 
     /// Connection limits of the gRPC and health ports.
     #[command(flatten)]
-    pub connections: proto::listener::LimitArgs,
+    pub connections: plumbing::listener::LimitArgs,
 }
 
 impl Settings {

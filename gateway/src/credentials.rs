@@ -79,10 +79,10 @@ fn delivery_dirs(delivery: &LocalDelivery) -> Vec<PathBuf> {
 }
 
 /// The CA bundle to deliver, read fresh (it may rotate); `None` without a path.
-pub async fn read_ca(path: Option<&Path>) -> Result<Option<String>, proto::tls::TlsError> {
+pub async fn read_ca(path: Option<&Path>) -> Result<Option<String>, plumbing::tls::TlsError> {
     match path {
         Some(path) => {
-            let pem = proto::tls::read_ca(path).await?;
+            let pem = plumbing::tls::read_ca(path).await?;
             Ok(Some(String::from_utf8_lossy(&pem).into_owned()))
         }
         None => Ok(None),

@@ -12,11 +12,11 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use proto::listener::Listener;
+use plumbing::listener::Listener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use proto::tls::CertStore;
+use plumbing::tls::CertStore;
 
 use crate::metrics::Metrics;
 use crate::pool::REFRESH_INTERVAL;
@@ -51,7 +51,7 @@ pub async fn serve(listener: Listener, health: Readiness, metrics: Arc<Metrics>,
         .route("/readyz", get(ready))
         .route("/metrics", get(scrape))
         .with_state(Port { health, metrics });
-    proto::listener::serve_health(listener, app, shutdown.cancelled_owned()).await;
+    plumbing::listener::serve_health(listener, app, shutdown.cancelled_owned()).await;
 }
 
 /// Ready once the store is open, the pool view is fresh and, with TLS, a certificate is
@@ -94,5 +94,5 @@ impl Health {
 }
 
 async fn scrape(State(port): State<Port>) -> Response {
-    proto::listener::openmetrics(port.metrics.encode()).into_response()
+    plumbing::listener::openmetrics(port.metrics.encode()).into_response()
 }

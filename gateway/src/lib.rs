@@ -66,12 +66,14 @@ pub enum Error {
     KekRequired,
     #[error("the runtime shut down while {0}")]
     Interrupted(&'static str),
+    #[error("cannot watch SIGTERM and SIGINT: {0}")]
+    Signals(#[source] std::io::Error),
     #[error(transparent)]
     Kubernetes(#[from] kubernetes::Error),
     #[error(transparent)]
-    Tls(#[from] proto::tls::TlsError),
+    Tls(#[from] plumbing::tls::TlsError),
     #[error(transparent)]
-    Limits(#[from] proto::listener::Error),
+    Limits(#[from] plumbing::listener::Error),
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
     #[error(transparent)]
@@ -130,7 +132,7 @@ pub async fn run_with<C: kubernetes::Cluster + Clone>(
              the database cannot be used without it: keep it, and keep it out of database backups");
     }
     let limits = settings.connections.limits()?;
-    let connections = proto::listener::ConnectionMetrics::default();
+    let connections = plumbing::listener::ConnectionMetrics::default();
     let metrics = Arc::new(metrics::Metrics::new(&connections));
     // Background work stops with `stop`, after the server drained (and on any
     // early return). The health port serves from the start: not ready while
@@ -143,7 +145,7 @@ pub async fn run_with<C: kubernetes::Cluster + Clone>(
             address: address.clone(),
             source,
         })?;
-        let health = proto::listener::Listener::new(health, limits.clone(), connections.listener("health"));
+        let health = plumbing::listener::Listener::new(health, limits.clone(), connections.listener("health"));
         tokio::spawn(health::serve(health, health_rx, metrics.clone(), stop.clone()));
     }
     let Some(store) = open_store(&url, &settings.store_options(), &shutdown).await? else {
@@ -235,12 +237,12 @@ pub async fn run_with<C: kubernetes::Cluster + Clone>(
         (Some(cert), Some(key)) => {
             let stop = stop.clone();
             let stopped = async move { stop.cancelled().await };
-            Some(proto::tls::CertStore::load_and_watch(cert.clone(), key.clone(), stopped).await)
+            Some(plumbing::tls::CertStore::load_and_watch(cert.clone(), key.clone(), stopped).await)
         }
         _ => None,
     };
     let tls = match &certificate {
-        Some(store) => Some(proto::tls::server_config(store.clone(), &[b"h2"])?),
+        Some(store) => Some(plumbing::tls::server_config(store.clone(), &[b"h2"])?),
         None => None,
     };
 
@@ -250,7 +252,7 @@ pub async fn run_with<C: kubernetes::Cluster + Clone>(
         certificate: certificate.clone(),
     };
     health_tx.send_replace(Some(health.clone()));
-    let listener = proto::listener::Listener::new(listener, limits, connections.listener("grpc")).with_tls(tls);
+    let listener = plumbing::listener::Listener::new(listener, limits, connections.listener("grpc")).with_tls(tls);
     let served = server::serve(listener, health, shutdown.clone()).await;
     // The election releases the lease on its way out.
     let _ = election.await;

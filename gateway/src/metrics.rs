@@ -13,12 +13,12 @@ mod pool;
 
 use std::sync::Arc;
 
+use plumbing::listener::ConnectionMetrics;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use proto::listener::ConnectionMetrics;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 

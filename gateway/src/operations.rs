@@ -225,7 +225,7 @@ impl<'v> Round<'v> {
     }
 
     fn budget(&self, max_parallel: i64) -> usize {
-        usize::try_from(max_parallel.clamp(1, 8))
+        usize::try_from(max_parallel.clamp(1, i64::from(proto::MAX_MAX_PARALLEL)))
             .unwrap_or(1)
             .saturating_sub(self.in_flight)
     }

@@ -414,7 +414,7 @@ pub fn request_to_operation(
         // The store turns the budget into a deadline on the database clock.
         deadline_at_ms: Some(i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX)),
         max_parallel: i64::from(max_parallel),
-        requested_by: requested_by.chars().take(256).collect(),
+        requested_by: plumbing::text::prefix(requested_by, 256).to_owned(),
         cancel_requested: false,
         created_at_ms: 0,
         updated_at_ms: 0,

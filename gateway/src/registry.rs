@@ -71,8 +71,7 @@ impl Registry {
 
 /// Routes are printable ASCII without whitespace, bounded.
 pub fn check_route(route: &str) -> Result<(), Status> {
-    let ok = !route.is_empty() && route.len() <= proto::MAX_ROUTE_BYTES && route.bytes().all(|b| b.is_ascii_graphic());
-    if ok {
+    if plumbing::validate::route(route).is_ok() {
         Ok(())
     } else {
         Err(Status::invalid_argument(
@@ -210,7 +209,7 @@ impl InstanceRegistry for Registry {
         // A withdrawal carrying another workload's uid (an older Pod of the same name) is a
         // no-op: the store withdraws only the registered uid.
         if withdrawn {
-            info!(route = %request.route, reason = %bounded(&request.reason, 256), "instance withdrawn");
+            info!(route = %request.route, reason = %plumbing::text::bounded(&request.reason, 256), "instance withdrawn");
             self.replica.wake.notify_one();
         }
         Ok(Response::new(DeregisterResponse {}))
@@ -242,7 +241,7 @@ impl InstanceRegistry for Registry {
             route = %request.route,
             fence_term = request.fence_term,
             attempts = request.attempts,
-            reason = %bounded(&request.reason, 512),
+            reason = %plumbing::text::bounded(&request.reason, 512),
             "SupervisorRecoveryFailed: the sidecar missed its recovery deadline and stopped the workload"
         );
         // Withdrawn with the reason: the coordinator's Kubernetes writer, on whichever
@@ -261,8 +260,4 @@ impl InstanceRegistry for Registry {
         }
         Ok(Response::new(RecoveryFailedResponse {}))
     }
-}
-
-fn bounded(text: &str, max: usize) -> String {
-    text.chars().take(max).collect()
 }

@@ -2,8 +2,8 @@
 //! registry, grants and activation, and the operator API on one listener, with the standard
 //! health and reflection services (`proto::standard`, statuses kept by `grpc_health`).
 
+use plumbing::listener::Listener;
 use proto::host::v1::supervisor_host_server::{self, SupervisorHostServer};
-use proto::listener::Listener;
 use proto::pool::v1::supervisor_pool_server::{self, SupervisorPoolServer};
 use proto::recovery::v1::supervisor_recovery_server::{self, SupervisorRecoveryServer};
 use proto::registry::v1::instance_registry_server::{self, InstanceRegistryServer};
@@ -40,7 +40,7 @@ pub async fn serve(listener: Listener, health: Health, shutdown: CancellationTok
     let operator = SupervisorPoolServer::new(Operator::new(replica))
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
-    let router = proto::listener::grpc_server()
+    let router = plumbing::listener::grpc_server()
         .add_service(host)
         .add_service(registry)
         .add_service(recovery)
@@ -49,5 +49,5 @@ pub async fn serve(listener: Listener, health: Health, shutdown: CancellationTok
     let stop = CancellationToken::new();
     let _stop_on_return = stop.clone().drop_guard();
     tokio::spawn(crate::grpc_health::follow(status, health, stop));
-    Ok(proto::listener::serve_grpc(router, listener, shutdown.cancelled_owned()).await?)
+    Ok(plumbing::listener::serve_grpc(router, listener, shutdown.cancelled_owned()).await?)
 }

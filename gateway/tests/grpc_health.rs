@@ -80,7 +80,7 @@ impl Replica {
         let stop = CancellationToken::new();
         let task = tokio::spawn(gateway::run(settings, listener, stop.clone()));
         let task = tokio::spawn(async move { task.await.unwrap().unwrap() });
-        let endpoint = proto::tls::endpoint(&url, Some(ca), None).await.unwrap();
+        let endpoint = plumbing::tls::endpoint(&url, Some(ca), None).await.unwrap();
         let channel = endpoint.connect_timeout(WAIT).timeout(WAIT).connect_lazy();
         Self { channel, stop, task }
     }

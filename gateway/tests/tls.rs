@@ -32,7 +32,9 @@ fn write(dir: &Path, name: &str, contents: &str) -> String {
 }
 
 async fn status(url: &str, ca: Option<&Path>, token: &str) -> Result<(), String> {
-    let endpoint = proto::tls::endpoint(url, ca, None).await.map_err(|e| e.to_string())?;
+    let endpoint = plumbing::tls::endpoint(url, ca, None)
+        .await
+        .map_err(|e| e.to_string())?;
     let channel = endpoint
         .connect_timeout(Duration::from_secs(2))
         .timeout(Duration::from_secs(5))

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use plumbing::gateway::GatewayArgs;
 
 /// The exit codes, as `--help` shows them (see [`crate::exit`]).
 pub const EXIT_CODES_HELP: &str = "\
@@ -37,19 +38,14 @@ pub struct Cli {
 /// Which gateways, with which operator token and trust.
 #[derive(Debug, Clone, Default, Args)]
 pub struct Connection {
-    /// Gateway gRPC endpoints (comma-separated); the first that answers is used, the next
-    /// ones when a stream breaks.
-    #[arg(long, env = "OPENSHELL_GATEWAY_ENDPOINTS", value_delimiter = ',')]
-    pub gateway: Vec<String>,
+    /// The gateways (`--gateway`, alias of `--gateway-endpoints`: the first that answers is
+    /// used, the next ones when a stream breaks) and their trust (`--tls-ca`,
+    /// `--gateway-tls-name`).
+    #[command(flatten)]
+    pub gateway: GatewayArgs,
     /// File holding an operator token (platform-admin role).
     #[arg(long, env = "OPENSHELL_OPERATOR_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
-    /// PEM CA bundle that verifies https:// gateways.
-    #[arg(long, env = "OPENSHELL_TLS_CA")]
-    pub tls_ca: Option<PathBuf>,
-    /// Verify the gateway's certificate against this name instead of the URL's host.
-    #[arg(long, env = "OPENSHELL_GATEWAY_TLS_NAME")]
-    pub gateway_tls_name: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -102,7 +98,7 @@ pub enum Output {
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
     /// Concurrent moves, 1..=8.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(proto::MAX_MAX_PARALLEL)))]
     pub max_parallel: u32,
     /// Time budget in seconds (0: the gateway's default).
     #[arg(long, default_value_t = 0)]
@@ -188,7 +184,7 @@ mod tests {
             "status",
         ])
         .unwrap();
-        assert_eq!(two.connection.gateway.len(), 2);
+        assert_eq!(two.connection.gateway.gateway_endpoints.len(), 2);
         assert!(parse(&["rebalance", "--max-parallel", "9"]).is_err());
     }
 

@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use plumbing::gateway::Gateways;
+use plumbing::token::Token;
 use proto::pool::v1::Operation;
 use proto::pool::v1::supervisor_pool_client::SupervisorPoolClient;
 use proto::pool::v1::watch_supervisor_pool_response::Event;
@@ -13,8 +15,6 @@ use proto::pool::v1::{
     WatchSupervisorPoolResponse,
 };
 use proto::timing;
-use proto::tls::ClientTls;
-use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::Channel;
 
 use crate::cli::{Connection, RunArgs};
@@ -26,17 +26,15 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// A connected operator client.
 pub struct Client {
     pool: SupervisorPoolClient<Channel>,
-    token: MetadataValue<Ascii>,
-    endpoints: Vec<String>,
-    tls: ClientTls,
-    /// Index in `endpoints` of the gateway in use.
-    current: usize,
+    token: Token,
+    /// The gateway in use is the current one.
+    gateways: Gateways,
 }
 
 impl Client {
     /// Read the token and connect to the first of the gateways that answers.
     pub async fn connect(connection: &Connection) -> Result<Self, Error> {
-        if connection.gateway.is_empty() {
+        if connection.gateway.endpoints().is_empty() {
             return Err(Error::Usage(
                 "no gateway: give --gateway (or OPENSHELL_GATEWAY_ENDPOINTS)".into(),
             ));
@@ -44,45 +42,34 @@ impl Client {
         let path = connection.token_file.as_ref().ok_or_else(|| {
             Error::Usage("no operator token: give --token-file (or OPENSHELL_OPERATOR_TOKEN_FILE)".into())
         })?;
-        let raw = tokio::fs::read_to_string(path).await.map_err(|source| Error::Token {
-            path: path.display().to_string(),
-            source,
-        })?;
-        let mut token = MetadataValue::try_from(proto::bearer_value(raw.trim())).map_err(|_| Error::TokenFormat)?;
-        token.set_sensitive(true);
-        let tls = ClientTls {
-            ca: connection.tls_ca.clone(),
-            server_name: connection.gateway_tls_name.clone(),
-        };
-        let endpoints = connection.gateway.clone();
-        let (current, channel) = first_answering(&tls, &endpoints, 0).await?;
+        let token = plumbing::token::read(path).await?;
+        token.bearer().map_err(|_| Error::TokenFormat)?;
+        let gateways = Gateways::new(&connection.gateway.gateway_endpoints, connection.gateway.tls());
+        let channel = gateways.connect(CALL_TIMEOUT).await.map_err(connect_error)?;
         Ok(Self {
             pool: SupervisorPoolClient::new(channel),
             token,
-            endpoints,
-            tls,
-            current,
+            gateways,
         })
     }
 
     /// Move to the next gateway of the list that answers (the one in use last).
     async fn reconnect(&mut self) -> Result<(), Error> {
-        let (current, channel) = first_answering(&self.tls, &self.endpoints, self.current + 1).await?;
-        self.current = current;
+        self.gateways.skip();
+        let channel = self.gateways.connect(CALL_TIMEOUT).await.map_err(connect_error)?;
         self.pool = SupervisorPoolClient::new(channel);
         Ok(())
     }
 
     /// The gateway in use.
     pub fn endpoint(&self) -> &str {
-        self.endpoints.get(self.current).map_or("", String::as_str)
+        self.gateways.current()
     }
 
     fn request<T>(&self, message: T) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
-        request
-            .metadata_mut()
-            .insert(proto::AUTHORIZATION_METADATA_KEY, self.token.clone());
+        // Checked when the client was made: the header is valid.
+        let _ = self.token.authorize(&mut request);
         request
     }
 
@@ -222,7 +209,7 @@ impl Statuses<'_> {
         if !worth_reconnecting(status.code()) {
             return Err(Error::Call(status));
         }
-        let gateways = u32::try_from(self.client.endpoints.len()).unwrap_or(u32::MAX);
+        let gateways = u32::try_from(self.client.gateways.endpoints().len()).unwrap_or(u32::MAX);
         let budget = timing::RECONNECT_ATTEMPTS.saturating_mul(gateways);
         let mut last = format!("{}: {}", self.client.endpoint(), status.message());
         loop {
@@ -248,16 +235,10 @@ async fn bounded<T>(
         .map_err(|_| tonic::Status::deadline_exceeded("the gateway did not answer in time"))?
 }
 
-/// The first gateway of `endpoints` that connects, starting at `start` and wrapping around.
-async fn first_answering(tls: &ClientTls, endpoints: &[String], start: usize) -> Result<(usize, Channel), Error> {
-    let mut errors = Vec::new();
-    for offset in 0..endpoints.len() {
-        let index = (start + offset) % endpoints.len();
-        let url = &endpoints[index];
-        match tls.connect(url, CALL_TIMEOUT).await {
-            Ok(channel) => return Ok((index, channel)),
-            Err(err) => errors.push(err.to_string()),
-        }
+/// No gateway of the list answered.
+fn connect_error(err: plumbing::gateway::DialError) -> Error {
+    match err {
+        plumbing::gateway::DialError::NoEndpoints => Error::Connect("no gateway endpoints".into()),
+        plumbing::gateway::DialError::Unreachable(errors) => Error::Connect(errors),
     }
-    Err(Error::Connect(errors.join("; ")))
 }

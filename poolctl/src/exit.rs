@@ -21,12 +21,8 @@ pub const REFUSED: u8 = 6;
 pub enum Error {
     #[error("{0}")]
     Usage(String),
-    #[error("cannot read the operator token {path}: {source}")]
-    Token {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("the operator token: {0}")]
+    Token(#[from] plumbing::token::TokenError),
     #[error("the operator token is not valid gRPC metadata")]
     TokenFormat,
     #[error("no gateway answered: {0}")]
@@ -51,7 +47,7 @@ impl Error {
     /// The process exit code for this error.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Usage(_) | Self::Token { .. } | Self::TokenFormat => USAGE,
+            Self::Usage(_) | Self::Token(_) | Self::TokenFormat => USAGE,
             Self::Connect(_) | Self::StreamLost(_) => UNREACHABLE,
             Self::Call(status) => code_of(status.code()),
             Self::Failed { .. } | Self::WouldNotFinish(_) => OPERATION_FAILED,

@@ -24,12 +24,10 @@
 //! file descriptor set for gRPC reflection ([`FILE_DESCRIPTOR_SET`]), and the standard health
 //! and reflection services every gRPC port serves ([`standard`]).
 
-pub mod listener;
+pub mod kubernetes;
 pub mod registration;
 pub mod standard;
-pub mod text;
 pub mod timing;
-pub mod tls;
 pub mod trust;
 
 use std::fmt;

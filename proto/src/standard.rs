@@ -1,7 +1,7 @@
 //! The standard gRPC services every gRPC port of the pool serves beside its own contracts:
 //! `grpc.health.v1.Health` (tonic-health) and server reflection, `grpc.reflection.v1` and
 //! `grpc.reflection.v1alpha` (tonic-reflection). They are added to the port's own router, so
-//! they are reached through the same accept loop ([`crate::listener`]: TLS, connection caps,
+//! they are reached through the same accept loop (`plumbing::listener`: TLS, connection caps,
 //! time-outs) as the port's services. Both answer without a credential (`AUTHORIZATION.md`):
 //! health tells only SERVING or NOT_SERVING per service name, reflection describes only the
 //! public contracts of this crate.

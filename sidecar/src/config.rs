@@ -5,16 +5,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
-use proto::tls::ClientTls;
+use clap::Parser;
+use plumbing::tls::ClientTls;
 
-/// Log output format.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    #[default]
-    Text,
-    Json,
-}
+pub use plumbing::logging::LogFormat;
 
 #[derive(Clone, Debug, Parser)]
 #[command(
@@ -27,9 +21,10 @@ pub struct Config {
     /// locally the members' runtime addresses: any member answers or redirects).
     #[arg(long, env = "OPENSHELL_SUPERVISOR_ROUTE", value_delimiter = ',', required = true)]
     pub supervisor_route: Vec<String>,
-    /// Gateway gRPC endpoints for the instance registry, comma-separated.
-    #[arg(long, env = "OPENSHELL_GATEWAY_ENDPOINTS", value_delimiter = ',', required = true)]
-    pub gateway_endpoints: Vec<String>,
+    /// The gateways of the instance registry (`--gateway-endpoints`, required) and their trust
+    /// (`--tls-ca`, default `ca.crt` in the supervision directory; `--gateway-tls-name`).
+    #[command(flatten)]
+    pub gateway: plumbing::gateway::GatewayArgs,
     /// Namespace of the workload Pod (local mode: the launcher's namespace, e.g. "default").
     #[arg(long, env = "OPENSHELL_POD_NAMESPACE")]
     pub namespace: String,
@@ -47,17 +42,10 @@ pub struct Config {
     /// `ca.crt` (the CA of the pool's TLS certificates); all are re-read when they change.
     #[arg(long, env = "OPENSHELL_SUPERVISION_DIR")]
     pub supervision_dir: PathBuf,
-    /// PEM CA bundle that https:// supervisor and gateway addresses are verified against,
-    /// re-read at every connect. Default: `ca.crt` in the supervision directory.
-    #[arg(long, env = "OPENSHELL_TLS_CA")]
-    pub tls_ca: Option<PathBuf>,
     /// DNS name the supervisor members' certificates carry (the supervisor Service's), for
     /// route and redirect addresses that are IPs. Default: the dialed host.
     #[arg(long, env = "OPENSHELL_SUPERVISOR_TLS_NAME")]
     pub supervisor_tls_name: Option<String>,
-    /// DNS name the gateway certificates carry, when it is not the endpoints' host.
-    #[arg(long, env = "OPENSHELL_GATEWAY_TLS_NAME")]
-    pub gateway_tls_name: Option<String>,
     /// Unix socket path of the workload endpoint.
     #[arg(long, env = "OPENSHELL_SIDECAR_SOCKET")]
     pub socket: PathBuf,
@@ -70,9 +58,9 @@ pub struct Config {
     /// Seconds between SIGTERM and SIGKILL when the sidecar stops the workload.
     #[arg(long, env = "OPENSHELL_SIDECAR_STOP_GRACE_SECONDS", default_value_t = 10)]
     pub stop_grace_seconds: u64,
-    /// Log format.
-    #[arg(long, env = "OPENSHELL_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
+    /// `--log-format` (`OPENSHELL_LOG_FORMAT`): text or json.
+    #[command(flatten)]
+    pub log: plumbing::logging::LogArgs,
     /// Workload command to start and supervise (local mode), after `--`. Without it the
     /// workload is the first process that connects to the socket (Kubernetes).
     #[arg(last = true)]
@@ -120,7 +108,7 @@ impl Config {
         }
         let lists = [
             (&self.supervisor_route, "OPENSHELL_SUPERVISOR_ROUTE"),
-            (&self.gateway_endpoints, "OPENSHELL_GATEWAY_ENDPOINTS"),
+            (&self.gateway.gateway_endpoints, "OPENSHELL_GATEWAY_ENDPOINTS"),
         ];
         for (list, env) in lists {
             if list.iter().all(|a| a.trim().is_empty()) {
@@ -132,11 +120,11 @@ impl Config {
         }
         let names = [
             (&self.supervisor_tls_name, "OPENSHELL_SUPERVISOR_TLS_NAME"),
-            (&self.gateway_tls_name, "OPENSHELL_GATEWAY_TLS_NAME"),
+            (&self.gateway.gateway_tls_name, "OPENSHELL_GATEWAY_TLS_NAME"),
         ];
         for (name, env) in names {
             if let Some(name) = name {
-                proto::tls::check_server_name(name).map_err(|why| Error::TlsName(env, why))?;
+                plumbing::tls::check_server_name(name).map_err(|why| Error::TlsName(env, why))?;
             }
         }
         Ok(())
@@ -145,9 +133,10 @@ impl Config {
     /// The CA bundle file: `--tls-ca`, else `ca.crt` in the supervision directory (read only
     /// when an https:// address is dialed; the gateway delivers it beside the token).
     pub fn tls_ca(&self) -> PathBuf {
-        self.tls_ca
+        self.gateway
+            .tls_ca
             .clone()
-            .unwrap_or_else(|| self.supervision_dir.join(proto::tls::CA_FILE))
+            .unwrap_or_else(|| self.supervision_dir.join(plumbing::tls::CA_FILE))
     }
 
     /// How supervisor route, member and redirect addresses are verified.
@@ -160,10 +149,7 @@ impl Config {
 
     /// How gateway endpoints are verified.
     pub fn gateway_tls(&self) -> ClientTls {
-        ClientTls {
-            ca: Some(self.tls_ca()),
-            server_name: self.gateway_tls_name.clone(),
-        }
+        self.gateway.tls_with(Some(self.tls_ca()))
     }
 
     /// The non-empty supervisor route addresses.
@@ -173,28 +159,23 @@ impl Config {
 
     /// The non-empty gateway endpoints.
     pub fn gateway_addresses(&self) -> Vec<String> {
-        addresses(&self.gateway_endpoints)
+        self.gateway.endpoints()
     }
 }
 
 fn addresses(list: &[String]) -> Vec<String> {
-    list.iter()
-        .map(|a| a.trim().to_owned())
-        .filter(|a| !a.is_empty())
-        .collect()
+    plumbing::gateway::endpoint_list(list)
 }
 
 /// Routes are printable ASCII without whitespace, bounded (common.proto).
 pub fn valid_route(route: &str) -> bool {
-    !route.is_empty() && route.len() <= proto::MAX_ROUTE_BYTES && route.bytes().all(|b| b.is_ascii_graphic())
+    plumbing::validate::route(route).is_ok()
 }
 
-/// An address the sidecar may dial (configured, or named by a Redirect).
+/// An address the sidecar may dial (configured, or named by a Redirect): http(s) with a host
+/// and a port.
 pub fn valid_address(address: &str) -> bool {
-    const MAX_ADDRESS_BYTES: usize = 2048;
-    address.len() <= MAX_ADDRESS_BYTES
-        && (address.starts_with("http://") || address.starts_with("https://"))
-        && address.bytes().all(|b| b.is_ascii_graphic())
+    plumbing::validate::address(address, plumbing::validate::MAX_ADDRESS_BYTES).is_ok()
 }
 
 #[cfg(test)]
@@ -245,6 +226,13 @@ mod tests {
         let mut c = parse(&[]);
         c.supervisor_route = vec!["127.0.0.1:5".into()];
         assert!(matches!(c.validate(), Err(Error::Address(..))));
+        // No host: refused here as by the supervisor, the gateway and the webhook.
+        for hostless in ["http://", "https://", "http://:7443"] {
+            let mut c = parse(&[]);
+            c.supervisor_route = vec![hostless.into()];
+            assert!(matches!(c.validate(), Err(Error::Address(..))), "{hostless}");
+            assert!(!valid_address(hostless), "a redirect to {hostless} is not followed");
+        }
         let mut c = parse(&[]);
         c.uid.clear();
         assert!(matches!(c.validate(), Err(Error::Missing("uid", _))));

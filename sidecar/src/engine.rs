@@ -239,7 +239,7 @@ impl Engine {
             }
         };
         if let Err(err) = result {
-            error!(%err, "cannot tell the registry that the instance ended");
+            error!(error = %err, "cannot tell the registry that the instance ended");
         }
         outcome
     }
@@ -476,7 +476,7 @@ impl Engine {
         let receipt = match result {
             Ok(Accepted::Fresh(receipt)) => {
                 if let Err(err) = self.file.save(&self.state) {
-                    error!(%err, "cannot persist the fence: the grant is not receipted");
+                    error!(error = %err, "cannot persist the fence: the grant is not receipted");
                     self.state.fence = before;
                     self.close_stream(id);
                     return;
@@ -521,7 +521,7 @@ impl Engine {
         {
             Ok(term) => {
                 if let Err(err) = self.file.save(&self.state) {
-                    error!(%err, "cannot persist the activation; the stream is closed");
+                    error!(error = %err, "cannot persist the activation; the stream is closed");
                     self.state.fence = before;
                     self.close_stream(id);
                     return;
@@ -856,7 +856,7 @@ impl Engine {
         {
             Ok(token) => token,
             Err(err) => {
-                warn!(%err, "cannot read the instance token; retrying");
+                warn!(error = %err, "cannot read the instance token; retrying");
                 self.dial.backoff();
                 return;
             }
@@ -978,7 +978,7 @@ impl Engine {
 
     fn save_or_log(&self) {
         if let Err(err) = self.file.save(&self.state) {
-            error!(%err, "cannot persist the sidecar state");
+            error!(error = %err, "cannot persist the sidecar state");
         }
     }
 }
@@ -1000,9 +1000,5 @@ fn millis(duration: Duration) -> u64 {
 
 /// At most `max` bytes of `text`, cut at a character boundary.
 pub(crate) fn bounded(text: &str, max: usize) -> String {
-    let mut end = text.len().min(max);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].to_owned()
+    plumbing::text::prefix(text, max).to_owned()
 }

@@ -7,10 +7,10 @@
 
 use std::sync::Arc;
 
+use plumbing::tls::{ClientTls, ConnectError};
 use proto::runtime::v1::supervisor_runtime_client::SupervisorRuntimeClient;
 use proto::runtime::v1::{Attach, Heartbeat, SidecarMessage, SupervisorMessage, sidecar_message, supervisor_message};
 use proto::timing::{CONNECT_TIMEOUT, RUNTIME_HEARTBEAT_INTERVAL, RUNTIME_SILENCE_TIMEOUT};
-use proto::tls::{ClientTls, ConnectError};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior, sleep_until, timeout};
@@ -62,7 +62,7 @@ enum Error {
 
 impl From<tonic::Status> for Error {
     fn from(status: tonic::Status) -> Self {
-        Error::Status(status.code(), status.message().chars().take(256).collect())
+        Error::Status(status.code(), plumbing::text::bounded(status.message(), 256))
     }
 }
 
@@ -158,9 +158,10 @@ async fn drive(
         .await
         .map_err(|_| Error::Gone)?;
     let mut request = tonic::Request::new(ReceiverStream::new(out_rx));
-    request
-        .metadata_mut()
-        .insert(proto::AUTHORIZATION_METADATA_KEY, token.bearer()?);
+    request.metadata_mut().insert(
+        proto::AUTHORIZATION_METADATA_KEY,
+        token.bearer().map_err(crate::supervision::Error::from)?,
+    );
     let mut client = SupervisorRuntimeClient::new(channel)
         .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);

@@ -122,7 +122,7 @@ async fn wait(process: &mut Process) -> Exit {
                 signal: status.signal(),
             },
             Err(err) => {
-                warn!(%err, "cannot wait for the workload");
+                warn!(error = %err, "cannot wait for the workload");
                 Exit::default()
             }
         },
@@ -153,7 +153,7 @@ fn signal(process: &Process, signal: Signal) {
         return;
     };
     if let Err(err) = kill(Pid::from_raw(pid), signal) {
-        warn!(pid, %err, ?signal, "cannot signal the workload");
+        warn!(pid, error = %err, ?signal, "cannot signal the workload");
     }
 }
 

@@ -5,13 +5,13 @@
 //! bounded number of times.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use plumbing::gateway::{DialError, Gateways};
+use plumbing::tls::ClientTls;
 use proto::registry::v1::instance_registry_client::InstanceRegistryClient;
 use proto::registry::v1::{DeregisterRequest, RecoveryFailedRequest, RegisterRequest, RegisterResponse};
 use proto::timing::{CONNECT_TIMEOUT, reconnect_backoff};
-use proto::tls::{ClientTls, ConnectError};
 use tokio::time::timeout;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::Channel;
@@ -26,10 +26,8 @@ pub const FINAL_CALL_ATTEMPTS: u32 = 8;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("no gateway endpoint configured")]
-    NoEndpoint,
     #[error(transparent)]
-    Connect(#[from] ConnectError),
+    Dial(#[from] DialError),
     #[error("{0}")]
     Token(#[from] crate::supervision::Error),
     #[error("{0} timed out")]
@@ -42,10 +40,8 @@ pub enum Error {
 
 #[derive(Debug)]
 pub struct Registry {
-    endpoints: Vec<String>,
-    tls: ClientTls,
+    gateways: Gateways,
     supervision_dir: PathBuf,
-    cursor: AtomicUsize,
 }
 
 #[derive(Debug, Clone)]
@@ -69,10 +65,8 @@ impl Registry {
     /// `endpoints` are verified with `tls` when they are https://.
     pub fn new(endpoints: Vec<String>, tls: ClientTls, supervision_dir: PathBuf) -> Self {
         Self {
-            endpoints,
-            tls,
+            gateways: Gateways::new(&endpoints, tls),
             supervision_dir,
-            cursor: AtomicUsize::new(0),
         }
     }
 
@@ -84,7 +78,7 @@ impl Registry {
             match self.once(&call).await {
                 Ok(Some(response)) => return response,
                 Ok(None) => {}
-                Err(err) => warn!(%err, attempt, "registration failed; retrying"),
+                Err(err) => warn!(error = %err, attempt, "registration failed; retrying"),
             }
             tokio::time::sleep(reconnect_backoff(attempt)).await;
             attempt = attempt.saturating_add(1);
@@ -105,7 +99,7 @@ impl Registry {
             match self.once(&call).await {
                 Ok(_) => return Ok(()),
                 Err(err) => {
-                    warn!(%err, attempt, call = call.name(), "registry call failed");
+                    warn!(error = %err, attempt, call = call.name(), "registry call failed");
                     last = Some(err);
                 }
             }
@@ -118,10 +112,12 @@ impl Registry {
     /// One attempt against the next endpoint; `Some` carries a Register answer.
     async fn once(&self, call: &Call) -> Result<Option<RegisterResponse>, Error> {
         // The token first: without one, no connection is worth making.
-        let bearer = read_token(&self.supervision_dir)?.bearer()?;
+        let bearer = read_token(&self.supervision_dir)?
+            .bearer()
+            .map_err(crate::supervision::Error::from)?;
         let mut client = self.client().await?;
         let name = call.name();
-        let status = |s: tonic::Status| Error::Status(name, s.code(), s.message().chars().take(256).collect());
+        let status = |s: tonic::Status| Error::Status(name, s.code(), plumbing::text::bounded(s.message(), 256));
         let call = async {
             match call.clone() {
                 Call::Register(r) => client
@@ -141,15 +137,16 @@ impl Registry {
                     .map_err(status),
             }
         };
-        timeout(CALL_TIMEOUT, call).await.map_err(|_| Error::Timeout(name))?
+        let answer = timeout(CALL_TIMEOUT, call).await.map_err(|_| Error::Timeout(name))?;
+        if answer.is_err() {
+            // The next attempt starts at the next replica.
+            self.gateways.skip();
+        }
+        answer
     }
 
     async fn client(&self) -> Result<InstanceRegistryClient<Channel>, Error> {
-        if self.endpoints.is_empty() {
-            return Err(Error::NoEndpoint);
-        }
-        let index = self.cursor.fetch_add(1, Ordering::Relaxed) % self.endpoints.len();
-        let channel = self.tls.connect(&self.endpoints[index], CONNECT_TIMEOUT).await?;
+        let channel = self.gateways.connect(CONNECT_TIMEOUT).await?;
         Ok(InstanceRegistryClient::new(channel)
             .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(proto::MAX_MESSAGE_BYTES))

@@ -3,104 +3,43 @@
 //! in `Debug`) and the gateway's trust bundle (`trust.jwks`). Both are re-read when they change
 //! (a Kubernetes Secret mount swaps them atomically); the bundle also on an unknown `kid`.
 
-use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::time::SystemTime;
+use std::path::Path;
+use std::sync::Arc;
 
-use proto::trust::{MAX_TOKEN_BYTES, TOKEN_FILE, TRUST_BUNDLE_FILE, TrustBundle};
-use tonic::metadata::{Ascii, MetadataValue};
+use plumbing::bundle::BundleFile;
+
+use proto::trust::{TOKEN_FILE, TRUST_BUNDLE_FILE, TrustBundle};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("the token in {0} is empty, larger than {MAX_TOKEN_BYTES} bytes or not ASCII")]
-    BadToken(String),
+    #[error(transparent)]
+    Token(#[from] plumbing::token::TokenError),
     #[error(transparent)]
     Bundle(#[from] proto::trust::Error),
 }
 
 /// A bearer token (the mounted one, or the instance token a registration issued).
-#[derive(Clone)]
-pub struct Token(String);
+pub use plumbing::token::Token;
 
-impl std::fmt::Debug for Token {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Token(<redacted>)")
-    }
-}
-
-impl Token {
-    pub fn new(token: impl Into<String>) -> Self {
-        Self(token.into())
-    }
-
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-
-    /// The `authorization` metadata value.
-    pub fn bearer(&self) -> Result<MetadataValue<Ascii>, Error> {
-        let mut value =
-            MetadataValue::try_from(proto::bearer_value(&self.0)).map_err(|_| Error::BadToken("(token)".into()))?;
-        value.set_sensitive(true);
-        Ok(value)
-    }
-}
-
-/// Reads the mounted token from `dir/token` (bounded, surrounding whitespace trimmed).
+/// Reads the mounted token from `dir/token` (bounded, surrounding whitespace trimmed). A few
+/// bytes from a local mount, read where the engine decides (no await in between).
 pub fn read_token(dir: &Path) -> Result<Token, Error> {
-    let path = dir.join(TOKEN_FILE);
-    let read_error = |source| Error::Read {
-        path: path.display().to_string(),
-        source,
-    };
-    let mut bytes = Vec::new();
-    std::fs::File::open(&path)
-        .map_err(read_error)?
-        .take(MAX_TOKEN_BYTES as u64 + 1)
-        .read_to_end(&mut bytes)
-        .map_err(read_error)?;
-    let text = String::from_utf8(bytes).unwrap_or_default();
-    let token = text.trim();
-    if token.is_empty() || token.len() > MAX_TOKEN_BYTES || !token.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(Error::BadToken(path.display().to_string()));
-    }
-    Ok(Token(token.to_owned()))
+    Ok(plumbing::token::read_blocking(&dir.join(TOKEN_FILE))?)
 }
 
-/// The trust bundle, cached and reloaded when the file's modification time changes.
+/// The trust bundle, cached and read again when the file changes
+/// ([`plumbing::bundle::BundleFile`]).
 #[derive(Debug)]
-pub struct Trust {
-    path: PathBuf,
-    cached: Option<(Option<SystemTime>, TrustBundle)>,
-}
+pub struct Trust(BundleFile);
 
 impl Trust {
     pub fn new(dir: &Path) -> Self {
-        Self {
-            path: dir.join(TRUST_BUNDLE_FILE),
-            cached: None,
-        }
+        Self(BundleFile::new(dir.join(TRUST_BUNDLE_FILE)))
     }
 
     /// The current bundle; `reload` forces a fresh read (after an unknown `kid`).
-    pub fn bundle(&mut self, reload: bool) -> Result<TrustBundle, Error> {
-        let modified = std::fs::metadata(&self.path).and_then(|m| m.modified()).ok();
-        if let Some((seen, bundle)) = &self.cached
-            && !reload
-            && *seen == modified
-            && modified.is_some()
-        {
-            return Ok(bundle.clone());
-        }
-        let bundle = TrustBundle::load(&self.path)?;
-        self.cached = Some((modified, bundle.clone()));
-        Ok(bundle)
+    pub fn bundle(&mut self, reload: bool) -> Result<Arc<TrustBundle>, Error> {
+        Ok(self.0.load_blocking(reload)?)
     }
 }
 
@@ -115,10 +54,20 @@ mod tests {
         let token = read_token(dir.path()).unwrap();
         assert_eq!(token.expose(), "s3cret.token");
         assert!(!format!("{token:?}").contains("s3cret"));
-        std::fs::write(dir.path().join(TOKEN_FILE), "a".repeat(MAX_TOKEN_BYTES + 1)).unwrap();
-        assert!(matches!(read_token(dir.path()), Err(Error::BadToken(_))));
+        std::fs::write(
+            dir.path().join(TOKEN_FILE),
+            "a".repeat(plumbing::token::MAX_TOKEN_BYTES + 1),
+        )
+        .unwrap();
+        assert!(matches!(
+            read_token(dir.path()),
+            Err(Error::Token(plumbing::token::TokenError::Content { .. }))
+        ));
         std::fs::remove_file(dir.path().join(TOKEN_FILE)).unwrap();
-        assert!(matches!(read_token(dir.path()), Err(Error::Read { .. })));
+        assert!(matches!(
+            read_token(dir.path()),
+            Err(Error::Token(plumbing::token::TokenError::Read { .. }))
+        ));
     }
 
     #[test]

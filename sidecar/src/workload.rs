@@ -119,7 +119,7 @@ pub async fn serve(listener: UnixListener, engine: mpsc::Sender<Inbound>, cancel
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
                 Err(err) => {
-                    warn!(%err, "workload socket accept failed");
+                    warn!(error = %err, "workload socket accept failed");
                     continue;
                 }
             },

@@ -3,12 +3,11 @@
 //! Every setting has an environment fallback; validation errors name the environment variable
 //! to fix, because that is what operators set (Kubernetes manifests, local scripts).
 
-use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use clap::{Parser, ValueEnum};
-use tonic::codegen::http::Uri;
+use clap::Parser;
+use plumbing::validate::{self, Refusal, Scheme};
 
 pub const MEMBER_ENV: &str = "OPENSHELL_SUPERVISOR_POOL_MEMBER";
 pub const RUNTIME_ADDRESS_ENV: &str = "OPENSHELL_SUPERVISOR_POOL_RUNTIME_ADDRESS";
@@ -21,12 +20,6 @@ pub const TLS_CERT_ENV: &str = "OPENSHELL_SUPERVISOR_TLS_CERT";
 pub const TLS_KEY_ENV: &str = "OPENSHELL_SUPERVISOR_TLS_KEY";
 pub const TLS_CA_ENV: &str = "OPENSHELL_TLS_CA";
 pub const GATEWAY_TLS_NAME_ENV: &str = "OPENSHELL_GATEWAY_TLS_NAME";
-
-/// Longest member name (DNS-1123 subdomain) and runtime address, in bytes (host.proto Hello).
-const MAX_MEMBER_BYTES: usize = 253;
-const MAX_RUNTIME_ADDRESS_BYTES: usize = 256;
-/// A supervisor token is a compact JWT of a few hundred bytes; refuse to read anything huge.
-const MAX_TOKEN_FILE_BYTES: u64 = 64 * 1024;
 
 /// Settings of one pool member process.
 #[derive(Debug, Clone, Parser)]
@@ -51,10 +44,10 @@ pub struct Config {
     #[arg(long, env = RUNTIME_LISTEN_ENV, default_value = "127.0.0.1:0")]
     pub runtime_listen: SocketAddr,
 
-    /// Gateway replica URIs, comma-separated (e.g. https://gw-0:50051,https://gw-1:50051);
-    /// https:// needs --tls-ca.
-    #[arg(long, env = GATEWAY_ENDPOINTS_ENV, value_delimiter = ',', required = true)]
-    pub gateway_endpoints: Vec<String>,
+    /// The gateway replicas (`--gateway-endpoints`, required; https:// needs --tls-ca) and
+    /// their trust (`--tls-ca`, `--gateway-tls-name`).
+    #[command(flatten)]
+    pub gateway: plumbing::gateway::GatewayArgs,
 
     /// File holding the supervisor token (a JWT), re-read before every (re)connect; while it
     /// is missing or empty the member keeps retrying (in Kubernetes the Secret volume fills in
@@ -72,32 +65,17 @@ pub struct Config {
     #[arg(long, env = TLS_KEY_ENV, requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
 
-    /// PEM CA bundle that https:// gateway endpoints are verified against; re-read at every
-    /// connect.
-    #[arg(long, env = TLS_CA_ENV)]
-    pub tls_ca: Option<PathBuf>,
-
-    /// DNS name the gateway certificates must carry, when it is not the endpoints' host.
-    #[arg(long, env = GATEWAY_TLS_NAME_ENV)]
-    pub gateway_tls_name: Option<String>,
-
     /// Plain-HTTP health port (/healthz, /readyz, /metrics), e.g. 0.0.0.0:9090. Unset: none.
     #[arg(long, env = HEALTH_LISTEN_ENV)]
     pub health_listen: Option<SocketAddr>,
 
-    /// Log format.
-    #[arg(long, env = "OPENSHELL_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
+    /// `--log-format` (`OPENSHELL_LOG_FORMAT`): text or json.
+    #[command(flatten)]
+    pub log: plumbing::logging::LogArgs,
 
     /// Connection limits of the runtime and health ports.
     #[command(flatten)]
-    pub connections: proto::listener::LimitArgs,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
+    pub connections: plumbing::listener::LimitArgs,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -105,15 +83,15 @@ pub enum ConfigError {
     #[error("{MEMBER_ENV} is not set: give this member its stable name (its Pod name in Kubernetes)")]
     MemberMissing,
     #[error("{MEMBER_ENV}={0:?} is not a valid member name: {1}")]
-    MemberInvalid(String, &'static str),
+    MemberInvalid(String, Refusal),
     #[error("{CAPACITY_ENV}={0} is out of range: must be 1..={max}", max = proto::MAX_INSTANCES_PER_MEMBER)]
     Capacity(u32),
     #[error("{GATEWAY_ENDPOINTS_ENV} is empty: give at least one gateway replica URI")]
     NoEndpoints,
     #[error("{GATEWAY_ENDPOINTS_ENV}: {0:?} is not a gateway URI: {1}")]
-    Endpoint(String, &'static str),
+    Endpoint(String, Refusal),
     #[error("{RUNTIME_ADDRESS_ENV}={0:?} is not a runtime address: {1}")]
-    RuntimeAddress(String, &'static str),
+    RuntimeAddress(String, String),
     #[error(
         "{GATEWAY_ENDPOINTS_ENV}: {0} is https:// but {TLS_CA_ENV} is not set: give the CA bundle that signed the gateway certificate"
     )]
@@ -121,7 +99,7 @@ pub enum ConfigError {
     #[error("{GATEWAY_TLS_NAME_ENV}: {0}")]
     GatewayTlsName(String),
     #[error(transparent)]
-    Limits(#[from] proto::listener::Error),
+    Limits(#[from] plumbing::listener::Error),
     #[error(
         "{RUNTIME_ADDRESS_ENV} must be set when {RUNTIME_LISTEN_ENV} ({0}) is a wildcard address: \
          sidecars need an address they can dial"
@@ -141,13 +119,14 @@ impl Config {
             return Err(ConfigError::NoEndpoints);
         }
         for endpoint in endpoints {
-            let scheme = check_uri(endpoint, false).map_err(|why| ConfigError::Endpoint(endpoint.to_owned(), why))?;
-            if scheme == Scheme::Https && self.tls_ca.is_none() {
+            let scheme = validate::address(endpoint, validate::MAX_ADDRESS_BYTES)
+                .map_err(|why| ConfigError::Endpoint(endpoint.to_owned(), why))?;
+            if scheme == Scheme::Https && self.gateway.tls_ca.is_none() {
                 return Err(ConfigError::NoCa(endpoint.to_owned()));
             }
         }
-        if let Some(name) = &self.gateway_tls_name {
-            proto::tls::check_server_name(name).map_err(ConfigError::GatewayTlsName)?;
+        if let Some(name) = &self.gateway.gateway_tls_name {
+            plumbing::tls::check_server_name(name).map_err(ConfigError::GatewayTlsName)?;
         }
         if let Some(address) = &self.runtime_address {
             self.check_runtime_address(address)?;
@@ -162,16 +141,14 @@ impl Config {
     }
 
     /// How gateway endpoints are verified.
-    pub fn gateway_tls(&self) -> proto::tls::ClientTls {
-        proto::tls::ClientTls {
-            ca: self.tls_ca.clone(),
-            server_name: self.gateway_tls_name.clone(),
-        }
+    pub fn gateway_tls(&self) -> plumbing::tls::ClientTls {
+        self.gateway.tls()
     }
 
     /// Gateway endpoints, trimmed, empty entries skipped.
     pub fn endpoints(&self) -> Vec<&str> {
-        self.gateway_endpoints
+        self.gateway
+            .gateway_endpoints
             .iter()
             .map(|e| e.trim())
             .filter(|e| !e.is_empty())
@@ -202,12 +179,12 @@ impl Config {
     /// A runtime address: a URI with a host and a port, https:// exactly when the runtime
     /// port speaks TLS.
     fn check_runtime_address(&self, address: &str) -> Result<(), ConfigError> {
-        let invalid = |why| Err(ConfigError::RuntimeAddress(address.to_owned(), why));
-        if address.is_empty() || address.len() > MAX_RUNTIME_ADDRESS_BYTES {
-            return invalid("must be 1..=256 bytes");
-        }
-        match (check_uri(address, true), self.serves_tls()) {
-            (Err(why), _) => invalid(why),
+        let invalid = |why: &str| Err(ConfigError::RuntimeAddress(address.to_owned(), why.to_owned()));
+        match (
+            validate::address(address, validate::MAX_RUNTIME_ADDRESS_BYTES),
+            self.serves_tls(),
+        ) {
+            (Err(why), _) => invalid(&why.to_string()),
             (Ok(Scheme::Http), true) => invalid("the runtime port speaks TLS (--tls-cert): use https://"),
             (Ok(Scheme::Https), false) => invalid("https:// needs --tls-cert and --tls-key"),
             (Ok(_), _) => Ok(()),
@@ -216,106 +193,23 @@ impl Config {
 }
 
 fn validate_member(member: &str) -> Result<(), ConfigError> {
-    if member.is_empty() {
-        return Err(ConfigError::MemberMissing);
-    }
-    let invalid = |why| Err(ConfigError::MemberInvalid(member.to_owned(), why));
-    if member.len() > MAX_MEMBER_BYTES {
-        return invalid("longer than 253 bytes");
-    }
-    for label in member.split('.') {
-        let bytes = label.as_bytes();
-        if bytes.is_empty() {
-            return invalid("empty DNS label");
-        }
-        if !bytes
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
-        {
-            return invalid("must be a DNS-1123 subdomain: lowercase letters, digits, '-' and '.'");
-        }
-        if bytes.first() == Some(&b'-') || bytes.last() == Some(&b'-') {
-            return invalid("DNS labels must start and end with a letter or digit");
-        }
-    }
-    Ok(())
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Scheme {
-    Http,
-    Https,
-}
-
-/// A gRPC endpoint URI: http:// or https://, a host, optionally a required port.
-fn check_uri(uri: &str, port_required: bool) -> Result<Scheme, &'static str> {
-    let parsed: Uri = uri.parse().map_err(|_| "not a URI")?;
-    let scheme = match parsed.scheme_str() {
-        Some("http") => Scheme::Http,
-        Some("https") => Scheme::Https,
-        _ => return Err("the scheme must be http:// or https://"),
-    };
-    if parsed.host().is_none_or(str::is_empty) {
-        return Err("no host");
-    }
-    if port_required && parsed.port_u16().is_none() {
-        return Err("no port");
-    }
-    Ok(scheme)
-}
-
-/// The supervisor token. A secret: no `Display`, redacted `Debug`.
-#[derive(Clone)]
-pub struct Token(String);
-
-impl Token {
-    /// The token text, for the `authorization` metadata only.
-    pub fn expose(&self) -> &str {
-        &self.0
+    match validate::member_name(member) {
+        Ok(()) => Ok(()),
+        Err(Refusal::Empty) => Err(ConfigError::MemberMissing),
+        Err(why) => Err(ConfigError::MemberInvalid(member.to_owned(), why)),
     }
 }
 
-impl fmt::Debug for Token {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Token(<redacted>)")
-    }
-}
+pub use plumbing::token::Token;
 
+/// The supervisor token file could not be used; never quotes its content.
 #[derive(Debug, thiserror::Error)]
-pub enum TokenError {
-    #[error("cannot read the supervisor token file {path} ({TOKEN_FILE_ENV}): {source}")]
-    Read { path: String, source: std::io::Error },
-    #[error("the supervisor token file {path} ({TOKEN_FILE_ENV}) is {problem}")]
-    Content { path: String, problem: &'static str },
-}
+#[error("the supervisor token file ({TOKEN_FILE_ENV}): {0}")]
+pub struct TokenError(#[from] plumbing::token::TokenError);
 
-/// Reads the token file (bounded size, surrounding whitespace trimmed). Errors never quote
-/// the content.
+/// Reads the token file (bounded, surrounding whitespace trimmed: [`plumbing::token::read`]).
 pub async fn read_token(path: &Path) -> Result<Token, TokenError> {
-    use tokio::io::AsyncReadExt;
-    let shown = || path.display().to_string();
-    let read = async {
-        let file = tokio::fs::File::open(path).await?;
-        let mut bytes = Vec::new();
-        file.take(MAX_TOKEN_FILE_BYTES + 1).read_to_end(&mut bytes).await?;
-        Ok::<_, std::io::Error>(bytes)
-    };
-    let bytes = read
-        .await
-        .map_err(|source| TokenError::Read { path: shown(), source })?;
-    let problem = |problem| TokenError::Content { path: shown(), problem };
-    if bytes.len() as u64 > MAX_TOKEN_FILE_BYTES {
-        return Err(problem("larger than 64 KiB"));
-    }
-    let text = String::from_utf8(bytes).map_err(|_| problem("not UTF-8"))?;
-    let token = text.trim();
-    if token.is_empty() {
-        return Err(problem("empty"));
-    }
-    if !token.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(problem("not a single printable ASCII token"));
-    }
-    Ok(Token(token.to_owned()))
+    Ok(plumbing::token::read(path).await?)
 }
 
 #[cfg(test)]
@@ -407,7 +301,7 @@ mod tests {
         let name = "openshell-gateway.system.svc";
         let config = parse(&[&https[..], &["--tls-ca", "/ca.crt", "--gateway-tls-name", name]].concat());
         config.validate().unwrap();
-        let expected = proto::tls::ClientTls {
+        let expected = plumbing::tls::ClientTls {
             ca: Some("/ca.crt".into()),
             server_name: Some(name.to_owned()),
         };

@@ -8,16 +8,16 @@
 //! the instance FAILED for that term.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use plumbing::gateway::{DialError, Gateways};
+
+use plumbing::tls::ClientTls;
 use proto::recovery::v1::supervisor_recovery_client::SupervisorRecoveryClient;
 use proto::recovery::v1::{
     ActivateRequest, ActivationProof, IssueGrantRequest, IssueGrantResponse, TrustBundleRequest, TrustBundleResponse,
 };
 use proto::timing;
-use proto::tls::ClientTls;
-use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
 
 use crate::config::{self, TokenError};
@@ -29,8 +29,10 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 pub enum CallError {
     #[error(transparent)]
     Token(#[from] TokenError),
-    #[error("no gateway replica reachable: {0}")]
-    Unreachable(String),
+    #[error(transparent)]
+    Unreachable(#[from] DialError),
+    #[error("the token: {0}")]
+    Header(#[from] plumbing::token::TokenError),
     #[error("no response within {0:?}")]
     Timeout(Duration),
     #[error("{code:?}: {message}", code = .0.code(), message = .0.message())]
@@ -43,19 +45,15 @@ pub enum CallError {
 /// session.
 #[derive(Debug)]
 pub(crate) struct Gateway {
-    endpoints: Vec<String>,
+    gateways: Gateways,
     token_file: Option<PathBuf>,
-    tls: ClientTls,
-    next: AtomicUsize,
 }
 
 impl Gateway {
     pub(crate) fn new(endpoints: Vec<String>, token_file: Option<PathBuf>, tls: ClientTls) -> Self {
         Self {
-            endpoints,
+            gateways: Gateways::new(&endpoints, tls),
             token_file,
-            tls,
-            next: AtomicUsize::new(0),
         }
     }
 
@@ -97,30 +95,13 @@ impl Gateway {
         let mut request = tonic::Request::new(message);
         request.set_timeout(CALL_TIMEOUT);
         if let Some(path) = &self.token_file {
-            let token = config::read_token(path).await?;
-            // read_token admits printable ASCII only, which is always a valid metadata value.
-            let mut value = MetadataValue::try_from(proto::bearer_value(token.expose()))
-                .map_err(|_| CallError::Invalid("the token is not valid metadata"))?;
-            value.set_sensitive(true);
-            request.metadata_mut().insert(proto::AUTHORIZATION_METADATA_KEY, value);
+            config::read_token(path).await?.authorize(&mut request)?;
         }
-        let mut last_error = String::from("no gateway endpoints");
-        for _ in 0..self.endpoints.len() {
-            let index = self.next.fetch_add(1, Ordering::Relaxed) % self.endpoints.len();
-            let endpoint = &self.endpoints[index];
-            match self.tls.connect(endpoint, timing::CONNECT_TIMEOUT).await {
-                Ok(channel) => {
-                    // Stay on a replica that answers.
-                    self.next.store(index, Ordering::Relaxed);
-                    let client = SupervisorRecoveryClient::new(channel)
-                        .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
-                        .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
-                    return Ok((client, request));
-                }
-                Err(err) => last_error = err.to_string(),
-            }
-        }
-        Err(CallError::Unreachable(last_error))
+        let channel = self.gateways.connect(timing::CONNECT_TIMEOUT).await?;
+        let client = SupervisorRecoveryClient::new(channel)
+            .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
+        Ok((client, request))
     }
 }
 

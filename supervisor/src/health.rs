@@ -10,15 +10,15 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use proto::tls::CertStore;
+use plumbing::tls::CertStore;
 
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use plumbing::listener::{ConnectionMetrics, Listener};
 use prometheus_client::registry::Registry;
-use proto::listener::{ConnectionMetrics, Listener};
 use proto::standard::HealthStatus;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -122,7 +122,7 @@ pub async fn serve(
             readiness,
             registry: Arc::new(registry(&connections)),
         });
-    proto::listener::serve_health(listener, app, stop.cancelled_owned()).await;
+    plumbing::listener::serve_health(listener, app, stop.cancelled_owned()).await;
 }
 
 /// What the port's handlers read.
@@ -142,7 +142,7 @@ fn registry(connections: &ConnectionMetrics) -> Registry {
 async fn metrics(State(port): State<Port>) -> Response {
     let mut body = String::with_capacity(4096);
     let encoded = prometheus_client::encoding::text::encode(&mut body, &port.registry).map(|()| body);
-    proto::listener::openmetrics(encoded).into_response()
+    plumbing::listener::openmetrics(encoded).into_response()
 }
 
 async fn ready(State(port): State<Port>) -> (StatusCode, String) {

@@ -14,16 +14,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use plumbing::tls::{ClientTls, ConnectError};
 use proto::host::v1::member_message::Kind;
 use proto::host::v1::supervisor_host_client::SupervisorHostClient;
 use proto::host::v1::{Ack, GatewayMessage, Heartbeat, Hello, Leaving, MemberMessage, gateway_message};
 use proto::timing;
-use proto::tls::{ClientTls, ConnectError};
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
-use tonic::metadata::MetadataValue;
 use tonic::{Code, Status, Streaming};
 
 use crate::config::{self, TokenError};
@@ -185,11 +184,9 @@ impl Link {
         });
         let mut request = tonic::Request::new(ReceiverStream::new(queue));
         if let Some(token) = token {
-            // read_token admits printable ASCII only, which is always a valid metadata value.
-            let mut value = MetadataValue::try_from(proto::bearer_value(token.expose()))
+            token
+                .authorize(&mut request)
                 .map_err(|_| Status::internal("token is not valid metadata"))?;
-            value.set_sensitive(true);
-            request.metadata_mut().insert(proto::AUTHORIZATION_METADATA_KEY, value);
         }
         let attempt = async {
             let channel = self.tls.connect(endpoint, timing::CONNECT_TIMEOUT).await?;

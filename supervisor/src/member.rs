@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use proto::tls::CertStore;
+use plumbing::tls::CertStore;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -30,7 +30,7 @@ pub enum Error {
     #[error("cannot listen for health checks on {address} (OPENSHELL_SUPERVISOR_HEALTH_LISTEN): {source}")]
     HealthListen { address: String, source: std::io::Error },
     #[error("TLS of the runtime port (OPENSHELL_SUPERVISOR_TLS_CERT, OPENSHELL_SUPERVISOR_TLS_KEY): {0}")]
-    Tls(#[from] proto::tls::TlsError),
+    Tls(#[from] plumbing::tls::TlsError),
     #[error(transparent)]
     Link(#[from] LinkError),
     #[error(transparent)]
@@ -104,20 +104,20 @@ pub async fn run_on(config: Config, listeners: Listeners, shutdown: Cancellation
         _ => None,
     };
     let tls = match &certificate {
-        Some(store) => Some(proto::tls::server_config(Arc::clone(store), &[b"h2"])?),
+        Some(store) => Some(plumbing::tls::server_config(Arc::clone(store), &[b"h2"])?),
         None => None,
     };
     let readiness = Arc::new(Readiness::new(shutdown.clone()).with_certificate(certificate));
     let limits = config.connections.limits().map_err(ConfigError::from)?;
-    let connections = proto::listener::ConnectionMetrics::default();
+    let connections = plumbing::listener::ConnectionMetrics::default();
     let listener =
-        proto::listener::Listener::new(listener, limits.clone(), connections.listener("runtime")).with_tls(tls);
+        plumbing::listener::Listener::new(listener, limits.clone(), connections.listener("runtime")).with_tls(tls);
     let stop_health = CancellationToken::new();
     let _stop_health_on_return = stop_health.clone().drop_guard();
     if let Some(health) = health {
         let address = health.local_addr().map_or_else(|_| "?".to_owned(), |a| a.to_string());
         tracing::info!(%address, "health port serving /healthz, /readyz and /metrics");
-        let health = proto::listener::Listener::new(health, limits, connections.listener("health"));
+        let health = plumbing::listener::Listener::new(health, limits, connections.listener("health"));
         tokio::spawn(health::serve(
             health,
             Arc::clone(&readiness),
@@ -184,7 +184,7 @@ pub async fn run_on(config: Config, listeners: Listeners, shutdown: Cancellation
     stop_health.cancel();
     span.in_scope(|| match &result {
         Ok(()) => tracing::info!("member left the pool"),
-        Err(err) => tracing::error!(%err, "member exiting"),
+        Err(err) => tracing::error!(error = %err, "member exiting"),
     });
     Ok(result?)
 }

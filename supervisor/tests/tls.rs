@@ -9,9 +9,9 @@ mod support;
 
 use std::time::Duration;
 
+use plumbing::tls::ClientTls;
 use proto::runtime::v1::supervisor_runtime_client::SupervisorRuntimeClient;
 use proto::runtime::v1::supervisor_runtime_server::SERVICE_NAME as RUNTIME;
-use proto::tls::ClientTls;
 use support::pki::Pki;
 use support::{FakeGateway, Member, within};
 use tokio_stream::StreamExt as _;

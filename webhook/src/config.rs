@@ -11,11 +11,7 @@ use crate::inject::{
     SidecarResources,
 };
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    Json,
-    Text,
-}
+pub use plumbing::logging::LogFormat;
 
 /// A setting the sidecars could not use.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -30,20 +26,12 @@ pub enum ConfigError {
 
 /// Trimmed, non-empty entries.
 fn addresses(list: &[String]) -> Vec<String> {
-    list.iter()
-        .map(|a| a.trim().to_owned())
-        .filter(|a| !a.is_empty())
-        .collect()
+    plumbing::gateway::endpoint_list(list)
 }
 
-/// `https://` (or plaintext `http://`) followed by a host, printable ASCII without whitespace.
+/// `https://` (or plaintext `http://`) with a host and a port ([`plumbing::validate::address`]).
 fn grpc_address(address: &str) -> bool {
-    address
-        .strip_prefix("https://")
-        .or_else(|| address.strip_prefix("http://"))
-        .is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/'))
-        && address.len() <= 2048
-        && address.bytes().all(|b| b.is_ascii_graphic())
+    plumbing::validate::address(address, plumbing::validate::MAX_ADDRESS_BYTES).is_ok()
 }
 
 /// OpenShell shared-supervision mutating admission webhook.
@@ -184,7 +172,7 @@ pub struct Config {
 
     /// Connection limits of the HTTPS and health ports.
     #[command(flatten)]
-    pub connections: proto::listener::LimitArgs,
+    pub connections: plumbing::listener::LimitArgs,
 }
 
 impl Config {
@@ -235,7 +223,7 @@ impl Config {
             }
         }
         let name = self.supervisor_tls_name.trim();
-        if !name.is_empty() && proto::tls::check_server_name(name).is_err() {
+        if !name.is_empty() && plumbing::tls::check_server_name(name).is_err() {
             return Err(ConfigError::TlsName(
                 "OPENSHELL_WEBHOOK_SUPERVISOR_TLS_NAME",
                 self.supervisor_tls_name.clone(),

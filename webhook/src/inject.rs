@@ -27,14 +27,9 @@ pub const SIDECAR_MODE_ANNOTATION: &str = "supervision.openshell.ai/sidecar-mode
 pub const INJECT_LABEL: &str = "supervision.openshell.ai/inject";
 /// Value of [`INJECT_LABEL`] that opts a Pod out.
 pub const INJECT_DISABLED: &str = "disabled";
-/// Label put on every injected Pod, so the gateway can follow supervised Pods cluster-wide
-/// with the label selector `supervision.openshell.ai/supervised=true`.
-pub const SUPERVISED_LABEL: &str = "supervision.openshell.ai/supervised";
-/// Value of [`SUPERVISED_LABEL`].
-pub const SUPERVISED_VALUE: &str = "true";
-/// The trust Secret the gateway keeps in every labelled namespace (keys `trust.jwks` and
-/// `ca.crt`).
-pub const TOKEN_SECRET: &str = "openshell-supervision-token";
+/// The names the gateway relies on: the label of injected Pods, the trust Secret, the
+/// namespaces never mutated.
+pub use proto::kubernetes::{SUPERVISED_LABEL, SUPERVISED_VALUE, SYSTEM_NAMESPACES, TOKEN_SECRET};
 /// Name of the Pod's projected volume: `trust.jwks` and `ca.crt` from [`TOKEN_SECRET`], and
 /// `token`, the Pod's own ServiceAccount token for the gateway's audience (the kubelet
 /// renews it), which proves to the gateway which Pod the sidecar is.
@@ -65,8 +60,6 @@ pub const DEFAULT_GATEWAY_ENDPOINT: &str = "https://openshell-gateway.openshell-
 /// certificate carries. Sidecars are redirected to members by Pod IP, which no certificate
 /// names, so the name is given explicitly.
 pub const DEFAULT_SUPERVISOR_TLS_NAME: &str = "openshell-supervisor.openshell-supervision.svc";
-/// Namespaces that are never mutated, whatever the webhook's selectors say.
-pub const SYSTEM_NAMESPACES: [&str; 3] = ["kube-system", "kube-public", "kube-node-lease"];
 
 /// How the sidecar is added to the Pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]

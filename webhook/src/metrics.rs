@@ -42,7 +42,7 @@ pub struct Metrics {
     pub cert_reloads: Family<ResultLabels, Counter>,
     pub cert_loaded: Gauge,
     /// Connection counters of the HTTPS (`listener="webhook"`) and health ports.
-    pub connections: proto::listener::ConnectionMetrics,
+    pub connections: plumbing::listener::ConnectionMetrics,
 }
 
 impl Default for Metrics {
@@ -96,7 +96,7 @@ impl Metrics {
             "1 once a serving certificate is loaded",
             cert_loaded.clone(),
         );
-        let connections = proto::listener::ConnectionMetrics::default();
+        let connections = plumbing::listener::ConnectionMetrics::default();
         connections.register(&mut registry);
         // Every label starts at 0, so `increase()` sees the first event of each.
         for mode in <SidecarMode as clap::ValueEnum>::value_variants() {

@@ -148,7 +148,7 @@ const MAX_UID_BYTES: usize = 128;
 
 /// A failed review: `allowed: false` with a status message, UID echoed.
 pub fn failure(uid: String, reason: FailReason, message: String) -> Reviewed {
-    let message = proto::text::bounded(&message, MAX_MESSAGE_BYTES);
+    let message = plumbing::text::bounded(&message, MAX_MESSAGE_BYTES);
     Reviewed {
         response: AdmissionResponse {
             uid,
@@ -217,7 +217,7 @@ fn describe(value: Option<&Value>) -> String {
         Some(Value::String(s)) => format!("{s:?}"),
         Some(other) => other.to_string(),
     };
-    proto::text::bounded(&described, MAX_QUOTE_BYTES)
+    plumbing::text::bounded(&described, MAX_QUOTE_BYTES)
 }
 
 /// Answer a parsed AdmissionReview: the pure core of the webhook.
@@ -291,8 +291,8 @@ pub fn mutate(review: &Value, injector: &Injector) -> Reviewed {
         },
         outcome: Outcome::Skipped(SkipReason::NotPod),
         dry_run,
-        namespace: proto::text::bounded(&namespace, MAX_NAME_BYTES),
-        name: proto::text::bounded(&name, MAX_NAME_BYTES),
+        namespace: plumbing::text::bounded(&namespace, MAX_NAME_BYTES),
+        name: plumbing::text::bounded(&name, MAX_NAME_BYTES),
         message: None,
     };
 

@@ -16,7 +16,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http_body_util::BodyExt as _;
-use proto::listener::Listener;
+use plumbing::listener::Listener;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -33,7 +33,7 @@ pub enum ServerError {
     #[error("listener: {0}")]
     Io(#[from] std::io::Error),
     #[error(transparent)]
-    Limits(#[from] proto::listener::Error),
+    Limits(#[from] plumbing::listener::Error),
 }
 
 /// Where the server listens. Bind them yourself (port 0 in tests) or with [`Listeners::bind`].
@@ -54,63 +54,12 @@ impl Listeners {
     }
 }
 
-/// Shutdown phases, in order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum ShutdownPhase {
-    Running,
-    /// Stop gracefully (first SIGTERM / ctrl-c).
-    Drain,
-    /// Stop now (second signal).
-    Force,
-}
+use plumbing::shutdown::reached;
+pub use plumbing::shutdown::{Phase as ShutdownPhase, Signal as ShutdownSignal, Trigger as ShutdownTrigger};
 
-/// Receiving end given to [`run`]. Dropping the [`ShutdownTrigger`] counts as `Drain`.
-pub type ShutdownSignal = watch::Receiver<ShutdownPhase>;
-
-/// Sending end: advance the shutdown phase.
-#[derive(Debug)]
-pub struct ShutdownTrigger(watch::Sender<ShutdownPhase>);
-
-impl ShutdownTrigger {
-    pub fn drain(&self) {
-        self.0.send_if_modified(|phase| {
-            let advance = *phase < ShutdownPhase::Drain;
-            if advance {
-                *phase = ShutdownPhase::Drain;
-            }
-            advance
-        });
-    }
-
-    pub fn force(&self) {
-        self.0.send_replace(ShutdownPhase::Force);
-    }
-
-    /// Drain the first time, force the second.
-    pub fn escalate(&self) -> ShutdownPhase {
-        if *self.0.borrow() == ShutdownPhase::Running {
-            self.drain();
-            ShutdownPhase::Drain
-        } else {
-            self.force();
-            ShutdownPhase::Force
-        }
-    }
-}
-
+/// A trigger and the signal [`run`] takes.
 pub fn shutdown_channel() -> (ShutdownTrigger, ShutdownSignal) {
-    let (tx, rx) = watch::channel(ShutdownPhase::Running);
-    (ShutdownTrigger(tx), rx)
-}
-
-async fn reached(rx: &mut ShutdownSignal, phase: ShutdownPhase) -> ShutdownPhase {
-    let reached = rx.wait_for(|p| *p >= phase).await.map(|p| *p);
-    match reached {
-        Ok(p) => p,
-        // The trigger is gone: that counts as a drain request; nobody can force any more.
-        Err(_) if phase <= ShutdownPhase::Drain => ShutdownPhase::Drain,
-        Err(_) => std::future::pending().await,
-    }
+    plumbing::shutdown::channel()
 }
 
 /// Everything a handler needs.
@@ -174,7 +123,7 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    proto::listener::openmetrics(state.metrics.encode()).into_response()
+    plumbing::listener::openmetrics(state.metrics.encode()).into_response()
 }
 
 /// Read at most `limit` bytes of `body` within `timeout`.
@@ -295,7 +244,7 @@ pub async fn run_with_state(
     let health_addr = listeners.health.local_addr()?;
     let health_listener = Listener::new(listeners.health, limits.clone(), connections.listener("health"));
     let mut health_stop = stop_rx.clone();
-    let health = tokio::spawn(proto::listener::serve_health(
+    let health = tokio::spawn(plumbing::listener::serve_health(
         health_listener,
         health_router(Arc::clone(&state)),
         async move {
@@ -339,7 +288,7 @@ pub async fn run_with_state(
             _ = reached(&mut force_rx, ShutdownPhase::Force) => true,
         }
     };
-    let (forced, drain) = proto::listener::serve_http(listener, webhook_router(Arc::clone(&state)), stop).await;
+    let (forced, drain) = plumbing::listener::serve_http(listener, webhook_router(Arc::clone(&state)), stop).await;
 
     if !forced {
         tracing::info!(

@@ -9,10 +9,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use plumbing::tls::ClientTls;
 use proto::common::v1::InstanceRef;
 use proto::registry::v1::instance_registry_client::InstanceRegistryClient;
 use proto::registry::v1::{DeregisterRequest, RecoveryFailedRequest, RegisterRequest};
-use proto::tls::ClientTls;
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -35,9 +35,7 @@ struct Args {
 
 fn request<T>(message: T, token: &str) -> anyhow::Result<tonic::Request<T>> {
     let mut request = tonic::Request::new(message);
-    request
-        .metadata_mut()
-        .insert(proto::AUTHORIZATION_METADATA_KEY, proto::bearer_value(token).parse()?);
+    plumbing::token::Token::new(token).authorize(&mut request)?;
     request.set_timeout(Duration::from_secs(10));
     Ok(request)
 }
@@ -55,7 +53,7 @@ async fn main() -> anyhow::Result<()> {
     let token = std::fs::read_to_string(args.dir.join(proto::trust::TOKEN_FILE))?;
     let token = token.trim();
     let tls = ClientTls {
-        ca: Some(args.dir.join(proto::tls::CA_FILE)),
+        ca: Some(args.dir.join(plumbing::tls::CA_FILE)),
         server_name: None,
     };
     let channel = tls.connect(&args.gateway, Duration::from_secs(10)).await?;

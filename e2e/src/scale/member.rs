@@ -66,10 +66,9 @@ pub async fn attach(
         })
         .await;
     let mut request = tonic::Request::new(ReceiverStream::new(rx));
-    let bearer = proto::bearer_value(token)
-        .parse()
-        .map_err(|_| tonic::Status::invalid_argument("token is not a header value"))?;
-    request.metadata_mut().insert("authorization", bearer);
+    plumbing::token::Token::new(token)
+        .authorize(&mut request)
+        .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
     let inbound = SupervisorHostClient::new(channel)
         .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
         .attach(request)

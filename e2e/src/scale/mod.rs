@@ -287,10 +287,9 @@ async fn register(channel: Channel, token: String, namespace: String, name: Stri
     };
     let mut request = tonic::Request::new(request);
     request.set_timeout(Duration::from_secs(30));
-    let bearer = proto::bearer_value(&token)
-        .parse()
-        .map_err(|_| tonic::Status::invalid_argument("token is not a header value"))?;
-    request.metadata_mut().insert("authorization", bearer);
+    plumbing::token::Token::new(token)
+        .authorize(&mut request)
+        .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
     let started = Instant::now();
     InstanceRegistryClient::new(channel).register(request).await?;
     Ok(started.elapsed().as_secs_f64() * 1000.0)

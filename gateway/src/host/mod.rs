@@ -69,14 +69,7 @@ pub fn validate_hello(hello: &Hello) -> Result<Identity, Status> {
         ))
     };
     let member = hello.member.as_str();
-    let dns_ok = !member.is_empty()
-        && member.len() <= 253
-        && member
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        && member.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && member.ends_with(|c: char| c.is_ascii_alphanumeric());
-    if !dns_ok {
+    if plumbing::validate::member_name(member).is_err() {
         return Err(bad(
             "MEMBER",
             "the hello has no valid member name (a DNS-1123 subdomain, such as the Pod name)".into(),
@@ -92,13 +85,8 @@ pub fn validate_hello(hello: &Hello) -> Result<Identity, Status> {
             "the hello's connection_epoch must be at least 1",
         ));
     }
-    let address_ok = hello.runtime_address.len() <= 256
-        && (hello.runtime_address.starts_with("http://") || hello.runtime_address.starts_with("https://"))
-        && hello
-            .runtime_address
-            .parse::<tonic::codegen::http::Uri>()
-            .is_ok_and(|u| u.port_u16().is_some());
-    if !address_ok {
+    let address = &hello.runtime_address;
+    if plumbing::validate::address(address, plumbing::validate::MAX_RUNTIME_ADDRESS_BYTES).is_err() {
         return Err(bad(
             "RUNTIME_ADDRESS",
             "the hello's runtime_address is not an http(s) URI with host and port".into(),
@@ -278,7 +266,7 @@ impl Session {
                         // A broken connection, or a message the server refused to decode
                         // (e.g. above the size bound): either way the member must see an
                         // error, never a clean end of the stream.
-                        let message = proto::text::bounded(status.message(), 256);
+                        let message = plumbing::text::bounded(status.message(), 256);
                         warn!(code = ?status.code(), %message, "member stream broke");
                         self.close(Status::new(status.code(), format!("member stream refused: {message}"))).await;
                         break End::MemberClosed;
@@ -467,7 +455,7 @@ impl Session {
                 Err(dropped) => metrics.dropped(dropped),
             },
             Some(MemberKind::Leaving(leaving)) => {
-                info!(reason = %leaving.reason.chars().take(256).collect::<String>(), "member announced it is leaving");
+                info!(reason = %plumbing::text::bounded(&leaving.reason, 256), "member announced it is leaving");
                 self.record.leaving = true;
                 // Bounded: heartbeats wait behind it.
                 let recorded = timeout(
@@ -576,6 +564,21 @@ mod tests {
             (
                 Hello {
                     runtime_address: "127.0.0.1:7443".into(),
+                    ..hello()
+                },
+                "OPENSHELL_SUPERVISOR_POOL_RUNTIME_ADDRESS",
+            ),
+            // An empty DNS label: the supervisor refuses it too (plumbing::validate).
+            (
+                Hello {
+                    member: "a..b".into(),
+                    ..hello()
+                },
+                "OPENSHELL_SUPERVISOR_POOL_MEMBER",
+            ),
+            (
+                Hello {
+                    runtime_address: "http://".into(),
                     ..hello()
                 },
                 "OPENSHELL_SUPERVISOR_POOL_RUNTIME_ADDRESS",

@@ -155,7 +155,7 @@ impl Stream {
             phase: proto::common::v1::InstancePhase::from_wire(s.phase)
                 .as_str_name()
                 .to_owned(),
-            message: truncate(&s.message, proto::MAX_STATUS_MESSAGE_BYTES),
+            message: plumbing::text::prefix(&s.message, proto::MAX_STATUS_MESSAGE_BYTES).to_owned(),
             workload_pid: s.workload_pid,
             progress: s.counters.as_ref().map_or(0, |c| c.last_progress_value),
         };
@@ -240,15 +240,6 @@ fn diff(held: &Directory, now: &Arc<Directory>) -> (Vec<RouteDirectoryEntry>, Ve
         }
     }
     (changed, removed)
-}
-
-/// At most `max` bytes, cut on a character boundary.
-fn truncate(text: &str, max: usize) -> String {
-    let mut end = text.len().min(max);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].to_owned()
 }
 
 #[cfg(test)]
@@ -542,6 +533,6 @@ mod tests {
             s.attribute(&report(0, &[]), proto::MAX_STATUS_REPORT_BYTES + 1),
             Err(Dropped::OversizedReport)
         );
-        assert_eq!(truncate("héllo", 2), "h");
+        assert_eq!(plumbing::text::prefix("héllo", 2), "h");
     }
 }

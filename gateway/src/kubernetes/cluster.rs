@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client};
-use proto::tls::CA_FILE;
+use plumbing::tls::CA_FILE;
 use proto::trust::{TOKEN_FILE, TRUST_BUNDLE_FILE};
 use tokio::sync::mpsc;
 

@@ -69,16 +69,9 @@ pub const MAX_NOTE_BYTES: usize = 1024;
 /// Cut `note` to [`MAX_NOTE_BYTES`] at a character boundary, marking the cut (a placement
 /// reason lists every member, and a pool may have many).
 fn bound_note(note: &mut String) {
-    const CUT: &str = "…";
-    if note.len() <= MAX_NOTE_BYTES {
-        return;
+    if note.len() > MAX_NOTE_BYTES {
+        *note = plumbing::text::bounded(note, MAX_NOTE_BYTES);
     }
-    let mut end = MAX_NOTE_BYTES - CUT.len();
-    while !note.is_char_boundary(end) {
-        end -= 1;
-    }
-    note.truncate(end);
-    note.push_str(CUT);
 }
 
 /// The workload Pod of `instance`, with the UID it registered with.

@@ -12,13 +12,13 @@ use crate::credentials::Target;
 use crate::pool::View;
 
 /// Secret of every labelled namespace, mounted read-only by the injected sidecars.
-pub const NAMESPACE_SECRET: &str = "openshell-supervision-token";
+pub use proto::kubernetes::TOKEN_SECRET as NAMESPACE_SECRET;
 /// Secret of the install namespace mounted by the supervisor Pods.
 pub const SUPERVISOR_SECRET: &str = "openshell-supervisor-token";
 /// Secret of the install namespace holding an operator (platform admin) token.
 pub const OPERATOR_SECRET: &str = "openshell-operator-token";
 /// Namespaces the gateway never writes into, whatever their labels say.
-pub const SYSTEM_NAMESPACES: [&str; 3] = ["kube-system", "kube-public", "kube-node-lease"];
+pub use proto::kubernetes::SYSTEM_NAMESPACES;
 
 /// One intended write.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

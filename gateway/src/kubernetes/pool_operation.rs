@@ -126,7 +126,7 @@ pub fn object_of(object: &DynamicObject) -> Option<OperationObject> {
     let text = |key: &str| -> String {
         spec.get(key)
             .and_then(Value::as_str)
-            .map(|s| s.chars().take(MAX_SPEC_TEXT).collect())
+            .map(|s| plumbing::text::prefix(s, MAX_SPEC_TEXT).to_owned())
             .unwrap_or_default()
     };
     Some(OperationObject {

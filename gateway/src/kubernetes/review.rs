@@ -56,7 +56,7 @@ pub enum Error {
 pub fn account(status: &TokenReviewStatus) -> Result<Account, Error> {
     if status.authenticated != Some(true) {
         let reason = status.error.as_deref().unwrap_or("not authenticated");
-        return Err(Error::Refused(proto::text::bounded(reason, 256)));
+        return Err(Error::Refused(plumbing::text::bounded(reason, 256)));
     }
     let user = status.user.as_ref().ok_or(Error::NotPodBound)?;
     let username = user.username.as_deref().ok_or(Error::NotPodBound)?;
@@ -165,7 +165,7 @@ impl Kube {
         let answer = api
             .create(&PostParams::default(), &review)
             .await
-            .map_err(|err| Error::Unavailable(proto::text::bounded(&err.to_string(), 256)))?;
+            .map_err(|err| Error::Unavailable(plumbing::text::bounded(&err.to_string(), 256)))?;
         account(&answer.status.unwrap_or_default())
     }
 }

@@ -23,7 +23,7 @@ pub const SHARED_LABEL: &str = "supervision.openshell.ai/shared";
 /// …set to this value.
 pub const SHARED_ENABLED: &str = "enabled";
 /// The webhook marks the Pods it injected with this label (value `true`).
-pub const SUPERVISED_LABEL: &str = "supervision.openshell.ai/supervised";
+pub use proto::kubernetes::SUPERVISED_LABEL;
 
 /// Shared between the watches (writers) and the coordinator's writer (reader).
 #[derive(Debug, Clone, Default)]

@@ -10,7 +10,7 @@ use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use proto::tls::CA_FILE;
+use plumbing::tls::CA_FILE;
 use proto::trust::{TOKEN_FILE, TRUST_BUNDLE_FILE, TrustBundle};
 
 use super::Error;

@@ -14,6 +14,8 @@ use std::time::Duration;
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use ed25519_dalek::{Signer as _, SigningKey};
+use plumbing::gateway::GatewayArgs;
+use plumbing::logging::{LogArgs, LogFormat};
 use proto::common::v1::InstanceRef;
 use proto::registry::v1::instance_registry_server::{InstanceRegistry, InstanceRegistryServer};
 use proto::registry::v1::{
@@ -28,7 +30,6 @@ use proto::runtime::v1::{
 use proto::trust::TrustBundle;
 use serde_json::{Value, json};
 use sidecar::Config;
-use sidecar::config::LogFormat;
 use sidecar::receipt::ReceiptKey;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, UnixStream};
@@ -415,20 +416,24 @@ impl Fixture {
         let uid = uuid::Uuid::new_v4().to_string();
         let config = Config {
             supervisor_route: vec![member.address.clone()],
-            gateway_endpoints: vec![registry_address],
+            gateway: GatewayArgs {
+                gateway_endpoints: vec![registry_address],
+                tls_ca: None,
+                gateway_tls_name: None,
+            },
             namespace: "team-a".into(),
             name: "agent".into(),
             uid: uid.clone(),
             route: None,
             supervision_dir: supervision,
-            tls_ca: None,
             supervisor_tls_name: None,
-            gateway_tls_name: None,
             socket: dir.path().join("workload.sock"),
             state_dir: dir.path().join("state"),
             issuer: proto::trust::DEFAULT_ISSUER.into(),
             stop_grace_seconds: 5,
-            log_format: LogFormat::Text,
+            log: LogArgs {
+                log_format: LogFormat::Text,
+            },
             command,
         };
         let instance = InstanceRef {

@@ -43,7 +43,7 @@ pub const MAX_PARKED: usize = 1024;
 /// the standard health and reflection services, whose statuses follow `readiness`: the
 /// returned future serves until `stop`.
 pub(crate) async fn serve(
-    listener: proto::listener::Listener,
+    listener: plumbing::listener::Listener,
     me: Me,
     trust: TrustStore,
     table: watch::Receiver<Arc<RouteTable>>,
@@ -60,13 +60,13 @@ pub(crate) async fn serve(
     let service = SupervisorRuntimeServer::new(service)
         .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
-    let router = proto::listener::grpc_server().add_service(service);
+    let router = plumbing::listener::grpc_server().add_service(service);
     let (router, status) = proto::standard::add_standard_services(router, &[SERVICE_NAME]).await?;
     Ok(async move {
         tokio::spawn(crate::health::follow_grpc(status, readiness, stop.clone()));
-        let served = proto::listener::serve_grpc(router, listener, stop.cancelled_owned()).await;
+        let served = plumbing::listener::serve_grpc(router, listener, stop.cancelled_owned()).await;
         if let Err(err) = served {
-            tracing::error!(%err, "runtime service failed");
+            tracing::error!(error = %err, "runtime service failed");
         }
     })
 }

@@ -63,10 +63,7 @@ impl Opening {
     }
 
     fn check(&self) -> Result<(), Status> {
-        let route_ok = !self.route.is_empty()
-            && self.route.len() <= proto::MAX_ROUTE_BYTES
-            && self.route.bytes().all(|b| b.is_ascii_graphic());
-        if !route_ok {
+        if plumbing::validate::route(&self.route).is_err() {
             return Err(Status::invalid_argument(
                 "route must be 1..=256 bytes of printable ASCII without whitespace",
             ));

@@ -12,7 +12,9 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
+
+use plumbing::bundle::BundleFile;
 
 use proto::common::v1::InstanceRef;
 use proto::trust::{self, Claims, Expectation, InstanceTokenClaims, Kind, TrustBundle};
@@ -37,8 +39,10 @@ pub enum AuthError {
 }
 
 pub(crate) struct TrustStore {
-    file: Option<PathBuf>,
+    /// The file beside the token file, when one is configured.
+    file: Option<Mutex<BundleFile>>,
     gateway: Arc<Gateway>,
+    /// The bundle last fetched from the gateway.
     cached: Mutex<Option<Cached>>,
     /// The gateway's bundle, fetched when a token's key is in neither the cached nor the
     /// re-read file (a delivery not yet refreshed by the kubelet, or overwritten by a stale
@@ -48,23 +52,16 @@ pub(crate) struct TrustStore {
 
 struct Cached {
     bundle: Arc<TrustBundle>,
-    origin: Origin,
+    /// Fetch again after this long.
+    refresh_after: Duration,
     loaded: Instant,
-}
-
-#[derive(PartialEq, Eq)]
-enum Origin {
-    /// Read from the file with this (modification time, size).
-    File(Option<SystemTime>, u64),
-    /// Fetched from the gateway; fetch again after this long.
-    Gateway(Duration),
 }
 
 impl TrustStore {
     /// `file`: the `trust.jwks` path, when a token file is configured.
     pub(crate) fn new(file: Option<PathBuf>, gateway: Arc<Gateway>) -> Self {
         Self {
-            file,
+            file: file.map(|path| Mutex::new(BundleFile::new(path))),
             gateway,
             cached: Mutex::new(None),
             fetched: Mutex::new(None),
@@ -92,39 +89,27 @@ impl TrustStore {
     }
 
     async fn bundle(&self, unknown_kid: bool) -> Result<Arc<TrustBundle>, AuthError> {
-        let mut cached = self.cached.lock().await;
         let mut file_error = None;
-        if let Some(path) = &self.file {
-            match file_stamp(path).await {
-                Ok(stamp) => {
-                    if let Some(c) = cached.as_ref().filter(|c| c.origin == stamp && !unknown_kid) {
-                        return Ok(Arc::clone(&c.bundle));
-                    }
-                    let load_path = path.clone();
-                    match tokio::task::spawn_blocking(move || TrustBundle::load(&load_path)).await {
-                        Ok(Ok(bundle)) => return Ok(store(&mut cached, bundle, stamp)),
-                        Ok(Err(err)) => file_error = Some(err.to_string()),
-                        Err(err) => file_error = Some(err.to_string()),
-                    }
-                }
-                Err(err) => file_error = Some(format!("cannot read {}: {err}", path.display())),
+        if let Some(file) = &self.file {
+            match file.lock().await.load(unknown_kid).await {
+                Ok(bundle) => return Ok(bundle),
+                Err(err) => file_error = Some(err.to_string()),
             }
         }
-        if let Some(c) = cached.as_ref()
-            && let Origin::Gateway(refresh_after) = c.origin
-        {
+        let mut cached = self.cached.lock().await;
+        if let Some(c) = cached.as_ref() {
             let age = c.loaded.elapsed();
             let fresh = if unknown_kid {
                 age < MIN_FORCED_REFRESH
             } else {
-                age < refresh_after
+                age < c.refresh_after
             };
             if fresh {
                 return Ok(Arc::clone(&c.bundle));
             }
         }
         match self.fetch().await {
-            Ok((bundle, refresh_after)) => Ok(store(&mut cached, bundle, Origin::Gateway(refresh_after))),
+            Ok((bundle, refresh_after)) => Ok(store(&mut cached, bundle, refresh_after)),
             Err(fetch_error) => {
                 if let Some(file_error) = &file_error {
                     tracing::warn!(%file_error, %fetch_error, "no trust bundle");
@@ -188,17 +173,12 @@ fn verify(bundle: &TrustBundle, token: &str) -> Result<Claims<InstanceTokenClaim
     bundle.verify(token, &Expectation::kind(Kind::Instance, &bundle.issuer))
 }
 
-fn store(cached: &mut Option<Cached>, bundle: TrustBundle, origin: Origin) -> Arc<TrustBundle> {
+fn store(cached: &mut Option<Cached>, bundle: TrustBundle, refresh_after: Duration) -> Arc<TrustBundle> {
     let bundle = Arc::new(bundle);
     *cached = Some(Cached {
         bundle: Arc::clone(&bundle),
-        origin,
+        refresh_after,
         loaded: Instant::now(),
     });
     bundle
-}
-
-async fn file_stamp(path: &std::path::Path) -> std::io::Result<Origin> {
-    let metadata = tokio::fs::metadata(path).await?;
-    Ok(Origin::File(metadata.modified().ok(), metadata.len()))
 }

@@ -211,12 +211,7 @@ fn bounded(mut report: StatusReport) -> StatusReport {
     }
 }
 
-fn truncate_utf8(text: &mut String, max: usize) {
-    if text.len() > max {
-        let cut = (0..=max).rev().find(|i| text.is_char_boundary(*i)).unwrap_or(0);
-        text.truncate(cut);
-    }
-}
+use plumbing::text::truncate as truncate_utf8;
 
 #[cfg(test)]
 mod tests {

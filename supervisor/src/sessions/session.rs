@@ -418,7 +418,7 @@ impl Session {
 
     fn on_stopped(&mut self, stopped: &Stopped) {
         let mut reason = stopped.reason.clone();
-        truncate_utf8(&mut reason, MAX_SIDECAR_TEXT_BYTES);
+        plumbing::text::truncate(&mut reason, MAX_SIDECAR_TEXT_BYTES);
         self.ended = Some((InstancePhase::Stopped, format!("the workload stopped: {reason}")));
     }
 
@@ -603,13 +603,6 @@ async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
-    }
-}
-
-pub(super) fn truncate_utf8(text: &mut String, max: usize) {
-    if text.len() > max {
-        let cut = (0..=max).rev().find(|i| text.is_char_boundary(*i)).unwrap_or(0);
-        text.truncate(cut);
     }
 }
 

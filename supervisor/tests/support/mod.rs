@@ -160,8 +160,9 @@ impl FakeGateway {
         let router = tonic::transport::Server::builder()
             .add_service(service)
             .add_service(SupervisorRecoveryServer::new(recovery.clone()));
-        let listener = proto::listener::Listener::new(listener, Default::default(), Default::default()).with_tls(tls);
-        tokio::spawn(proto::listener::serve_grpc(router, listener, std::future::pending()));
+        let listener =
+            plumbing::listener::Listener::new(listener, Default::default(), Default::default()).with_tls(tls);
+        tokio::spawn(plumbing::listener::serve_grpc(router, listener, std::future::pending()));
         Self {
             endpoint,
             connections,

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use proto::tls::CertStore;
+use plumbing::tls::CertStore;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 
 /// A CA whose certificate is `ca.crt` in `dir`.
@@ -49,6 +49,6 @@ impl Pki {
         let (cert, key) = self.issue(file, names);
         let store = Arc::new(CertStore::new(cert, key));
         store.reload().unwrap();
-        proto::tls::server_config(store, &[b"h2"]).unwrap()
+        plumbing::tls::server_config(store, &[b"h2"]).unwrap()
     }
 }

@@ -10,13 +10,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use proto::listener::{ConnectionMetrics, Counters, Limits, Listener, Snapshot};
+use plumbing::listener::{ConnectionMetrics, Counters, Limits, Listener, Snapshot};
+use plumbing::tls::{CertStore, ClientTls};
 use proto::recovery::v1::supervisor_recovery_client::SupervisorRecoveryClient;
 use proto::recovery::v1::supervisor_recovery_server::{SupervisorRecovery, SupervisorRecoveryServer};
 use proto::recovery::v1::{
     ActivateRequest, ActivateResponse, IssueGrantRequest, IssueGrantResponse, TrustBundleRequest, TrustBundleResponse,
 };
-use proto::tls::{CertStore, ClientTls};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use rustls::pki_types::ServerName;
 use tokio::io::AsyncReadExt as _;
@@ -77,13 +77,13 @@ fn pki() -> Pki {
 async fn serve(pki: &Pki, limits: Limits) -> (SocketAddr, Counters) {
     let store = Arc::new(CertStore::new(pki.cert.clone(), pki.key.clone()));
     store.reload().unwrap();
-    let tls = proto::tls::server_config(store, &[b"h2"]).unwrap();
+    let tls = plumbing::tls::server_config(store, &[b"h2"]).unwrap();
     let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = tcp.local_addr().unwrap();
     let counters = ConnectionMetrics::default().listener("grpc");
     let listener = Listener::new(tcp, limits, counters.clone()).with_tls(Some(tls));
-    let router = proto::listener::grpc_server().add_service(SupervisorRecoveryServer::new(Bundle));
-    tokio::spawn(proto::listener::serve_grpc(router, listener, std::future::pending()));
+    let router = plumbing::listener::grpc_server().add_service(SupervisorRecoveryServer::new(Bundle));
+    tokio::spawn(plumbing::listener::serve_grpc(router, listener, std::future::pending()));
     (addr, counters)
 }
 
@@ -118,7 +118,7 @@ async fn request_less(addr: SocketAddr, ca: &Path) -> tokio_rustls::client::TlsS
     for cert in rustls::pki_types::pem::PemObject::pem_slice_iter(&pem) {
         roots.add(cert.unwrap()).unwrap();
     }
-    let mut config = rustls::ClientConfig::builder_with_provider(proto::tls::provider())
+    let mut config = rustls::ClientConfig::builder_with_provider(plumbing::tls::provider())
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_root_certificates(roots)

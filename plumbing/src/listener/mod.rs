@@ -4,7 +4,7 @@
 //! - A **total connection cap** and a **per-source-IP cap** ([`Limits`]): a connection over
 //!   either is closed at accept and counted, never queued.
 //! - **TLS handshakes in their own tasks**, each bounded by `handshake_timeout` (shorter than
-//!   the clients' [`CONNECT_TIMEOUT`](crate::timing::CONNECT_TIMEOUT)): a slow or silent client
+//!   the clients' [`CONNECT_TIMEOUT`](proto::timing::CONNECT_TIMEOUT)): a slow or silent client
 //!   never holds up accept or another handshake.
 //! - **Idle time-outs** on every connection ([`Conn`]): no byte within `first_request_timeout`
 //!   after the handshake, or no traffic either way for `idle_timeout` later, closes it.

@@ -16,7 +16,7 @@ use super::Listener;
 /// the idle time-out); a dead one is dropped after [`KEEPALIVE_TIMEOUT`].
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 /// Bound on the answer to a keep-alive ping.
-pub const KEEPALIVE_TIMEOUT: Duration = crate::timing::SILENCE_TIMEOUT;
+pub const KEEPALIVE_TIMEOUT: Duration = proto::timing::SILENCE_TIMEOUT;
 /// Bound on a gRPC handler producing its response (streams then run on their own).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 

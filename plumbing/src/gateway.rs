@@ -1,0 +1,161 @@
+//! Dialing the gateway replicas, the same way in every client (the supervisor's recovery
+//! calls, the sidecar's registry calls, poolctl): the endpoints in turn, each connect bounded,
+//! staying on a replica that answers. Retries between calls back off with
+//! [`proto::timing::reconnect_backoff`] (jittered); the bearer header is
+//! [`Token::authorize`](crate::token::Token::authorize).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tonic::transport::Channel;
+
+use crate::tls::ClientTls;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    #[error("no gateway endpoints")]
+    NoEndpoints,
+    #[error("no gateway replica reachable: {0}")]
+    Unreachable(String),
+}
+
+/// The gateway replicas a binary dials and how their certificates are verified: the same
+/// flags and environment in the supervisor, the sidecar and poolctl.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct GatewayArgs {
+    /// Gateway gRPC endpoints, comma-separated (e.g. https://gw-0:8443,https://gw-1:8443),
+    /// tried in turn; https:// ones are verified with --tls-ca.
+    #[arg(
+        long = "gateway-endpoints",
+        visible_alias = "gateway",
+        env = "OPENSHELL_GATEWAY_ENDPOINTS",
+        value_delimiter = ','
+    )]
+    pub gateway_endpoints: Vec<String>,
+    /// PEM CA bundle that https:// addresses are verified against, re-read at every connect
+    /// (the sidecar's default: `ca.crt` in its supervision directory).
+    #[arg(long, env = "OPENSHELL_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// DNS name the gateway certificates carry, when it is not the endpoints' host.
+    #[arg(long, env = "OPENSHELL_GATEWAY_TLS_NAME")]
+    pub gateway_tls_name: Option<String>,
+}
+
+impl GatewayArgs {
+    /// The endpoints, trimmed, empty entries dropped.
+    pub fn endpoints(&self) -> Vec<String> {
+        endpoint_list(&self.gateway_endpoints)
+    }
+
+    /// How the gateways are verified, with `ca` as the CA bundle.
+    pub fn tls_with(&self, ca: Option<PathBuf>) -> ClientTls {
+        ClientTls {
+            ca,
+            server_name: self.gateway_tls_name.clone(),
+        }
+    }
+
+    /// How the gateways are verified (`--tls-ca`, `--gateway-tls-name`).
+    pub fn tls(&self) -> ClientTls {
+        self.tls_with(self.tls_ca.clone())
+    }
+}
+
+/// Trimmed, non-empty entries of a comma-separated endpoint list.
+pub fn endpoint_list<S: AsRef<str>>(list: &[S]) -> Vec<String> {
+    list.iter()
+        .map(|a| a.as_ref().trim().to_owned())
+        .filter(|a| !a.is_empty())
+        .collect()
+}
+
+/// The gateway replicas and how they are verified.
+#[derive(Debug)]
+pub struct Gateways {
+    endpoints: Vec<String>,
+    tls: ClientTls,
+    /// Index (modulo the length) of the replica to try first: the one that answered last.
+    next: AtomicUsize,
+}
+
+impl Gateways {
+    /// `endpoints` are trimmed and empty ones dropped; https:// ones are verified with `tls`.
+    pub fn new<S: AsRef<str>>(endpoints: &[S], tls: ClientTls) -> Self {
+        Self {
+            endpoints: endpoint_list(endpoints),
+            tls,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    /// The replica tried first by the next [`connect`](Self::connect).
+    pub fn current(&self) -> &str {
+        match self.endpoints.len() {
+            0 => "",
+            n => &self.endpoints[self.next.load(Ordering::Relaxed) % n],
+        }
+    }
+
+    /// Makes the next [`connect`](Self::connect) start after the current replica (it failed
+    /// after connecting).
+    pub fn skip(&self) {
+        self.next.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Connects to the first replica that answers, each attempt bounded by `limit`, starting
+    /// at the current one; the replica that answers stays current. Nothing is sent.
+    pub async fn connect(&self, limit: Duration) -> Result<Channel, DialError> {
+        if self.endpoints.is_empty() {
+            return Err(DialError::NoEndpoints);
+        }
+        let start = self.next.load(Ordering::Relaxed);
+        let mut errors = Vec::new();
+        for offset in 0..self.endpoints.len() {
+            let index = (start + offset) % self.endpoints.len();
+            match self.tls.connect(&self.endpoints[index], limit).await {
+                Ok(channel) => {
+                    self.next.store(index, Ordering::Relaxed);
+                    return Ok(channel);
+                }
+                Err(err) => errors.push(err.to_string()),
+            }
+        }
+        Err(DialError::Unreachable(errors.join("; ")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn dialing_moves_on_to_the_replica_that_answers_and_stays() -> Result<(), Box<dyn std::error::Error>> {
+        let live = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let dead = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let dead_address = format!("http://{}", dead.local_addr()?);
+        drop(dead);
+        let live_address = format!("http://{}", live.local_addr()?);
+        let gateways = Gateways::new(
+            &[format!(" {dead_address} "), String::new(), live_address.clone()],
+            ClientTls::default(),
+        );
+        assert_eq!(gateways.endpoints(), [dead_address.clone(), live_address.clone()]);
+        assert_eq!(gateways.current(), dead_address);
+        gateways.connect(proto::timing::CONNECT_TIMEOUT).await?;
+        assert_eq!(gateways.current(), live_address);
+        gateways.skip();
+        assert_eq!(gateways.current(), dead_address);
+
+        let none = Gateways::new(&[" "], ClientTls::default());
+        assert!(matches!(
+            none.connect(proto::timing::CONNECT_TIMEOUT).await,
+            Err(DialError::NoEndpoints)
+        ));
+        Ok(())
+    }
+}

@@ -1,0 +1,17 @@
+//! Kubernetes names the webhook and the gateway must agree on: the webhook injects what the
+//! gateway follows and fills.
+
+/// Label the webhook puts on every injected Pod; the gateway follows supervised Pods
+/// cluster-wide with the selector `supervision.openshell.ai/supervised=true`.
+pub const SUPERVISED_LABEL: &str = "supervision.openshell.ai/supervised";
+
+/// Value of [`SUPERVISED_LABEL`].
+pub const SUPERVISED_VALUE: &str = "true";
+
+/// The trust Secret the gateway keeps in every labelled namespace (keys `trust.jwks` and
+/// `ca.crt`), mounted read-only by the injected sidecars.
+pub const TOKEN_SECRET: &str = "openshell-supervision-token";
+
+/// Namespaces neither mutated by the webhook nor written by the gateway, whatever their labels
+/// say.
+pub const SYSTEM_NAMESPACES: [&str; 3] = ["kube-system", "kube-public", "kube-node-lease"];
