@@ -73,19 +73,13 @@ pub async fn run(settings: &Settings) -> Result<Report, Error> {
         database_url,
         gateways: 2,
         members: 2,
-        sandboxes: 0,
+        sandboxes: settings.sessions,
         lease_length_ms: 5_000,
         plaintext: false,
     };
     let started = now_ms();
-    let mut pool = LocalPool::start(config).await?;
-    let result = async {
-        for i in 0..settings.sessions {
-            pool.start_sandbox(&format!("agent-{i}"))?;
-        }
-        measure(settings, &pool, started).await
-    }
-    .await;
+    let pool = LocalPool::start(config).await?;
+    let result = measure(settings, &pool, started).await;
     pool.stop().await;
     if let Some(server) = server.as_mut() {
         let _ = server.halt().await;
