@@ -18,7 +18,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::error;
 
 use super::effect::{Effect, Ending, Event, Keys, NOT_DESCENDANT, Now, Reply};
-use super::machine::{Machine, Report, Setup};
+use super::machine::{Machine, Setup};
+use super::stop::Report;
 use crate::Outcome;
 use crate::config::Config;
 use crate::identity;

@@ -3,7 +3,7 @@
 //! (`workload`), the registration and the process watcher are separate tasks that only report
 //! to it.
 //!
-//! Split sans-I/O: `machine` (with `control` and `relay`) decides — `Machine::on(now, event)`
+//! Split sans-I/O: `machine` (with `control`, `relay` and `stop`) decides — `Machine::on(now, event)`
 //! returns effects and touches no file, socket, task or clock; `driver` runs it, turning
 //! inputs into `effect::Event`s and carrying out the `effect::Effect`s.
 //!
@@ -19,6 +19,7 @@ mod driver;
 mod effect;
 mod machine;
 mod relay;
+mod stop;
 #[cfg(test)]
 mod tests;
 
