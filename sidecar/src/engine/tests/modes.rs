@@ -16,6 +16,18 @@ use crate::process::Exit;
 use crate::testkit::*;
 use crate::workload::Op;
 
+/// The workload's exit ends a failed recovery.
+fn ends_as_failed_recovery(h: &mut Harness) {
+    let done = h.on(Event::Exited(Exit::default()));
+    assert!(matches!(
+        done.as_slice(),
+        [Effect::Done {
+            ending: Ending::RecoveryFailed { .. },
+            exit: Some(_)
+        }]
+    ));
+}
+
 #[test]
 fn unregistered_waits_for_a_generation_then_places_with_the_instance_token() {
     let mut h = Harness::new(true, false);
@@ -60,14 +72,7 @@ fn placing_fails_after_the_deadline_and_stops_the_workload() {
         (request.fence_term, request.attempts, request.recovery_deadline_ms),
         (0, 0, 60_000)
     );
-    let done = h.on(Event::Exited(Exit::default()));
-    assert!(matches!(
-        done.as_slice(),
-        [Effect::Done {
-            ending: Ending::RecoveryFailed { .. },
-            exit: Some(_)
-        }]
-    ));
+    ends_as_failed_recovery(&mut h);
 }
 
 #[test]
@@ -120,14 +125,7 @@ fn losing_the_owner_fails_its_requests_and_recovers_with_hellos_under_the_budget
     let stop = names(&h.on(Event::Tick));
     assert_eq!(stop, [format!("refuse 9: {STOPPING}"), "stop workload".into()]);
     assert!(h.message(2, present(2, "m2", "g2")).is_empty(), "stop won");
-    let done = h.on(Event::Exited(Exit::default()));
-    assert!(matches!(
-        done.as_slice(),
-        [Effect::Done {
-            ending: Ending::RecoveryFailed { .. },
-            exit: Some(_)
-        }]
-    ));
+    ends_as_failed_recovery(&mut h);
 }
 
 #[test]
