@@ -19,6 +19,8 @@ pub mod recovery;
 pub mod registry;
 pub mod store;
 pub mod supervision;
+#[cfg(test)]
+mod testkit;
 pub mod workload;
 
 use std::sync::Arc;
@@ -30,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 pub use config::Config;
-use engine::{Engine, Inputs, Pinned};
+use engine::{Driver, Inputs, Pinned};
 use process::{Exit, Process};
 use registry::Registry;
 use store::{State, StateFile};
@@ -135,7 +137,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
     let (link_tx, links) = mpsc::channel(256);
 
     info!(%route, uid = %cfg.uid, fence = state.fence.activated, "sidecar started");
-    let mut engine = Engine::new(cfg.clone(), state, file, pinned, link_tx);
+    let mut engine = Driver::new(cfg.clone(), state, file, pinned, link_tx);
     let inputs = Inputs {
         links,
         workload: workload_rx,

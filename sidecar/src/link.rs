@@ -143,11 +143,11 @@ async fn drive(
     let first = match first {
         First::Attach(attach) => sidecar_message::Kind::Attach(attach),
         First::Hello(episode) => loop {
-            match episode.take(Instant::now()) {
+            match episode.take(Instant::now().into_std()) {
                 Slot::Ready(hello) => break sidecar_message::Kind::RecoveryHello(hello),
                 Slot::Over => return Err(Error::Over),
                 Slot::Wait(at) => tokio::select! {
-                    () = sleep_until(at) => {}
+                    () = sleep_until(Instant::from_std(at)) => {}
                     command = commands.recv() => if command.is_none() { return Ok(()) },
                 },
             }

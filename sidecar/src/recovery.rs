@@ -8,12 +8,11 @@
 //! nothing a candidate does extends it.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use proto::common::v1::WorkloadIdentity;
 use proto::runtime::v1::RecoveryHello;
 use proto::timing::RECOVERY_HELLO_INTERVAL;
-use tokio::time::Instant;
 
 #[derive(Debug)]
 pub struct Episode {
@@ -92,10 +91,10 @@ impl Episode {
         self.lock().template.workload = Some(workload);
     }
 
-    /// When the next hello may be sent, `None` if never.
-    pub fn next_slot(&self) -> Option<Instant> {
+    /// When the next hello may be sent (at `now` or later), `None` if never.
+    pub fn next_slot(&self, now: Instant) -> Option<Instant> {
         let inner = self.lock();
-        let next = inner.last.map_or(Instant::now(), |last| last + RECOVERY_HELLO_INTERVAL);
+        let next = inner.last.map_or(now, |last| last + RECOVERY_HELLO_INTERVAL);
         (!inner.closed && next < self.deadline).then_some(next)
     }
 
@@ -186,7 +185,7 @@ mod tests {
         }
         assert_eq!(sent, [1, 2, 3, 4], "at 0, 1, 2 and 3 s; none at or after 3.5 s");
         assert_eq!(ep.attempts(), 4);
-        assert_eq!(ep.next_slot(), None, "the next slot would be past the deadline");
+        assert_eq!(ep.next_slot(start), None, "the next slot would be past the deadline");
         assert_eq!(ep.take(start + Duration::from_secs(4)), Slot::Over);
     }
 
@@ -195,7 +194,7 @@ mod tests {
         let (ep, start) = episode(Duration::from_secs(60));
         ep.close();
         assert_eq!(ep.take(start), Slot::Over);
-        assert_eq!(ep.next_slot(), None);
+        assert_eq!(ep.next_slot(start), None);
         assert_eq!(ep.attempts(), 0);
     }
 }
