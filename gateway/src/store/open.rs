@@ -101,12 +101,18 @@ impl Store {
         };
         // PostgreSQL serialises concurrent migrators with an advisory lock;
         // SQLite has none, so a replica that loses the race to another
-        // process sees its tables appear and tries again.
+        // process (it finds a migration recorded or a table there) waits a
+        // little and tries again: the winner applies each migration in
+        // milliseconds, and an immediate retry could lose the race to its
+        // next migration every time.
         let mut attempt = 0;
         loop {
             match migrator.run(&self.pool).await {
                 Ok(()) => return Ok(()),
-                Err(_) if self.backend == Backend::Sqlite && attempt < 3 => attempt += 1,
+                Err(_) if self.backend == Backend::Sqlite && attempt < MIGRATION_RETRIES => {
+                    attempt += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(25 * u64::from(attempt.min(8)))).await;
+                }
                 Err(source) => {
                     return Err(Error::Migrate {
                         url: shown.to_owned(),
@@ -117,6 +123,10 @@ impl Store {
         }
     }
 }
+
+/// How often a SQLite migrator that lost the race to another process tries again (about
+/// 5 s in all).
+const MIGRATION_RETRIES: u32 = 30;
 
 fn connect_error(url: &str, shown: &str, source: sqlx::Error) -> Error {
     match source {

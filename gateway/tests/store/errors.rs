@@ -67,3 +67,22 @@ async fn a_url_without_a_scheme_is_refused_without_its_password() {
         assert!(line.contains("user:***@db"), "{line}");
     }
 }
+
+/// Replicas that start together on one fresh SQLite file all open it: the ones that lose the
+/// race to migrate it wait and try again (SQLite has no migration lock). Eight at once lost
+/// the race repeatedly when a loser retried at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replicas_starting_together_on_one_sqlite_file_all_migrate_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("store.db").display());
+    let opens: Vec<_> = (0..8)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { Store::open(&url, &Options::default()).await })
+        })
+        .collect();
+    for open in opens {
+        let store = open.await.unwrap().unwrap_or_else(|err| panic!("{err}"));
+        store.close().await;
+    }
+}
