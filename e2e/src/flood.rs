@@ -95,6 +95,7 @@ pub async fn run(setup: &Setup) -> Result<(Vec<Figures>, String), Error> {
         sandboxes: 4,
         lease_length_ms: 5000,
         plaintext: false,
+        agent_interval_ms: crate::local::AGENT_INTERVAL_MS,
     })
     .await?;
     let outcome = measure(&pool, setup).await;

@@ -128,7 +128,13 @@ pub struct Config {
     pub lease_length_ms: u64,
     /// Plaintext gRPC everywhere (debugging); TLS otherwise.
     pub plaintext: bool,
+    /// How often each sandbox's agent counts and reports (ms).
+    pub agent_interval_ms: u64,
 }
+
+/// The agents' default counting period: a report every 50 ms, so a gap in the observed
+/// counter measures a handoff to within 50 ms.
+pub const AGENT_INTERVAL_MS: u64 = 50;
 
 /// The pool's TLS files in its root directory: a throwaway CA and one server
 /// certificate it signed for `localhost` and `127.0.0.1`, served by every
@@ -439,7 +445,14 @@ impl LocalPool {
         let sidecar = Process::spawn(&format!("{name}-sidecar"), &binary("sidecar")?, &[], &env, sidecar_log)?;
         let agent_env = vec![("OPENSHELL_SIDECAR_SOCKET".to_owned(), socket.display().to_string())];
         let agent_log = logs.join(format!("{name}-agent.log"));
-        let agent = Process::spawn(&format!("{name}-agent"), &binary("agent")?, &[], &agent_env, agent_log)?;
+        let interval = ["--interval-ms".to_owned(), self.config.agent_interval_ms.to_string()];
+        let agent = Process::spawn(
+            &format!("{name}-agent"),
+            &binary("agent")?,
+            &interval,
+            &agent_env,
+            agent_log,
+        )?;
         self.sandboxes.push(Sandbox {
             name: name.into(),
             uid,

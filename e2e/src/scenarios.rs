@@ -105,6 +105,7 @@ pub async fn run(name: &str, setup: &Setup) -> Result<Outcome, Error> {
             .unwrap_or(if matches!(name, "drain" | "rebalance") { 4 } else { 2 }),
         lease_length_ms: 5000,
         plaintext: false,
+        agent_interval_ms: crate::local::AGENT_INTERVAL_MS,
     };
     let mut pool = LocalPool::start(config).await?;
     let url =

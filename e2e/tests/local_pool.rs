@@ -18,6 +18,7 @@ fn config(root: &std::path::Path, gateways: usize, members: usize, sandboxes: us
         sandboxes,
         lease_length_ms: 5000,
         plaintext: false,
+        agent_interval_ms: e2e::local::AGENT_INTERVAL_MS,
     }
 }
 

@@ -102,9 +102,14 @@ impl Link {
         Self { tx, task }
     }
 
-    /// Queues a message; false when the stream cannot take it (closed or congested).
-    pub fn send(&self, kind: sidecar_message::Kind) -> bool {
-        self.tx.try_send(SidecarMessage { kind: Some(kind) }).is_ok()
+    /// Queues a message, or says why the stream cannot take it.
+    pub fn send(&self, kind: sidecar_message::Kind) -> Result<(), NotSent> {
+        self.tx
+            .try_send(SidecarMessage { kind: Some(kind) })
+            .map_err(|err| match err {
+                mpsc::error::TrySendError::Full(_) => NotSent::Congested,
+                mpsc::error::TrySendError::Closed(_) => NotSent::Ended,
+            })
     }
 
     /// Closes at once (fencing): the task and the stream are dropped, nothing more is read.
@@ -122,6 +127,15 @@ impl Link {
             abort.abort();
         }
     }
+}
+
+/// Why a message was not queued on a stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotSent {
+    /// The outbound queue is full: the member reads too slowly.
+    Congested,
+    /// The stream has ended (its `Closed` event follows).
+    Ended,
 }
 
 /// Which stream dials where.

@@ -49,6 +49,7 @@ async fn main() -> anyhow::Result<()> {
         sandboxes: args.sandboxes,
         lease_length_ms: 5000,
         plaintext: args.plaintext,
+        agent_interval_ms: e2e::local::AGENT_INTERVAL_MS,
     };
     println!(
         "starting {} gateway replicas, {} supervisor members and {} sandboxes in {} ...",

@@ -184,6 +184,7 @@ pub async fn run(settings: &Settings) -> Result<Report, Error> {
         sandboxes: settings.sandboxes,
         lease_length_ms: settings.lease_length_ms,
         plaintext: false,
+        agent_interval_ms: crate::local::AGENT_INTERVAL_MS,
     };
     let mut pool = LocalPool::start(config).await?;
     let url =

@@ -112,6 +112,7 @@ pub async fn run(settings: &Settings) -> Result<Report, Error> {
         sandboxes: 0,
         lease_length_ms: 5_000,
         plaintext: false,
+        agent_interval_ms: crate::local::AGENT_INTERVAL_MS,
     };
     let pool = LocalPool::start(config).await?;
     let result = measure(settings, &pool).await;

@@ -217,6 +217,9 @@ impl<R: Reply> Machine<R> {
             Ok(()) => {
                 info!(term = relinquish.term, "owner relinquished; recovering");
                 self.persist();
+                if role == Role::Owner {
+                    self.hold_inflight(id);
+                }
                 self.close_stream(id); // enters recovery: the owner's stream is gone
             }
             Err(refusal) => debug!(term = relinquish.term, %refusal, "relinquish ignored"),

@@ -23,7 +23,7 @@ use super::stop::Report;
 use crate::Outcome;
 use crate::config::Config;
 use crate::identity;
-use crate::link::{Link, LinkEvent, StreamId};
+use crate::link::{Link, LinkEvent, NotSent, StreamId};
 use crate::process::{self, Control, Exit, Process};
 use crate::registry::Registry;
 use crate::store::{State, StateFile};
@@ -186,8 +186,13 @@ impl Driver {
                     sidecar_message::Kind::WorkloadRequest(r) => Some(r.request_id),
                     _ => None,
                 };
-                if !self.links.get(&id).is_some_and(|link| link.send(kind)) {
-                    return Some(Event::Unsent { id, request });
+                let sent = self.links.get(&id).map_or(Err(NotSent::Ended), |link| link.send(kind));
+                if let Err(why) = sent {
+                    return Some(Event::Unsent {
+                        id,
+                        request,
+                        congested: why == NotSent::Congested,
+                    });
                 }
             }
             Effect::Abort(id) => {

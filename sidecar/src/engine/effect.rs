@@ -85,10 +85,11 @@ pub(crate) enum Event<R> {
     },
     /// The outcome of the last `Effect::Commit`.
     Committed(Result<(), String>),
-    /// An `Effect::Send` the stream could not take (closed or congested).
+    /// An `Effect::Send` the stream could not take: `congested` (its queue is full) or ended.
     Unsent {
         id: StreamId,
         request: Option<u64>,
+        congested: bool,
     },
     /// An `Effect::Dial` that could not start (no token to present).
     Undialed {

@@ -125,7 +125,8 @@ pub(crate) struct Machine<R> {
     pub(super) release_stream: Option<StreamId>,
     pub(super) mode: Mode,
     pub(super) held: VecDeque<(Op, R)>,
-    pub(super) inflight: HashMap<(StreamId, u64), R>,
+    /// Requests sent to the owner and not answered yet, with what they asked.
+    pub(super) inflight: HashMap<(StreamId, u64), (Op, R)>,
     pub(super) workload: Option<WorkloadIdentity>,
     pub(super) dial: Dial,
     pub(super) ending: Option<Ending>,
@@ -196,7 +197,7 @@ impl<R: Reply> Machine<R> {
             Event::Pin(identity) => self.pin(identity),
             Event::Request { op, reply } => self.on_request(op, reply),
             Event::Committed(result) => self.on_committed(result),
-            Event::Unsent { id, request } => self.on_unsent(id, request),
+            Event::Unsent { id, request, congested } => self.on_unsent(id, request, congested),
             Event::Undialed { id, reason } => {
                 warn!(error = %reason, "cannot read the instance token; retrying");
                 self.streams.remove(&id);
@@ -351,11 +352,18 @@ impl<R: Reply> Machine<R> {
         self.close_stream(id);
     }
 
-    fn on_unsent(&mut self, id: StreamId, request: Option<u64>) {
+    /// A request the stream could not take was never sent: refused when the owner reads too
+    /// slowly (backpressure); held for the next owner when the stream has ended (its `Closed`
+    /// event, and any Relinquish read before it, are still on their way).
+    fn on_unsent(&mut self, id: StreamId, request: Option<u64>, congested: bool) {
         match request {
             Some(request_id) => {
-                if let Some(reply) = self.inflight.remove(&(id, request_id)) {
-                    self.answer(reply, "the supervisor stream is congested");
+                if let Some((op, reply)) = self.inflight.remove(&(id, request_id)) {
+                    if congested {
+                        self.answer(reply, "the supervisor stream is congested");
+                    } else {
+                        self.held.push_back((op, reply));
+                    }
                 }
             }
             None => {

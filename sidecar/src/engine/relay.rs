@@ -109,7 +109,7 @@ impl<R: Reply> Machine<R> {
         };
         stream.next_request += 1;
         let request_id = stream.next_request;
-        let kind = match op {
+        let kind = match op.clone() {
             Op::Progress { value, note } => workload_request::Kind::ReportProgress(ReportProgress { value, note }),
             Op::Credential => workload_request::Kind::FetchCredential(FetchCredential {}),
             Op::Liveness => workload_request::Kind::Liveness(Liveness {}),
@@ -119,7 +119,7 @@ impl<R: Reply> Machine<R> {
             kind: Some(kind),
         };
         // A send the stream cannot take comes back as `Event::Unsent` and is refused then.
-        self.inflight.insert((id, request_id), reply);
+        self.inflight.insert((id, request_id), (op, reply));
         self.out.push(Effect::Send {
             id,
             kind: sidecar_message::Kind::WorkloadRequest(message),
@@ -128,7 +128,7 @@ impl<R: Reply> Machine<R> {
 
     pub(super) fn on_response(&mut self, id: StreamId, response: WorkloadResponse) {
         use workload_response::Kind;
-        let Some(reply) = self.inflight.remove(&(id, response.request_id)) else {
+        let Some((_, reply)) = self.inflight.remove(&(id, response.request_id)) else {
             return;
         };
         let answer = match response.kind {
@@ -157,8 +157,23 @@ impl<R: Reply> Machine<R> {
     pub(super) fn fail_inflight(&mut self, id: StreamId, reason: &str) {
         let keys: Vec<_> = self.inflight.keys().copied().filter(|(s, _)| *s == id).collect();
         for key in keys {
-            if let Some(reply) = self.inflight.remove(&key) {
+            if let Some((_, reply)) = self.inflight.remove(&key) {
                 self.answer(reply, reason);
+            }
+        }
+    }
+
+    /// Holds again, ahead of anything held since and in the order they were sent, the
+    /// requests stream `id` did not answer: its owner relinquished the term in a planned
+    /// move, so they go to the next owner after its activation instead of failing. Every
+    /// operation may be carried out twice (a progress report carries the absolute value,
+    /// the others are reads), so a request the relinquishing owner did act on is safe too.
+    pub(super) fn hold_inflight(&mut self, id: StreamId) {
+        let mut keys: Vec<_> = self.inflight.keys().copied().filter(|(s, _)| *s == id).collect();
+        keys.sort_unstable();
+        for key in keys.into_iter().rev() {
+            if let Some(request) = self.inflight.remove(&key) {
+                self.held.push_front(request);
             }
         }
     }

@@ -133,7 +133,7 @@ impl<R: Reply> Machine<R> {
         self.mode = Mode::Stopping;
         self.ending = Some(ending);
         let held: Vec<R> = self.held.drain(..).map(|(_, reply)| reply).collect();
-        let inflight: Vec<R> = self.inflight.drain().map(|(_, reply)| reply).collect();
+        let inflight: Vec<R> = self.inflight.drain().map(|(_, (_, reply))| reply).collect();
         for reply in held.into_iter().chain(inflight) {
             self.answer(reply, STOPPING);
         }

@@ -166,6 +166,87 @@ fn relinquish_is_persisted_before_the_stream_closes() {
     assert!(hello.relinquished && hello.fence_term == 1);
 }
 
+/// The next owner takes over on stream 2 at term 2; the requests it is relayed, as sent.
+fn next_owner_relays(h: &mut Harness) -> Vec<String> {
+    h.advance(Duration::from_secs(1));
+    h.on(Event::Tick);
+    h.on(Event::Opened(2));
+    assert_eq!(names(&h.message(2, present(2, "m2", "g2"))), ["commit"]);
+    h.on(Event::Committed(Ok(())));
+    let confirm = supervisor_message::Kind::ActivationConfirm(proof(2, "m2", "g2"));
+    assert_eq!(names(&h.message(2, confirm)), ["commit"]);
+    let relayed = names(&h.on(Event::Committed(Ok(()))));
+    relayed.into_iter().filter(|n| n.contains("request")).collect()
+}
+
+/// Which workload requests (by their reply's id) are in flight.
+fn in_flight(h: &Harness) -> Vec<u32> {
+    let mut ids: Vec<u32> = h.m.inflight.values().map(|(_, reply)| reply.id).collect();
+    ids.sort_unstable();
+    ids
+}
+
+#[test]
+fn requests_the_relinquishing_owner_did_not_answer_go_to_the_next_owner_in_order() {
+    // A planned move: the owner relinquishes with two requests unanswered; a third arrives
+    // while recovering. None is refused: all three go to the next owner after its activation.
+    let mut h = Harness::active();
+    assert_eq!(names(&h.request(4)), ["send 1 request 1"]);
+    assert_eq!(names(&h.request(5)), ["send 1 request 2"]);
+    let relinquish = supervisor_message::Kind::Relinquish(Relinquish { term: 1 });
+    assert_eq!(names(&h.message(1, relinquish)), ["persist", "abort 1", "persist"]);
+    assert!(h.m.inflight.is_empty());
+    assert!(h.request(6).is_empty(), "held while recovering");
+    let relayed = next_owner_relays(&mut h);
+    assert_eq!(relayed, ["send 2 request 1", "send 2 request 2", "send 2 request 3"]);
+    assert_eq!(in_flight(&h), [4, 5, 6], "each request once, to the new owner");
+}
+
+/// Active; request 4 went to the owner, request 5 found its stream ended: held, not refused.
+fn one_sent_one_unsent() -> Harness {
+    let mut h = Harness::active();
+    assert_eq!(names(&h.request(4)), ["send 1 request 1"]);
+    assert_eq!(names(&h.request(5)), ["send 1 request 2"]);
+    let unsent = Event::Unsent {
+        id: 1,
+        request: Some(2),
+        congested: false,
+    };
+    assert!(h.on(unsent).is_empty(), "held, not refused");
+    h
+}
+
+#[test]
+fn a_request_the_ended_stream_did_not_take_waits_for_the_next_owner() {
+    // The owner relinquished and ended its stream; the link has ended before the machine
+    // reads the Relinquish, so a request relayed meanwhile is not queued. It is held, behind
+    // the request the owner did not answer, and neither is refused.
+    let mut h = one_sent_one_unsent();
+    let relinquish = supervisor_message::Kind::Relinquish(Relinquish { term: 1 });
+    assert_eq!(names(&h.message(1, relinquish)), ["persist", "abort 1", "persist"]);
+    let closed = Event::Closed {
+        id: 1,
+        opened: true,
+        reason: "closed".into(),
+    };
+    assert!(h.on(closed).is_empty(), "the stream was already closed");
+    assert_eq!(next_owner_relays(&mut h), ["send 2 request 1", "send 2 request 2"]);
+    assert_eq!(in_flight(&h), [4, 5]);
+
+    // Without a Relinquish (the owner died): what it was sent fails, what it was not sent waits.
+    let mut h = one_sent_one_unsent();
+    let closed = Event::Closed {
+        id: 1,
+        opened: true,
+        reason: "reset".into(),
+    };
+    let lost = names(&h.on(closed));
+    assert!(lost.contains(&format!("refuse 4: {LOST}")), "{lost:?}");
+    assert!(!lost.iter().any(|n| n.starts_with("refuse 5")), "{lost:?}");
+    assert_eq!(next_owner_relays(&mut h), ["send 2 request 1"]);
+    assert_eq!(in_flight(&h), [5]);
+}
+
 #[test]
 fn release_by_the_owner_stops_the_workload_and_answers_stopped_on_its_stream() {
     let mut h = Harness::active();

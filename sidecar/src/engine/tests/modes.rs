@@ -145,10 +145,15 @@ fn sends_the_stream_cannot_take_refuse_the_request_or_close_the_stream() {
     let congested = h.on(Event::Unsent {
         id: 1,
         request: Some(1),
+        congested: true,
     });
     assert_eq!(names(&congested), ["refuse 1: the supervisor stream is congested"]);
     assert!(matches!(h.m.mode, Mode::Active), "a congested relay keeps the owner");
-    let gone = names(&h.on(Event::Unsent { id: 1, request: None }));
+    let gone = names(&h.on(Event::Unsent {
+        id: 1,
+        request: None,
+        congested: false,
+    }));
     assert_eq!(gone[0], "abort 1");
     assert!(matches!(h.m.mode, Mode::Recovering { .. }));
 }
@@ -254,7 +259,11 @@ fn a_failed_announcement_on_activation_recovers_instead_of_relaying() {
     h.message(1, supervisor_message::Kind::ActivationConfirm(proof(1, "m1", "g1")));
     let activated = names(&h.on(Event::Committed(Ok(()))));
     assert_eq!(activated, ["persist", "send 1 workload", "send 1 request 1"]);
-    let failed = names(&h.on(Event::Unsent { id: 1, request: None }));
+    let failed = names(&h.on(Event::Unsent {
+        id: 1,
+        request: None,
+        congested: false,
+    }));
     assert_eq!(
         failed,
         ["abort 1".to_owned(), format!("refuse 3: {LOST}"), "persist".into()]
@@ -264,7 +273,8 @@ fn a_failed_announcement_on_activation_recovers_instead_of_relaying() {
     assert!(
         h.on(Event::Unsent {
             id: 1,
-            request: Some(1)
+            request: Some(1),
+            congested: false,
         })
         .is_empty()
     );
