@@ -93,6 +93,10 @@ pub const REPLAN_EVERY: Duration = Duration::from_secs(1);
 
 /// At most this many first placements in one fenced transaction.
 pub const PLACEMENTS_PER_WRITE: usize = 128;
+/// At most this many recoveries (each a compare-and-set and its operation) in one fenced
+/// transaction: a crashed member's sessions are recovered in a few writes, not one each (256
+/// sequential transactions took 3–4 s while the workloads waited, frozen).
+pub const RECOVERIES_PER_WRITE: usize = 64;
 
 /// One round: the fenced write batches the view calls for. Pure apart from
 /// logging; `unplaced` remembers reasons already logged.
@@ -107,6 +111,8 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
     // First placements of new routes share fenced transactions (each is a compare-and-set on
     // "no assignment yet"; a conflict fails its batch, which the next round plans again).
     let mut placements = Vec::new();
+    // Recoveries share fenced transactions the same way (a conflict fails its batch).
+    let mut recoveries: Vec<[FencedWrite; 2]> = Vec::new();
     let mut still_unplaced = BTreeSet::new();
     let decisions = decisions(view);
     let generation = |route: &str| view.instances.get(route).map_or(0, |i| i.generation);
@@ -187,7 +193,7 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
                     generation(&route),
                     placed_term,
                 );
-                batches.push(vec![
+                recoveries.push([
                     FencedWrite::Assign {
                         expected_term: Some(from.term),
                         next,
@@ -212,6 +218,11 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
         }
     }
     unplaced.retain(|route, _| still_unplaced.contains(route));
+    batches.extend(
+        recoveries
+            .chunks(RECOVERIES_PER_WRITE)
+            .map(<[[FencedWrite; 2]]>::concat),
+    );
     batches.extend(placements.chunks(PLACEMENTS_PER_WRITE).map(<[FencedWrite]>::to_vec));
     for op in open_recoveries.values().filter(|op| !replaced.contains(&op.target)) {
         if let Some(settled) = settle(view, op) {
@@ -371,6 +382,20 @@ mod tests {
         v
     }
 
+    /// `n` more desired routes like `r`; their names.
+    fn more_routes(v: &mut View, n: usize) -> Vec<String> {
+        let template = v.instances["r"].clone();
+        let routes: Vec<String> = (0..n).map(|i| format!("r{i:03}")).collect();
+        for route in &routes {
+            let instance = InstanceRecord {
+                route: route.clone(),
+                ..template.clone()
+            };
+            v.instances.insert(route.clone(), instance);
+        }
+        routes
+    }
+
     fn assign(v: &mut View, member: &str, term: i64) {
         v.assignments
             .insert("r".into(), reserved("r", member, &format!("{member}-p"), term, 1, 1));
@@ -379,17 +404,7 @@ mod tests {
     #[test]
     fn first_placements_share_fenced_writes() {
         let mut v = view();
-        let template = v.instances["r"].clone();
-        for i in 0..300 {
-            let route = format!("r{i:03}");
-            v.instances.insert(
-                route.clone(),
-                InstanceRecord {
-                    route,
-                    ..template.clone()
-                },
-            );
-        }
+        more_routes(&mut v, 300);
         let batches = plan(&v, 60_000, &mut BTreeMap::new());
         let sizes: Vec<usize> = batches.iter().map(Vec::len).collect();
         assert_eq!(
@@ -412,6 +427,45 @@ mod tests {
             })
             .collect();
         assert_eq!(placed.len(), 301, "every route once");
+    }
+
+    #[test]
+    fn recoveries_of_a_gone_member_share_fenced_writes() {
+        let mut v = view();
+        for route in more_routes(&mut v, 150) {
+            v.assignments
+                .insert(route.clone(), reserved(&route, "gone", "gone-p", 3, 1, 1));
+        }
+        assign(&mut v, "gone", 3);
+        let batches = plan(&v, 60_000, &mut BTreeMap::new());
+        let sizes: Vec<usize> = batches.iter().map(Vec::len).collect();
+        assert_eq!(
+            sizes,
+            [
+                2 * RECOVERIES_PER_WRITE,
+                2 * RECOVERIES_PER_WRITE,
+                2 * (151 - 2 * RECOVERIES_PER_WRITE)
+            ]
+        );
+        let mut recovered = BTreeSet::new();
+        for pair in batches.iter().flat_map(|b| b.chunks(2)) {
+            let [
+                FencedWrite::Assign {
+                    expected_term: Some(3),
+                    next,
+                },
+                FencedWrite::PutOperation(op),
+            ] = pair
+            else {
+                panic!("a compare-and-set and its operation: {pair:?}");
+            };
+            assert_eq!(
+                (op.kind, op.target.as_str()),
+                (OperationKind::Recover, next.route.as_str())
+            );
+            recovered.insert(next.route.clone());
+        }
+        assert_eq!(recovered.len(), 151, "every route once");
     }
 
     #[test]
