@@ -65,7 +65,9 @@ pub async fn run(replica: Arc<Replica>, mut lease: watch::Receiver<Option<Lease>
             continue;
         }
         planned = Some((Arc::clone(&current), Instant::now()));
+        let started = Instant::now();
         let writes = plan(&current, replica.recovery_deadline_ms, &mut unplaced);
+        replica.metrics.planned(started.elapsed());
         if writes.is_empty() {
             continue;
         }

@@ -18,6 +18,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -60,6 +61,7 @@ pub struct Metrics {
     operations_finished: Family<OperationLabels, Counter>,
     token_secret_writes: Family<ResultLabels, Counter>,
     token_secret_oldest: GaugeSet<pool::KindLabels>,
+    coordinator_pass: Histogram,
     pool: pool::Gauges,
 }
 
@@ -142,6 +144,13 @@ impl Metrics {
             "Encoded bytes of the snapshots this replica's member streams sent",
             snapshot_bytes.clone(),
         );
+        // 0.5 ms to ~4 s.
+        let coordinator_pass = Histogram::new(exponential_buckets(0.000_5, 2.0, 14));
+        registry.register(
+            "coordinator_pass_seconds",
+            "How long the coordinator took to plan one pool view (writes not included)",
+            coordinator_pass.clone(),
+        );
         let pool = pool::Gauges::register(&mut registry);
         // Every labelled counter starts at 0, so `increase()` sees its first event.
         for reason in ["ack_never_sent", "ack_regressed", "report_oversized"] {
@@ -184,8 +193,14 @@ impl Metrics {
             operations_finished,
             token_secret_writes,
             token_secret_oldest,
+            coordinator_pass,
             pool,
         }
+    }
+
+    /// One coordinator pass: planning a pool view took `took`.
+    pub fn planned(&self, took: std::time::Duration) {
+        self.coordinator_pass.observe(took.as_secs_f64());
     }
 
     /// The OpenMetrics text exposition.

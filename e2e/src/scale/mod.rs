@@ -27,7 +27,7 @@ use tonic::transport::Channel;
 
 use self::member::Tally;
 use crate::chaos::Backend;
-use crate::local::{Config, LocalPool};
+use crate::local::{Config, LocalPool, http_get};
 use crate::scenarios::Error;
 
 /// Instances per namespace (the default namespace quota is 256).
@@ -94,6 +94,23 @@ pub struct AtRest {
     pub coordinator: bool,
     pub cpu_percent: f64,
     pub rss_mib: f64,
+    /// Coordinator passes (plans of a pool view) during the window, and their mean duration.
+    pub passes: u64,
+    pub pass_ms_mean: f64,
+}
+
+const PASS_SUM: &str = "openshell_gateway_coordinator_pass_seconds_sum";
+const PASS_COUNT: &str = "openshell_gateway_coordinator_pass_seconds_count";
+
+/// The values of unlabelled samples `names` in a gateway's `/metrics` (0 for one not there).
+pub(crate) async fn samples(health: &str, names: &[&str]) -> Option<Vec<f64>> {
+    let body = http_get(health, "/metrics", Duration::from_secs(2)).await?;
+    let value = |name: &str| {
+        body.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    Some(names.iter().map(|name| value(name)).collect())
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -208,6 +225,10 @@ async fn measure(settings: &Settings, pool: &LocalPool) -> Result<Report, Error>
     let pids: Vec<Option<u32>> = pool.gateways.iter().map(|g| g.process.pid()).collect();
     let cpu_before: Vec<Option<u64>> = pids.iter().map(|p| p.and_then(cpu_ticks)).collect();
     let db_before = database_counters(&store).await;
+    let mut passes_before = Vec::new();
+    for gateway in &pool.gateways {
+        passes_before.push(samples(&gateway.health, &[PASS_SUM, PASS_COUNT]).await);
+    }
     let rest_started = Instant::now();
     tokio::time::sleep(settings.rest).await;
     let rest = rest_started.elapsed().as_secs_f64();
@@ -218,12 +239,31 @@ async fn measure(settings: &Settings, pool: &LocalPool) -> Result<Report, Error>
             (Some(before), Some(after)) => ticks_as_seconds(after.saturating_sub(before)) / rest * 100.0,
             _ => f64::NAN,
         };
+        let (passes, pass_ms_mean) = match (
+            &passes_before[i],
+            samples(&gateway.health, &[PASS_SUM, PASS_COUNT]).await,
+        ) {
+            (Some(before), Some(after)) => {
+                let count = after[1] - before[1];
+                (
+                    count as u64,
+                    if count > 0.0 {
+                        (after[0] - before[0]) / count * 1000.0
+                    } else {
+                        0.0
+                    },
+                )
+            }
+            _ => (0, f64::NAN),
+        };
         replicas.push(AtRest {
             replica: gateway.name.clone(),
             serving: i == 0,
             coordinator: pool.coordinator_term(i).await.is_some_and(|term| term > 0),
             cpu_percent: cpu,
             rss_mib: pids[i].and_then(rss_kib).map_or(f64::NAN, |k| k as f64 / 1024.0),
+            passes,
+            pass_ms_mean,
         });
     }
     let database = match (db_before, db_after) {
@@ -386,12 +426,12 @@ pub fn table(reports: &[Report]) -> String {
                 .iter()
                 .find(|a| a.serving == serving)
                 .map_or("-".to_owned(), |a| {
-                    format!(
-                        "{:.1} % CPU, {:.0} MiB{}",
-                        a.cpu_percent,
-                        a.rss_mib,
-                        if a.coordinator { " (coordinator)" } else { "" }
-                    )
+                    let coordinator = if a.coordinator {
+                        format!(" (coordinator: {} passes, {:.1} ms each)", a.passes, a.pass_ms_mean)
+                    } else {
+                        String::new()
+                    };
+                    format!("{:.1} % CPU, {:.0} MiB{coordinator}", a.cpu_percent, a.rss_mib)
                 })
         };
         let database = r.database.as_ref().map_or("-".to_owned(), |d| {

@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::agent_log::Observed;
 use crate::chaos::Backend;
-use crate::local::{Config, LocalPool, http_get};
+use crate::local::{Config, LocalPool};
 use crate::scenarios::{Error, agent_pids, now_ms, observe, operator, until};
 
 /// How long starting every sandbox, or one step, may take.
@@ -310,18 +310,14 @@ async fn rest(pool: &LocalPool, member: &str) -> Result<AtRest, Error> {
 /// Report and snapshot bytes the gateways counted, summed over the replicas.
 async fn traffic(pool: &LocalPool) -> (f64, f64) {
     let mut sums = (0.0, 0.0);
+    let names = [
+        "openshell_gateway_member_report_bytes_total",
+        "openshell_gateway_member_snapshot_bytes_total",
+    ];
     for gateway in &pool.gateways {
-        let Some(body) = http_get(&gateway.health, "/metrics", Duration::from_secs(2)).await else {
-            continue;
-        };
-        for line in body.lines() {
-            let value = |name: &str| line.strip_prefix(name).and_then(|v| v.trim().parse::<f64>().ok());
-            if let Some(v) = value("openshell_gateway_member_report_bytes_total ") {
-                sums.0 += v;
-            }
-            if let Some(v) = value("openshell_gateway_member_snapshot_bytes_total ") {
-                sums.1 += v;
-            }
+        if let Some(values) = super::samples(&gateway.health, &names).await {
+            sums.0 += values[0];
+            sums.1 += values[1];
         }
     }
     sums

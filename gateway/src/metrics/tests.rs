@@ -214,8 +214,11 @@ fn committed_writes_count_failed_recoveries_and_finished_operations() {
     metrics.recovery_failed_reported();
     metrics.call_denied();
     metrics.dropped(Dropped::OversizedReport);
+    metrics.planned(std::time::Duration::from_millis(3));
     let text = metrics.encode().unwrap();
     for line in [
+        "openshell_gateway_coordinator_pass_seconds_count 1",
+        "openshell_gateway_coordinator_pass_seconds_bucket{le=\"0.004\"} 1",
         &format!("{failed} 1"),
         "openshell_gateway_recoveries_failed_total{reason=\"sidecar_reported\"} 1",
         "openshell_gateway_operations_finished_total{kind=\"recover\",phase=\"failed\"} 1",
