@@ -205,7 +205,9 @@ async fn drive(
                 }
             }
             command = commands.recv() => match command {
-                Some(message) => out.send(message).await.map_err(|_| Error::Gone)?,
+                Some(message) => if out.send(message).await.is_err() {
+                    return Err(deliver_rest(id, &mut inbound, events).await);
+                },
                 None => {
                     // Graceful close: end our side, give the member a moment to end its own.
                     drop(out);
@@ -217,9 +219,33 @@ async fn drive(
             _ = beat.tick() => {
                 sequence += 1;
                 let heartbeat = sidecar_message::Kind::Heartbeat(Heartbeat { sequence });
-                out.send(SidecarMessage { kind: Some(heartbeat) }).await.map_err(|_| Error::Gone)?;
+                if out.send(SidecarMessage { kind: Some(heartbeat) }).await.is_err() {
+                    return Err(deliver_rest(id, &mut inbound, events).await);
+                }
             }
             () = sleep_until(last_heard + RUNTIME_SILENCE_TIMEOUT) => return Err(Error::Silent),
         }
     }
+}
+
+/// Our side can no longer send: the member ended the stream. What it sent before ending it (a
+/// Relinquish above all, which makes the end a planned move rather than a lost owner) is still
+/// readable: hand it to the engine before the stream is reported closed.
+async fn deliver_rest(
+    id: StreamId,
+    inbound: &mut tonic::Streaming<SupervisorMessage>,
+    events: &mpsc::Sender<(StreamId, LinkEvent)>,
+) -> Error {
+    let rest = async {
+        while let Ok(Some(message)) = inbound.message().await {
+            if matches!(message.kind, Some(supervisor_message::Kind::Heartbeat(_))) {
+                continue;
+            }
+            if events.send((id, LinkEvent::Message(message))).await.is_err() {
+                return;
+            }
+        }
+    };
+    let _ = timeout(RUNTIME_HEARTBEAT_INTERVAL, rest).await;
+    Error::Gone
 }
