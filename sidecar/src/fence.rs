@@ -6,7 +6,7 @@
 //! plus the member process that activated `activated` (`owner`) and the last grant the
 //! sidecar receipted (`receipted`), so that a re-presented grant gets the very same receipt.
 //! Invariant: `floor >= activated`. Every mutation is persisted by the caller before anything
-//! is sent (see `store`).
+//! is sent (see `state_file`).
 
 use proto::common::v1::{InstanceRef, WorkloadIdentity};
 use proto::recovery::v1::Receipt;

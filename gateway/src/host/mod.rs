@@ -8,7 +8,7 @@
 //! term attribution) are pure; this file is the I/O around them.
 
 pub mod admission;
-pub mod stream;
+pub mod protocol;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -30,7 +30,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use crate::replica::Replica;
 use crate::store::{MemberRecord, MemberUpdate, Report};
 use admission::{Admission, RecordCheck, Superseded, check_record};
-use stream::Stream;
+use protocol::HostProtocol;
 
 /// The `SupervisorHost` service of one replica.
 #[derive(Clone)]
@@ -239,7 +239,7 @@ impl Session {
         let replica = self.host.replica.clone();
         let mut view = replica.view.clone();
         let mut superseded = self.superseded.clone();
-        let mut protocol = Stream::new(self.identity.directory_deltas);
+        let mut protocol = HostProtocol::new(self.identity.directory_deltas);
         let mut silence = Box::pin(sleep(timing::SILENCE_TIMEOUT));
         let mut refresh = tokio::time::interval(timing::MEMBERSHIP_REFRESH);
         refresh.reset();
@@ -411,7 +411,7 @@ impl Session {
     }
 
     /// Handle one member message; `false` ends the stream.
-    async fn handle(&mut self, message: MemberMessage, protocol: &mut Stream) -> bool {
+    async fn handle(&mut self, message: MemberMessage, protocol: &mut HostProtocol) -> bool {
         let replica = self.host.replica.clone();
         let metrics = &replica.metrics;
         let encoded_len = message.encoded_len();

@@ -1,4 +1,4 @@
-//! The protocol state of one member stream: snapshot revisions, acks, and
+//! `HostProtocol`, the protocol state of one member's host stream: snapshot revisions, acks, and
 //! which reported statuses can be attributed to which term. Pure.
 
 use std::cmp::Ordering;
@@ -36,7 +36,7 @@ pub struct Attributed {
 }
 
 #[derive(Debug, Default)]
-pub struct Stream {
+pub struct HostProtocol {
     /// Last revision sent (0 before the first snapshot).
     revision: u64,
     acked: u64,
@@ -64,7 +64,7 @@ pub struct Change {
     pub urgent: bool,
 }
 
-impl Stream {
+impl HostProtocol {
     /// A stream of a member that applies directory deltas (`Hello.directory_deltas`) or not.
     pub fn new(deltas: bool) -> Self {
         Self {
@@ -287,7 +287,7 @@ mod tests {
 
     #[test]
     fn a_partial_report_speaks_only_for_the_routes_it_lists() {
-        let mut s = Stream::default();
+        let mut s = HostProtocol::default();
         s.next_snapshot(snapshot(&[("a", 1), ("b", 1), ("c", 2)]), Arc::default());
         s.on_ack(1).unwrap();
         let out = s
@@ -300,7 +300,7 @@ mod tests {
         );
         // A wrong term, an unknown route or a report built before the ack: nothing.
         let s2 = {
-            let mut s2 = Stream::default();
+            let mut s2 = HostProtocol::default();
             s2.next_snapshot(snapshot(&[("a", 1)]), Arc::default());
             s2
         };
@@ -323,7 +323,7 @@ mod tests {
 
     #[test]
     fn only_changes_reach_the_writer_and_new_phases_are_urgent() {
-        let mut s = Stream::default();
+        let mut s = HostProtocol::default();
         let status = |term, phase: &str, progress| Attributed {
             route: "a".into(),
             term,
@@ -348,7 +348,7 @@ mod tests {
 
     #[test]
     fn unchanged_snapshots_are_not_resent_and_revisions_grow() {
-        let mut s = Stream::default();
+        let mut s = HostProtocol::default();
         assert_eq!(
             s.next_snapshot(snapshot(&[("a", 1)]), Arc::default())
                 .map(|x| x.revision),
@@ -392,7 +392,7 @@ mod tests {
 
     #[test]
     fn a_member_with_deltas_gets_the_whole_directory_first_and_then_only_its_changes() {
-        let mut s = Stream::new(true);
+        let mut s = HostProtocol::new(true);
         let mut held = Directory::new();
         let first = s
             .next_snapshot(snapshot(&[]), directory(&[("a", "m1", 1), ("b", "m2", 1)]))
@@ -420,7 +420,7 @@ mod tests {
 
     #[test]
     fn a_member_without_deltas_gets_the_whole_directory_in_every_snapshot() {
-        let mut s = Stream::new(false);
+        let mut s = HostProtocol::new(false);
         s.next_snapshot(snapshot(&[]), directory(&[("a", "m1", 1)])).unwrap();
         let second = s
             .next_snapshot(snapshot(&[]), directory(&[("a", "m1", 1), ("b", "m1", 1)]))
@@ -444,7 +444,7 @@ mod tests {
                 .map(|o| (o.route.clone(), !o.credentials.is_empty()))
                 .collect()
         };
-        let mut s = Stream::new(true);
+        let mut s = HostProtocol::new(true);
         let first = s.next_snapshot(with_material(&[("a", 1)]), Arc::default()).unwrap();
         assert_eq!(material(&first), [("a".into(), true)]);
         let second = s
@@ -467,12 +467,12 @@ mod tests {
             "b left and came back"
         );
         // Material this replica had not loaded yet is carried once it has it.
-        let mut s = Stream::new(true);
+        let mut s = HostProtocol::new(true);
         s.next_snapshot(snapshot(&[("c", 1)]), Arc::default()).unwrap();
         let loaded = s.next_snapshot(with_material(&[("c", 1)]), Arc::default()).unwrap();
         assert_eq!(material(&loaded), [("c".into(), true)]);
         // A new stream of the member carries everything again.
-        let mut fresh = Stream::new(true);
+        let mut fresh = HostProtocol::new(true);
         assert_eq!(
             material(&fresh.next_snapshot(with_material(&[("a", 2)]), Arc::default()).unwrap()),
             [("a".into(), true)]
@@ -481,7 +481,7 @@ mod tests {
 
     #[test]
     fn acks_of_unsent_or_regressing_revisions_are_dropped() {
-        let mut s = Stream::default();
+        let mut s = HostProtocol::default();
         assert_eq!(s.on_ack(1), Err(Dropped::AckNeverSent));
         s.next_snapshot(snapshot(&[("a", 1)]), Arc::default());
         s.next_snapshot(snapshot(&[("a", 2)]), Arc::default());
@@ -493,7 +493,7 @@ mod tests {
 
     #[test]
     fn a_status_counts_for_a_term_only_after_its_revision_was_acked() {
-        let mut s = Stream::default();
+        let mut s = HostProtocol::default();
         s.next_snapshot(snapshot(&[("a", 1)]), Arc::default()); // revision 1 installs term 1
         s.on_ack(1).unwrap();
         s.next_snapshot(snapshot(&[("a", 2)]), Arc::default()); // revision 2 installs term 2, not acked yet
@@ -513,7 +513,7 @@ mod tests {
 
     #[test]
     fn an_acked_route_missing_from_the_report_is_absent() {
-        let mut s = Stream::default();
+        let mut s = HostProtocol::default();
         s.next_snapshot(snapshot(&[("a", 4)]), Arc::default());
         s.on_ack(1).unwrap();
         let out = s.attribute(&report(1, &[]), 10).unwrap();
@@ -528,7 +528,7 @@ mod tests {
 
     #[test]
     fn oversized_reports_are_dropped_and_messages_truncated() {
-        let s = Stream::default();
+        let s = HostProtocol::default();
         assert_eq!(
             s.attribute(&report(0, &[]), proto::MAX_STATUS_REPORT_BYTES + 1),
             Err(Dropped::OversizedReport)
