@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 pub use pool::{Figures, GaugeSet};
 
 use crate::credentials::{Issued, Target};
-use crate::host::stream::Dropped;
+use crate::host::protocol::Dropped;
 use crate::replica::Replica;
 use crate::store::{FencedWrite, Lease, OperationKind, OperationPhase};
 

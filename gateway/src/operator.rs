@@ -239,7 +239,7 @@ pub fn plan(view: &View, op: &store::Operation, served_by: &str) -> OperationPla
 
 #[tonic::async_trait]
 impl SupervisorPool for Operator {
-    type WatchSupervisorPoolStream = watch::Stream;
+    type WatchSupervisorPoolStream = watch::WatchStream;
 
     async fn watch_supervisor_pool(
         &self,

@@ -1,5 +1,5 @@
 //! Dialing the gateway replicas, the same way in every client (the supervisor's recovery
-//! calls, the sidecar's registry calls, poolctl): the endpoints in turn, each connect bounded,
+//! calls, the sidecar's registration calls, poolctl): the endpoints in turn, each connect bounded,
 //! staying on a replica that answers. Retries between calls back off with
 //! [`proto::timing::reconnect_backoff`] (jittered); the bearer header is
 //! [`Token::authorize`](crate::token::Token::authorize).

@@ -10,14 +10,14 @@
 pub mod codec;
 pub mod config;
 mod engine;
+pub mod episode;
 pub mod fence;
 pub mod identity;
-pub mod link;
 pub mod process;
 pub mod receipt;
-pub mod recovery;
-pub mod registry;
-pub mod store;
+pub mod registration;
+pub mod runtime_link;
+pub mod state_file;
 pub mod supervision;
 #[cfg(test)]
 mod testkit;
@@ -34,8 +34,8 @@ use tracing::{info, warn};
 pub use config::Config;
 use engine::{Driver, Inputs, Pinned};
 use process::{Exit, Process};
-use registry::Registry;
-use store::{State, StateFile};
+use registration::Registration;
+use state_file::{State, StateFile};
 use tokio::sync::oneshot;
 
 /// How [`run`] ended.
@@ -56,7 +56,7 @@ pub enum Error {
     #[error(transparent)]
     Config(#[from] config::Error),
     #[error(transparent)]
-    Store(#[from] store::Error),
+    StateFile(#[from] state_file::Error),
     #[error(transparent)]
     Socket(#[from] workload::Error),
     #[error(transparent)]
@@ -90,7 +90,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
     // The receipt key is durable before it is registered.
     file.save(&state)?;
 
-    let registry = Arc::new(Registry::new(
+    let registration = Arc::new(Registration::new(
         cfg.gateway_addresses(),
         cfg.gateway_tls(),
         cfg.supervision_dir.clone(),
@@ -116,13 +116,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
         workload: pinned.as_ref().map(|p| p.identity.clone()),
     };
     let (registered_tx, registered) = mpsc::channel(1);
-    let registration = tokio::spawn({
-        let registry = registry.clone();
+    let renewal = tokio::spawn({
+        let registration = registration.clone();
         async move {
             // Registered again (idempotent: same workload, same generation) from half the
             // instance token's lifetime on, for a new token before the old one expires.
             loop {
-                let response = registry.register(register.clone()).await;
+                let response = registration.register(register.clone()).await;
                 let renew_in = renewal_delay(response.instance_token_expires_at_ms);
                 if registered_tx.send(response).await.is_err() {
                     return;
@@ -145,9 +145,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
         exit,
     };
     let (ending, exit) = engine.run(inputs, shutdown).await;
-    registration.abort();
+    renewal.abort();
     serving.cancel();
-    let outcome = engine.finish(ending, exit, &registry).await;
+    let outcome = engine.finish(ending, exit, &registration).await;
     let _ = server.await;
     let _ = std::fs::remove_file(&cfg.socket);
     info!(?outcome, "sidecar finished");

@@ -2,7 +2,7 @@
 //! isolated session per owned instance, stops withdrawn instances and releases omitted ones.
 //!
 //! - [`config`]: settings (clap, environment fallbacks) and the supervisor token file.
-//! - `link`: the host stream client (hello, heartbeats, acks, status reports, silence
+//! - `attachment`: the host stream client (hello, heartbeats, acks, status reports, silence
 //!   detection, reconnects, leaving).
 //! - `runtime`: the sidecar-facing runtime.v1 service (authentication, routing, redirects,
 //!   parked streams).
@@ -13,14 +13,14 @@
 //! - `member`: [`run`], the entry point the binary calls ([`Listeners`] and [`run_on`] for
 //!   callers that bind first, such as tests on port 0).
 
+mod attachment;
 pub mod config;
 mod gateway;
 pub mod health;
-mod link;
 mod member;
 mod runtime;
 pub mod sessions;
 
+pub use attachment::{AttachmentError, LEAVE_BOUND};
 pub use config::Config;
-pub use link::{LEAVE_BOUND, LinkError};
 pub use member::{Error, Listeners, run, run_on};

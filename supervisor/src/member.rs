@@ -12,10 +12,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::attachment::{Attachment, AttachmentError, Identity, LEAVE_BOUND};
 use crate::config::{Config, ConfigError};
 use crate::gateway::Gateway;
 use crate::health::{self, Readiness};
-use crate::link::{Identity, LEAVE_BOUND, Link, LinkError};
 use crate::runtime::route::{Me, RouteTable};
 use crate::runtime::trust::TrustStore;
 use crate::sessions::SessionSet;
@@ -32,7 +32,7 @@ pub enum Error {
     #[error("TLS of the runtime port (OPENSHELL_SUPERVISOR_TLS_CERT, OPENSHELL_SUPERVISOR_TLS_KEY): {0}")]
     Tls(#[from] plumbing::tls::TlsError),
     #[error(transparent)]
-    Link(#[from] LinkError),
+    Attachment(#[from] AttachmentError),
     #[error(transparent)]
     Reflection(#[from] proto::standard::ReflectionError),
 }
@@ -165,7 +165,7 @@ pub async fn run_on(config: Config, listeners: Listeners, shutdown: Cancellation
 
     let shared = Arc::new(Shared { me, gateway, table });
     let mut sessions = SessionSet::new(shared, identity.capacity, table_tx);
-    let link = Link::new(
+    let attachment = Attachment::new(
         identity,
         endpoints,
         config.token_file.clone(),
@@ -173,7 +173,7 @@ pub async fn run_on(config: Config, listeners: Listeners, shutdown: Cancellation
         shutdown,
         Arc::clone(&readiness),
     );
-    let result = link.run(&mut sessions).instrument(span.clone()).await;
+    let result = attachment.run(&mut sessions).instrument(span.clone()).await;
     // Workloads keep running, except those already being stopped: their stop completes.
     let exit_by = Instant::now() + LEAVE_BOUND;
     for task in sessions.abandon() {

@@ -253,7 +253,7 @@ async fn aborted_by_another_process_exits_without_stopping_anything() {
 
     let err = member.exit().await.unwrap_err();
     assert!(
-        matches!(&err, supervisor::Error::Link(supervisor::LinkError::Superseded(m)) if m.contains("another process")),
+        matches!(&err, supervisor::Error::Attachment(supervisor::AttachmentError::Superseded(m)) if m.contains("another process")),
         "{err}"
     );
     while let Some(message) = connection.next().await {

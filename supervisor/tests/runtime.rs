@@ -548,7 +548,10 @@ async fn a_terminating_session_survives_refusals_and_the_next_generation_starts_
     assert_eq!(old_sidecar.ended().await, Code::Ok);
     let err = pool.member.exit().await.unwrap_err();
     assert!(
-        matches!(err, supervisor::Error::Link(supervisor::LinkError::Superseded(_))),
+        matches!(
+            err,
+            supervisor::Error::Attachment(supervisor::AttachmentError::Superseded(_))
+        ),
         "{err}"
     );
     assert!(

@@ -46,9 +46,5 @@ async fn main() -> anyhow::Result<()> {
     let (figures, counters) = flood::run(&setup).await?;
     print!("{}", flood::table(&figures));
     println!("\nwebhook connection counters after the flood:\n{counters}");
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&figures)?)?;
-        eprintln!("wrote {}", path.display());
-    }
-    Ok(())
+    e2e::cli::write_json(args.json.as_deref(), &figures)
 }

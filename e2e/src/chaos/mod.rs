@@ -11,9 +11,14 @@
 
 pub mod history;
 pub mod plan;
+mod report;
+mod settings;
+mod settle;
+
+pub use report::{Report, Trial, Violation, table};
+pub use settings::{Backend, Settings};
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,129 +27,13 @@ use nix::sys::signal::Signal;
 use rand::SeedableRng as _;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom as _;
-use serde::Serialize;
 
 use self::history::{CoordinatorGaps, Seen};
-use self::plan::{Action, Fault, Plan, Snapshot, Target};
+use self::plan::{Action, Plan, Snapshot, Target};
 use crate::agent_log::Follower;
 use crate::local::{Config, LocalPool};
 use crate::postgres;
 use crate::scenarios::{Error, now_ms};
-
-/// Where the pool keeps its state.
-#[derive(Debug, Clone)]
-pub enum Backend {
-    /// The embedded store (an SQLite file).
-    Sqlite,
-    /// A private PostgreSQL server the driver starts, and stops for outage faults.
-    PrivatePostgres,
-    /// A PostgreSQL server by URL (a fresh database on it; no outage faults).
-    Postgres(String),
-}
-
-impl Backend {
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::Sqlite => "sqlite",
-            Self::PrivatePostgres | Self::Postgres(_) => "postgresql",
-        }
-    }
-
-    /// The database of a run named `run`: a private server started for it (stop it with an
-    /// awaited `halt` at the end) and a fresh database's URL, or `None` for SQLite.
-    pub async fn database(&self, run: &str) -> Result<(Option<postgres::Server>, Option<String>), Error> {
-        let server = match self {
-            Self::PrivatePostgres => Some(
-                postgres::Server::start()
-                    .await
-                    .map_err(|e| Error::Scenario(e.to_string()))?,
-            ),
-            _ => None,
-        };
-        let admin = match (self, &server) {
-            (Self::Postgres(url), _) => Some(url.clone()),
-            (_, Some(server)) => Some(server.url()),
-            _ => None,
-        };
-        let url = match admin {
-            Some(admin) => Some(crate::scenarios::fresh_database(&admin, run).await?),
-            None => None,
-        };
-        Ok((server, url))
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct Settings {
-    pub trials: usize,
-    pub seed: u64,
-    pub root: PathBuf,
-    pub backend: Backend,
-    pub gateways: usize,
-    pub members: usize,
-    pub sandboxes: usize,
-    pub lease_length_ms: u64,
-    /// Every instance active and every agent answered again within this, from the heal.
-    pub settle_bound: Duration,
-}
-
-impl Settings {
-    pub fn new(trials: usize, seed: u64, root: PathBuf, backend: Backend) -> Self {
-        Self {
-            trials,
-            seed,
-            root,
-            backend,
-            gateways: 3,
-            members: 3,
-            sandboxes: 8,
-            lease_length_ms: 5000,
-            settle_bound: Duration::from_secs(30),
-        }
-    }
-}
-
-/// One trial's figures.
-#[derive(Debug, Clone, Serialize)]
-pub struct Trial {
-    pub index: usize,
-    pub fault: Fault,
-    pub steps: Vec<String>,
-    /// Longest time any agent went without an accepted answer, from injection to settled.
-    pub workload_gap_ms: u64,
-    /// Heal (the last step) → every instance active and every agent answered.
-    pub settle_ms: u64,
-    /// Longest span without a working coordinator while a replica could have been one.
-    pub coordinator_gap_ms: u64,
-    /// Answers the agents got that were not `ok` (refusals; not a violation by themselves).
-    pub refused: usize,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Violation {
-    pub trial: usize,
-    pub what: String,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Report {
-    pub backend: String,
-    pub seed: u64,
-    pub trials: Vec<Trial>,
-    pub violations: Vec<Violation>,
-    /// Workloads stopped by their sidecars (a sidecar that exited, or answered "stopping").
-    pub stopped_workloads: usize,
-    /// Accepted answers the checker read.
-    pub accepted: usize,
-    /// Set when the pool did not settle and the run ended early.
-    pub aborted: Option<String>,
-}
-
-impl Report {
-    pub fn passed(&self) -> bool {
-        self.violations.is_empty() && self.stopped_workloads == 0 && self.aborted.is_none()
-    }
-}
 
 /// Running, paused or down: what the driver did to each process (the lease sampler reads it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -498,161 +387,6 @@ impl<'a> Driver<'a> {
         }
     }
 
-    /// Wait until the pool has settled after the heal: a working coordinator, every
-    /// instance active on a live member, every member live, the trial's operations finished
-    /// (a finished drain is cancelled, returning its member to service), and every agent
-    /// answered after the heal. A violation past the bound; `None` when it never did.
-    async fn settle(&mut self, index: usize, healed: u64, operations: &[String]) -> Result<Option<u64>, Error> {
-        let bound = tokio::time::Instant::now() + self.settings.settle_bound;
-        let give_up = bound + WEDGED_AFTER;
-        let mut cancelled: Vec<String> = Vec::new();
-        let mut late = false;
-        loop {
-            let ops = self.finish_operations(operations, &mut cancelled).await;
-            if ops && let Some(at) = self.settled(healed).await? {
-                return Ok(Some(at));
-            }
-            let now = tokio::time::Instant::now();
-            if now > bound && !late {
-                late = true;
-                let why = self.unsettled(healed).await;
-                self.violation(
-                    index,
-                    format!(
-                        "not settled within {} s of the heal: {why}",
-                        self.settings.settle_bound.as_secs()
-                    ),
-                );
-            }
-            if now > give_up {
-                return Ok(None);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    /// Whether the trial's operations are finished; cancels each finished drain once.
-    async fn finish_operations(&self, operations: &[String], cancelled: &mut Vec<String>) -> bool {
-        let mut all = true;
-        for id in operations {
-            let Ok(Some(op)) = self.store.operation(id).await else {
-                all = false;
-                continue;
-            };
-            if !op.phase.is_finished() {
-                all = false;
-            } else if op.kind == gateway::store::OperationKind::Drain
-                && op.phase != OperationPhase::Cancelled
-                && !cancelled.contains(id)
-            {
-                // A finished drain keeps its member out of service until cancelled.
-                if let Some(mut client) = self.operator().await
-                    && let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(5), client.cancel(id)).await
-                {
-                    cancelled.push(id.clone());
-                }
-                all = false;
-            } else if cancelled.contains(id) && op.phase != OperationPhase::Cancelled {
-                all = false;
-            }
-        }
-        all
-    }
-
-    /// The time the pool was seen settled, or `None`.
-    async fn settled(&mut self, healed: u64) -> Result<Option<u64>, Error> {
-        Ok(self.unsettled(healed).await.is_empty().then(now_ms))
-    }
-
-    /// What is not settled yet (empty when everything is).
-    async fn unsettled(&mut self, healed: u64) -> String {
-        let mut missing = Vec::new();
-        match self.store.read_lease().await {
-            Ok(Some(lease)) if lease.is_live() => {
-                let name = lease.holder.split('/').next().unwrap_or_default();
-                if !lock(&self.health).gateway_up(name) {
-                    missing.push(format!("the lease is held by {name}, which is not running"));
-                }
-            }
-            Ok(_) => missing.push("no coordinator".into()),
-            Err(err) => missing.push(format!("store: {err}")),
-        }
-        let now = self.store.now_ms().await.unwrap_or_default();
-        match self.store.list_members().await {
-            Ok((_, members)) => {
-                for m in &self.pool.members {
-                    if !members.iter().any(|r| r.member == m.name && r.is_live(now)) {
-                        missing.push(format!("{} not a live member", m.name));
-                    }
-                }
-            }
-            Err(err) => missing.push(format!("store: {err}")),
-        }
-        match self.store.list_assignments().await {
-            Ok(assignments) => {
-                let active = assignments
-                    .iter()
-                    .filter(|a| a.phase == AssignmentPhase::Active)
-                    .count();
-                if active < self.pool.sandboxes.len() {
-                    missing.push(format!("{active} of {} instances active", self.pool.sandboxes.len()));
-                }
-            }
-            Err(err) => missing.push(format!("store: {err}")),
-        }
-        for (name, follower, _) in &mut self.agents {
-            if follower.poll().await.last_at_ms() <= healed {
-                missing.push(format!("{name} has no answer since the heal"));
-            }
-        }
-        missing.join("; ")
-    }
-
-    /// The history checker after a trial: the agents' logs, the sidecars, the PIDs the owners
-    /// report.
-    async fn check(&mut self, index: usize) -> Result<(), Error> {
-        let mut found = Vec::new();
-        let mut accepted = 0;
-        for (name, follower, seen) in &mut self.agents {
-            let observed = follower.poll().await;
-            accepted += observed.accepted.len();
-            found.extend(history::agent(name, observed, seen));
-        }
-        self.report.accepted = accepted;
-        let mut stopped = 0;
-        for sandbox in &mut self.pool.sandboxes {
-            if sandbox.sidecar.exited() || sandbox.agent.exited() {
-                stopped += 1;
-                found.push(format!("{}: the sidecar or the workload exited", sandbox.name));
-            }
-        }
-        if stopped > self.report.stopped_workloads {
-            self.report.stopped_workloads = stopped;
-        }
-        let reports = self.store.list_reports().await?;
-        for (name, _, seen) in &self.agents {
-            let route = format!("default/{name}");
-            if let (Some(pid), Some(report)) = (seen.pid, reports.iter().find(|r| r.route == route))
-                && report.workload_pid != 0
-                && report.workload_pid != i64::from(pid)
-            {
-                found.push(format!(
-                    "{route}: its owner reports workload PID {}, the agent is {pid}",
-                    report.workload_pid
-                ));
-            }
-        }
-        for what in found {
-            self.violation(index, what);
-        }
-        Ok(())
-    }
-
-    fn violation(&mut self, trial: usize, what: String) {
-        eprintln!("  VIOLATION (trial {trial}): {what}");
-        self.report.violations.push(Violation { trial, what });
-    }
-
     /// Targets for the planner.
     async fn snapshot(&self) -> Result<Snapshot, Error> {
         let lease = self.store.read_lease().await?;
@@ -711,49 +445,4 @@ async fn sample_lease(store: Store, health: Arc<Mutex<Health>>, gaps: Arc<Mutex<
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// The recovery table: per fault kind, the trials and the spread of what they measured.
-pub fn table(report: &Report) -> String {
-    let mut by_kind: BTreeMap<Fault, Vec<&Trial>> = BTreeMap::new();
-    for t in &report.trials {
-        by_kind.entry(t.fault).or_default().push(t);
-    }
-    let mut out = format!(
-        "{:<24} {:>6}  {:>27}  {:>23}  {:>9}  {:>7}\n",
-        "FAULT", "TRIALS", "WORKLOAD GAP ms (min/med/p95/max)", "SETTLED ms (med/p95/max)", "COORD GAP", "REFUSED"
-    );
-    for (fault, trials) in &by_kind {
-        let gap = history::spread(&trials.iter().map(|t| t.workload_gap_ms).collect::<Vec<_>>()).unwrap_or_default();
-        let settle = history::spread(&trials.iter().map(|t| t.settle_ms).collect::<Vec<_>>()).unwrap_or_default();
-        let coordinator = trials.iter().map(|t| t.coordinator_gap_ms).max().unwrap_or(0);
-        let refused: usize = trials.iter().map(|t| t.refused).sum();
-        out.push_str(&format!(
-            "{:<24} {:>6}  {:>33}  {:>24}  {:>9}  {:>7}\n",
-            fault.name(),
-            trials.len(),
-            format!("{} / {} / {} / {}", gap[0], gap[1], gap[2], gap[3]),
-            format!("{} / {} / {}", settle[1], settle[2], settle[3]),
-            coordinator,
-            refused
-        ));
-    }
-    out.push_str(&format!(
-        "{} trials ({}, seed {}), {} accepted answers checked, {} violation(s), {} stopped workload(s){}\n",
-        report.trials.len(),
-        report.backend,
-        report.seed,
-        report.accepted,
-        report.violations.len(),
-        report.stopped_workloads,
-        report
-            .aborted
-            .as_deref()
-            .map(|a| format!("; ABORTED: {a}"))
-            .unwrap_or_default()
-    ));
-    for v in &report.violations {
-        out.push_str(&format!("  trial {}: {}\n", v.trial, v.what));
-    }
-    out
 }

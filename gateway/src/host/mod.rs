@@ -8,7 +8,7 @@
 //! term attribution) are pure; this file is the I/O around them.
 
 pub mod admission;
-pub mod stream;
+pub mod protocol;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -30,7 +30,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use crate::replica::Replica;
 use crate::store::{MemberRecord, MemberUpdate, Report};
 use admission::{Admission, RecordCheck, Superseded, check_record};
-use stream::Stream;
+use protocol::HostProtocol;
 
 /// The `SupervisorHost` service of one replica.
 #[derive(Clone)]
@@ -239,7 +239,7 @@ impl Session {
         let replica = self.host.replica.clone();
         let mut view = replica.view.clone();
         let mut superseded = self.superseded.clone();
-        let mut protocol = Stream::new(self.identity.directory_deltas);
+        let mut protocol = HostProtocol::new(self.identity.directory_deltas);
         let mut silence = Box::pin(sleep(timing::SILENCE_TIMEOUT));
         let mut refresh = tokio::time::interval(timing::MEMBERSHIP_REFRESH);
         refresh.reset();
@@ -411,7 +411,7 @@ impl Session {
     }
 
     /// Handle one member message; `false` ends the stream.
-    async fn handle(&mut self, message: MemberMessage, protocol: &mut Stream) -> bool {
+    async fn handle(&mut self, message: MemberMessage, protocol: &mut HostProtocol) -> bool {
         let replica = self.host.replica.clone();
         let metrics = &replica.metrics;
         let encoded_len = message.encoded_len();
@@ -529,79 +529,4 @@ fn until(at_ms: i64) -> Duration {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn hello() -> Hello {
-        Hello {
-            member: "supervisor-0".into(),
-            process_id: "p-1".into(),
-            connection_epoch: 1,
-            runtime_address: "http://127.0.0.1:7443".into(),
-            capacity: 256,
-            ..Hello::default()
-        }
-    }
-
-    #[test]
-    fn hello_errors_name_the_setting_to_fix() {
-        assert!(validate_hello(&hello()).is_ok());
-        for (broken, setting) in [
-            (
-                Hello {
-                    member: String::new(),
-                    ..hello()
-                },
-                "OPENSHELL_SUPERVISOR_POOL_MEMBER",
-            ),
-            (
-                Hello {
-                    member: "Bad_Name".into(),
-                    ..hello()
-                },
-                "OPENSHELL_SUPERVISOR_POOL_MEMBER",
-            ),
-            (
-                Hello {
-                    runtime_address: "127.0.0.1:7443".into(),
-                    ..hello()
-                },
-                "OPENSHELL_SUPERVISOR_POOL_RUNTIME_ADDRESS",
-            ),
-            // An empty DNS label: the supervisor refuses it too (plumbing::validate).
-            (
-                Hello {
-                    member: "a..b".into(),
-                    ..hello()
-                },
-                "OPENSHELL_SUPERVISOR_POOL_MEMBER",
-            ),
-            (
-                Hello {
-                    runtime_address: "http://".into(),
-                    ..hello()
-                },
-                "OPENSHELL_SUPERVISOR_POOL_RUNTIME_ADDRESS",
-            ),
-            (Hello { capacity: 0, ..hello() }, "OPENSHELL_SUPERVISOR_POOL_CAPACITY"),
-            (
-                Hello {
-                    capacity: 257,
-                    ..hello()
-                },
-                "OPENSHELL_SUPERVISOR_POOL_CAPACITY",
-            ),
-        ] {
-            let status = validate_hello(&broken).unwrap_err();
-            assert_eq!(status.code(), tonic::Code::InvalidArgument);
-            assert!(status.message().contains(setting), "{}", status.message());
-        }
-        assert!(
-            validate_hello(&Hello {
-                connection_epoch: 0,
-                ..hello()
-            })
-            .is_err()
-        );
-    }
-}
+mod tests;

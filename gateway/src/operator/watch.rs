@@ -20,7 +20,7 @@ use crate::replica::Replica;
 use crate::store::LeaseView;
 
 /// What a watcher receives.
-pub type Stream = ReceiverStream<Result<WatchSupervisorPoolResponse, Status>>;
+pub type WatchStream = ReceiverStream<Result<WatchSupervisorPoolResponse, Status>>;
 
 type Shared = Option<Arc<GetSupervisorPoolStatusResponse>>;
 
@@ -48,7 +48,7 @@ impl Feed {
     }
 
     /// A new watcher's stream, or RESOURCE_EXHAUSTED when every slot is taken.
-    pub fn watch(&self) -> Result<Stream, Status> {
+    pub fn watch(&self) -> Result<WatchStream, Status> {
         let permit = self.slots.clone().try_acquire_owned().map_err(|_| {
             Status::resource_exhausted(format!(
                 "this replica already serves its {} pool watchers; retry later or ask another replica",

@@ -15,8 +15,8 @@ use super::effect::{Effect, Ending, Keys, Reply};
 use super::machine::{LOST, MAX_REASON_BYTES, Machine, Mode, Pending, bounded};
 use crate::config::valid_address;
 use crate::fence::{Accepted, Fence, Presenter, Refusal, Role, Subject, Verifier};
-use crate::link::StreamId;
 use crate::receipt::ReceiptKey;
+use crate::runtime_link::StreamId;
 
 impl<R: Reply> Machine<R> {
     pub(super) fn on_message(&mut self, id: StreamId, message: SupervisorMessage, keys: Option<Keys>) {

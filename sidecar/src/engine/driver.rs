@@ -23,10 +23,10 @@ use super::stop::Report;
 use crate::Outcome;
 use crate::config::Config;
 use crate::identity;
-use crate::link::{Link, LinkEvent, NotSent, StreamId};
 use crate::process::{self, Control, Exit, Process};
-use crate::registry::Registry;
-use crate::store::{State, StateFile};
+use crate::registration::Registration;
+use crate::runtime_link::{Link, LinkEvent, NotSent, StreamId};
+use crate::state_file::{State, StateFile};
 use crate::supervision::{Token, Trust, read_token};
 use crate::workload::{Admission, Answer, Inbound, Request};
 
@@ -129,7 +129,7 @@ impl Driver {
     }
 
     /// After `run`: flush and close the streams, then tell the registry how the instance ended.
-    pub(crate) async fn finish(mut self, ending: Ending, exit: Option<Exit>, registry: &Registry) -> Outcome {
+    pub(crate) async fn finish(mut self, ending: Ending, exit: Option<Exit>, registration: &Registration) -> Outcome {
         let links = std::mem::take(&mut self.links);
         futures::future::join_all(links.into_values().map(Link::close)).await;
         let Some(conclusion) = self.machine.conclude(ending, exit) else {
@@ -137,8 +137,8 @@ impl Driver {
         };
         self.persist(*conclusion.state).await;
         let result = match conclusion.report {
-            Report::RecoveryFailed(request) => registry.report_recovery_failed(request).await,
-            Report::Deregister(request) => registry.deregister(request).await,
+            Report::RecoveryFailed(request) => registration.report_recovery_failed(request).await,
+            Report::Deregister(request) => registration.deregister(request).await,
         };
         if let Err(err) = result {
             error!(error = %err, "cannot tell the registry that the instance ended");

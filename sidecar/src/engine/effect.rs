@@ -8,9 +8,9 @@ use proto::registry::v1::{RecoveryFailedRequest, RegisterResponse};
 use proto::runtime::v1::{SupervisorMessage, sidecar_message};
 use proto::trust::TrustBundle;
 
-use crate::link::{First, StreamId};
 use crate::process::Exit;
-use crate::store::State;
+use crate::runtime_link::{First, StreamId};
+use crate::state_file::State;
 use crate::supervision::Token;
 use crate::workload::{Admission, Answer, Op};
 

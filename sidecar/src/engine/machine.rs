@@ -16,10 +16,10 @@ use tracing::{debug, info, warn};
 
 use super::effect::{Effect, Ending, Event, Now, Reply};
 use crate::config::{Config, valid_address};
+use crate::episode::{Episode, Slot};
 use crate::fence::{Fence, Presenter};
-use crate::link::{First, StreamId};
-use crate::recovery::{Episode, Slot};
-use crate::store::State;
+use crate::runtime_link::{First, StreamId};
+use crate::state_file::State;
 use crate::supervision::Token;
 use crate::workload::Op;
 
@@ -70,7 +70,7 @@ pub(super) enum Mode {
 }
 
 #[derive(Debug)]
-pub(super) struct Stream {
+pub(super) struct RuntimeStream {
     /// The runtime address dialed.
     pub address: String,
     pub open: bool,
@@ -119,7 +119,7 @@ pub(crate) struct Machine<R> {
     pub(super) setup: Setup,
     pub(super) instance: InstanceRef,
     pub(super) state: State,
-    pub(super) streams: BTreeMap<StreamId, Stream>,
+    pub(super) streams: BTreeMap<StreamId, RuntimeStream>,
     pub(super) next_stream: StreamId,
     pub(super) owner: Option<StreamId>,
     pub(super) release_stream: Option<StreamId>,
@@ -439,7 +439,7 @@ impl<R: Reply> Machine<R> {
         debug!(stream = id, %address, "dialing the supervisor route");
         self.streams.insert(
             id,
-            Stream {
+            RuntimeStream {
                 address: address.clone(),
                 open: false,
                 presenter: None,

@@ -1,5 +1,5 @@
 //! The engine: the single place that owns the fence, every runtime stream, the relay and the
-//! recovery clock, and takes every decision. Streams (`link`), the workload endpoint
+//! recovery clock, and takes every decision. Streams (`runtime_link`), the workload endpoint
 //! (`workload`), the registration and the process watcher are separate tasks that only report
 //! to it.
 //!

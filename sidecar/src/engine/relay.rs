@@ -10,7 +10,7 @@ use tracing::info;
 
 use super::effect::{Effect, Reply};
 use super::machine::{LOST, MAX_REASON_BYTES, Machine, Mode, STOPPING, bounded};
-use crate::link::StreamId;
+use crate::runtime_link::StreamId;
 use crate::supervision::Token;
 use crate::workload::{Admission, Answer, Op};
 

@@ -10,7 +10,7 @@ use super::effect::{Effect, Ending, Reply};
 use super::machine::{MAX_REASON_BYTES, Machine, Mode, STOPPING, bounded};
 use crate::Outcome;
 use crate::process::Exit;
-use crate::store::State;
+use crate::state_file::State;
 
 /// Longest RecoveryFailedRequest.reason.
 const MAX_FAILURE_REASON_BYTES: usize = 512;

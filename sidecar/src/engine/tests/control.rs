@@ -13,8 +13,8 @@ use super::*;
 use crate::engine::effect::{Effect, Ending, Event, Keys};
 use crate::engine::machine::{LOST, Mode, STOPPING};
 use crate::fence::Fence;
-use crate::link::StreamId;
 use crate::process::Exit;
+use crate::runtime_link::StreamId;
 use crate::testkit::*;
 
 #[test]
@@ -160,7 +160,7 @@ fn relinquish_is_persisted_before_the_stream_closes() {
         panic!("recovering")
     };
     let hello = match episode.take(h.now.at) {
-        crate::recovery::Slot::Ready(hello) => hello,
+        crate::episode::Slot::Ready(hello) => hello,
         other => panic!("{other:?}"),
     };
     assert!(hello.relinquished && hello.fence_term == 1);

@@ -14,9 +14,9 @@ use proto::trust::TrustBundle;
 use super::effect::{Effect, Event, Keys, Now, Reply};
 use super::machine::{Machine, Mode, Setup};
 use crate::fence::Fence;
-use crate::link::{First, StreamId};
 use crate::receipt::ReceiptKey;
-use crate::store::State;
+use crate::runtime_link::{First, StreamId};
+use crate::state_file::State;
 use crate::testkit::*;
 use crate::workload::{Answer, Op};
 

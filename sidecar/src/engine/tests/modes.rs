@@ -11,8 +11,8 @@ use crate::engine::effect::{Effect, Ending, Event};
 use crate::engine::machine::{LOST, Mode, STOPPING};
 use crate::engine::relay::MAX_HELD;
 use crate::fence::Fence;
-use crate::link::First;
 use crate::process::Exit;
+use crate::runtime_link::First;
 use crate::testkit::*;
 use crate::workload::Op;
 

@@ -16,6 +16,15 @@ use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair}
 
 use crate::process::{self, Process};
 
+mod binaries;
+mod launch;
+mod tls;
+
+use binaries::binary;
+pub use binaries::{binary_dir, ensure_binaries};
+pub use launch::GatewayLaunch;
+pub use tls::TlsFiles;
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
@@ -39,67 +48,6 @@ pub enum Error {
 fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> Error + use<> {
     let path = path.display().to_string();
     move |source| Error::Io { path, source }
-}
-
-/// Where the project's binaries are: beside the running executable (or the
-/// directory above, for test executables in `deps/`), or `OPENSHELL_BIN_DIR`.
-pub fn binary_dir() -> PathBuf {
-    if let Ok(dir) = std::env::var("OPENSHELL_BIN_DIR") {
-        return dir.into();
-    }
-    let exe = std::env::current_exe().unwrap_or_default();
-    let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
-    if dir.ends_with("deps") {
-        dir.parent().map(Path::to_path_buf).unwrap_or(dir)
-    } else {
-        dir
-    }
-}
-
-/// When launched through cargo (`cargo run -p e2e --bin …`), build the
-/// other binaries the pool runs with the same profile first: cargo builds
-/// only the binary it runs.
-pub fn ensure_binaries() -> Result<(), Error> {
-    let Ok(cargo) = std::env::var("CARGO") else {
-        return Ok(());
-    };
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut command = std::process::Command::new(cargo);
-    command.current_dir(&workspace).args(["build", "--quiet", "--bins"]);
-    command.args([
-        "-p",
-        "gateway",
-        "-p",
-        "poolctl",
-        "-p",
-        "supervisor",
-        "-p",
-        "sidecar",
-        "-p",
-        "e2e",
-    ]);
-    command.args(["-p", "webhook"]);
-    if binary_dir().ends_with("release") {
-        command.arg("--release");
-    }
-    let status = command.status().map_err(|source| Error::Io {
-        path: "cargo build".into(),
-        source,
-    })?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(Error::MissingBinary(format!("cargo build failed ({status})")))
-    }
-}
-
-fn binary(name: &str) -> Result<PathBuf, Error> {
-    let path = binary_dir().join(name);
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(Error::MissingBinary(path.display().to_string()))
-    }
 }
 
 /// A free loopback port (bound and released: good enough on one machine).
@@ -135,49 +83,6 @@ pub struct Config {
 /// The agents' default counting period: a report every 50 ms, so a gap in the observed
 /// counter measures a handoff to within 50 ms.
 pub const AGENT_INTERVAL_MS: u64 = 50;
-
-/// The pool's TLS files in its root directory: a throwaway CA and one server
-/// certificate it signed for `localhost` and `127.0.0.1`, served by every
-/// gateway and member.
-#[derive(Debug, Clone)]
-pub struct TlsFiles {
-    /// `ca.crt`: what every client verifies against.
-    pub ca: PathBuf,
-    /// `tls.crt`, `tls.key` (mode 0600).
-    pub cert: PathBuf,
-    pub key: PathBuf,
-}
-
-impl TlsFiles {
-    pub fn generate(dir: &Path) -> Result<Self, Error> {
-        let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
-        let key = KeyPair::generate()?;
-        let names = vec!["localhost".to_owned(), "127.0.0.1".to_owned()];
-        let cert = CertificateParams::new(names)?.signed_by(&key, &ca)?;
-        let files = Self {
-            ca: dir.join(plumbing::tls::CA_FILE),
-            cert: dir.join("tls.crt"),
-            key: dir.join("tls.key"),
-        };
-        write_file(&files.ca, ca.pem().as_bytes(), 0o644)?;
-        write_file(&files.cert, cert.pem().as_bytes(), 0o644)?;
-        write_file(&files.key, key.serialize_pem().as_bytes(), 0o600)?;
-        Ok(files)
-    }
-}
-
-/// Creates `path` (it must not exist: the pool's root is fresh) with `mode`.
-fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), Error> {
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(path)
-        .map_err(io_error(path))?;
-    file.write_all(contents).map_err(io_error(path))
-}
 
 pub struct Gateway {
     pub name: String,
@@ -540,64 +445,6 @@ impl LocalPool {
     }
 }
 
-/// How a gateway replica of the local pool is started.
-pub struct GatewayLaunch<'a> {
-    pub name: &'a str,
-    pub listen: &'a str,
-    pub health_listen: Option<&'a str>,
-    pub database_url: &'a str,
-    pub credentials: &'a Path,
-    pub kek: &'a Path,
-    pub lease_length_ms: u64,
-    pub tls: Option<&'a TlsFiles>,
-    /// Members that get a token of their own.
-    pub members: &'a [String],
-    /// Instance routes whose sidecars get a bootstrap token.
-    pub instances: &'a [String],
-}
-
-impl GatewayLaunch<'_> {
-    /// The command line and the environment. Secrets never go on the command line (any
-    /// local user can read it): `DATABASE_URL`, which may carry a password, goes in the
-    /// environment; the KEK and the TLS key are passed as paths to 0600 files.
-    pub fn command(&self) -> (Vec<String>, Vec<(String, String)>) {
-        let mut args: Vec<String> = vec![
-            "--replica".into(),
-            self.name.into(),
-            "--listen".into(),
-            self.listen.into(),
-            "--credentials-dir".into(),
-            self.credentials.display().to_string(),
-            "--key-encryption-key-file".into(),
-            self.kek.display().to_string(),
-            "--status-interval-ms".into(),
-            "0".into(),
-            "--lease-length-ms".into(),
-            self.lease_length_ms.to_string(),
-        ];
-        if let Some(health) = self.health_listen {
-            args.extend(["--health-listen".to_owned(), health.to_owned()]);
-        }
-        for (flag, list) in [("--members", self.members), ("--instances", self.instances)] {
-            if !list.is_empty() {
-                args.extend([flag.to_owned(), list.join(",")]);
-            }
-        }
-        if let Some(tls) = self.tls {
-            // --tls-ca: the coordinator delivers ca.crt beside every token.
-            for (flag, path) in [
-                ("--tls-cert", &tls.cert),
-                ("--tls-key", &tls.key),
-                ("--tls-ca", &tls.ca),
-            ] {
-                args.extend([flag.to_owned(), path.display().to_string()]);
-            }
-        }
-        let env = vec![("DATABASE_URL".to_owned(), self.database_url.to_owned())];
-        (args, env)
-    }
-}
-
 /// The body of a plain HTTP/1.0 GET answered 200, bounded to `limit` and 1 MiB.
 pub async fn http_get(address: &str, path: &str, limit: Duration) -> Option<String> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -645,43 +492,4 @@ async fn status_from(tls: &ClientTls, endpoint: &str, token: &str) -> Result<Get
         .map_err(|_| format!("no answer within {CALL_TIMEOUT:?}"))?
         .map_err(|s| s.message().to_owned())?;
     Ok(response.into_inner())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn no_secret_goes_on_a_gateway_command_line() {
-        let dir = Path::new("/pool");
-        let tls = TlsFiles {
-            ca: dir.join("ca.crt"),
-            cert: dir.join("tls.crt"),
-            key: dir.join("tls.key"),
-        };
-        for url in [
-            "postgres://app:hunter2@127.0.0.1:5432/pool",
-            "postgres://127.0.0.1/pool?user=app&password=hunter2",
-            "host=127.0.0.1 user=app password=hunter2 dbname=pool",
-        ] {
-            let launch = GatewayLaunch {
-                name: "gateway-0",
-                listen: "127.0.0.1:1",
-                health_listen: None,
-                database_url: url,
-                credentials: &dir.join("credentials"),
-                kek: &dir.join("key-encryption-key"),
-                lease_length_ms: 1000,
-                tls: Some(&tls),
-                members: &["supervisor-0".to_owned()],
-                instances: &["default/sandbox-0".to_owned()],
-            };
-            let (args, env) = launch.command();
-            assert!(args.iter().all(|a| !a.contains("hunter2")), "{args:?}");
-            assert!(!args.iter().any(|a| a.contains("database")), "{args:?}");
-            assert_eq!(env, vec![("DATABASE_URL".to_owned(), url.to_owned())]);
-            let kek = args.iter().position(|a| a == "--key-encryption-key-file").unwrap();
-            assert_eq!(args[kek + 1], "/pool/key-encryption-key", "the KEK is passed as a path");
-        }
-    }
 }

@@ -1,4 +1,5 @@
-//! The gateway's instance registry (registry.v1), called with the mounted token (the Pod's
+//! The instance's registration with the gateway's instance registry (registry.v1): Register,
+//! Deregister and ReportRecoveryFailed, called with the mounted token (the Pod's
 //! ServiceAccount token in Kubernetes, the route's bootstrap token locally). Every call
 //! is bounded in time and retried with backoff over the gateway endpoints in turn (the three
 //! RPCs are idempotent): Register until it succeeds, Deregister and ReportRecoveryFailed a
@@ -39,7 +40,7 @@ pub enum Error {
 }
 
 #[derive(Debug)]
-pub struct Registry {
+pub struct Registration {
     gateways: Gateways,
     supervision_dir: PathBuf,
 }
@@ -61,7 +62,7 @@ impl Call {
     }
 }
 
-impl Registry {
+impl Registration {
     /// `endpoints` are verified with `tls` when they are https://.
     pub fn new(endpoints: Vec<String>, tls: ClientTls, supervision_dir: PathBuf) -> Self {
         Self {

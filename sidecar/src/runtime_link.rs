@@ -17,7 +17,7 @@ use tokio::time::{Instant, MissedTickBehavior, sleep_until, timeout};
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::debug;
 
-use crate::recovery::{Episode, Slot};
+use crate::episode::{Episode, Slot};
 use crate::supervision::Token;
 
 pub type StreamId = u64;

@@ -1,4 +1,4 @@
-//! The host stream client: one long-lived `SupervisorHost.Attach` stream to one gateway replica
+//! The member's attachment to the gateway, its host stream client: one long-lived `SupervisorHost.Attach` stream to one gateway replica
 //! at a time (host.proto is the specification).
 //!
 //! Per stream: Hello (with a connection epoch one higher than the previous stream's), a
@@ -50,9 +50,9 @@ pub(crate) struct Identity {
     pub started_at_ms: i64,
 }
 
-/// Ends of the host link that end the member.
+/// Ends of the attachment (the host stream) that end the member.
 #[derive(Debug, thiserror::Error)]
-pub enum LinkError {
+pub enum AttachmentError {
     #[error("another process took this member name; stopped hosting (workloads keep running): {0}")]
     Superseded(String),
     #[error("the gateway refused this member: {0}")]
@@ -78,7 +78,7 @@ enum Flow {
     Exit,
 }
 
-pub(crate) struct Link {
+pub(crate) struct Attachment {
     identity: Identity,
     endpoints: Vec<String>,
     token_file: Option<PathBuf>,
@@ -93,7 +93,7 @@ pub(crate) struct Link {
     readiness: Arc<Readiness>,
 }
 
-impl Link {
+impl Attachment {
     pub(crate) fn new(
         identity: Identity,
         endpoints: Vec<String>,
@@ -118,7 +118,7 @@ impl Link {
 
     /// Keeps the member attached until it has left gracefully, or a stream end that ends the
     /// member (superseded by another process, hello refused).
-    pub(crate) async fn run(mut self, sessions: &mut SessionSet) -> Result<(), LinkError> {
+    pub(crate) async fn run(mut self, sessions: &mut SessionSet) -> Result<(), AttachmentError> {
         let mut failures = 0u32;
         loop {
             let endpoint = self.endpoints[self.next_endpoint % self.endpoints.len()].clone();
@@ -207,7 +207,7 @@ impl Link {
         outbound: mpsc::Sender<MemberMessage>,
         mut inbound: Streaming<GatewayMessage>,
         sessions: &mut SessionSet,
-    ) -> Result<Flow, LinkError> {
+    ) -> Result<Flow, AttachmentError> {
         let changed = sessions.changed();
         let shutdown = self.shutdown.clone();
         let mut outbound = Some(outbound);
@@ -301,13 +301,13 @@ impl Link {
     }
 
     /// Classifies a refusal or stream end (host.proto "Refusals and stream ends").
-    fn on_status(&self, status: &Status, heard: bool) -> Result<Flow, LinkError> {
+    fn on_status(&self, status: &Status, heard: bool) -> Result<Flow, AttachmentError> {
         let message = status.message();
         let reason = match status.code() {
             // Only the current stream is read, so ABORTED here means another process of this
             // member name superseded this one (a newer epoch of ours never overlaps).
-            Code::Aborted => return Err(LinkError::Superseded(message.to_owned())),
-            Code::InvalidArgument => return Err(LinkError::Refused(message.to_owned())),
+            Code::Aborted => return Err(AttachmentError::Superseded(message.to_owned())),
+            Code::InvalidArgument => return Err(AttachmentError::Refused(message.to_owned())),
             Code::Unauthenticated => format!("token refused ({message}); re-reading the token file"),
             Code::FailedPrecondition => format!("stale connection epoch ({message}); reconnecting with a new one"),
             code => format!("stream ended with {code:?}: {message}"),

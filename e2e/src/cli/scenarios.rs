@@ -1,0 +1,163 @@
+//! The `scenarios` binary's arguments and dispatch: the failure scenarios with their
+//! measurements, `chaos` (randomized faults with the history checker) and `scale` (the
+//! gateway's cost as the pool grows).
+
+use std::path::{Path, PathBuf};
+
+use clap::{Parser, Subcommand};
+
+use crate::chaos::{self, Backend};
+use crate::scale;
+use crate::scenarios::{self, Setup};
+
+use super::write_json;
+
+#[derive(Debug, Parser)]
+#[command(
+    about = "Failure scenarios with measurements on a local pool",
+    args_conflicts_with_subcommands = true
+)]
+pub struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Write the outcomes as JSON to this file.
+    #[arg(long, global = true)]
+    json: Option<PathBuf>,
+    /// PostgreSQL server URL (a fresh database per run); default: embedded SQLite.
+    #[arg(long, global = true, env = "OPENSHELL_SCENARIO_DATABASE_URL")]
+    database: Option<String>,
+    /// Working directory of the pools.
+    #[arg(long, global = true, default_value = ".local/scenarios")]
+    dir: PathBuf,
+    /// Sandboxes per pool instead of each scenario's own (2; 4 for drain and rebalance).
+    #[arg(long)]
+    sandboxes: Option<usize>,
+    /// Scenarios to run (default: all).
+    scenarios: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Randomized single and overlapping faults on one pool, each trial checked; exits
+    /// non-zero on any violation or stopped workload.
+    Chaos {
+        #[arg(long, default_value_t = 20)]
+        trials: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// A private PostgreSQL server, stopped and started by the database-outage faults
+        /// (needs the PostgreSQL 15 server binaries).
+        #[arg(long, conflicts_with = "database")]
+        postgres: bool,
+    },
+    /// The gateway's cost as the pool grows: simulated members over real gRPC, registrations
+    /// through the registry, placement, snapshot bytes, CPU and memory at rest.
+    Scale {
+        /// Pool sizes to run, one fresh pool each.
+        #[arg(long, value_delimiter = ',', default_value = "1000,4000,10000")]
+        instances: Vec<usize>,
+        #[arg(long, default_value_t = 40)]
+        members: usize,
+        /// Registrations in flight at a time.
+        #[arg(long, default_value_t = 32)]
+        concurrency: usize,
+        /// Then real processes: this many sessions on one member (0: skip).
+        #[arg(long, default_value_t = 256)]
+        sessions: usize,
+        /// A private PostgreSQL server for the runs.
+        #[arg(long, conflicts_with = "database")]
+        postgres: bool,
+    },
+}
+
+fn backend(postgres: bool, database: Option<String>) -> Backend {
+    match (postgres, database) {
+        (true, _) => Backend::PrivatePostgres,
+        (false, Some(url)) => Backend::Postgres(url),
+        (false, None) => Backend::Sqlite,
+    }
+}
+
+/// Runs what `args` asks for: `scale`, `chaos`, or the named scenarios (all by default).
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    match args.command {
+        Some(Command::Scale {
+            instances,
+            members,
+            concurrency,
+            sessions,
+            postgres,
+        }) => {
+            let backend = backend(postgres, args.database);
+            let mut reports = Vec::new();
+            for n in instances.into_iter().filter(|n| *n > 0) {
+                eprintln!("scale: {n} instances on {members} members ({}) ...", backend.name());
+                let settings = scale::Settings {
+                    members,
+                    concurrency,
+                    ..scale::Settings::new(n, args.dir.join("scale"), backend.clone())
+                };
+                reports.push(scale::run(&settings).await?);
+                print!("{}", scale::table(&reports[reports.len() - 1..]));
+            }
+            print!("{}", scale::table(&reports));
+            let mut busy = Vec::new();
+            if sessions > 0 {
+                eprintln!("scale: {sessions} sessions on one member ({}) ...", backend.name());
+                let settings = scale::sessions::Settings {
+                    sessions,
+                    root: args.dir.join("sessions"),
+                    backend,
+                };
+                busy.push(scale::sessions::run(&settings).await?);
+                print!("{}", scale::sessions::table(&busy));
+            }
+            let both = serde_json::json!({ "instances": reports, "sessions": busy });
+            write_json(args.json.as_deref(), &both)
+        }
+        Some(Command::Chaos { trials, seed, postgres }) => {
+            let backend = backend(postgres, args.database);
+            let settings = chaos::Settings::new(trials, seed, args.dir.join("chaos"), backend);
+            let report = chaos::run(&settings).await?;
+            print!("{}", chaos::table(&report));
+            write_json(args.json.as_deref(), &report)?;
+            anyhow::ensure!(report.passed(), "chaos: the history checker found violations");
+            Ok(())
+        }
+        None => {
+            let setup = Setup {
+                root: args.dir,
+                database_url: args.database,
+                sandboxes: args.sandboxes,
+            };
+            run_scenarios(&args.scenarios, &setup, args.json.as_deref()).await
+        }
+    }
+}
+
+/// The named failure scenarios (all when none is named), one fresh pool each.
+async fn run_scenarios(named: &[String], setup: &Setup, json: Option<&Path>) -> anyhow::Result<()> {
+    let names: Vec<String> = if named.is_empty() {
+        scenarios::ALL.iter().map(|s| (*s).to_owned()).collect()
+    } else {
+        named.to_vec()
+    };
+    let mut outcomes = Vec::new();
+    let mut failed = Vec::new();
+    for name in &names {
+        eprintln!("running {name} ...");
+        match scenarios::run(name, setup).await {
+            Ok(outcome) => outcomes.push(outcome),
+            Err(err) => {
+                eprintln!("{name} failed: {err}");
+                failed.push(name.clone());
+            }
+        }
+    }
+    print!("{}", scenarios::table(&outcomes));
+    write_json(json, &outcomes)?;
+    if !failed.is_empty() {
+        anyhow::bail!("scenarios failed: {}", failed.join(", "));
+    }
+    Ok(())
+}

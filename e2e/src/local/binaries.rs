@@ -1,0 +1,65 @@
+//! The other binaries of the workspace the pool runs: where they are, built when run through
+//! cargo.
+
+use super::*;
+
+/// Where the project's binaries are: beside the running executable (or the
+/// directory above, for test executables in `deps/`), or `OPENSHELL_BIN_DIR`.
+pub fn binary_dir() -> PathBuf {
+    if let Ok(dir) = std::env::var("OPENSHELL_BIN_DIR") {
+        return dir.into();
+    }
+    let exe = std::env::current_exe().unwrap_or_default();
+    let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if dir.ends_with("deps") {
+        dir.parent().map(Path::to_path_buf).unwrap_or(dir)
+    } else {
+        dir
+    }
+}
+
+/// When launched through cargo (`cargo run -p e2e --bin …`), build the
+/// other binaries the pool runs with the same profile first: cargo builds
+/// only the binary it runs.
+pub fn ensure_binaries() -> Result<(), Error> {
+    let Ok(cargo) = std::env::var("CARGO") else {
+        return Ok(());
+    };
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut command = std::process::Command::new(cargo);
+    command.current_dir(&workspace).args(["build", "--quiet", "--bins"]);
+    command.args([
+        "-p",
+        "gateway",
+        "-p",
+        "poolctl",
+        "-p",
+        "supervisor",
+        "-p",
+        "sidecar",
+        "-p",
+        "e2e",
+    ]);
+    command.args(["-p", "webhook"]);
+    if binary_dir().ends_with("release") {
+        command.arg("--release");
+    }
+    let status = command.status().map_err(|source| Error::Io {
+        path: "cargo build".into(),
+        source,
+    })?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(Error::MissingBinary(format!("cargo build failed ({status})")))
+    }
+}
+
+pub(super) fn binary(name: &str) -> Result<PathBuf, Error> {
+    let path = binary_dir().join(name);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(Error::MissingBinary(path.display().to_string()))
+    }
+}

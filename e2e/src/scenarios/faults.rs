@@ -1,0 +1,301 @@
+//! The failure scenarios: the coordinator killed or paused, an owner killed or paused (and
+//! fenced out when it resumes), the database stopped for [`OUTAGE`].
+
+use super::*;
+
+pub(super) async fn coordinator(pool: &mut LocalPool, store: &Store, signal: Signal) -> Result<Outcome, Error> {
+    let lease = store
+        .read_lease()
+        .await?
+        .ok_or_else(|| Error::Scenario("no coordinator".into()))?;
+    let name = lease.holder.split('/').next().unwrap_or_default().to_owned();
+    let index = pool
+        .gateways
+        .iter()
+        .position(|g| g.name == name)
+        .ok_or_else(|| Error::Scenario(format!("coordinator {name} is not a gateway of this pool")))?;
+    let sandboxes: Vec<String> = pool.sandboxes.iter().map(|s| s.name.clone()).collect();
+    let pids_before = agent_pids(pool, &sandboxes);
+    let injected = now_ms();
+    pool.gateways[index].process.signal(signal)?;
+    let started = until(
+        "a new coordinator's first fenced write",
+        Duration::from_secs(30),
+        || async {
+            let history = store.lease_history().await?;
+            Ok(history
+                .iter()
+                .find(|t| t.term > lease.term)
+                .and_then(|t| t.started_at_ms))
+        },
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    if signal == Signal::SIGSTOP {
+        pool.gateways[index].process.signal(Signal::SIGCONT)?;
+    }
+    let observed: Vec<Observed> = sandboxes.iter().map(|s| observe(pool, s)).collect();
+    let pids_after = agent_pids(pool, &sandboxes);
+    let end = u64::try_from(started).unwrap_or(0);
+    Ok(Outcome {
+        scenario: String::new(),
+        backend: String::new(),
+        seconds: end.saturating_sub(injected) as f64 / 1000.0,
+        measures: format!("{signal} of the coordinator → first fenced write of the next term"),
+        pids_preserved: pids_before == pids_after && !pids_before.is_empty(),
+        pids_before,
+        pids_after,
+        counter_continuous: observed.iter().all(Observed::continuous),
+        max_counter_gap_ms: observed.iter().map(|o| o.max_gap_ms(injected, end)).max().unwrap_or(0),
+        dual_owner_violations: observed.iter().map(Observed::dual_owner_violations).sum(),
+        notes: format!("coordinator {} term {} → term {}", name, lease.term, lease.term + 1),
+    })
+}
+
+/// Kill (or pause) the member owning the most instances; measure until all
+/// its instances are active under another owner. A paused owner is resumed
+/// afterwards and must stay fenced out.
+pub(super) async fn owner(pool: &mut LocalPool, store: &Store, signal: Signal) -> Result<Outcome, Error> {
+    let assignments = store.list_assignments().await?;
+    let mut load: BTreeMap<&str, usize> = BTreeMap::new();
+    for a in &assignments {
+        *load.entry(a.member.as_str()).or_default() += 1;
+    }
+    let victim = load
+        .iter()
+        .max_by_key(|(_, n)| **n)
+        .map(|(m, _)| (*m).to_owned())
+        .ok_or_else(|| Error::Scenario("no owner".into()))?;
+    let moved: Vec<(String, i64)> = assignments
+        .iter()
+        .filter(|a| a.member == victim)
+        .map(|a| (a.route.clone(), a.term))
+        .collect();
+    let routes: Vec<String> = moved.iter().map(|(r, _)| r.clone()).collect();
+    let sandboxes: Vec<String> = routes
+        .iter()
+        .map(|r| r.rsplit('/').next().unwrap_or(r).to_owned())
+        .collect();
+    let pids_before = agent_pids(pool, &sandboxes);
+    let index = pool
+        .members
+        .iter()
+        .position(|m| m.name == victim)
+        .ok_or_else(|| Error::Scenario(format!("owner {victim} is not a member of this pool")))?;
+
+    let injected = now_ms();
+    pool.members[index].process.signal(signal)?;
+    let activated = until(
+        "the instances active under a new owner",
+        Duration::from_secs(90),
+        || async {
+            let now = store.list_assignments().await?;
+            let done: Option<Vec<i64>> = moved
+                .iter()
+                .map(|(route, term)| {
+                    now.iter()
+                        .find(|a| &a.route == route && a.member != victim && a.term > *term)
+                        .filter(|a| a.phase == AssignmentPhase::Active)
+                        .map(|a| a.updated_at_ms)
+                })
+                .collect();
+            Ok(done.and_then(|times| times.into_iter().max()))
+        },
+    )
+    .await?;
+    let end = u64::try_from(activated).unwrap_or(0);
+    // Let the agents report through their new owners.
+    until("every moved agent reporting again", Duration::from_secs(30), || async {
+        Ok(sandboxes
+            .iter()
+            .all(|s| observe(pool, s).last_at_ms() > end + 500)
+            .then_some(()))
+    })
+    .await?;
+
+    let mut notes = format!("owner {victim} held {}", routes.join(", "));
+    if signal == Signal::SIGSTOP {
+        let resumed = now_ms();
+        pool.members[index].process.signal(Signal::SIGCONT)?;
+        // The resumed owner reconnects; nothing may move back to it, and no
+        // answer from its old term may reach a workload.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let after = store.list_assignments().await?;
+        let back = after
+            .iter()
+            .filter(|a| routes.contains(&a.route) && a.member == victim)
+            .count();
+        if back > 0 {
+            return Err(Error::Scenario(format!(
+                "{back} instance(s) went back to the resumed owner"
+            )));
+        }
+        let late: usize = sandboxes
+            .iter()
+            .map(|s| {
+                observe(pool, s)
+                    .accepted
+                    .iter()
+                    .filter(|a| {
+                        a.at_ms > resumed
+                            && moved
+                                .iter()
+                                .any(|(_, t)| a.term == Some(u64::try_from(*t).unwrap_or(0)))
+                    })
+                    .count()
+            })
+            .sum();
+        if late > 0 {
+            return Err(Error::Scenario(format!(
+                "{late} answer(s) from the paused owner's old term after it resumed"
+            )));
+        }
+        notes.push_str("; resumed owner fenced out (no answers from its old term, nothing moved back)");
+    }
+    let observed: Vec<Observed> = sandboxes.iter().map(|s| observe(pool, s)).collect();
+    let pids_after = reported_pids(store, &routes).await?;
+    Ok(Outcome {
+        scenario: String::new(),
+        backend: String::new(),
+        seconds: end.saturating_sub(injected) as f64 / 1000.0,
+        measures: format!("{signal} of the owner → its instances active under a new owner"),
+        pids_preserved: pids_before == pids_after && !pids_before.is_empty(),
+        pids_before,
+        pids_after,
+        counter_continuous: observed.iter().all(Observed::continuous),
+        max_counter_gap_ms: observed
+            .iter()
+            .map(|o| o.max_gap_ms(injected, end + 500))
+            .max()
+            .unwrap_or(0),
+        dual_owner_violations: observed.iter().map(Observed::dual_owner_violations).sum(),
+        notes,
+    })
+}
+
+/// Stop the database server for 30 s. Nothing may be stopped early: the workloads keep
+/// running under their owners, the coordinator keeps its authority to the end of its lease
+/// and no longer (read from its `/metrics`), nothing moves, and the pool has a coordinator
+/// again soon after the database returns — measured from its return.
+pub(super) async fn outage(
+    pool: &LocalPool,
+    store: &Store,
+    server: &mut crate::postgres::Server,
+) -> Result<Outcome, Error> {
+    let lease = store
+        .read_lease()
+        .await?
+        .ok_or_else(|| Error::Scenario("no coordinator".into()))?;
+    let holder = lease.holder.split('/').next().unwrap_or_default().to_owned();
+    let index = pool
+        .gateways
+        .iter()
+        .position(|g| g.name == holder)
+        .ok_or_else(|| Error::Scenario(format!("coordinator {holder} is not a gateway of this pool")))?;
+    let owners = |assignments: Vec<gateway::store::Assignment>| -> BTreeMap<String, (String, i64)> {
+        assignments.into_iter().map(|a| (a.route, (a.member, a.term))).collect()
+    };
+    let before = owners(store.list_assignments().await?);
+    let sandboxes: Vec<String> = pool.sandboxes.iter().map(|s| s.name.clone()).collect();
+    let pids_before = agent_pids(pool, &sandboxes);
+
+    let halted = now_ms();
+    server.halt().await.map_err(|e| Error::Scenario(e.to_string()))?;
+    // The coordinator's authority: held until its lease runs out, then given up.
+    let stepped_down = until("the coordinator stepping down", OUTAGE, || async {
+        Ok((pool.coordinator_term(index).await == Some(0)).then(now_ms))
+    })
+    .await?;
+    let authority_ms = stepped_down.saturating_sub(halted);
+    let lease_ms = pool.config.lease_length_ms;
+    if authority_ms > lease_ms + 500 {
+        return Err(Error::Scenario(format!(
+            "the coordinator kept its authority {authority_ms} ms into the outage, past its {lease_ms} ms lease"
+        )));
+    }
+    let elsewhere = other_coordinator(pool, index).await;
+    if let Some(other) = elsewhere {
+        return Err(Error::Scenario(format!(
+            "{other} claims the coordinator term without a database"
+        )));
+    }
+    tokio::time::sleep(OUTAGE.saturating_sub(Duration::from_millis(now_ms().saturating_sub(halted)))).await;
+    let during: Vec<Observed> = sandboxes.iter().map(|s| observe(pool, s)).collect();
+    let resumed_at = now_ms();
+    let outage_gap = during
+        .iter()
+        .map(|o| o.max_gap_ms(halted, resumed_at))
+        .max()
+        .unwrap_or(0);
+    let stopped = during.iter().filter(|o| o.last_at_ms() + 2000 < resumed_at).count();
+    if stopped > 0 {
+        return Err(Error::Scenario(format!(
+            "{stopped} workload(s) got no answer in the last 2 s of the outage"
+        )));
+    }
+    server.resume().await.map_err(|e| Error::Scenario(e.to_string()))?;
+    let returned = now_ms();
+    let coordinating = until(
+        "a coordinator after the database returned",
+        Duration::from_secs(30),
+        || async {
+            for g in 0..pool.gateways.len() {
+                if pool.coordinator_term(g).await.is_some_and(|t| t > 0) {
+                    return Ok(Some(now_ms()));
+                }
+            }
+            Ok(None)
+        },
+    )
+    .await?;
+    // A fenced write after the return proves the pool works again, not only the lease.
+    until(
+        "every agent answered after the return",
+        Duration::from_secs(30),
+        || async {
+            Ok(sandboxes
+                .iter()
+                .all(|s| observe(pool, s).last_at_ms() > coordinating + 500)
+                .then_some(()))
+        },
+    )
+    .await?;
+    let after = owners(store.list_assignments().await?);
+    if after != before {
+        return Err(Error::Scenario(format!(
+            "instances moved because of the outage: {before:?} -> {after:?}"
+        )));
+    }
+    let observed: Vec<Observed> = sandboxes.iter().map(|s| observe(pool, s)).collect();
+    let pids_after = agent_pids(pool, &sandboxes);
+    Ok(Outcome {
+        scenario: String::new(),
+        backend: String::new(),
+        seconds: coordinating.saturating_sub(returned) as f64 / 1000.0,
+        measures: format!(
+            "database stopped {} s → a coordinator again, from the database's return",
+            OUTAGE.as_secs()
+        ),
+        pids_preserved: pids_before == pids_after && !pids_before.is_empty(),
+        pids_before,
+        pids_after,
+        counter_continuous: observed.iter().all(Observed::continuous),
+        max_counter_gap_ms: outage_gap,
+        dual_owner_violations: observed.iter().map(Observed::dual_owner_violations).sum(),
+        notes: format!(
+            "the coordinator held its authority {authority_ms} ms into the outage (lease {lease_ms} ms); \
+             no instance moved; the database took {} ms to start again",
+            returned.saturating_sub(resumed_at)
+        ),
+    })
+}
+
+/// A replica other than `except` that says it holds a coordinator term.
+async fn other_coordinator(pool: &LocalPool, except: usize) -> Option<String> {
+    for (g, gateway) in pool.gateways.iter().enumerate() {
+        if g != except && pool.coordinator_term(g).await.is_some_and(|t| t > 0) {
+            return Some(gateway.name.clone());
+        }
+    }
+    None
+}

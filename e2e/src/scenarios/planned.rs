@@ -1,0 +1,138 @@
+//! The planned moves through the operator API: a drain and a rebalance, measured from the
+//! request to the operation's success.
+
+use super::*;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Planned {
+    Drain,
+    Rebalance,
+}
+
+/// An operator client of the pool over every replica.
+pub(crate) async fn operator(pool: &LocalPool) -> Result<poolctl::Client, Error> {
+    pool.operator(pool.endpoints())
+        .await
+        .map_err(|e| Error::Scenario(format!("operator client: {e}")))
+}
+
+/// Drain: move the two sessions of the busiest member off it (max_parallel 2); measured from
+/// the request to the operation's success. Rebalance: first drain a member and return it to
+/// service (so it is empty), then even out; measured from the rebalance request to its success.
+pub(crate) async fn planned(pool: &LocalPool, store: &Store, kind: Planned) -> Result<Outcome, Error> {
+    let mut client = operator(pool).await?;
+    let run = |parallel| poolctl::RunArgs {
+        max_parallel: parallel,
+        timeout_secs: 120,
+        wait: true,
+    };
+    let busiest = |assignments: &[gateway::store::Assignment]| {
+        let mut load: BTreeMap<String, usize> = BTreeMap::new();
+        for a in assignments {
+            *load.entry(a.member.clone()).or_default() += 1;
+        }
+        load.into_iter().max_by_key(|(_, n)| *n).map(|(m, _)| m)
+    };
+    let assignments = store.list_assignments().await?;
+    let member = busiest(&assignments).ok_or_else(|| Error::Scenario("no owner".into()))?;
+    let op_error = |e: poolctl::Error| Error::Scenario(format!("operation: {e}"));
+    if kind == Planned::Rebalance {
+        // Empty one member: drain it, then cancel the drain so it takes instances again.
+        let (drain, _) = client
+            .start(proto::pool::v1::OperationKind::Drain, &member, &run(2))
+            .await
+            .map_err(op_error)?;
+        client
+            .wait(&drain.id, &mut poolctl::Progress::quiet())
+            .await
+            .map_err(op_error)?;
+        steady(pool, store).await?;
+        client.cancel(&drain.id).await.map_err(op_error)?;
+        until(
+            "the drained member back in service",
+            Duration::from_secs(30),
+            || async {
+                let ops = store.list_operations().await?;
+                Ok(ops
+                    .iter()
+                    .any(|o| o.id == drain.id && o.phase == gateway::store::OperationPhase::Cancelled)
+                    .then_some(()))
+            },
+        )
+        .await?;
+    }
+    let before = store.list_assignments().await?;
+    let moving: Vec<(String, i64)> = match kind {
+        Planned::Drain => before
+            .iter()
+            .filter(|a| a.member == member)
+            .map(|a| (a.route.clone(), a.term))
+            .collect(),
+        Planned::Rebalance => before.iter().map(|a| (a.route.clone(), a.term)).collect(),
+    };
+    let all: Vec<String> = pool.sandboxes.iter().map(|s| s.name.clone()).collect();
+    let pids_before = agent_pids(pool, &all);
+    let started = now_ms();
+    let (op, proto_kind) = match kind {
+        Planned::Drain => (
+            client
+                .start(proto::pool::v1::OperationKind::Drain, &member, &run(2))
+                .await
+                .map_err(op_error)?,
+            "drain",
+        ),
+        Planned::Rebalance => (
+            client
+                .start(proto::pool::v1::OperationKind::Rebalance, "", &run(2))
+                .await
+                .map_err(op_error)?,
+            "rebalance",
+        ),
+    };
+    let done = client
+        .wait(&op.0.id, &mut poolctl::Progress::quiet())
+        .await
+        .map_err(op_error)?;
+    let finished = store
+        .list_operations()
+        .await?
+        .into_iter()
+        .find(|o| o.id == done.id)
+        .map_or(0, |o| u64::try_from(o.updated_at_ms).unwrap_or(0));
+    let after = store.list_assignments().await?;
+    let moved: Vec<String> = moving
+        .iter()
+        .filter(|(route, term)| after.iter().any(|a| &a.route == route && a.term > *term))
+        .map(|(route, _)| route.clone())
+        .collect();
+    let end = finished.max(started);
+    until(
+        "every agent reporting after the moves",
+        Duration::from_secs(30),
+        || async {
+            Ok(all
+                .iter()
+                .all(|s| observe(pool, s).last_at_ms() > end + 500)
+                .then_some(()))
+        },
+    )
+    .await?;
+    let observed: Vec<Observed> = all.iter().map(|s| observe(pool, s)).collect();
+    Ok(Outcome {
+        scenario: String::new(),
+        backend: String::new(),
+        seconds: end.saturating_sub(started) as f64 / 1000.0,
+        measures: format!("{proto_kind} request (max_parallel 2) → operation succeeded"),
+        pids_preserved: pids_before == agent_pids(pool, &all) && !pids_before.is_empty(),
+        pids_after: agent_pids(pool, &all),
+        pids_before,
+        counter_continuous: observed.iter().all(Observed::continuous),
+        max_counter_gap_ms: observed
+            .iter()
+            .map(|o| o.max_gap_ms(started, end + 500))
+            .max()
+            .unwrap_or(0),
+        dual_owner_violations: observed.iter().map(Observed::dual_owner_violations).sum(),
+        notes: format!("{} moved ({}); {}", moved.len(), moved.join(", "), done.message),
+    })
+}

@@ -1,0 +1,246 @@
+//! `HostProtocol`, the protocol state of one member's host stream: snapshot revisions, acks, and
+//! which reported statuses can be attributed to which term. Pure.
+
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use proto::common::v1::RouteDirectoryEntry;
+use proto::host::v1::{Snapshot, StatusReport};
+
+use crate::pool::Directory;
+
+/// Why a member message was dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dropped {
+    /// An ack of a revision this stream never sent.
+    AckNeverSent,
+    /// An ack lower than one already received.
+    AckRegressed,
+    /// A report larger than `proto::MAX_STATUS_REPORT_BYTES`.
+    OversizedReport,
+}
+
+/// A status attributed to a term: the member acknowledged the revision that
+/// installed the term before it reported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attributed {
+    pub route: String,
+    pub term: u64,
+    /// Wire phase name, or `ABSENT` when the member reconciled past the
+    /// installing revision without hosting the route.
+    pub phase: String,
+    pub message: String,
+    pub workload_pid: u32,
+    pub progress: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct HostProtocol {
+    /// Last revision sent (0 before the first snapshot).
+    revision: u64,
+    acked: u64,
+    /// route -> (term, revision that first carried that term on this stream)
+    installs: BTreeMap<String, (u64, u64)>,
+    /// Routes whose launch material this stream already carried at their installed term: it
+    /// is not sent again while the term stays (host.proto `OwnedInstance.credentials`).
+    carried_material: BTreeMap<String, u64>,
+    /// The last snapshot sent, before numbering and without its directory.
+    last: Option<Snapshot>,
+    /// The directory the member holds after the last snapshot sent.
+    directory: Option<Arc<Directory>>,
+    /// Whether the member applies directory deltas (`Hello.directory_deltas`).
+    deltas: bool,
+    /// What this stream last handed to the report writer, per route.
+    written: BTreeMap<String, Attributed>,
+}
+
+/// A status to write, and whether it must be written at once: a new term, phase or workload
+/// PID (the coordinator's operations settle on them); counters and messages can wait for the
+/// writer's next batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub status: Attributed,
+    pub urgent: bool,
+}
+
+impl HostProtocol {
+    /// A stream of a member that applies directory deltas (`Hello.directory_deltas`) or not.
+    pub fn new(deltas: bool) -> Self {
+        Self {
+            deltas,
+            ..Self::default()
+        }
+    }
+
+    /// Number `body` (a snapshot without its directory) with `directory` as the next snapshot
+    /// if either differs from what was last sent. The directory goes whole in the first
+    /// snapshot and to a member without deltas, as the change since the last snapshot
+    /// otherwise; launch material already carried at the same term is not sent again.
+    pub fn next_snapshot(&mut self, body: Snapshot, directory: Arc<Directory>) -> Option<Snapshot> {
+        let delta = self.directory.as_deref().map(|held| diff(held, &directory));
+        let directory_unchanged = delta
+            .as_ref()
+            .is_some_and(|(changed, removed)| changed.is_empty() && removed.is_empty());
+        if self.last.as_ref() == Some(&body) && directory_unchanged {
+            return None;
+        }
+        self.revision += 1;
+        for owned in &body.instances {
+            let carried = self
+                .installs
+                .get(&owned.route)
+                .is_some_and(|(term, _)| *term == owned.term);
+            if !carried {
+                self.installs.insert(owned.route.clone(), (owned.term, self.revision));
+            }
+        }
+        let carried: std::collections::BTreeSet<&str> = body.instances.iter().map(|o| o.route.as_str()).collect();
+        self.installs.retain(|route, _| carried.contains(route.as_str()));
+        let mut numbered = Snapshot {
+            revision: self.revision,
+            ..body.clone()
+        };
+        self.carried_material
+            .retain(|route, term| self.installs.get(route).is_some_and(|(installed, _)| installed == term));
+        for owned in &mut numbered.instances {
+            if owned.credentials.is_empty() {
+                continue;
+            }
+            if self.carried_material.get(&owned.route) == Some(&owned.term) {
+                owned.credentials = Vec::new();
+            } else {
+                self.carried_material.insert(owned.route.clone(), owned.term);
+            }
+        }
+        match delta.filter(|_| self.deltas) {
+            Some((changed, removed)) => {
+                numbered.directory_delta = true;
+                numbered.directory = changed;
+                numbered.directory_removed = removed;
+            }
+            None => numbered.directory = directory.values().cloned().collect(),
+        }
+        self.last = Some(body);
+        self.directory = Some(directory);
+        Some(numbered)
+    }
+
+    pub fn on_ack(&mut self, revision: u64) -> Result<(), Dropped> {
+        if revision > self.revision {
+            return Err(Dropped::AckNeverSent);
+        }
+        if revision < self.acked {
+            return Err(Dropped::AckRegressed);
+        }
+        self.acked = revision;
+        Ok(())
+    }
+
+    pub fn acked(&self) -> u64 {
+        self.acked
+    }
+
+    /// The statuses of `report` that can be attributed to a term — plus, for a complete
+    /// report, an `ABSENT` status for every installed route the member acknowledged but does
+    /// not host (in a partial report an absent route is unchanged).
+    pub fn attribute(&self, report: &StatusReport, encoded_len: usize) -> Result<Vec<Attributed>, Dropped> {
+        if encoded_len > proto::MAX_STATUS_REPORT_BYTES {
+            return Err(Dropped::OversizedReport);
+        }
+        let applied = report.applied_revision.min(self.acked);
+        let attributed = |route: &String, term: u64, s: &proto::host::v1::InstanceStatus| Attributed {
+            route: route.clone(),
+            term,
+            phase: proto::common::v1::InstancePhase::from_wire(s.phase)
+                .as_str_name()
+                .to_owned(),
+            message: plumbing::text::prefix(&s.message, proto::MAX_STATUS_MESSAGE_BYTES).to_owned(),
+            workload_pid: s.workload_pid,
+            progress: s.counters.as_ref().map_or(0, |c| c.last_progress_value),
+        };
+        if report.partial {
+            return Ok(report
+                .instances
+                .iter()
+                .filter_map(|s| {
+                    let (route, &(term, installed_at)) = self.installs.get_key_value(&s.route)?;
+                    (term == s.term && installed_at <= applied).then(|| attributed(route, term, s))
+                })
+                .collect());
+        }
+        let by_route: BTreeMap<(&str, u64), &proto::host::v1::InstanceStatus> = report
+            .instances
+            .iter()
+            .map(|s| ((s.route.as_str(), s.term), s))
+            .collect();
+        let mut out = Vec::new();
+        for (route, &(term, installed_at)) in &self.installs {
+            if installed_at > applied {
+                continue;
+            }
+            out.push(match by_route.get(&(route.as_str(), term)) {
+                Some(s) => attributed(route, term, s),
+                None => Attributed {
+                    route: route.clone(),
+                    term,
+                    phase: "ABSENT".into(),
+                    message: "the owner acknowledged the assignment but does not host it".into(),
+                    workload_pid: 0,
+                    progress: 0,
+                },
+            });
+        }
+        Ok(out)
+    }
+
+    /// Of `statuses`, those that differ from what this stream last handed to the writer, each
+    /// marked urgent when its term, phase or PID changed; remembered as handed over.
+    pub fn changes(&mut self, statuses: Vec<Attributed>) -> Vec<Change> {
+        let mut out = Vec::new();
+        for status in statuses {
+            let urgent = match self.written.get(&status.route) {
+                Some(last) if *last == status => continue,
+                Some(last) => {
+                    (last.term, &last.phase, last.workload_pid) != (status.term, &status.phase, status.workload_pid)
+                }
+                None => true,
+            };
+            self.written.insert(status.route.clone(), status.clone());
+            out.push(Change { status, urgent });
+        }
+        out
+    }
+}
+
+/// What turns directory `held` into `now`: the entries new or changed, and the routes gone.
+/// One merge walk over both (sorted) maps; nothing when they are the same map.
+fn diff(held: &Directory, now: &Arc<Directory>) -> (Vec<RouteDirectoryEntry>, Vec<String>) {
+    let (mut changed, mut removed) = (Vec::new(), Vec::new());
+    if std::ptr::eq(held, now.as_ref()) {
+        return (changed, removed);
+    }
+    let (mut before, mut after) = (held.iter().peekable(), now.iter().peekable());
+    loop {
+        let order = match (before.peek(), after.peek()) {
+            (None, None) => break,
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (Some((a, _)), Some((b, _))) => a.cmp(b),
+        };
+        match order {
+            Ordering::Less => removed.extend(before.next().map(|(route, _)| route.clone())),
+            Ordering::Greater => changed.extend(after.next().map(|(_, entry)| entry.clone())),
+            Ordering::Equal => {
+                let (old, new) = (before.next().map(|(_, e)| e), after.next().map(|(_, e)| e));
+                if old != new {
+                    changed.extend(new.cloned());
+                }
+            }
+        }
+    }
+    (changed, removed)
+}
+
+#[cfg(test)]
+mod tests;

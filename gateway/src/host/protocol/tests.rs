@@ -1,0 +1,291 @@
+use super::*;
+use proto::common::v1::InstancePhase;
+use proto::host::v1::{InstanceStatus, OwnedInstance};
+
+fn snapshot(owned: &[(&str, u64)]) -> Snapshot {
+    Snapshot {
+        instances: owned
+            .iter()
+            .map(|(route, term)| OwnedInstance {
+                route: (*route).into(),
+                term: *term,
+                ..OwnedInstance::default()
+            })
+            .collect(),
+        ..Snapshot::default()
+    }
+}
+
+fn report(applied: u64, statuses: &[(&str, u64, InstancePhase)]) -> StatusReport {
+    StatusReport {
+        applied_revision: applied,
+        instances: statuses
+            .iter()
+            .map(|(route, term, phase)| InstanceStatus {
+                route: (*route).into(),
+                term: *term,
+                phase: *phase as i32,
+                ..InstanceStatus::default()
+            })
+            .collect(),
+        partial: false,
+    }
+}
+
+fn partial(applied: u64, statuses: &[(&str, u64, InstancePhase)]) -> StatusReport {
+    StatusReport {
+        partial: true,
+        ..report(applied, statuses)
+    }
+}
+
+#[test]
+fn a_partial_report_speaks_only_for_the_routes_it_lists() {
+    let mut s = HostProtocol::default();
+    s.next_snapshot(snapshot(&[("a", 1), ("b", 1), ("c", 2)]), Arc::default());
+    s.on_ack(1).unwrap();
+    let out = s
+        .attribute(&partial(1, &[("b", 1, InstancePhase::Active)]), 10)
+        .unwrap();
+    assert_eq!(out.len(), 1, "a and c are unchanged, not absent: {out:?}");
+    assert_eq!(
+        (out[0].route.as_str(), out[0].phase.as_str()),
+        ("b", "INSTANCE_PHASE_ACTIVE")
+    );
+    // A wrong term, an unknown route or a report built before the ack: nothing.
+    let s2 = {
+        let mut s2 = HostProtocol::default();
+        s2.next_snapshot(snapshot(&[("a", 1)]), Arc::default());
+        s2
+    };
+    assert!(
+        s2.attribute(&partial(1, &[("a", 1, InstancePhase::Active)]), 10)
+            .unwrap()
+            .is_empty()
+    );
+    let none = s
+        .attribute(
+            &partial(1, &[("c", 1, InstancePhase::Active), ("z", 1, InstancePhase::Active)]),
+            10,
+        )
+        .unwrap();
+    assert!(none.is_empty(), "{none:?}");
+    // The same report, complete: every other acked route is absent.
+    let complete = s.attribute(&report(1, &[("b", 1, InstancePhase::Active)]), 10).unwrap();
+    assert_eq!(complete.iter().filter(|a| a.phase == "ABSENT").count(), 2);
+}
+
+#[test]
+fn only_changes_reach_the_writer_and_new_phases_are_urgent() {
+    let mut s = HostProtocol::default();
+    let status = |term, phase: &str, progress| Attributed {
+        route: "a".into(),
+        term,
+        phase: phase.into(),
+        message: String::new(),
+        workload_pid: 7,
+        progress,
+    };
+    let first = s.changes(vec![status(1, "INSTANCE_PHASE_STARTING", 0)]);
+    assert_eq!(first.len(), 1);
+    assert!(first[0].urgent, "the first status of a route");
+    assert!(
+        s.changes(vec![status(1, "INSTANCE_PHASE_STARTING", 0)]).is_empty(),
+        "unchanged"
+    );
+    let counted = s.changes(vec![status(1, "INSTANCE_PHASE_STARTING", 5)]);
+    assert_eq!(counted.len(), 1);
+    assert!(!counted[0].urgent, "progress only");
+    assert!(s.changes(vec![status(1, "INSTANCE_PHASE_ACTIVE", 5)])[0].urgent);
+    assert!(s.changes(vec![status(2, "INSTANCE_PHASE_ACTIVE", 5)])[0].urgent);
+}
+
+#[test]
+fn unchanged_snapshots_are_not_resent_and_revisions_grow() {
+    let mut s = HostProtocol::default();
+    assert_eq!(
+        s.next_snapshot(snapshot(&[("a", 1)]), Arc::default())
+            .map(|x| x.revision),
+        Some(1)
+    );
+    assert_eq!(s.next_snapshot(snapshot(&[("a", 1)]), Arc::default()), None);
+    assert_eq!(
+        s.next_snapshot(snapshot(&[("a", 2)]), Arc::default())
+            .map(|x| x.revision),
+        Some(2)
+    );
+}
+
+fn directory(entries: &[(&str, &str, u64)]) -> Arc<Directory> {
+    Arc::new(
+        entries
+            .iter()
+            .map(|(route, member, term)| {
+                let entry = RouteDirectoryEntry {
+                    route: (*route).into(),
+                    member: (*member).into(),
+                    term: *term,
+                    ..RouteDirectoryEntry::default()
+                };
+                ((*route).to_owned(), entry)
+            })
+            .collect(),
+    )
+}
+
+/// What a member holds after applying `snapshot` over `held` (host.proto `Snapshot`).
+fn apply(held: &mut Directory, snapshot: &Snapshot) {
+    if !snapshot.directory_delta {
+        held.clear();
+    }
+    for route in &snapshot.directory_removed {
+        held.remove(route);
+    }
+    held.extend(snapshot.directory.iter().map(|e| (e.route.clone(), e.clone())));
+}
+
+#[test]
+fn a_member_with_deltas_gets_the_whole_directory_first_and_then_only_its_changes() {
+    let mut s = HostProtocol::new(true);
+    let mut held = Directory::new();
+    let first = s
+        .next_snapshot(snapshot(&[]), directory(&[("a", "m1", 1), ("b", "m2", 1)]))
+        .unwrap();
+    assert!(!first.directory_delta, "the first snapshot of a stream is whole");
+    apply(&mut held, &first);
+    // b moves, c is placed, a leaves.
+    let now = directory(&[("b", "m1", 2), ("c", "m2", 1)]);
+    let second = s.next_snapshot(snapshot(&[]), Arc::clone(&now)).unwrap();
+    assert!(second.directory_delta);
+    let changed: Vec<&str> = second.directory.iter().map(|e| e.route.as_str()).collect();
+    assert_eq!(changed, ["b", "c"]);
+    assert_eq!(second.directory_removed, ["a"]);
+    apply(&mut held, &second);
+    assert_eq!(held, *now, "the member holds the whole directory");
+    // An equal directory (another map with the same entries) and the same body: nothing.
+    assert_eq!(
+        s.next_snapshot(snapshot(&[]), directory(&[("b", "m1", 2), ("c", "m2", 1)])),
+        None
+    );
+    // A body change alone sends an empty delta.
+    let third = s.next_snapshot(snapshot(&[("b", 2)]), now).unwrap();
+    assert!(third.directory_delta && third.directory.is_empty() && third.directory_removed.is_empty());
+}
+
+#[test]
+fn a_member_without_deltas_gets_the_whole_directory_in_every_snapshot() {
+    let mut s = HostProtocol::new(false);
+    s.next_snapshot(snapshot(&[]), directory(&[("a", "m1", 1)])).unwrap();
+    let second = s
+        .next_snapshot(snapshot(&[]), directory(&[("a", "m1", 1), ("b", "m1", 1)]))
+        .unwrap();
+    assert!(!second.directory_delta && second.directory_removed.is_empty());
+    assert_eq!(second.directory.len(), 2);
+}
+
+#[test]
+fn launch_material_is_carried_once_per_term() {
+    let with_material = |owned: &[(&str, u64)]| {
+        let mut body = snapshot(owned);
+        for o in &mut body.instances {
+            o.credentials = b"material".to_vec();
+        }
+        body
+    };
+    let material = |s: &Snapshot| -> Vec<(String, bool)> {
+        s.instances
+            .iter()
+            .map(|o| (o.route.clone(), !o.credentials.is_empty()))
+            .collect()
+    };
+    let mut s = HostProtocol::new(true);
+    let first = s.next_snapshot(with_material(&[("a", 1)]), Arc::default()).unwrap();
+    assert_eq!(material(&first), [("a".into(), true)]);
+    let second = s
+        .next_snapshot(with_material(&[("a", 1), ("b", 1)]), Arc::default())
+        .unwrap();
+    assert_eq!(
+        material(&second),
+        [("a".into(), false), ("b".into(), true)],
+        "a's was carried"
+    );
+    // A new term carries it again; so does a route that left and came back.
+    let third = s.next_snapshot(with_material(&[("a", 2)]), Arc::default()).unwrap();
+    assert_eq!(material(&third), [("a".into(), true)]);
+    let back = s
+        .next_snapshot(with_material(&[("a", 2), ("b", 1)]), Arc::default())
+        .unwrap();
+    assert_eq!(
+        material(&back),
+        [("a".into(), false), ("b".into(), true)],
+        "b left and came back"
+    );
+    // Material this replica had not loaded yet is carried once it has it.
+    let mut s = HostProtocol::new(true);
+    s.next_snapshot(snapshot(&[("c", 1)]), Arc::default()).unwrap();
+    let loaded = s.next_snapshot(with_material(&[("c", 1)]), Arc::default()).unwrap();
+    assert_eq!(material(&loaded), [("c".into(), true)]);
+    // A new stream of the member carries everything again.
+    let mut fresh = HostProtocol::new(true);
+    assert_eq!(
+        material(&fresh.next_snapshot(with_material(&[("a", 2)]), Arc::default()).unwrap()),
+        [("a".into(), true)]
+    );
+}
+
+#[test]
+fn acks_of_unsent_or_regressing_revisions_are_dropped() {
+    let mut s = HostProtocol::default();
+    assert_eq!(s.on_ack(1), Err(Dropped::AckNeverSent));
+    s.next_snapshot(snapshot(&[("a", 1)]), Arc::default());
+    s.next_snapshot(snapshot(&[("a", 2)]), Arc::default());
+    assert_eq!(s.on_ack(2), Ok(()));
+    assert_eq!(s.on_ack(1), Err(Dropped::AckRegressed));
+    assert_eq!(s.on_ack(3), Err(Dropped::AckNeverSent));
+    assert_eq!(s.acked(), 2);
+}
+
+#[test]
+fn a_status_counts_for_a_term_only_after_its_revision_was_acked() {
+    let mut s = HostProtocol::default();
+    s.next_snapshot(snapshot(&[("a", 1)]), Arc::default()); // revision 1 installs term 1
+    s.on_ack(1).unwrap();
+    s.next_snapshot(snapshot(&[("a", 2)]), Arc::default()); // revision 2 installs term 2, not acked yet
+    // The member still reports term 1: nothing attributable for term 2 yet.
+    let early = s.attribute(&report(1, &[("a", 1, InstancePhase::Active)]), 10).unwrap();
+    assert!(early.is_empty(), "{early:?}");
+    s.on_ack(2).unwrap();
+    let later = s
+        .attribute(&report(2, &[("a", 2, InstancePhase::Starting)]), 10)
+        .unwrap();
+    assert_eq!(later.len(), 1);
+    assert_eq!((later[0].term, later[0].phase.as_str()), (2, "INSTANCE_PHASE_STARTING"));
+    // A report built before the ack was applied is not attributed either.
+    let stale = s.attribute(&report(1, &[]), 10).unwrap();
+    assert!(stale.is_empty());
+}
+
+#[test]
+fn an_acked_route_missing_from_the_report_is_absent() {
+    let mut s = HostProtocol::default();
+    s.next_snapshot(snapshot(&[("a", 4)]), Arc::default());
+    s.on_ack(1).unwrap();
+    let out = s.attribute(&report(1, &[]), 10).unwrap();
+    assert_eq!(
+        (out[0].route.as_str(), out[0].term, out[0].phase.as_str()),
+        ("a", 4, "ABSENT")
+    );
+    // A status for another term of the route does not count for this one.
+    let out = s.attribute(&report(1, &[("a", 3, InstancePhase::Active)]), 10).unwrap();
+    assert_eq!(out[0].phase, "ABSENT");
+}
+
+#[test]
+fn oversized_reports_are_dropped_and_messages_truncated() {
+    let s = HostProtocol::default();
+    assert_eq!(
+        s.attribute(&report(0, &[]), proto::MAX_STATUS_REPORT_BYTES + 1),
+        Err(Dropped::OversizedReport)
+    );
+    assert_eq!(plumbing::text::prefix("héllo", 2), "h");
+}

@@ -1,0 +1,64 @@
+use super::*;
+
+#[test]
+fn bad_mode_annotation_falls_back_with_warning() {
+    let injector = Injector::new(InjectConfig::default());
+    let pod = json!({
+        "metadata": { "annotations": { SIDECAR_MODE_ANNOTATION: "sideways" } },
+        "spec": { "containers": [ { "name": "app", "image": "x" } ] }
+    });
+    let Ok(Decision::Inject(injection)) = injector.mutate_pod(&pod, "team-a") else {
+        panic!("expected an injection");
+    };
+    assert_eq!(injection.mode, SidecarMode::Native);
+    assert_eq!(injection.warnings.len(), 1);
+    assert!(injection.warnings[0].contains("sideways"));
+}
+
+#[test]
+fn wrong_types_are_errors_not_panics() {
+    let injector = Injector::new(InjectConfig::default());
+    for (pod, expected) in [
+        (json!({ "metadata": {} }), InjectError::MissingSpec),
+        (json!({ "spec": {} }), InjectError::MissingContainers),
+        (
+            json!({ "spec": { "containers": {} } }),
+            InjectError::WrongType("spec.containers".into(), "an array"),
+        ),
+        (
+            json!({ "spec": { "containers": [], "volumes": "x" } }),
+            InjectError::WrongType("spec.volumes".into(), "an array"),
+        ),
+        (
+            json!({ "spec": { "containers": [ { "name": "a", "env": 3 } ] } }),
+            InjectError::WrongType("spec.containers[0].env".into(), "an array"),
+        ),
+        (
+            json!({ "metadata": 7, "spec": { "containers": [] } }),
+            InjectError::WrongType("metadata".into(), "an object"),
+        ),
+        (
+            json!({ "metadata": { "labels": "x" }, "spec": { "containers": [] } }),
+            InjectError::WrongType("metadata.labels".into(), "an object"),
+        ),
+        (
+            json!({ "spec": { "containers": [ { "name": "a", "volumeMounts": 3 } ] } }),
+            InjectError::WrongType("spec.containers[0].volumeMounts".into(), "an array"),
+        ),
+    ] {
+        assert_eq!(injector.mutate_pod(&pod, "team-a"), Err(expected));
+    }
+}
+
+#[test]
+fn foreign_volume_with_our_name_is_left_alone() {
+    let injector = Injector::new(InjectConfig::default());
+    let pod = json!({ "spec": {
+        "containers": [ { "name": "app" } ],
+        "volumes": [ { "name": TOKEN_VOLUME, "emptyDir": {} } ]
+    }});
+    assert_eq!(
+        injector.mutate_pod(&pod, "team-a"),
+        Ok(Decision::Skip(SkipReason::VolumeConflict))
+    );
+}
