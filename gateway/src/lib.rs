@@ -204,6 +204,7 @@ pub async fn run_with<C: kubernetes::Cluster + Clone>(
             replica.wake.clone(),
             stop.clone(),
         )),
+        tokio::spawn(pool::follow_writes(store.clone(), replica.wake.clone(), stop.clone())),
         tokio::spawn(pool::beat(store.clone(), settings.replica.clone(), stop.clone())),
         tokio::spawn(reports::run(replica.reports.clone(), store.clone(), stop.clone())),
         tokio::spawn(coordinator::run(replica.clone(), lease_rx.clone(), stop.clone())),

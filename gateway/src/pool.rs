@@ -519,6 +519,51 @@ pub async fn refresh(store: Store, publish: watch::Sender<Arc<View>>, wake: Arc<
     }
 }
 
+/// PostgreSQL: wake the pool read whenever any replica commits a write to a table the view
+/// reads (a planned move's activation on the replica serving the members, seen at once by
+/// a coordinator elsewhere instead of at its next [`REFRESH_INTERVAL`] read). Reconnects with
+/// backoff; returns at once on SQLite.
+pub async fn follow_writes(store: Store, wake: Arc<Notify>, shutdown: CancellationToken) {
+    let mut failures = 0u32;
+    loop {
+        let connected = tokio::select! {
+            () = shutdown.cancelled() => return,
+            listener = store.listen_pool_writes(timing::CONNECT_TIMEOUT * 5) => listener,
+        };
+        match connected {
+            None => return,
+            Some(Ok(mut listener)) => {
+                failures = 0;
+                // A write may have landed while this replica was not listening.
+                wake.notify_one();
+                loop {
+                    tokio::select! {
+                        () = shutdown.cancelled() => return,
+                        received = listener.try_recv() => match received {
+                            Ok(Some(_)) => wake.notify_one(),
+                            Ok(None) => break, // the connection was lost
+                            Err(err) => {
+                                warn!(error = %err, "the pool-write notifications broke; listening again");
+                                break;
+                            }
+                        },
+                    }
+                }
+            }
+            Some(Err(err)) => {
+                failures = failures.saturating_add(1);
+                if failures == 1 || failures.is_multiple_of(timing::RECONNECT_ATTEMPTS) {
+                    warn!(error = %err, "cannot listen for pool writes; the pool is read every {REFRESH_INTERVAL:?} meanwhile");
+                }
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(timing::reconnect_backoff(failures)) => {}
+        }
+    }
+}
+
 /// This replica's reads of the store: the last that succeeded, whether one failed since, and
 /// the last blackout (the span between the last read before a failure and the first after).
 #[derive(Debug, Default)]

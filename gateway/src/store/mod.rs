@@ -134,6 +134,9 @@ impl Default for Options {
     }
 }
 
+/// The channel of migration `0013_pool_writes_notify`.
+const POOL_WRITES_CHANNEL: &str = "openshell_pool_writes";
+
 /// The store. Cheap to clone: clones share one connection pool.
 #[derive(Clone)]
 pub struct Store {
@@ -146,6 +149,9 @@ pub struct Store {
     /// The key-encryption keys the signing keys' private halves are sealed with (see
     /// [`crate::tokens::sealing`]); the store itself only keeps the sealed bytes.
     keks: Option<std::sync::Arc<crate::tokens::Keks>>,
+    /// PostgreSQL: where [`Store::listen_pool_writes`] connects (never shown: it may carry a
+    /// password).
+    listen_url: Option<std::sync::Arc<str>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -189,6 +195,25 @@ impl Store {
             Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
             Err(_) => Err(Error::Interrupted),
         }
+    }
+
+    /// PostgreSQL: a connection that receives a notification each time a transaction that
+    /// wrote a table the pool view reads commits (migration `0013_pool_writes_notify`); `None`
+    /// on SQLite, whose replicas read on their own clock.
+    pub async fn listen_pool_writes(&self, within: Duration) -> Option<Result<sqlx::postgres::PgListener>> {
+        let url = self.listen_url.as_deref()?;
+        let listen = async {
+            let mut listener = sqlx::postgres::PgListener::connect(url).await?;
+            listener.listen(POOL_WRITES_CHANNEL).await?;
+            Ok(listener)
+        };
+        Some(match tokio::time::timeout(within, listen).await {
+            Ok(outcome) => outcome.map_err(|source| open::connect_error(url, &redact_url(url), source)),
+            Err(_) => Err(Error::Connect {
+                url: redact_url(url),
+                source: sqlx::Error::PoolTimedOut,
+            }),
+        })
     }
 
     /// The database clock, in Unix milliseconds.

@@ -89,6 +89,7 @@ impl Store {
             key,
             locks,
             keks: None,
+            listen_url: (backend == Backend::Postgres).then(|| std::sync::Arc::from(url)),
         };
         store.migrate(&shown).await?;
         Ok(store)
@@ -128,7 +129,7 @@ impl Store {
 /// 5 s in all).
 const MIGRATION_RETRIES: u32 = 30;
 
-fn connect_error(url: &str, shown: &str, source: sqlx::Error) -> Error {
+pub(super) fn connect_error(url: &str, shown: &str, source: sqlx::Error) -> Error {
     match source {
         // The driver's reason may quote parts of the URL.
         sqlx::Error::Configuration(reason) => Error::Url {

@@ -1176,13 +1176,7 @@ pub async fn every_write_to_a_table_the_pool_view_reads_is_counted(db: &TestDb) 
     assert_eq!(first.writes, Some(before));
 
     // A registration counts for instances only; a view re-read after it takes the new row.
-    let registration = Registration {
-        route: "team-a/agent-0".into(),
-        namespace: "team-a".into(),
-        name: "agent-0".into(),
-        uid: "u1".into(),
-        material: SecretBytes(b"m".to_vec()),
-    };
+    let registration = agent_zero();
     db.store.register_instance(&registration).await.unwrap();
     let after = counts().await;
     assert!(after.instances > before.instances);
@@ -1402,4 +1396,41 @@ pub async fn operation_requests_are_idempotent_and_cancels_wait_for_the_coordina
             .unwrap()
             .cancel_requested
     );
+}
+
+/// PostgreSQL: another replica's committed write to a table the pool view reads is notified at
+/// once; a write to no such table, and an uncommitted one, are not. SQLite has no listener.
+pub async fn pool_writes_are_notified_to_listening_replicas(db: &TestDb) {
+    let Some(listener) = db.store.listen_pool_writes(Duration::from_secs(5)).await else {
+        assert_eq!(db.store.backend(), store::Backend::Sqlite);
+        return;
+    };
+    let mut listener = listener.unwrap();
+    let other = Store::open(&db.url, &store::Options::default()).await.unwrap();
+    // Another replica's liveness record is not in the view's counted tables.
+    other.refresh_replica("replica-b").await.unwrap();
+    let registration = agent_zero();
+    other.register_instance(&registration).await.unwrap();
+    let notified = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+        .await
+        .expect("a notification within 10 s")
+        .unwrap();
+    assert_eq!(notified.channel(), "openshell_pool_writes");
+    assert_eq!(
+        notified.payload(),
+        "instances",
+        "the first notification is the registration's"
+    );
+    other.close().await;
+}
+
+/// Route `team-a/agent-0`'s registration.
+fn agent_zero() -> Registration {
+    Registration {
+        route: "team-a/agent-0".into(),
+        namespace: "team-a".into(),
+        name: "agent-0".into(),
+        uid: "u1".into(),
+        material: SecretBytes(b"m".to_vec()),
+    }
 }
