@@ -51,3 +51,86 @@ impl Backlog {
         self.0.len()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sessions::plan::{Assignment, TermPhase};
+    use crate::sessions::session::tests::material;
+
+    fn ownership(term: u64, phase: TermPhase, with_material: bool) -> SessionEvent {
+        SessionEvent::Ownership(Assignment {
+            term,
+            phase,
+            credentials: if with_material { material() } else { None },
+            grant: None,
+        })
+    }
+
+    fn terms(events: &[SessionEvent]) -> Vec<String> {
+        events
+            .iter()
+            .map(|e| match e {
+                SessionEvent::Ownership(a) => format!("{} {:?} {}", a.term, a.phase, a.credentials.is_some()),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    fn drain(inbox: &mut mpsc::Receiver<SessionEvent>) -> Vec<SessionEvent> {
+        std::iter::from_fn(|| inbox.try_recv().ok()).collect()
+    }
+
+    #[test]
+    fn a_full_inbox_keeps_events_in_order_until_it_takes_them() {
+        let (events, mut inbox) = mpsc::channel(1);
+        let mut backlog = Backlog::default();
+        backlog.push(ownership(3, TermPhase::Reserved, true));
+        backlog.deliver(&events);
+        backlog.push(ownership(3, TermPhase::Active, false));
+        backlog.push(SessionEvent::Stop);
+        backlog.deliver(&events);
+        assert_eq!(backlog.len(), 2, "the inbox holds one");
+        assert_eq!(terms(&drain(&mut inbox)), ["3 Reserved true"]);
+        backlog.deliver(&events);
+        assert_eq!(terms(&drain(&mut inbox)), ["3 Active false"]);
+        backlog.deliver(&events);
+        assert_eq!(terms(&drain(&mut inbox)), ["Stop"]);
+        assert_eq!(backlog.len(), 0);
+    }
+
+    #[test]
+    fn a_higher_term_supersedes_waiting_assignments_and_keeps_their_material() {
+        let (events, mut inbox) = mpsc::channel(1);
+        let mut backlog = Backlog::default();
+        backlog.push(ownership(1, TermPhase::Reserved, false));
+        backlog.deliver(&events);
+        for term in 2..100 {
+            backlog.push(ownership(term, TermPhase::Reserved, term == 50));
+            backlog.push(ownership(term, TermPhase::Active, false));
+        }
+        backlog.deliver(&events);
+        assert_eq!(backlog.len(), 2, "only the latest term's updates wait");
+        backlog.push(SessionEvent::Relinquish);
+        let mut delivered = drain(&mut inbox);
+        for _ in 0..3 {
+            backlog.deliver(&events);
+            delivered.extend(drain(&mut inbox));
+        }
+        assert_eq!(
+            terms(&delivered),
+            ["1 Reserved false", "99 Reserved true", "99 Active false", "Relinquish"]
+        );
+    }
+
+    #[test]
+    fn an_ended_session_drops_what_waits() {
+        let (events, inbox) = mpsc::channel(1);
+        let mut backlog = Backlog::default();
+        backlog.push(SessionEvent::Stop);
+        backlog.push(ownership(2, TermPhase::Reserved, false));
+        drop(inbox);
+        backlog.deliver(&events);
+        assert_eq!(backlog.len(), 0);
+    }
+}
