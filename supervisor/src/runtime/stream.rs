@@ -130,7 +130,9 @@ impl SidecarStream {
 
     /// Queues a message; the message back when the sidecar is gone or not reading.
     pub fn try_send(&self, message: SupervisorMessage) -> Result<(), SupervisorMessage> {
-        self.outbound.try_send(Ok(message)).map_err(|err| err.into_inner().unwrap_or_default())
+        self.outbound
+            .try_send(Ok(message))
+            .map_err(|err| err.into_inner().unwrap_or_default())
     }
 
     /// Sends the next heartbeat. False when the stream is unusable.

@@ -170,11 +170,15 @@ impl Driver {
             }
             Effect::IssueGrant(request) => {
                 let gateway = Arc::clone(&self.gateway);
-                self.call = Some(Box::pin(async move { Event::Granted(gateway.issue_grant(request).await) }));
+                self.call = Some(Box::pin(
+                    async move { Event::Granted(gateway.issue_grant(request).await) },
+                ));
             }
             Effect::Activate(request) => {
                 let gateway = Arc::clone(&self.gateway);
-                self.call = Some(Box::pin(async move { Event::Activated(gateway.activate(request).await) }));
+                self.call = Some(Box::pin(
+                    async move { Event::Activated(gateway.activate(request).await) },
+                ));
             }
             Effect::CancelCall => self.call = None,
             Effect::Publish(status) => {
@@ -219,9 +223,7 @@ async fn recv<T>(receiver: &mut Option<mpsc::Receiver<T>>) -> Option<T> {
     }
 }
 
-async fn next_message(
-    stream: Option<&mut SidecarStream>,
-) -> (StreamId, Result<Option<sidecar_message::Kind>, Status>) {
+async fn next_message(stream: Option<&mut SidecarStream>) -> (StreamId, Result<Option<sidecar_message::Kind>, Status>) {
     match stream {
         Some(stream) => (stream.id, stream.next().await),
         None => std::future::pending().await,

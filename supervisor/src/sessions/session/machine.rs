@@ -298,7 +298,10 @@ impl Machine {
     /// Queues a message on the held stream.
     pub(super) fn send(&mut self, kind: Kind) {
         if let Some(sidecar) = &self.sidecar {
-            self.out.push(Effect::Send { stream: sidecar.id, kind });
+            self.out.push(Effect::Send {
+                stream: sidecar.id,
+                kind,
+            });
         }
     }
 
@@ -334,7 +337,10 @@ impl Machine {
         if let Some(sidecar) = self.sidecar.take() {
             if sidecar.attached && matches!(self.stage, Stage::Active { .. }) {
                 let kind = Kind::Relinquish(Relinquish { term: self.term });
-                self.out.push(Effect::Send { stream: sidecar.id, kind });
+                self.out.push(Effect::Send {
+                    stream: sidecar.id,
+                    kind,
+                });
                 info!("relinquished the term to the sidecar");
             }
             self.out.push(Effect::Drop(sidecar.id));

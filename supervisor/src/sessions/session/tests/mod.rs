@@ -76,7 +76,9 @@ impl Harness {
             now,
         };
         let started = names(&h.on(Event::Started));
-        assert!(matches!(started.as_slice(), [publish, announce] if publish.starts_with("publish") && announce == "announce"));
+        assert!(
+            matches!(started.as_slice(), [publish, announce] if publish.starts_with("publish") && announce == "announce")
+        );
         h
     }
 
@@ -208,7 +210,10 @@ pub(super) fn names(effects: &[Effect]) -> Vec<String> {
             Effect::IssueGrant(request) => format!("issue grant {}", request.term),
             Effect::Activate(_) => "activate".into(),
             Effect::CancelCall => "cancel call".into(),
-            Effect::Publish(status) => format!("publish {}", status.phase().as_str_name().trim_start_matches("INSTANCE_PHASE_")),
+            Effect::Publish(status) => format!(
+                "publish {}",
+                status.phase().as_str_name().trim_start_matches("INSTANCE_PHASE_")
+            ),
             Effect::Announce => "announce".into(),
             Effect::Done => "done".into(),
         })

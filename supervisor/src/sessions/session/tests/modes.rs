@@ -60,7 +60,16 @@ fn a_recovery_hello_on_the_relaying_stream_is_decided_again() {
 fn omission_relinquishes_on_the_relaying_stream_before_letting_it_go() {
     let mut h = Harness::attached(3);
     let effects = h.member(SessionEvent::Relinquish);
-    assert_eq!(names(&effects), ["send 1 Relinquish", "drop 1", "publish RELINQUISHED", "announce", "done"]);
+    assert_eq!(
+        names(&effects),
+        [
+            "send 1 Relinquish",
+            "drop 1",
+            "publish RELINQUISHED",
+            "announce",
+            "done"
+        ]
+    );
     assert!(matches!(sent(&effects, 1), Kind::Relinquish(r) if r.term == 3));
     assert!(h.on(Event::Tick).is_empty(), "nothing after done");
 
@@ -77,14 +86,21 @@ fn a_stop_releases_on_the_relaying_stream_and_ends_when_the_workload_stopped() {
     assert!(matches!(sent(&effects, 1), Kind::Release(r) if r.term == 3));
     assert_eq!(h.phase().1, "stopping: waiting for the workload to exit");
     // The sidecar comes back: it gets the Release again.
-    assert_eq!(io(&h.connect(2, 3, false)), ["drop 1", "send 2 Attached", "send 2 Release"]);
+    assert_eq!(
+        io(&h.connect(2, 3, false)),
+        ["drop 1", "send 2 Attached", "send 2 Release"]
+    );
     let stopped = sidecar_message::Kind::Stopped(Stopped {
         reason: "x".repeat(1_000),
         ..Stopped::default()
     });
     let effects = h.message(2, stopped);
     assert_eq!(names(&effects), ["publish STOPPED", "announce", "done"]);
-    assert_eq!(h.phase().1.len(), "the workload stopped: ".len() + 256, "bounded reason");
+    assert_eq!(
+        h.phase().1.len(),
+        "the workload stopped: ".len() + 256,
+        "bounded reason"
+    );
 }
 
 #[test]
@@ -104,7 +120,10 @@ fn a_stop_that_never_saw_a_sidecar_ends_stopped_after_its_short_bound() {
     assert_eq!(h.m.next_wake(), Some(h.now.at + UNSEEN_STOP_BOUND));
     h.advance(UNSEEN_STOP_BOUND);
     assert_eq!(names(&h.on(Event::Tick)), ["publish STOPPED", "announce", "done"]);
-    assert_eq!(h.phase().1, "withdrawn before any sidecar connected: nothing to release");
+    assert_eq!(
+        h.phase().1,
+        "withdrawn before any sidecar connected: nothing to release"
+    );
 }
 
 #[test]
@@ -148,7 +167,11 @@ fn a_stop_of_a_failed_term_ends_at_once_and_a_failure_during_a_stop_ends_it() {
 fn abandonment_ends_at_once_without_a_status_but_never_a_stop() {
     let mut h = Harness::attached(3);
     assert_eq!(names(&h.on(Event::Abandoned)), ["done"]);
-    assert_eq!(h.phase().0, InstancePhase::Active, "the workload keeps running; nothing reported");
+    assert_eq!(
+        h.phase().0,
+        InstancePhase::Active,
+        "the workload keeps running; nothing reported"
+    );
 
     let mut h = Harness::attached(3);
     assert_eq!(names(&h.on(Event::Orphaned)), ["done"]);
@@ -158,7 +181,10 @@ fn abandonment_ends_at_once_without_a_status_but_never_a_stop() {
     assert!(io(&h.on(Event::Abandoned)).is_empty());
     assert!(io(&h.on(Event::Orphaned)).is_empty());
     assert!(h.m.stopping());
-    assert_eq!(io(&h.connect(2, 3, false)), ["drop 1", "send 2 Attached", "send 2 Release"]);
+    assert_eq!(
+        io(&h.connect(2, 3, false)),
+        ["drop 1", "send 2 Attached", "send 2 Release"]
+    );
 }
 
 #[test]
@@ -170,7 +196,10 @@ fn an_attached_that_cannot_be_sent_drops_the_stream_without_counting_as_relaying
     };
     let effects = h.on(unsent(1, Kind::Attached(attached)));
     assert_eq!(io(&effects), ["drop 1"]);
-    assert_eq!(h.phase(), (InstancePhase::Active, "waiting for the sidecar to attach".into()));
+    assert_eq!(
+        h.phase(),
+        (InstancePhase::Active, "waiting for the sidecar to attach".into())
+    );
 }
 
 #[test]
@@ -196,19 +225,36 @@ fn requests_are_answered_only_while_relaying_and_not_while_stopping() {
     let effects = h.message(1, request(2, Request::FetchCredential(Default::default())));
     assert!(matches!(answer(&effects), Response::Rejected(r) if r.reason.contains("not a registration document")));
     h.member(SessionEvent::Stop);
-    assert!(matches!(answer(&h.message(1, liveness())), Response::Rejected(r) if r.reason == "the instance is stopping"));
+    assert!(
+        matches!(answer(&h.message(1, liveness())), Response::Rejected(r) if r.reason == "the instance is stopping")
+    );
     assert_eq!((h.m.counters.requests_relayed, h.m.counters.requests_rejected), (3, 2));
 }
 
 #[test]
 fn counter_only_changes_are_announced_at_most_every_second() {
     let mut h = Harness::attached(3);
-    let progress = |value| request(value, Request::ReportProgress(ReportProgress { value, ..Default::default() }));
+    let progress = |value| {
+        request(
+            value,
+            Request::ReportProgress(ReportProgress {
+                value,
+                ..Default::default()
+            }),
+        )
+    };
     h.advance(Duration::from_millis(100));
     let effects = h.message(1, progress(7));
-    assert_eq!(names(&effects), ["send 1 WorkloadResponse", "publish ACTIVE"], "deferred");
+    assert_eq!(
+        names(&effects),
+        ["send 1 WorkloadResponse", "publish ACTIVE"],
+        "deferred"
+    );
     let counters = h.m.published.counters.unwrap_or_default();
-    assert_eq!((counters.last_progress_value, counters.last_progress_at_ms), (7, NOW_MS + 100));
+    assert_eq!(
+        (counters.last_progress_value, counters.last_progress_at_ms),
+        (7, NOW_MS + 100)
+    );
     let wake = h.m.next_wake().unwrap_or_else(|| panic!("a deferred report"));
     h.advance(Duration::from_millis(899));
     assert!(h.now.at < wake);
@@ -216,14 +262,20 @@ fn counter_only_changes_are_announced_at_most_every_second() {
     assert_eq!(names(&h.on(Event::Tick)), ["announce"]);
     assert_eq!(h.m.next_wake(), None);
     h.advance(Duration::from_secs(2));
-    assert_eq!(names(&h.message(1, progress(8))), ["send 1 WorkloadResponse", "publish ACTIVE", "announce"]);
+    assert_eq!(
+        names(&h.message(1, progress(8))),
+        ["send 1 WorkloadResponse", "publish ACTIVE", "announce"]
+    );
 }
 
 #[test]
 fn a_response_that_cannot_be_sent_drops_the_stream() {
     let mut h = Harness::attached(3);
     let effects = h.message(1, request(1, Request::Liveness(Liveness {})));
-    assert_eq!(names(&h.on(unsent(1, sent(&effects, 1)))), ["drop 1", "publish RECOVERING", "announce"]);
+    assert_eq!(
+        names(&h.on(unsent(1, sent(&effects, 1)))),
+        ["drop 1", "publish RECOVERING", "announce"]
+    );
 }
 
 #[test]

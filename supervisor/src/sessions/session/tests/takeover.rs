@@ -19,17 +19,29 @@ fn a_takeover_presents_the_grant_activates_the_receipt_and_confirms_the_proof_in
     let Kind::GrantPresentation(presentation) = sent(&effects, 1) else {
         panic!("a presentation: {effects:?}")
     };
-    assert_eq!((presentation.grant.as_str(), presentation.member.as_str()), ("grant-3", "m-0"));
+    assert_eq!(
+        (presentation.grant.as_str(), presentation.member.as_str()),
+        ("grant-3", "m-0")
+    );
     assert_eq!(h.phase().1, "grant presented; waiting for the sidecar's receipt");
-    assert_eq!(names(&h.message(1, receipt(3, "g"))), ["activate", "publish STARTING", "announce"]);
+    assert_eq!(
+        names(&h.message(1, receipt(3, "g"))),
+        ["activate", "publish STARTING", "announce"]
+    );
     assert_eq!(h.phase().1, "activating the term");
     let effects = h.on(activated(3));
     let Kind::ActivationConfirm(confirm) = sent(&effects, 1) else {
         panic!("a confirm: {effects:?}")
     };
     assert_eq!((confirm.term, confirm.proof.as_str()), (3, "proof-3"));
-    assert_eq!(confirm.recovery_deadline_ms, DEADLINE_MS, "the latest snapshot's deadline");
-    assert_eq!(names(&effects), ["send 1 ActivationConfirm", "publish ACTIVE", "announce"]);
+    assert_eq!(
+        confirm.recovery_deadline_ms, DEADLINE_MS,
+        "the latest snapshot's deadline"
+    );
+    assert_eq!(
+        names(&effects),
+        ["send 1 ActivationConfirm", "publish ACTIVE", "announce"]
+    );
     assert_eq!(h.m.published.workload_pid, 42);
 }
 
@@ -37,14 +49,28 @@ fn a_takeover_presents_the_grant_activates_the_receipt_and_confirms_the_proof_in
 fn issue_grant_is_sent_once_and_its_failure_fails_the_term_until_a_higher_one() {
     let mut h = Harness::reserved(3);
     assert_eq!(io(&h.connect(1, 0, false)), ["issue grant 3"]);
-    assert!(io(&h.connect(2, 0, false)).iter().all(|n| !n.starts_with("issue")), "no second call");
+    assert!(
+        io(&h.connect(2, 0, false)).iter().all(|n| !n.starts_with("issue")),
+        "no second call"
+    );
     h.on(Event::Granted(Err(CallError::Timeout(Duration::from_secs(5)))));
     let (phase, message) = h.phase();
     assert_eq!(phase, InstancePhase::Failed);
-    assert!(message.contains("IssueGrant for term 3 failed (not retried)"), "{message}");
-    assert_eq!(io(&h.connect(3, 0, false)), ["drop 2"], "a failed term asks nothing again");
+    assert!(
+        message.contains("IssueGrant for term 3 failed (not retried)"),
+        "{message}"
+    );
+    assert_eq!(
+        io(&h.connect(3, 0, false)),
+        ["drop 2"],
+        "a failed term asks nothing again"
+    );
     let effects = h.member(SessionEvent::Ownership(assignment(4, TermPhase::Reserved, None)));
-    assert_eq!(io(&effects), ["issue grant 4"], "a higher term starts over, material kept");
+    assert_eq!(
+        io(&effects),
+        ["issue grant 4"],
+        "a higher term starts over, material kept"
+    );
 }
 
 #[test]
@@ -102,7 +128,10 @@ fn activate_is_sent_once_and_a_lost_answer_fails_the_term() {
     h.on(Event::Activated(Err(CallError::Timeout(Duration::from_secs(5)))));
     let (phase, message) = h.phase();
     assert_eq!(phase, InstancePhase::Failed);
-    assert!(message.contains("Activate for term 3 failed (not retried)"), "{message}");
+    assert!(
+        message.contains("Activate for term 3 failed (not retried)"),
+        "{message}"
+    );
 }
 
 #[test]
@@ -116,7 +145,9 @@ fn an_answer_for_another_term_or_instance_fails_the_term() {
 
     let mut h = Harness::reserved(3);
     h.connect(1, 0, false);
-    let Event::Granted(Ok(mut other)) = granted(3) else { unreachable!() };
+    let Event::Granted(Ok(mut other)) = granted(3) else {
+        unreachable!()
+    };
     other.instance = Some(InstanceRef {
         uid: "uid-2".into(),
         ..instance()
@@ -141,7 +172,11 @@ fn a_sidecar_fenced_above_the_term_is_refused_and_the_term_fails() {
     let mut h = Harness::reserved(3);
     let effects = h.connect(1, 5, false);
     assert_eq!(names(&effects), ["refuse 1", "publish FAILED", "announce"]);
-    assert!(h.phase().1.contains("the sidecar activated term 5, above this member's term 3"));
+    assert!(
+        h.phase()
+            .1
+            .contains("the sidecar activated term 5, above this member's term 3")
+    );
     assert_eq!(h.m.held_stream(), None);
 
     // The same on a held stream: a RecoveryHello naming a higher fence.
@@ -165,7 +200,11 @@ fn a_reconnect_mid_takeover_gets_the_same_grant_and_the_proof_held_without_new_c
     assert_eq!(h.phase().0, InstancePhase::Recovering);
     assert_eq!(io(&h.connect(2, 2, true)), ["send 2 GrantPresentation"]);
     let effects = h.message(2, receipt(3, "g"));
-    assert_eq!(io(&effects), ["send 2 ActivationConfirm"], "the proof held, no second Activate");
+    assert_eq!(
+        io(&effects),
+        ["send 2 ActivationConfirm"],
+        "the proof held, no second Activate"
+    );
     assert_eq!(h.phase(), (InstancePhase::Active, String::new()));
 }
 
@@ -175,7 +214,11 @@ fn an_active_term_attaches_a_sidecar_at_it_and_fails_one_below_without_a_proof()
     assert_eq!(h.m.held_stream(), Some(1));
 
     let mut h = Harness::new(assignment(3, TermPhase::Active, material()));
-    assert_eq!(io(&h.connect(1, 3, true)), Vec::<String>::new(), "a relinquished term is never re-attached");
+    assert_eq!(
+        io(&h.connect(1, 3, true)),
+        Vec::<String>::new(),
+        "a relinquished term is never re-attached"
+    );
     let mut h = Harness::new(assignment(3, TermPhase::Active, material()));
     h.connect(1, 2, false);
     let (phase, message) = h.phase();
