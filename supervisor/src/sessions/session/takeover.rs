@@ -271,12 +271,20 @@ impl Machine {
         self.send(Kind::ActivationConfirm(confirm));
     }
 
+    /// Whether `call` is the one in flight; it then is no longer.
+    fn finished(&mut self, call: Call) -> bool {
+        let awaited = self.call == Some(call);
+        if awaited {
+            self.call = None;
+        }
+        awaited
+    }
+
     /// The outcome of IssueGrant (one that is no longer awaited is ignored).
     pub(super) fn on_granted(&mut self, outcome: Result<IssueGrantResponse, CallError>) {
-        if self.call != Some(Call::Grant) {
+        if !self.finished(Call::Grant) {
             return;
         }
-        self.call = None;
         match outcome {
             Ok(response) => {
                 if response.instance.as_ref().is_some_and(|i| *i != self.setup.instance) {
@@ -297,10 +305,9 @@ impl Machine {
 
     /// The outcome of Activate (one that is no longer awaited is ignored).
     pub(super) fn on_activated(&mut self, outcome: Result<ActivationProof, CallError>) {
-        if self.call != Some(Call::Activation) {
+        if !self.finished(Call::Activation) {
             return;
         }
-        self.call = None;
         match outcome {
             Ok(proof) => {
                 if proof.term != self.term || proof.route != self.setup.route {
