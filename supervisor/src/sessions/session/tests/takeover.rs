@@ -232,3 +232,28 @@ fn an_active_snapshot_adopts_a_reserved_term_nobody_asked_for() {
     h.member(SessionEvent::Ownership(assignment(3, TermPhase::Active, None)));
     assert_eq!(io(&h.connect(1, 3, false)), ["send 1 Attached"]);
 }
+
+#[test]
+fn a_stream_replaced_while_activating_gets_the_grant_again_once_activated() {
+    let mut h = Harness::reserved(3);
+    h.connect(1, 0, false);
+    h.on(granted(3));
+    assert_eq!(io(&h.message(1, receipt(3, "g"))), ["activate"]);
+    assert_eq!(io(&h.connect(2, 0, false)), ["drop 1"], "nothing while Activate is out");
+    let effects = h.on(activated(3));
+    assert_eq!(
+        io(&effects),
+        ["send 2 GrantPresentation"],
+        "no confirm on an unreceipted stream"
+    );
+    assert_eq!(io(&h.message(2, receipt(3, "g"))), ["send 2 ActivationConfirm"]);
+}
+
+#[test]
+fn a_lower_term_changes_nothing_but_the_material_it_brings() {
+    let mut h = Harness::new(assignment(3, TermPhase::Reserved, None));
+    let effects = h.member(SessionEvent::Ownership(assignment(2, TermPhase::Active, material())));
+    assert!(io(&effects).is_empty());
+    assert_eq!(h.m.published.term, 3);
+    assert_eq!(io(&h.connect(1, 0, false)), ["issue grant 3"]);
+}
