@@ -17,6 +17,7 @@ use proto::runtime::v1::supervisor_runtime_server::{SERVICE_NAME, SupervisorRunt
 use proto::runtime::v1::{SidecarMessage, SupervisorMessage, sidecar_message};
 use proto::standard::ReflectionError;
 use proto::timing;
+use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_stream::wrappers::ReceiverStream;
@@ -28,7 +29,6 @@ use self::route::{Decision, Me, RouteTable};
 use self::stream::{OUTBOUND_CAPACITY, Opening, SidecarStream};
 use self::trust::{AuthError, TrustStore};
 use crate::health::Readiness;
-use crate::sessions::session::SessionEvent;
 
 /// How long a recovering sidecar's stream waits for a snapshot before it is
 /// redirected to the owner of the very term it lost.
@@ -152,12 +152,13 @@ impl Router {
         loop {
             let decision = self.table.borrow_and_update().decide(&stream.opening, &self.me);
             match decision {
-                Decision::Session(events) => match events.send(SessionEvent::Sidecar(Box::new(stream))) {
+                Decision::Session(sidecars) => match sidecars.try_send(Box::new(stream)) {
                     Ok(()) => return,
                     // The session ended meanwhile: wait for the table to say so.
-                    Err(mpsc::error::SendError(event)) => {
-                        let SessionEvent::Sidecar(back) = event else { return };
-                        stream = *back;
+                    Err(TrySendError::Closed(back)) => stream = *back,
+                    Err(TrySendError::Full(back)) => {
+                        tracing::info!("the session has too many streams waiting; refusing the sidecar");
+                        return back.end(Status::unavailable("the session has too many streams waiting; retry"));
                     }
                 },
                 Decision::Redirect(redirect)

@@ -6,11 +6,10 @@ use std::sync::Arc;
 
 use proto::common::v1::{InstanceRef, RouteDirectoryEntry};
 use proto::runtime::v1::Redirect;
-use tokio::sync::mpsc;
 use tonic::Status;
 
 use super::stream::Opening;
-use crate::sessions::session::SessionEvent;
+use crate::sessions::session::Sidecars;
 
 /// Who this member process is, as the route directory names owners.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,13 +18,13 @@ pub struct Me {
     pub process_id: String,
 }
 
-/// One session's entry: its instance and its inbox.
+/// One session's entry: its instance and where its sidecar streams go.
 #[derive(Debug, Clone)]
 pub(crate) struct Entry {
     pub instance: InstanceRef,
     /// Hosted (listed in the last snapshot) rather than ending (stopping or relinquishing).
     pub live: bool,
-    pub events: mpsc::UnboundedSender<SessionEvent>,
+    pub sidecars: Sidecars,
 }
 
 /// The sessions of this process by route (a route may carry a live session and an older
@@ -42,7 +41,7 @@ pub(crate) struct RouteTable {
 #[derive(Debug)]
 pub(crate) enum Decision {
     /// Hand it to the session of its instance (the session applies step 1a itself).
-    Session(mpsc::UnboundedSender<SessionEvent>),
+    Session(Sidecars),
     /// Another member process owns the route (step 1b).
     Redirect(Redirect),
     /// End it with this status.
@@ -54,9 +53,9 @@ pub(crate) enum Decision {
 impl RouteTable {
     pub(crate) fn decide(&self, opening: &Opening, me: &Me) -> Decision {
         if let Some(entries) = self.sessions.get(&opening.route) {
-            let open = || entries.iter().filter(|e| !e.events.is_closed());
+            let open = || entries.iter().filter(|e| !e.sidecars.is_closed());
             if let Some(entry) = open().find(|e| e.instance == opening.instance) {
-                return Decision::Session(entry.events.clone());
+                return Decision::Session(entry.sidecars.clone());
             }
             if open().any(|e| e.live) {
                 return Decision::Refuse(Status::failed_precondition(format!(
@@ -87,6 +86,7 @@ impl RouteTable {
 #[cfg(test)]
 mod tests {
     use proto::common::v1::WorkloadIdentity;
+    use tokio::sync::mpsc;
 
     use super::*;
 
@@ -167,12 +167,12 @@ mod tests {
 
     #[test]
     fn sessions_are_matched_by_instance_and_win_over_the_directory() {
-        let (events, _inbox) = mpsc::unbounded_channel();
+        let (events, _inbox) = mpsc::channel(1);
         let mut table = owner("m-1", "p-1", 5);
         let entry = |generation, live| Entry {
             instance: instance(generation),
             live,
-            events: events.clone(),
+            sidecars: events.clone(),
         };
         table
             .sessions
@@ -183,14 +183,14 @@ mod tests {
             matches!(table.decide(&opening(0, false), &me()), Decision::Refuse(s) if s.code() == tonic::Code::FailedPrecondition)
         );
         // A session that ended no longer counts.
-        let (closed, inbox) = mpsc::unbounded_channel();
+        let (closed, inbox) = mpsc::channel(1);
         drop(inbox);
         table.sessions.insert(
             "team-a/agent".into(),
             vec![Entry {
                 instance: instance(1),
                 live: true,
-                events: closed,
+                sidecars: closed,
             }],
         );
         assert!(matches!(table.decide(&opening(0, false), &me()), Decision::Redirect(_)));

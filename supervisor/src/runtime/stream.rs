@@ -125,9 +125,14 @@ impl SidecarStream {
 
     /// Queues a message. False when the sidecar is gone or not reading (drop the stream).
     pub fn send(&self, kind: Kind) -> bool {
+        self.try_send(SupervisorMessage { kind: Some(kind) }).is_ok()
+    }
+
+    /// Queues a message; the message back when the sidecar is gone or not reading.
+    pub fn try_send(&self, message: SupervisorMessage) -> Result<(), SupervisorMessage> {
         self.outbound
-            .try_send(Ok(SupervisorMessage { kind: Some(kind) }))
-            .is_ok()
+            .try_send(Ok(message))
+            .map_err(|err| err.into_inner().unwrap_or_default())
     }
 
     /// Sends the next heartbeat. False when the stream is unusable.

@@ -9,19 +9,26 @@
 //! token file, or while that file cannot be read, it comes from the gateway (`recovery.v1.TrustBundle`), fetched again after the
 //! bundle's `refresh_after_ms` and on an unknown `kid` (at most once per
 //! [`MIN_FORCED_REFRESH`]).
+//!
+//! No lock is held across a gateway call: one fetch is in flight at a time, shared by every
+//! caller that needs it (`futures::future::Shared`), while callers the cached bundle serves
+//! are answered from it at once.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex as SyncMutex, PoisonError};
 use std::time::Duration;
 
+use futures::FutureExt as _;
+use futures::future::{BoxFuture, Shared};
 use plumbing::bundle::BundleFile;
-
 use proto::common::v1::InstanceRef;
 use proto::trust::{self, Claims, Expectation, InstanceTokenClaims, Kind, TrustBundle};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
-use crate::gateway::Gateway;
+use proto::recovery::v1::TrustBundleResponse;
+
+use crate::gateway::{CallError, Gateway};
 
 /// Fastest re-fetch of the gateway bundle forced by an unknown `kid`: a stream of tokens with
 /// made-up key ids must not turn into a stream of gateway calls.
@@ -39,16 +46,25 @@ pub enum AuthError {
 }
 
 pub(crate) struct TrustStore {
-    /// The file beside the token file, when one is configured.
+    /// The file beside the token file, when one is configured (held while it is read).
     file: Option<Mutex<BundleFile>>,
-    gateway: Arc<Gateway>,
+    /// recovery.v1.TrustBundle (the gateway's client; a scripted one in the unit tests).
+    ask: Ask,
     /// The bundle last fetched from the gateway.
-    cached: Mutex<Option<Cached>>,
+    cached: SyncMutex<Option<Cached>>,
     /// The gateway's bundle, fetched when a token's key is in neither the cached nor the
     /// re-read file (a delivery not yet refreshed by the kubelet, or overwritten by a stale
     /// writer): at most once per [`MIN_FORCED_REFRESH`].
-    fetched: Mutex<Option<(Instant, Arc<TrustBundle>)>>,
+    fetched: SyncMutex<Option<(Instant, Arc<TrustBundle>)>>,
+    /// The one TrustBundle call in flight, joined by every caller that needs one.
+    inflight: SyncMutex<Option<Fetch>>,
 }
+
+/// Starts a recovery.v1.TrustBundle call.
+type Ask = Arc<dyn Fn() -> BoxFuture<'static, Result<TrustBundleResponse, CallError>> + Send + Sync>;
+
+/// A TrustBundle call and its parsed answer, shareable between callers.
+type Fetch = Shared<BoxFuture<'static, Result<(Arc<TrustBundle>, Duration), String>>>;
 
 struct Cached {
     bundle: Arc<TrustBundle>,
@@ -60,11 +76,20 @@ struct Cached {
 impl TrustStore {
     /// `file`: the `trust.jwks` path, when a token file is configured.
     pub(crate) fn new(file: Option<PathBuf>, gateway: Arc<Gateway>) -> Self {
+        let ask: Ask = Arc::new(move || {
+            let gateway = Arc::clone(&gateway);
+            async move { gateway.trust_bundle().await }.boxed()
+        });
+        Self::asking(file, ask)
+    }
+
+    fn asking(file: Option<PathBuf>, ask: Ask) -> Self {
         Self {
             file: file.map(|path| Mutex::new(BundleFile::new(path))),
-            gateway,
-            cached: Mutex::new(None),
-            fetched: Mutex::new(None),
+            ask,
+            cached: SyncMutex::new(None),
+            fetched: SyncMutex::new(None),
+            inflight: SyncMutex::new(None),
         }
     }
 
@@ -96,8 +121,7 @@ impl TrustStore {
                 Err(err) => file_error = Some(err.to_string()),
             }
         }
-        let mut cached = self.cached.lock().await;
-        if let Some(c) = cached.as_ref() {
+        if let Some(c) = lock(&self.cached).as_ref() {
             let age = c.loaded.elapsed();
             let fresh = if unknown_kid {
                 age < MIN_FORCED_REFRESH
@@ -109,7 +133,14 @@ impl TrustStore {
             }
         }
         match self.fetch().await {
-            Ok((bundle, refresh_after)) => Ok(store(&mut cached, bundle, refresh_after)),
+            Ok((bundle, refresh_after)) => {
+                *lock(&self.cached) = Some(Cached {
+                    bundle: Arc::clone(&bundle),
+                    refresh_after,
+                    loaded: Instant::now(),
+                });
+                Ok(bundle)
+            }
             Err(fetch_error) => {
                 if let Some(file_error) = &file_error {
                     tracing::warn!(%file_error, %fetch_error, "no trust bundle");
@@ -121,35 +152,57 @@ impl TrustStore {
 
     /// The gateway's own bundle, fetched at most once per [`MIN_FORCED_REFRESH`].
     async fn gateway_bundle(&self) -> Result<Arc<TrustBundle>, AuthError> {
-        let mut fetched = self.fetched.lock().await;
-        if let Some((at, bundle)) = fetched.as_ref()
+        if let Some((at, bundle)) = lock(&self.fetched).as_ref()
             && at.elapsed() < MIN_FORCED_REFRESH
         {
             return Ok(Arc::clone(bundle));
         }
         let (bundle, _) = self.fetch().await.map_err(AuthError::Unavailable)?;
-        let bundle = Arc::new(bundle);
-        *fetched = Some((Instant::now(), Arc::clone(&bundle)));
+        *lock(&self.fetched) = Some((Instant::now(), Arc::clone(&bundle)));
         Ok(bundle)
     }
 
-    async fn fetch(&self) -> Result<(TrustBundle, Duration), String> {
-        let response = self.gateway.trust_bundle().await.map_err(|e| e.to_string())?;
-        // The JWKS normally names its issuer; the response's issuer field is authoritative.
-        let mut set: serde_json::Value =
-            serde_json::from_str(&response.jwks_json).map_err(|_| "the gateway's JWKS is not JSON".to_owned())?;
-        if !response.issuer.is_empty()
-            && let Some(object) = set.as_object_mut()
-        {
-            object.insert("issuer".into(), response.issuer.clone().into());
-        }
-        let bundle = TrustBundle::from_jwks(set.to_string().as_bytes()).map_err(|e| e.to_string())?;
-        let refresh_after = match response.refresh_after_ms {
-            0 => Duration::from_secs(60),
-            ms => Duration::from_millis(ms),
+    /// Joins the TrustBundle call in flight, or starts one; no lock is held while it runs.
+    async fn fetch(&self) -> Result<(Arc<TrustBundle>, Duration), String> {
+        let call = {
+            let mut inflight = lock(&self.inflight);
+            match inflight.as_ref() {
+                Some(call) if call.peek().is_none() => call.clone(),
+                _ => {
+                    let call = fetch((self.ask)()).boxed().shared();
+                    *inflight = Some(call.clone());
+                    call
+                }
+            }
         };
-        Ok((bundle, refresh_after))
+        call.await
     }
+}
+
+/// recovery.v1.TrustBundle, parsed.
+async fn fetch(
+    call: BoxFuture<'static, Result<TrustBundleResponse, CallError>>,
+) -> Result<(Arc<TrustBundle>, Duration), String> {
+    let response = call.await.map_err(|e| e.to_string())?;
+    // The JWKS normally names its issuer; the response's issuer field is authoritative.
+    let mut set: serde_json::Value =
+        serde_json::from_str(&response.jwks_json).map_err(|_| "the gateway's JWKS is not JSON".to_owned())?;
+    if !response.issuer.is_empty()
+        && let Some(object) = set.as_object_mut()
+    {
+        object.insert("issuer".into(), response.issuer.clone().into());
+    }
+    let bundle = TrustBundle::from_jwks(set.to_string().as_bytes()).map_err(|e| e.to_string())?;
+    let refresh_after = match response.refresh_after_ms {
+        0 => Duration::from_secs(60),
+        ms => Duration::from_millis(ms),
+    };
+    Ok((Arc::new(bundle), refresh_after))
+}
+
+/// The lock's value; nothing panics while holding these locks, and their values stay valid.
+fn lock<T>(mutex: &SyncMutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The workload an instance token names.
@@ -173,12 +226,77 @@ fn verify(bundle: &TrustBundle, token: &str) -> Result<Claims<InstanceTokenClaim
     bundle.verify(token, &Expectation::kind(Kind::Instance, &bundle.issuer))
 }
 
-fn store(cached: &mut Option<Cached>, bundle: TrustBundle, refresh_after: Duration) -> Arc<TrustBundle> {
-    let bundle = Arc::new(bundle);
-    *cached = Some(Cached {
-        bundle: Arc::clone(&bundle),
-        refresh_after,
-        loaded: Instant::now(),
-    });
-    bundle
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tokio::sync::{mpsc, oneshot};
+
+    use super::*;
+
+    type Answer = oneshot::Sender<Result<TrustBundleResponse, CallError>>;
+
+    /// A store without a trust file whose TrustBundle calls the test answers.
+    fn scripted() -> (TrustStore, mpsc::UnboundedReceiver<Answer>, Arc<AtomicUsize>) {
+        let (calls, asked) = mpsc::unbounded_channel();
+        let count = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&count);
+        let ask: Ask = Arc::new(move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+            let (answer, answered) = oneshot::channel();
+            let _ = calls.send(answer);
+            async move { answered.await.unwrap_or(Err(CallError::Invalid("not answered"))) }.boxed()
+        });
+        (TrustStore::asking(None, ask), asked, count)
+    }
+
+    fn bundle() -> TrustBundleResponse {
+        let mut bundle = TrustBundle::new(trust::DEFAULT_ISSUER);
+        let key = ed25519_dalek::SigningKey::from_bytes(&[1; 32]).verifying_key();
+        bundle.keys.insert("gateway-key-1".into(), key);
+        TrustBundleResponse {
+            jwks_json: bundle.to_jwks(),
+            issuer: trust::DEFAULT_ISSUER.into(),
+            refresh_after_ms: 0,
+        }
+    }
+
+    async fn within<T>(future: impl Future<Output = T>) -> T {
+        tokio::time::timeout(Duration::from_secs(30), future)
+            .await
+            .unwrap_or_else(|_| panic!("still waiting"))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_forced_refresh_in_flight_holds_up_no_caller_the_cached_bundle_serves() {
+        let (store, mut asked, count) = scripted();
+        let store = Arc::new(store);
+        let first = tokio::spawn({
+            let store = Arc::clone(&store);
+            async move { store.bundle(false).await.map(|_| ()) }
+        });
+        within(asked.recv()).await.unwrap().send(Ok(bundle())).unwrap();
+        within(first).await.unwrap().unwrap();
+
+        // An unknown key a second later forces a fetch; the gateway does not answer it yet.
+        tokio::time::advance(MIN_FORCED_REFRESH).await;
+        let forced = tokio::spawn({
+            let store = Arc::clone(&store);
+            async move { store.bundle(true).await.map(|_| ()) }
+        });
+        let held = within(asked.recv()).await.unwrap();
+        // Callers the cached bundle serves are answered meanwhile; other forced ones join the
+        // call in flight instead of making another.
+        within(store.bundle(false)).await.unwrap();
+        let joined = tokio::spawn({
+            let store = Arc::clone(&store);
+            async move { store.bundle(true).await.map(|_| ()) }
+        });
+        tokio::task::yield_now().await;
+        assert!(!forced.is_finished() && !joined.is_finished());
+        held.send(Ok(bundle())).unwrap();
+        within(forced).await.unwrap().unwrap();
+        within(joined).await.unwrap().unwrap();
+        assert_eq!(count.load(Ordering::SeqCst), 2, "one call per refresh");
+    }
 }

@@ -1,13 +1,11 @@
 //! The sessions a member hosts: the pure snapshot planner ([`plan`]) and the runtime side that
-//! executes its actions, one [`session`] task per instance (its [`takeover`] and [`relay`]),
-//! builds status reports and publishes the route table the runtime service routes sidecar
+//! executes its actions, one [`session`] task per instance (a sans-I/O machine and its
+//! driver), builds status reports and publishes the route table the runtime service routes sidecar
 //! streams with.
 
 pub mod material;
 pub mod plan;
-mod relay;
 pub mod session;
-mod takeover;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -127,7 +125,7 @@ impl SessionSet {
             sessions.entry(route.clone()).or_default().push(Entry {
                 instance: session.held().instance.clone(),
                 live,
-                events: session.events(),
+                sidecars: session.sidecars(),
             });
         }
         self.table.send_replace(Arc::new(RouteTable {
@@ -148,6 +146,9 @@ impl SessionSet {
     /// [`proto::MAX_STATUS_REPORT_BYTES`]. Ended sessions appear until one report has shown
     /// their final phase.
     pub(crate) fn report(&mut self, applied_revision: u64, complete: bool) -> StatusReport {
+        // Events a full inbox could not take go now, as far as it takes them.
+        self.live.values_mut().for_each(SessionHandle::flush);
+        self.ending.iter_mut().for_each(|(_, s)| s.flush());
         let mut instances: Vec<InstanceStatus> = self.live.values().map(SessionHandle::status).collect();
         let ending_before = self.ending.len();
         for (route, session) in std::mem::take(&mut self.ending) {

@@ -2,17 +2,18 @@
 //! one WorkloadResponse. Progress is recorded in the session's counters, the credential comes
 //! from the instance's own launch material, liveness is answered Alive. Requests are answered
 //! only on the stream relaying the active term and not while stopping; otherwise Rejected.
+//! A response the stream cannot take drops the stream (the sidecar is not reading).
 
 use proto::runtime::v1::supervisor_message::Kind;
 use proto::runtime::v1::workload_request::Kind as Request;
 use proto::runtime::v1::workload_response::Kind as Response;
 use proto::runtime::v1::{Alive, Credential, ProgressAccepted, Rejected, WorkloadRequest, WorkloadResponse};
 
-use super::material::OPAQUE_CREDENTIAL_LIFETIME;
-use super::session::{Session, now_ms};
+use super::machine::Machine;
 use super::takeover::Stage;
+use crate::sessions::material::OPAQUE_CREDENTIAL_LIFETIME;
 
-impl Session {
+impl Machine {
     pub(super) fn on_request(&mut self, request: WorkloadRequest) {
         let answer = match self.refusal() {
             Some(reason) => rejected(reason),
@@ -26,11 +27,7 @@ impl Session {
             request_id: request.request_id,
             kind: Some(answer),
         };
-        if let Some(sidecar) = &self.sidecar
-            && !sidecar.stream.send(Kind::WorkloadResponse(response))
-        {
-            tracing::debug!("the sidecar is not reading; the stream will be dropped");
-        }
+        self.send(Kind::WorkloadResponse(response));
     }
 
     fn refusal(&self) -> Option<&'static str> {
@@ -48,7 +45,7 @@ impl Session {
         match request {
             Some(Request::ReportProgress(progress)) => {
                 self.counters.last_progress_value = progress.value;
-                self.counters.last_progress_at_ms = now_ms();
+                self.counters.last_progress_at_ms = self.now.unix_ms;
                 Response::ProgressAccepted(ProgressAccepted { value: progress.value })
             }
             Some(Request::FetchCredential(_)) => {
@@ -56,13 +53,13 @@ impl Session {
                     .credentials
                     .as_ref()
                     .ok_or("no launch material for this instance yet")
-                    .and_then(|c| c.workload_credential(&self.route, &self.instance));
+                    .and_then(|c| c.workload_credential(&self.setup.route, &self.setup.instance));
                 match credential {
                     Ok(credential) => Response::Credential(Credential {
                         token: credential.token,
                         expires_at_ms: credential.expires_at_ms.unwrap_or_else(|| {
                             let lifetime = i64::try_from(OPAQUE_CREDENTIAL_LIFETIME.as_millis()).unwrap_or(i64::MAX);
-                            now_ms().saturating_add(lifetime)
+                            self.now.unix_ms.saturating_add(lifetime)
                         }),
                     }),
                     Err(reason) => rejected(reason),

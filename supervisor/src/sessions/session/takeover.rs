@@ -14,11 +14,12 @@ use proto::recovery::v1::{ActivateRequest, ActivationProof, IssueGrantRequest, I
 use proto::runtime::v1::supervisor_message::Kind;
 use proto::runtime::v1::{ActivationConfirm, Attached, GrantPresentation};
 use proto::timing;
-use tokio::time::Instant;
+use tracing::{info, warn};
 
-use super::plan::{Assignment, Grant};
-use super::session::{Session, now_ms};
+use super::effect::Effect;
+use super::machine::{Call, Machine};
 use crate::gateway::CallError;
+use crate::sessions::plan::{Assignment, Grant, TermPhase};
 
 /// Where the session is with its current term.
 #[derive(Debug)]
@@ -47,12 +48,6 @@ impl std::fmt::Debug for Activation {
     }
 }
 
-/// The completion of the one gateway call in flight.
-pub(crate) enum CallOutcome {
-    Grant(Result<IssueGrantResponse, CallError>),
-    Activation(Result<ActivationProof, CallError>),
-}
-
 /// The next step the state allows.
 enum Step {
     Attach,
@@ -62,8 +57,8 @@ enum Step {
     Wait,
 }
 
-impl Session {
-    /// Takes every step the current state allows; called after each wake of the task.
+impl Machine {
+    /// Takes every step the current state allows; called after every event.
     pub(super) fn advance(&mut self) {
         if self.ended.is_some() {
             return;
@@ -82,13 +77,13 @@ impl Session {
         let Some(sidecar) = &self.sidecar else {
             return Step::Wait;
         };
-        let fence = sidecar.stream.opening.fence_term;
+        let fence = sidecar.opening.fence_term;
         match &self.stage {
             Stage::Failed(_) | Stage::Activating => Step::Wait,
             Stage::Active { .. } if fence == self.term => {
                 // A relinquished term is never re-attached: only a higher term ends that
                 // recovery.
-                if sidecar.attached || sidecar.stream.opening.relinquished {
+                if sidecar.attached || sidecar.opening.relinquished {
                     Step::Wait
                 } else {
                     Step::Attach
@@ -124,12 +119,14 @@ impl Session {
         }
         if assignment.term > self.term {
             if self.term != 0 {
-                tracing::info!(from = self.term, to = assignment.term, "moving to a higher term");
+                info!(from = self.term, to = assignment.term, "moving to a higher term");
             }
             tracing::Span::current().record("term", assignment.term);
             self.term = assignment.term;
             self.stage = assignment.phase.initial_stage();
-            self.call = None;
+            if self.call.take().is_some() {
+                self.out.push(Effect::CancelCall);
+            }
             self.grant = None;
             self.grant_deadline = None;
             self.counters = Default::default();
@@ -145,7 +142,7 @@ impl Session {
         if let Stage::Reserved { asked: false } = self.stage
             && self.grant.is_none()
         {
-            if assignment.phase == super::plan::TermPhase::Active {
+            if assignment.phase == TermPhase::Active {
                 // Activated without this process asking: adopt it (an Attach at this term
                 // is answered; a lower fence cannot be confirmed and fails).
                 self.stage = Stage::Active { activation: None };
@@ -159,26 +156,24 @@ impl Session {
         let left_ms = if grant.expires_at_ms == 0 {
             u64::try_from(timing::MAX_GRANT_LIFETIME.as_millis()).unwrap_or(u64::MAX)
         } else {
-            u64::try_from(grant.expires_at_ms.saturating_sub(now_ms())).unwrap_or(0)
+            u64::try_from(grant.expires_at_ms.saturating_sub(self.now.unix_ms)).unwrap_or(0)
         };
         let left = Duration::from_millis(left_ms).min(timing::MAX_GRANT_LIFETIME + timing::MAX_CLOCK_SKEW);
-        self.grant_deadline = Some(Instant::now() + left);
+        self.grant_deadline = Some(self.now.at + left);
         self.grant = Some(grant);
     }
 
     fn issue(&mut self) {
         self.stage = Stage::Reserved { asked: true };
         let request = IssueGrantRequest {
-            route: self.route.clone(),
+            route: self.setup.route.clone(),
             term: self.term,
-            member: self.shared.me.member.clone(),
-            process_id: self.shared.me.process_id.clone(),
+            member: self.setup.me.member.clone(),
+            process_id: self.setup.me.process_id.clone(),
         };
-        tracing::info!("requesting the recovery grant (sent once)");
-        let gateway = std::sync::Arc::clone(&self.shared.gateway);
-        self.call = Some(Box::pin(async move {
-            CallOutcome::Grant(gateway.issue_grant(request).await)
-        }));
+        info!("requesting the recovery grant (sent once)");
+        self.call = Some(Call::Grant);
+        self.out.push(Effect::IssueGrant(request));
     }
 
     fn present(&mut self) {
@@ -187,30 +182,29 @@ impl Session {
         };
         let presentation = GrantPresentation {
             grant: grant.token.clone(),
-            member: self.shared.me.member.clone(),
-            process_id: self.shared.me.process_id.clone(),
+            member: self.setup.me.member.clone(),
+            process_id: self.setup.me.process_id.clone(),
         };
-        if sidecar.stream.send(Kind::GrantPresentation(presentation)) {
-            tracing::info!(stream = sidecar.stream.id, "grant presented");
-            sidecar.presented = true;
-        }
+        info!(stream = sidecar.id, "grant presented");
+        sidecar.presented = true;
+        self.send(Kind::GrantPresentation(presentation));
     }
 
+    /// Attached at the active term. (A stream that relays makes the phase ACTIVE whatever was
+    /// lost before, so `lost_at_active` stays as it is: a stream that cannot take the message
+    /// is dropped without having attached.)
     fn attach(&mut self) {
-        let recovery_deadline_ms = self.recovery_deadline_ms();
         let Some(sidecar) = &mut self.sidecar else { return };
         let attached = Attached {
-            route: self.route.clone(),
+            route: self.setup.route.clone(),
             term: self.term,
-            member: self.shared.me.member.clone(),
-            process_id: self.shared.me.process_id.clone(),
-            recovery_deadline_ms,
+            member: self.setup.me.member.clone(),
+            process_id: self.setup.me.process_id.clone(),
+            recovery_deadline_ms: self.now.recovery_deadline_ms,
         };
-        if sidecar.stream.send(Kind::Attached(attached)) {
-            tracing::info!(stream = sidecar.stream.id, "sidecar attached at the active term");
-            sidecar.attached = true;
-            self.lost_at_active = false;
-        }
+        info!(stream = sidecar.id, "sidecar attached at the active term");
+        sidecar.attached = true;
+        self.send(Kind::Attached(attached));
     }
 
     /// The sidecar's answer to this session's presentation on the current stream.
@@ -218,12 +212,12 @@ impl Session {
         let Some(sidecar) = &mut self.sidecar else { return };
         let grant_id = self.grant.as_ref().and_then(|g| g.id.as_deref());
         let matches = sidecar.presented
-            && receipt.route == self.route
+            && receipt.route == self.setup.route
             && receipt.term == self.term
-            && receipt.instance.as_ref() == Some(&self.instance)
+            && receipt.instance.as_ref() == Some(&self.setup.instance)
             && grant_id.is_none_or(|id| id == receipt.grant_id);
         if !matches {
-            tracing::warn!(
+            warn!(
                 term = receipt.term,
                 "ignoring a receipt that does not answer this session's grant"
             );
@@ -232,7 +226,7 @@ impl Session {
         sidecar.receipted = true;
         self.grant_deadline = None;
         self.note_workload(receipt.workload.as_ref().map_or(0, |w| w.pid));
-        tracing::info!(fenced_term = receipt.fenced_term, "receipt received");
+        info!(fenced_term = receipt.fenced_term, "receipt received");
         match &self.stage {
             // Stop wins: the receipt lets the sidecar accept our Release; nothing is activated.
             Stage::Reserved { .. } if self.stop.is_some() => {}
@@ -254,15 +248,13 @@ impl Session {
             grant: grant.token.clone(),
         };
         self.stage = Stage::Activating;
-        tracing::info!("activating the term (sent once)");
-        let gateway = std::sync::Arc::clone(&self.shared.gateway);
-        self.call = Some(Box::pin(async move {
-            CallOutcome::Activation(gateway.activate(request).await)
-        }));
+        info!("activating the term (sent once)");
+        self.call = Some(Call::Activation);
+        self.out.push(Effect::Activate(request));
     }
 
+    /// ActivationConfirm on the stream that receipted (`lost_at_active` as in `attach`).
     fn confirm(&mut self, activation: &Activation) {
-        let recovery_deadline_ms = self.recovery_deadline_ms();
         let Some(sidecar) = self.sidecar.as_mut().filter(|s| s.receipted) else {
             return; // A new stream: the grant is presented again first.
         };
@@ -270,41 +262,61 @@ impl Session {
             term: self.term,
             proof: activation.proof.clone(),
             activated_at_ms: activation.activated_at_ms,
-            recovery_deadline_ms,
+            recovery_deadline_ms: self.now.recovery_deadline_ms,
         };
-        if sidecar.stream.send(Kind::ActivationConfirm(confirm)) {
-            tracing::info!(stream = sidecar.stream.id, "activation confirmed to the sidecar");
-            sidecar.attached = true;
-            sidecar.stream.opening.fence_term = self.term;
-            sidecar.stream.opening.relinquished = false;
-            self.lost_at_active = false;
-        }
+        info!(stream = sidecar.id, "activation confirmed to the sidecar");
+        sidecar.attached = true;
+        sidecar.opening.fence_term = self.term;
+        sidecar.opening.relinquished = false;
+        self.send(Kind::ActivationConfirm(confirm));
     }
 
-    pub(super) fn on_call(&mut self, outcome: CallOutcome) {
+    /// Whether `call` is the one in flight; it then is no longer.
+    fn finished(&mut self, call: Call) -> bool {
+        let awaited = self.call == Some(call);
+        if awaited {
+            self.call = None;
+        }
+        awaited
+    }
+
+    /// The outcome of IssueGrant (one that is no longer awaited is ignored).
+    pub(super) fn on_granted(&mut self, outcome: Result<IssueGrantResponse, CallError>) {
+        if !self.finished(Call::Grant) {
+            return;
+        }
         match outcome {
-            CallOutcome::Grant(Ok(response)) => {
-                if response.instance.as_ref().is_some_and(|i| *i != self.instance) {
+            Ok(response) => {
+                if response.instance.as_ref().is_some_and(|i| *i != self.setup.instance) {
                     return self.fail(format!("IssueGrant for term {} named another instance", self.term));
                 }
-                tracing::info!(grant_id = %response.grant_id, "grant issued");
+                info!(grant_id = %response.grant_id, "grant issued");
                 self.take_grant(Grant {
                     token: response.grant,
                     id: Some(response.grant_id),
                     expires_at_ms: response.expires_at_ms,
                 });
             }
-            CallOutcome::Grant(Err(err)) => {
+            Err(err) => {
                 self.fail(format!("IssueGrant for term {} failed (not retried): {err}", self.term));
             }
-            CallOutcome::Activation(Ok(proof)) => {
-                if proof.term != self.term || proof.route != self.route {
+        }
+    }
+
+    /// The outcome of Activate (one that is no longer awaited is ignored).
+    pub(super) fn on_activated(&mut self, outcome: Result<ActivationProof, CallError>) {
+        if !self.finished(Call::Activation) {
+            return;
+        }
+        match outcome {
+            Ok(proof) => {
+                if proof.term != self.term || proof.route != self.setup.route {
                     return self.fail(format!(
                         "Activate for term {} answered another term or route",
                         self.term
                     ));
                 }
-                tracing::info!(activated_at_ms = proof.activated_at_ms, "term activated");
+                info!(activated_at_ms = proof.activated_at_ms, "term activated");
                 let activation = Activation {
                     proof: proof.proof,
                     activated_at_ms: proof.activated_at_ms,
@@ -316,7 +328,7 @@ impl Session {
                     self.confirm(&activation);
                 }
             }
-            CallOutcome::Activation(Err(err)) => {
+            Err(err) => {
                 self.fail(format!("Activate for term {} failed (not retried): {err}", self.term));
             }
         }
@@ -332,6 +344,15 @@ impl Session {
             _ if self.call.is_some() => "requesting the recovery grant",
             _ if presented => "grant presented; waiting for the sidecar's receipt",
             _ => "waiting for the sidecar to leave its current term",
+        }
+    }
+}
+
+impl TermPhase {
+    fn initial_stage(self) -> Stage {
+        match self {
+            TermPhase::Reserved => Stage::Reserved { asked: false },
+            TermPhase::Active => Stage::Active { activation: None },
         }
     }
 }
