@@ -19,6 +19,7 @@ pub mod placement;
 pub mod pool;
 pub mod quota;
 pub mod recovery;
+pub mod refresh;
 pub mod registry;
 pub mod replica;
 pub mod reports;
@@ -198,14 +199,18 @@ pub async fn run_with<C: kubernetes::Cluster + Clone>(
     });
 
     let mut tasks = vec![
-        tokio::spawn(pool::refresh(
+        tokio::spawn(refresh::refresh(
             store.clone(),
             view_tx,
             replica.wake.clone(),
             stop.clone(),
         )),
-        tokio::spawn(pool::follow_writes(store.clone(), replica.wake.clone(), stop.clone())),
-        tokio::spawn(pool::beat(store.clone(), settings.replica.clone(), stop.clone())),
+        tokio::spawn(refresh::follow_writes(
+            store.clone(),
+            replica.wake.clone(),
+            stop.clone(),
+        )),
+        tokio::spawn(refresh::beat(store.clone(), settings.replica.clone(), stop.clone())),
         tokio::spawn(reports::run(replica.reports.clone(), store.clone(), stop.clone())),
         tokio::spawn(coordinator::run(replica.clone(), lease_rx.clone(), stop.clone())),
         tokio::spawn(metrics::follow(replica.clone(), lease_rx.clone(), stop.clone())),

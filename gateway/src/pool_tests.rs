@@ -194,21 +194,6 @@ fn records_that_lapsed_while_the_store_was_unreachable_count_until_the_grace_pas
 }
 
 #[test]
-fn a_blackout_is_the_span_between_the_last_read_before_a_failure_and_the_first_after() {
-    let mut reads = Reads::default();
-    assert_eq!(reads.succeeded(100), None);
-    assert_eq!(reads.succeeded(300), None);
-    reads.failed();
-    reads.failed();
-    assert_eq!(reads.succeeded(30_300), Some((300, 30_300)));
-    assert_eq!(
-        reads.succeeded(30_500),
-        Some((300, 30_300)),
-        "kept: the grace runs from its end"
-    );
-}
-
-#[test]
 fn a_replica_silent_only_during_a_blackout_orphans_nothing() {
     let silence = Duration::from_millis(3_000);
     let mut v = view();
