@@ -15,6 +15,7 @@
 //! | [`text`] | truncation by bytes on a character boundary |
 
 pub mod bundle;
+pub mod file;
 pub mod gateway;
 pub mod listener;
 pub mod logging;

@@ -4,9 +4,9 @@
 //! so a restarted sidecar never accepts what it already fenced. Contains the receipt key:
 //! mode 0600, never logged (`Debug` redacts the key).
 
-use std::fs::{self, OpenOptions};
-use std::io::{Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::fs;
+use std::io::Read;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -105,21 +105,7 @@ impl StateFile {
             .create(&self.dir)
             .map_err(|source| self.io("create the directory of", source))?;
         let bytes = serde_json::to_vec(state).map_err(|e| self.io("encode", std::io::Error::other(e)))?;
-        let tmp = self.dir.join(format!("{STATE_FILE}.tmp"));
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(|source| self.io("write", source))?;
-        file.write_all(&bytes)
-            .and_then(|()| file.sync_all())
-            .map_err(|source| self.io("write", source))?;
-        fs::rename(&tmp, &self.path).map_err(|source| self.io("replace", source))?;
-        fs::File::open(&self.dir)
-            .and_then(|dir| dir.sync_all())
-            .map_err(|source| self.io("sync the directory of", source))
+        plumbing::file::write_atomic(&self.dir, STATE_FILE, &bytes, 0o600).map_err(|source| self.io("replace", source))
     }
 
     fn io(&self, action: &'static str, source: std::io::Error) -> Error {

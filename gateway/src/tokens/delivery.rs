@@ -4,10 +4,10 @@
 //! Kubernetes Secret delivery will implement the same [`Delivery`] trait.
 
 use std::fmt;
-use std::fs::{self, DirBuilder, File, OpenOptions, Permissions};
+use std::fs::{self, DirBuilder, Permissions};
 use std::future::Future;
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use plumbing::tls::CA_FILE;
@@ -107,24 +107,9 @@ impl Delivery for FileDelivery {
     }
 }
 
-/// Replace `dir/name` with `bytes` atomically. The temporary file is created with `mode`
-/// (the umask can only narrow it), so the content is never more readable than that.
+/// Replace `dir/name` with `bytes` atomically and durably, the file having `mode`.
 fn write_atomic(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> Result<(), Error> {
-    let target = dir.join(name);
-    let tmp = dir.join(format!(".{name}.{}.tmp", uuid::Uuid::new_v4().simple()));
-    let result = (|| {
-        let mut file = OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp)?;
-        file.set_permissions(Permissions::from_mode(mode))?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        drop(file);
-        fs::rename(&tmp, &target)?;
-        File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result.map_err(|source| write_error(&target, source))
+    plumbing::file::write_atomic(dir, name, bytes, mode).map_err(|source| write_error(&dir.join(name), source))
 }
 
 fn write_error(path: &Path, source: io::Error) -> Error {
