@@ -21,7 +21,7 @@ use tracing::{info, warn};
 
 use crate::registry::check_route;
 use crate::replica::Replica;
-use crate::store::{self, Checkpoint, GrantRecord, InstanceRecord};
+use crate::store::{self, Activation, Checkpoint, GrantRecord, InstanceRecord};
 
 /// Longest compact grant accepted back in `Activate`.
 const MAX_GRANT_BYTES: usize = 4096;
@@ -185,14 +185,14 @@ impl SupervisorRecovery for Recovery {
         let activated_at_ms = self
             .replica
             .store
-            .activate(
-                &receipt.route,
+            .activate(Activation {
+                route: receipt.route.clone(),
                 term,
-                &grant.extra.process_id,
-                &grant.jti,
-                &digest,
-                &checkpoint,
-            )
+                process_id: grant.extra.process_id.clone(),
+                jti: grant.jti.clone(),
+                digest,
+                workload: checkpoint,
+            })
             .await
             .map_err(refused)?;
         self.replica.wake.notify_one();

@@ -20,6 +20,7 @@ use gateway::kubernetes::{Cluster, Kube, Shared, watch};
 use gateway::tokens::Delivered;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, WatchEvent, WatchParams};
+use kube::core::PartialObjectMeta;
 use serde_json::Value;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -87,6 +88,20 @@ mod api {
                     String::from_utf8_lossy(&self.body)
                 )
             })
+        }
+
+        /// The request asks for metadata only (`PartialObjectMetadata[List]`), not whole objects.
+        pub fn assert_metadata_only(&self) {
+            let accept = self.header("accept").unwrap_or_default();
+            let wanted = if self.is_watch() {
+                "as=PartialObjectMetadata;"
+            } else {
+                "as=PartialObjectMetadataList;"
+            };
+            assert!(
+                accept.contains(wanted) && accept.contains("g=meta.k8s.io"),
+                "expected a metadata-only request, Accept: {accept:?}: {self:?}"
+            );
         }
 
         pub fn is_watch(&self) -> bool {
@@ -311,6 +326,7 @@ async fn pod_watch_follows_a_pod_added_and_deleted_and_survives_bookmarks() {
     // has the same shape, so the requests are checked against what we send.
     let (list, respond) = server.next().await;
     list.assert_list("/api/v1/pods", POD_SELECTOR);
+    list.assert_metadata_only();
     reply(respond, 200, "pods-list-labelselector.json");
     until(&shared, "agent-a and agent-b listed", |index| {
         index.pods_synced() && pod_uids(index) == set(&[AGENT_A, AGENT_B])
@@ -319,6 +335,7 @@ async fn pod_watch_follows_a_pod_added_and_deleted_and_survives_bookmarks() {
 
     let (watch, respond) = server.next().await;
     watch.assert_watch("/api/v1/pods", POD_SELECTOR, "480");
+    watch.assert_metadata_only();
     let lines = api::lines("pods-watch-added-modified-deleted.ndjson");
     assert_eq!(lines.len(), 6, "ADDED, 2 MODIFIED, DELETED, 2 BOOKMARKs");
     let feed = stream(respond);
@@ -339,6 +356,7 @@ async fn pod_watch_follows_a_pod_added_and_deleted_and_survives_bookmarks() {
 
     let (rewatch, _held) = server.next().await;
     rewatch.assert_watch("/api/v1/pods", POD_SELECTOR, "485");
+    rewatch.assert_metadata_only();
     shared.with(|index| {
         assert_eq!(pod_uids(index), set(&[AGENT_A, AGENT_B]));
         assert!(index.pods_synced());
@@ -352,10 +370,11 @@ async fn pod_watch_follows_a_pod_added_and_deleted_and_survives_bookmarks() {
 #[tokio::test]
 async fn pod_bookmarks_with_null_containers_decode_as_bookmarks() {
     let (client, mut server) = api::client();
-    let pods: Api<Pod> = Api::all(client);
+    let pods: Api<PartialObjectMeta<Pod>> = Api::all(client);
     let served = tokio::spawn(async move {
         let (watch, respond) = server.next().await;
         assert!(watch.is_watch());
+        watch.assert_metadata_only();
         reply(respond, 200, "pods-watch-added-modified-deleted.ndjson");
     });
     let events: Vec<_> = pods
@@ -365,7 +384,8 @@ async fn pod_bookmarks_with_null_containers_decode_as_bookmarks() {
         .collect()
         .await;
     served.await.expect("server");
-    let events: Vec<WatchEvent<Pod>> = events.into_iter().map(|e| e.expect("every line decodes")).collect();
+    let events: Vec<WatchEvent<PartialObjectMeta<Pod>>> =
+        events.into_iter().map(|e| e.expect("every line decodes")).collect();
     let kinds: Vec<&str> = events
         .iter()
         .map(|event| match event {
@@ -403,6 +423,7 @@ async fn pod_watch_relists_after_a_410_inside_the_stream() {
 
     let (list, respond) = server.next().await;
     list.assert_list("/api/v1/pods", POD_SELECTOR);
+    list.assert_metadata_only();
     reply(respond, 200, "pods-list-labelselector.json");
     until(&shared, "first list", |index| index.pods_synced()).await;
     let first = shared.with(|index| index.version());
@@ -411,16 +432,19 @@ async fn pod_watch_relists_after_a_410_inside_the_stream() {
     // resourceVersion=1; the server answers any expired version this way).
     let (watch, respond) = server.next().await;
     watch.assert_watch("/api/v1/pods", POD_SELECTOR, "480");
+    watch.assert_metadata_only();
     reply(respond, 200, "pods-watch-too-old-resourceversion.ndjson");
 
     // After the backoff (paused time advances it), a full list again, not a watch.
     let (relist, respond) = server.next().await;
     relist.assert_list("/api/v1/pods", POD_SELECTOR);
+    relist.assert_metadata_only();
     reply(respond, 200, "pods-list-labelselector.json");
     until(&shared, "the relist reset the index", |index| index.version() > first).await;
 
     let (watch, _held) = server.next().await;
     watch.assert_watch("/api/v1/pods", POD_SELECTOR, "480");
+    watch.assert_metadata_only();
     shared.with(|index| {
         assert_eq!(pod_uids(index), set(&[AGENT_A, AGENT_B]));
         assert!(index.pods_synced());
@@ -437,11 +461,13 @@ async fn pod_watch_retries_a_forbidden_list_with_backoff() {
 
     let (list, respond) = server.next().await;
     list.assert_list("/api/v1/pods", POD_SELECTOR);
+    list.assert_metadata_only();
     reply(respond, 403, "rbac-forbidden-list-pods.json");
 
     // The task lives on and lists again after its backoff.
     let (again, respond) = server.next().await;
     again.assert_list("/api/v1/pods", POD_SELECTOR);
+    again.assert_metadata_only();
     assert!(!task.is_finished());
     assert!(
         !shared.with(|index| index.pods_synced()),
@@ -455,6 +481,7 @@ async fn pod_watch_retries_a_forbidden_list_with_backoff() {
 
     let (watch, _held) = server.next().await;
     watch.assert_watch("/api/v1/pods", POD_SELECTOR, "480");
+    watch.assert_metadata_only();
     stop(&shutdown, task).await;
 }
 

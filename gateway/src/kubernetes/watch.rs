@@ -1,6 +1,13 @@
-//! The two watches that feed the [`Index`]: labelled namespaces and supervised Pods, both
-//! through kube-runtime's watcher (re-list on `410 Expired`, backoff on errors). Every replica
-//! runs them, so a new coordinator starts with a warm index.
+//! The watches that feed the [`Index`]: labelled namespaces, supervised Pods, the gateway's
+//! token Secrets, the supervisor Pods and the `SupervisorPoolOperation` objects, all through
+//! kube-runtime's watcher (re-list on `410 Expired`, backoff on errors). Pods and Secrets are
+//! watched as metadata only (`Api<PartialObjectMeta<_>>` asks for `PartialObjectMetadata`): the index needs their names and UIDs,
+//! and neither Pod specs nor Secret data should travel to every replica. Every replica runs
+//! them, so a new coordinator starts with a warm index.
+//!
+//! [`follow`] gathers a watcher's initial list into one [`Change::Reset`]; kube-runtime's
+//! reflector does the same buffering but keeps every object in a store for good, which the
+//! index (names and UIDs only) does not need.
 
 use std::sync::{Arc, Mutex};
 
@@ -166,10 +173,10 @@ pub async fn operation_objects(client: Client, namespace: String, shared: Shared
     .await;
 }
 
-/// Follow the supervised Pods of every namespace until `shutdown`.
+/// Follow the supervised Pods of every namespace (their metadata) until `shutdown`.
 pub async fn pods(client: Client, shared: Shared, shutdown: CancellationToken) {
     let config = watcher::Config::default().labels(&format!("{SUPERVISED_LABEL}=true"));
-    let events = watcher(Api::<Pod>::all(client), config).default_backoff();
+    let events = watcher(Api::<PartialObjectMeta<Pod>>::all(client), config).default_backoff();
     follow(events, shared, shutdown, "pods", |index, event| match event {
         Change::Apply(pod) => {
             if let Some(pod) = pod_of(&pod) {
@@ -187,7 +194,7 @@ pub async fn pods(client: Client, shared: Shared, shutdown: CancellationToken) {
 }
 
 /// The index's view of a Pod; `None` for one without name, namespace or uid.
-pub fn pod_of(pod: &Pod) -> Option<index::Pod> {
+pub fn pod_of(pod: &PartialObjectMeta<Pod>) -> Option<index::Pod> {
     Some(index::Pod {
         namespace: pod.namespace()?,
         name: pod.metadata.name.clone()?,

@@ -5,7 +5,7 @@
 use sqlx::{Any, Transaction};
 
 use super::columns::decoded;
-use super::{AssignmentPhase, Checkpoint, Error, GrantRecord, Result, Store};
+use super::{Activation, AssignmentPhase, Checkpoint, Error, GrantRecord, Result, Store};
 
 impl Store {
     /// Record the one grant of a reserved term: only for the route's current
@@ -68,38 +68,25 @@ impl Store {
 
     /// Activate a reserved ownership term by compare-and-set, when a receipt
     /// proves the sidecar fenced for it: the term must still be the route's
-    /// reserved term for `process_id`, the receipt must be bound to the grant
-    /// minted for it (`jti`, `digest`), and `workload` must equal the
+    /// reserved term for its process, the receipt must be bound to the grant
+    /// minted for it (`jti`, `digest`), and the workload must equal the
     /// instance's checkpoint (adopted when none is recorded). Returns the
     /// database time of the activation.
-    pub async fn activate(
-        &self,
-        route: &str,
-        term: i64,
-        process_id: &str,
-        jti: &str,
-        digest: &[u8],
-        workload: &Checkpoint,
-    ) -> Result<i64> {
-        let (route, process_id, jti) = (route.to_owned(), process_id.to_owned(), jti.to_owned());
-        let (digest, workload) = (digest.to_vec(), workload.clone());
-        self.detached(move |store| async move {
-            store
-                .activate_now(&route, term, &process_id, &jti, &digest, &workload)
-                .await
-        })
-        .await
+    pub async fn activate(&self, activation: Activation) -> Result<i64> {
+        self.detached(move |store| async move { store.activate_now(&activation).await })
+            .await
     }
 
-    async fn activate_now(
-        &self,
-        route: &str,
-        term: i64,
-        process_id: &str,
-        jti: &str,
-        digest: &[u8],
-        workload: &Checkpoint,
-    ) -> Result<i64> {
+    async fn activate_now(&self, activation: &Activation) -> Result<i64> {
+        let Activation {
+            route,
+            term,
+            process_id,
+            jti,
+            digest,
+            workload,
+        } = activation;
+        let (route, term) = (route.as_str(), *term);
         let mut tx = self.pool.begin_with(self.backend.begin_sql()).await?;
         let refuse = |detail: &str| Error::Conflict {
             subject: format!("activation of {route} at term {term}"),
@@ -109,7 +96,7 @@ impl Store {
             .locked_assignment(&mut tx, route)
             .await?
             .ok_or_else(|| refuse("term no longer current"))?;
-        if assignment.term != term || assignment.process_id != process_id {
+        if assignment.term != term || assignment.process_id != *process_id {
             return Err(refuse("term no longer current"));
         }
         if assignment.phase == AssignmentPhase::Active {
@@ -121,7 +108,7 @@ impl Store {
                 .bind(term)
                 .fetch_optional(&mut *tx)
                 .await?;
-        if !grant.is_some_and(|(minted_jti, minted_digest)| minted_jti == jti && minted_digest == digest) {
+        if !grant.is_some_and(|(minted_jti, minted_digest)| minted_jti == *jti && minted_digest == *digest) {
             return Err(refuse(
                 "the receipt is not bound to the grant minted for this reservation",
             ));

@@ -236,6 +236,19 @@ impl Checkpoint {
     }
 }
 
+/// A receipt's claim that a sidecar fenced for a reserved term: the route's term reserved
+/// for `process_id`, the grant minted for it (`jti`, `digest`) and the workload the sidecar
+/// vouches for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Activation {
+    pub route: String,
+    pub term: i64,
+    pub process_id: String,
+    pub jti: String,
+    pub digest: Vec<u8>,
+    pub workload: Checkpoint,
+}
+
 /// The latest status an owner reported for a route, at a term.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct Report {

@@ -95,7 +95,9 @@ pub async fn an_unknown_value_is_a_corrupt_record_and_changes_nothing(db: &TestD
         exe_digest: vec![9; 32],
     };
     assert_corrupt(
-        store.activate("r1", 1, "m1-p1", "j1", &[1; 32], &workload).await,
+        store
+            .activate(super::suite::activation(1, "m1-p1", "j1", &[1; 32], workload))
+            .await,
         "assignments",
         "paused",
     );

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use gateway::store::{
-    self, Acquire, Assignment, AssignmentPhase, Checkpoint, Error, Fence, FencedWrite, GrantRecord, Lease,
+    self, Acquire, Activation, Assignment, AssignmentPhase, Checkpoint, Error, Fence, FencedWrite, GrantRecord, Lease,
     MemberUpdate, Operation, OperationKind, OperationPhase, Registered, Registration, Report, SecretBytes, SigningKey,
     Store, WithdrawnReason,
 };
@@ -16,6 +16,18 @@ use crate::support::{TestDb, wait_until_db_time};
 
 const LONG: Duration = Duration::from_secs(30);
 const SHORT: Duration = Duration::from_millis(300);
+
+/// An activation of route `r1`.
+pub fn activation(term: i64, process_id: &str, jti: &str, digest: &[u8], workload: Checkpoint) -> Activation {
+    Activation {
+        route: "r1".to_owned(),
+        term,
+        process_id: process_id.to_owned(),
+        jti: jti.to_owned(),
+        digest: digest.to_vec(),
+        workload,
+    }
+}
 
 pub(crate) async fn acquire(store: &Store, holder: &str, length: Duration) -> Lease {
     match store.acquire_lease(holder, length).await.expect("acquire") {
@@ -556,7 +568,7 @@ pub async fn grants_are_single_use_and_activation_is_a_compare_and_set(db: &Test
     };
     let activate = |term, process_id: &'static str, jti: &'static str, digest: Vec<u8>, who: Checkpoint| {
         let store = db.store.clone();
-        async move { store.activate("r1", term, process_id, jti, &digest, &who).await }
+        async move { store.activate(activation(term, process_id, jti, &digest, who)).await }
     };
     let refused = |r: Result<i64, Error>, why: &str| match r {
         Err(Error::Conflict { detail, .. }) => assert!(detail.contains(why), "{detail} (wanted {why})"),
@@ -659,7 +671,7 @@ pub async fn a_workload_replaced_under_its_route_starts_fresh(db: &TestDb) {
         .unwrap();
     db.store.issue_grant(&grant("m1", 1, "j1")).await.unwrap();
     db.store
-        .activate("r1", 1, "m1-p1", "j1", &[1; 32], &workload(100))
+        .activate(activation(1, "m1-p1", "j1", &[1; 32], workload(100)))
         .await
         .unwrap();
     // A second term is reserved for it, granted, but not activated yet.
@@ -688,7 +700,7 @@ pub async fn a_workload_replaced_under_its_route_starts_fresh(db: &TestDb) {
     // The term reserved for the old workload cannot be activated for anyone now.
     match db
         .store
-        .activate("r1", 2, "m2-p1", "j2", &[2; 32], &workload(100))
+        .activate(activation(2, "m2-p1", "j2", &[2; 32], workload(100)))
         .await
     {
         Err(Error::Conflict { detail, .. }) => assert!(detail.contains("no longer has"), "{detail}"),
@@ -707,7 +719,7 @@ pub async fn a_workload_replaced_under_its_route_starts_fresh(db: &TestDb) {
         .unwrap();
     db.store.issue_grant(&grant("m1", 3, "j3")).await.unwrap();
     db.store
-        .activate("r1", 3, "m1-p1", "j3", &[3; 32], &workload(200))
+        .activate(activation(3, "m1-p1", "j3", &[3; 32], workload(200)))
         .await
         .expect("a new workload is not held to the old one's checkpoint");
     let assignments = db.store.list_assignments().await.unwrap();
