@@ -96,6 +96,7 @@ pub async fn run(setup: &Setup) -> Result<(Vec<Figures>, String), Error> {
         lease_length_ms: 5000,
         plaintext: false,
         agent_interval_ms: crate::local::AGENT_INTERVAL_MS,
+        members_on_standby: false,
     })
     .await?;
     let outcome = measure(&pool, setup).await;

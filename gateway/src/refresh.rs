@@ -1,9 +1,10 @@
 //! Keeping this replica's pool view fresh: the read loop ([`refresh`]: every
-//! [`REFRESH_INTERVAL`], or at once when woken), the PostgreSQL write notifications that wake
-//! it ([`follow_writes`]), and this replica's liveness record ([`beat`]).
+//! [`REFRESH_INTERVAL`], or at once when woken), the other replicas' writes that wake it
+//! ([`follow_writes`]: PostgreSQL notifications, or on SQLite a poll of the write counts),
+//! and this replica's liveness record ([`beat`]).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use proto::timing;
 use tokio::sync::{Notify, watch};
@@ -72,10 +73,16 @@ pub async fn refresh(store: Store, publish: watch::Sender<Arc<View>>, wake: Arc<
     }
 }
 
-/// PostgreSQL: wake the pool read whenever any replica commits a write to a table the view
-/// reads (a planned move's activation on the replica serving the members, seen at once by
-/// a coordinator elsewhere instead of at its next [`REFRESH_INTERVAL`] read). Reconnects with
-/// backoff; returns at once on SQLite.
+/// SQLite has no notifications: its write counts (one small read of a local file) are
+/// polled this often instead.
+pub const WRITES_POLL_EVERY: Duration = Duration::from_millis(25);
+
+/// Wake the pool read whenever any replica commits a write to a table the view reads (a
+/// planned move's activation on the replica serving the members, seen at once by a
+/// coordinator elsewhere instead of at its next [`REFRESH_INTERVAL`] read). PostgreSQL:
+/// notifications from the writing transactions, reconnecting with backoff. SQLite: the write
+/// counts polled every [`WRITES_POLL_EVERY`]. Either wakes once when it starts following
+/// (a write may have landed before).
 pub async fn follow_writes(store: Store, wake: Arc<Notify>, shutdown: CancellationToken) {
     let mut failures = 0u32;
     loop {
@@ -84,7 +91,7 @@ pub async fn follow_writes(store: Store, wake: Arc<Notify>, shutdown: Cancellati
             listener = store.listen_pool_writes(timing::CONNECT_TIMEOUT * 5) => listener,
         };
         match connected {
-            None => return,
+            None => return poll_writes(store, wake, shutdown).await,
             Some(Ok(mut listener)) => {
                 failures = 0;
                 // A write may have landed while this replica was not listening.
@@ -113,6 +120,25 @@ pub async fn follow_writes(store: Store, wake: Arc<Notify>, shutdown: Cancellati
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(timing::reconnect_backoff(failures)) => {}
+        }
+    }
+}
+
+/// SQLite: wake the pool read when the write counts move.
+async fn poll_writes(store: Store, wake: Arc<Notify>, shutdown: CancellationToken) {
+    let mut every = tokio::time::interval(WRITES_POLL_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = None;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        // A failed or slow read is left to the read loop, which reports it.
+        if let Ok(Ok(writes)) = tokio::time::timeout(REFRESH_INTERVAL, store.pool_writes()).await
+            && last.replace(writes) != Some(writes)
+        {
+            wake.notify_one();
         }
     }
 }

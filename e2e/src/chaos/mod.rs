@@ -74,6 +74,7 @@ pub async fn run(settings: &Settings) -> Result<Report, Error> {
         lease_length_ms: settings.lease_length_ms,
         plaintext: false,
         agent_interval_ms: crate::local::AGENT_INTERVAL_MS,
+        members_on_standby: false,
     };
     let mut pool = LocalPool::start(config).await?;
     let url =

@@ -47,6 +47,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         lease_length_ms: 5000,
         plaintext: args.plaintext,
         agent_interval_ms: crate::local::AGENT_INTERVAL_MS,
+        members_on_standby: false,
     };
     println!(
         "starting {} gateway replicas, {} supervisor members and {} sandboxes in {} ...",

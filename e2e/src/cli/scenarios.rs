@@ -64,6 +64,10 @@ pub enum Command {
         /// Then real processes: this many sessions on one member (0: skip).
         #[arg(long, default_value_t = 256)]
         sessions: usize,
+        /// The sessions' members attach to the replica that did not start first, which then
+        /// usually is not the coordinator.
+        #[arg(long)]
+        members_on_standby: bool,
         /// A private PostgreSQL server for the runs.
         #[arg(long, conflicts_with = "database")]
         postgres: bool,
@@ -86,6 +90,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             members,
             concurrency,
             sessions,
+            members_on_standby,
             postgres,
         }) => {
             let backend = backend(postgres, args.database);
@@ -108,6 +113,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     sessions,
                     root: args.dir.join("sessions"),
                     backend,
+                    members_on_standby,
                 };
                 busy.push(scale::sessions::run(&settings).await?);
                 print!("{}", scale::sessions::table(&busy));

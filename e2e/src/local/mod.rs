@@ -78,6 +78,9 @@ pub struct Config {
     pub plaintext: bool,
     /// How often each sandbox's agent counts and reports (ms).
     pub agent_interval_ms: u64,
+    /// Members list the gateways in reverse order, so they attach to the last-started
+    /// replica and the first (which usually takes the lease) serves none of them.
+    pub members_on_standby: bool,
 }
 
 /// The agents' default counting period: a report every 50 ms, so a gap in the observed
@@ -142,6 +145,16 @@ impl LocalPool {
 
     pub fn endpoints(&self) -> Vec<String> {
         self.gateways.iter().map(|g| g.endpoint.clone()).collect()
+    }
+
+    /// The gateway endpoints in the order members try them (see
+    /// [`Config::members_on_standby`]).
+    pub fn member_endpoints(&self) -> Vec<String> {
+        let mut endpoints = self.endpoints();
+        if self.config.members_on_standby {
+            endpoints.reverse();
+        }
+        endpoints
     }
 
     /// `https://127.0.0.1:port`, or `http://` when plaintext.
@@ -292,7 +305,10 @@ impl LocalPool {
     fn spawn_member(&self, name: &str, runtime: &str, health: &str) -> Result<Process, Error> {
         let mut env = vec![
             ("OPENSHELL_SUPERVISOR_POOL_MEMBER".to_owned(), name.to_owned()),
-            ("OPENSHELL_GATEWAY_ENDPOINTS".to_owned(), self.endpoints().join(",")),
+            (
+                "OPENSHELL_GATEWAY_ENDPOINTS".to_owned(),
+                self.member_endpoints().join(","),
+            ),
             (
                 "OPENSHELL_SUPERVISOR_TOKEN_FILE".to_owned(),
                 self.credentials()

@@ -130,6 +130,7 @@ pub async fn run(settings: &Settings) -> Result<Report, Error> {
         lease_length_ms: 5_000,
         plaintext: false,
         agent_interval_ms: crate::local::AGENT_INTERVAL_MS,
+        members_on_standby: false,
     };
     let pool = LocalPool::start(config).await?;
     let result = measure(settings, &pool).await;

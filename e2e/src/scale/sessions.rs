@@ -30,6 +30,8 @@ pub struct Settings {
     pub sessions: usize,
     pub root: std::path::PathBuf,
     pub backend: Backend,
+    /// The members attach to the replica that did not start first ([`Config::members_on_standby`]).
+    pub members_on_standby: bool,
 }
 
 /// What one run measured.
@@ -39,6 +41,9 @@ pub struct Report {
     pub sessions: usize,
     /// From the first process started until every session is active and reporting.
     pub started_in_s: f64,
+    /// Whether the replica holding the lease is the one the members attached to (`None`:
+    /// no replica said it holds the lease).
+    pub coordinator_serves_members: Option<bool>,
     pub at_rest: AtRest,
     pub steps: Vec<Step>,
 }
@@ -80,6 +85,7 @@ pub async fn run(settings: &Settings) -> Result<Report, Error> {
         lease_length_ms: 5_000,
         plaintext: false,
         agent_interval_ms: AGENT_INTERVAL_MS,
+        members_on_standby: settings.members_on_standby,
     };
     let started = now_ms();
     let pool = LocalPool::start(config).await?;
@@ -115,6 +121,7 @@ async fn steps(settings: &Settings, pool: &LocalPool, store: &Store, started: u6
         ..gather.0
     });
     let at_rest = rest(pool, &first).await?;
+    let coordinator_serves_members = coordinator_serves_members(pool, settings.members_on_standby).await;
 
     // All of them off the first member at max_parallel 8, then back at max_parallel 1.
     let (step, id) = drain(pool, store, &mut client, &first, 8, &sandboxes).await?;
@@ -132,6 +139,7 @@ async fn steps(settings: &Settings, pool: &LocalPool, store: &Store, started: u6
         backend: settings.backend.name().into(),
         sessions: settings.sessions,
         started_in_s,
+        coordinator_serves_members,
         at_rest,
         steps,
     })
@@ -186,13 +194,7 @@ async fn drain(
         .await
         .map_err(op_error)?;
     let ended = now_ms();
-    let others: Vec<&str> = pool
-        .members
-        .iter()
-        .map(|m| m.name.as_str())
-        .filter(|m| *m != member)
-        .collect();
-    settle(pool, store, sandboxes, others.first().copied()).await?;
+    settle(pool, store, sandboxes, other_member(pool, member)).await?;
     let step = Step {
         step: format!("drain {member} (max_parallel {max_parallel})"),
         seconds: seconds(started, ended),
@@ -200,6 +202,28 @@ async fn drain(
         ..observed(pool, sandboxes, &pids, started, ended)
     };
     Ok((step, op.id))
+}
+
+/// Whether the gateway holding the lease is the one the members attached to: the first of
+/// their endpoint list ([`LocalPool::member_endpoints`]).
+async fn coordinator_serves_members(pool: &LocalPool, members_on_standby: bool) -> Option<bool> {
+    let mut coordinator = None;
+    for index in 0..pool.gateways.len() {
+        if pool.coordinator_term(index).await.is_some_and(|term| term > 0) {
+            coordinator = Some(index);
+        }
+    }
+    let serving = if members_on_standby {
+        pool.gateways.len().checked_sub(1)?
+    } else {
+        0
+    };
+    coordinator.map(|c| c == serving)
+}
+
+/// The first member of `pool` that is not `member`.
+fn other_member<'a>(pool: &'a LocalPool, member: &str) -> Option<&'a str> {
+    pool.members.iter().map(|m| m.name.as_str()).find(|m| *m != member)
 }
 
 /// SIGKILL `member`; measured until every session it held is active elsewhere.
@@ -230,13 +254,7 @@ async fn crash(pool: &LocalPool, store: &Store, member: &str, sandboxes: &[Strin
     })
     .await?;
     let ended = now_ms();
-    let others: Vec<&str> = pool
-        .members
-        .iter()
-        .map(|m| m.name.as_str())
-        .filter(|m| *m != member)
-        .collect();
-    settle(pool, store, sandboxes, others.first().copied()).await?;
+    settle(pool, store, sandboxes, other_member(pool, member)).await?;
     Ok(Step {
         step: format!("SIGKILL {member}"),
         seconds: seconds(started, ended),
@@ -330,16 +348,21 @@ fn seconds(from_ms: u64, to_ms: u64) -> f64 {
 /// The runs as a Markdown table.
 pub fn table(reports: &[Report]) -> String {
     let mut out = String::from(
-        "| store | sessions | started in | member RSS / CPU at rest | gateways' CPU at rest | reports / snapshots at rest | reconnects |\n\
-         |---|---|---|---|---|---|---|\n",
+        "| store | sessions | coordinator | started in | member RSS / CPU at rest | gateways' CPU at rest | reports / snapshots at rest | reconnects |\n\
+         |---|---|---|---|---|---|---|---|\n",
     );
     for r in reports {
         let a = &r.at_rest;
         let cpu: Vec<String> = a.gateway_cpu_percent.iter().map(|c| format!("{c:.1} %")).collect();
         out.push_str(&format!(
-            "| {} | {} | {:.1} s | {:.1} MiB / {:.1} % | {} | {:.1} / {:.1} KiB/s | {} |\n",
+            "| {} | {} | {} | {:.1} s | {:.1} MiB / {:.1} % | {} | {:.1} / {:.1} KiB/s | {} |\n",
             r.backend,
             r.sessions,
+            match r.coordinator_serves_members {
+                Some(true) => "serves the members",
+                Some(false) => "elsewhere",
+                None => "unknown",
+            },
             r.started_in_s,
             a.member_rss_mib,
             a.member_cpu_percent,

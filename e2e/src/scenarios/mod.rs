@@ -114,6 +114,7 @@ pub async fn run(name: &str, setup: &Setup) -> Result<Outcome, Error> {
         lease_length_ms: 5000,
         plaintext: false,
         agent_interval_ms: crate::local::AGENT_INTERVAL_MS,
+        members_on_standby: false,
     };
     let mut pool = LocalPool::start(config).await?;
     let url =

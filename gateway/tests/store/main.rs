@@ -32,6 +32,7 @@ on_both_backends!(suite;
     only_ended_operations_can_be_forgotten,
     every_write_to_a_table_the_pool_view_reads_is_counted,
     pool_writes_are_notified_to_listening_replicas,
+    another_replicas_write_wakes_the_pool_read,
     signing_key_rotation_is_fenced,
     members_expire_by_ttl,
     member_removal_needs_the_same_process,
