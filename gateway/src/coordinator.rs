@@ -308,7 +308,7 @@ fn settle(view: &View, op: &Operation) -> Option<Operation> {
         .get(&op.target)
         .zip(view.reports.get(&op.target))
         .filter(|(a, r)| r.term == a.term && r.process_id == a.process_id)
-        .filter(|(_, r)| matches!(r.phase.as_str(), "INSTANCE_PHASE_ACTIVE" | "INSTANCE_PHASE_STARTING"))
+        .filter(|(_, r)| r.phase.hosts())
     {
         (
             OperationPhase::Succeeded,
@@ -343,7 +343,7 @@ fn reserved(route: &str, member: &str, process_id: &str, term: i64, generation: 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{InstanceRecord, MemberRecord, Report, SecretBytes};
+    use crate::store::{InstanceRecord, MemberRecord, Report, ReportPhase, SecretBytes};
 
     fn view() -> View {
         let mut v = View {
@@ -577,7 +577,7 @@ mod tests {
                 term: 4,
                 member: "b".into(),
                 process_id: "b-p".into(),
-                phase: "INSTANCE_PHASE_ACTIVE".into(),
+                phase: ReportPhase::Active,
                 message: String::new(),
                 workload_pid: 1,
                 progress: 0,

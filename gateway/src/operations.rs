@@ -81,11 +81,10 @@ pub fn expired(view: &View) -> Vec<FencedWrite> {
 /// Whether `a` is settled: its owner reported the instance active (or starting) at its term.
 fn settled(view: &View, a: &Assignment) -> bool {
     a.phase == AssignmentPhase::Active
-        || view.reports.get(&a.route).is_some_and(|r| {
-            r.term == a.term
-                && r.process_id == a.process_id
-                && matches!(r.phase.as_str(), "INSTANCE_PHASE_ACTIVE" | "INSTANCE_PHASE_STARTING")
-        })
+        || view
+            .reports
+            .get(&a.route)
+            .is_some_and(|r| r.term == a.term && r.process_id == a.process_id && r.phase.hosts())
 }
 
 /// Handoffs in flight: assignments past the term their generation was placed at that have

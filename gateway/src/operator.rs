@@ -121,9 +121,7 @@ pub fn status(view: &View, lease: Option<&LeaseView>, served_by: &str) -> GetSup
                 owner_process_id: a.map(|a| a.process_id.clone()).unwrap_or_default(),
                 term: a.map_or(0, |a| u64::try_from(a.term).unwrap_or(0)),
                 reserved: a.is_some_and(|a| a.phase == AssignmentPhase::Reserved),
-                phase: r
-                    .and_then(|r| proto::common::v1::InstancePhase::from_str_name(&r.phase))
-                    .unwrap_or_default() as i32,
+                phase: r.and_then(|r| r.phase.wire()).unwrap_or_default() as i32,
                 last_report_at_ms: r.map_or(0, |r| r.updated_at_ms),
                 message: r.map(|r| r.message.clone()).unwrap_or_default(),
                 workload_pid: r.map_or(0, |r| u32::try_from(r.workload_pid).unwrap_or(0)),

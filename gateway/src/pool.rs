@@ -353,11 +353,10 @@ impl View {
         self.assignments
             .values()
             .map(|a| {
-                let failed = self.reports.get(&a.route).is_some_and(|r| {
-                    r.term == a.term
-                        && r.process_id == a.process_id
-                        && matches!(r.phase.as_str(), "INSTANCE_PHASE_FAILED" | "ABSENT")
-                });
+                let failed = self
+                    .reports
+                    .get(&a.route)
+                    .is_some_and(|r| r.term == a.term && r.process_id == a.process_id && r.phase.lost());
                 let owner = Owner {
                     member: a.member.clone(),
                     process_id: a.process_id.clone(),

@@ -111,6 +111,7 @@ async fn flush(writer: &Writer, store: &Store) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::ReportPhase;
 
     fn report(route: &str, term: i64, progress: i64) -> Report {
         Report {
@@ -118,7 +119,7 @@ mod tests {
             term,
             member: "m".into(),
             process_id: "p".into(),
-            phase: "INSTANCE_PHASE_ACTIVE".into(),
+            phase: ReportPhase::Active,
             message: String::new(),
             workload_pid: 1,
             progress,

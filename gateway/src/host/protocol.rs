@@ -9,6 +9,7 @@ use proto::common::v1::RouteDirectoryEntry;
 use proto::host::v1::{Snapshot, StatusReport};
 
 use crate::pool::Directory;
+use crate::store::ReportPhase;
 
 /// Why a member message was dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,9 +28,9 @@ pub enum Dropped {
 pub struct Attributed {
     pub route: String,
     pub term: u64,
-    /// Wire phase name, or `ABSENT` when the member reconciled past the
-    /// installing revision without hosting the route.
-    pub phase: String,
+    /// `Absent` when the member reconciled past the installing revision without hosting
+    /// the route.
+    pub phase: ReportPhase,
     pub message: String,
     pub workload_pid: u32,
     pub progress: u64,
@@ -51,7 +52,7 @@ pub struct HostProtocol {
     directory: Option<Arc<Directory>>,
     /// Whether the member applies directory deltas (`Hello.directory_deltas`).
     deltas: bool,
-    /// What this stream last handed to the report writer, per route.
+    /// What this stream last handed to the report writer, per route it still installs.
     written: BTreeMap<String, Attributed>,
 }
 
@@ -97,6 +98,8 @@ impl HostProtocol {
         }
         let carried: std::collections::BTreeSet<&str> = body.instances.iter().map(|o| o.route.as_str()).collect();
         self.installs.retain(|route, _| carried.contains(route.as_str()));
+        // A route that left this member is reported no more on this stream.
+        self.written.retain(|route, _| self.installs.contains_key(route));
         let mut numbered = Snapshot {
             revision: self.revision,
             ..body.clone()
@@ -152,9 +155,7 @@ impl HostProtocol {
         let attributed = |route: &String, term: u64, s: &proto::host::v1::InstanceStatus| Attributed {
             route: route.clone(),
             term,
-            phase: proto::common::v1::InstancePhase::from_wire(s.phase)
-                .as_str_name()
-                .to_owned(),
+            phase: ReportPhase::of(proto::common::v1::InstancePhase::from_wire(s.phase)),
             message: plumbing::text::prefix(&s.message, proto::MAX_STATUS_MESSAGE_BYTES).to_owned(),
             workload_pid: s.workload_pid,
             progress: s.counters.as_ref().map_or(0, |c| c.last_progress_value),
@@ -184,7 +185,7 @@ impl HostProtocol {
                 None => Attributed {
                     route: route.clone(),
                     term,
-                    phase: "ABSENT".into(),
+                    phase: ReportPhase::Absent,
                     message: "the owner acknowledged the assignment but does not host it".into(),
                     workload_pid: 0,
                     progress: 0,
@@ -202,7 +203,7 @@ impl HostProtocol {
             let urgent = match self.written.get(&status.route) {
                 Some(last) if *last == status => continue,
                 Some(last) => {
-                    (last.term, &last.phase, last.workload_pid) != (status.term, &status.phase, status.workload_pid)
+                    (last.term, last.phase, last.workload_pid) != (status.term, status.phase, status.workload_pid)
                 }
                 None => true,
             };

@@ -1,7 +1,9 @@
 //! Unit tests of [`super::desired`] over plain pool views (also the fixtures other modules' tests build views with).
 
 use super::*;
-use crate::store::{Assignment, AssignmentPhase, InstanceRecord, MemberRecord, Operation, Report, SecretBytes};
+use crate::store::{
+    Assignment, AssignmentPhase, InstanceRecord, MemberRecord, Operation, Report, ReportPhase, SecretBytes,
+};
 
 fn member(name: &str, expires_at_ms: i64) -> MemberRecord {
     MemberRecord {
@@ -57,12 +59,12 @@ pub(crate) fn view() -> View {
                 updated_at_ms: 0,
             },
         );
-        report(&mut v, route, "INSTANCE_PHASE_ACTIVE");
+        report(&mut v, route, ReportPhase::Active);
     }
     v
 }
 
-fn report(v: &mut View, route: &str, phase: &str) {
+fn report(v: &mut View, route: &str, phase: ReportPhase) {
     let a = v.assignments[route].clone();
     v.reports.insert(
         route.into(),
@@ -71,7 +73,7 @@ fn report(v: &mut View, route: &str, phase: &str) {
             term: a.term,
             member: a.member.clone(),
             process_id: a.process_id.clone(),
-            phase: phase.into(),
+            phase,
             message: String::new(),
             workload_pid: 7,
             progress: 0,
@@ -211,7 +213,7 @@ fn a_lost_member_degrades_the_pool_and_transitions_keep_their_time() {
     a.member = "a".into();
     a.process_id = "a-p".into();
     a.term = 2;
-    report(&mut v, "r3", "INSTANCE_PHASE_ACTIVE");
+    report(&mut v, "r3", ReportPhase::Active);
     let status = desired(&v, Some(&lease()), Some(&status));
     assert_eq!(status.members.len(), 1);
     assert_eq!(state(&status, DEGRADED), ("False".into(), "AsExpected".into()));
@@ -310,8 +312,8 @@ pub(crate) fn undeclared(crd: &str, value: &serde_json::Value) -> Vec<String> {
 #[test]
 fn failed_instances_degrade_the_pool() {
     let mut v = view();
-    report(&mut v, "r2", "INSTANCE_PHASE_FAILED");
-    report(&mut v, "r3", "INSTANCE_PHASE_STARTING");
+    report(&mut v, "r2", ReportPhase::Failed);
+    report(&mut v, "r3", ReportPhase::Starting);
     let status = desired(&v, Some(&lease()), None);
     assert_eq!(
         (

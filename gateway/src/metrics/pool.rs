@@ -14,7 +14,7 @@ use prometheus_client::registry::Registry;
 use crate::operations;
 use crate::placement::MAX_INSTANCES_PER_MEMBER;
 use crate::pool::View;
-use crate::store::OperationKind;
+use crate::store::{OperationKind, ReportPhase};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub struct KindLabels {
@@ -66,17 +66,17 @@ pub enum Phase {
 }
 
 impl Phase {
-    /// The phase of an owner's report (`INSTANCE_PHASE_ACTIVE`, …); unknown ones are `failed`,
-    /// as receivers treat an unspecified phase.
-    fn reported(phase: &str) -> Self {
-        match phase.trim_start_matches("INSTANCE_PHASE_") {
-            "STARTING" => Self::starting,
-            "ACTIVE" => Self::active,
-            "RECOVERING" => Self::recovering,
-            "RELINQUISHED" => Self::relinquished,
-            "STOPPED" => Self::stopped,
-            "ABSENT" => Self::pending,
-            _ => Self::failed,
+    /// The phase of an owner's report; an owner that does not host the instance leaves it
+    /// pending.
+    fn reported(phase: ReportPhase) -> Self {
+        match phase {
+            ReportPhase::Starting => Self::starting,
+            ReportPhase::Active => Self::active,
+            ReportPhase::Recovering => Self::recovering,
+            ReportPhase::Relinquished => Self::relinquished,
+            ReportPhase::Stopped => Self::stopped,
+            ReportPhase::Absent => Self::pending,
+            ReportPhase::Failed => Self::failed,
         }
     }
 }
@@ -181,7 +181,7 @@ impl Figures {
                     view.reports
                         .get(&route)
                         .filter(|r| r.term == a.term && r.process_id == a.process_id)
-                        .map_or(Phase::pending, |r| Phase::reported(&r.phase))
+                        .map_or(Phase::pending, |r| Phase::reported(r.phase))
                 }
             };
             *f.instances.entry(PhaseLabels { phase }).or_default() += 1;

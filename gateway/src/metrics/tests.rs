@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use crate::pool::View;
 use crate::store::{
     Assignment, AssignmentPhase, InstanceRecord, MemberRecord, Operation, OperationKind, OperationPhase, Report,
-    SecretBytes,
+    ReportPhase, SecretBytes,
 };
 
 fn instance(route: &str) -> InstanceRecord {
@@ -50,13 +50,13 @@ fn assignment(route: &str, member: &str, term: i64) -> Assignment {
     }
 }
 
-fn report(route: &str, member: &str, term: i64, phase: &str) -> Report {
+fn report(route: &str, member: &str, term: i64, phase: ReportPhase) -> Report {
     Report {
         route: route.into(),
         term,
         member: member.into(),
         process_id: format!("{member}-p"),
-        phase: phase.into(),
+        phase,
         message: String::new(),
         workload_pid: 0,
         progress: 0,
@@ -109,10 +109,8 @@ fn view() -> View {
     for (route, m, term) in [("r1", "a", 1), ("r2", "b", 2), ("r4", "a", 1)] {
         v.assignments.insert(route.into(), assignment(route, m, term));
     }
-    v.reports
-        .insert("r1".into(), report("r1", "a", 1, "INSTANCE_PHASE_ACTIVE"));
-    v.reports
-        .insert("r2".into(), report("r2", "b", 1, "INSTANCE_PHASE_ACTIVE"));
+    v.reports.insert("r1".into(), report("r1", "a", 1, ReportPhase::Active));
+    v.reports.insert("r2".into(), report("r2", "b", 1, ReportPhase::Active));
     v.operations = vec![
         operation("op-1", OperationKind::Drain, "b", OperationPhase::Running),
         operation("op-2", OperationKind::Drain, "a", OperationPhase::Succeeded),

@@ -219,7 +219,7 @@ impl Store {
                 .bind(r.term)
                 .bind(&r.member)
                 .bind(&r.process_id)
-                .bind(&r.phase)
+                .bind(r.phase)
                 .bind(&r.message)
                 .bind(r.workload_pid)
                 .bind(&r.reported_by)

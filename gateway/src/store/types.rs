@@ -6,6 +6,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use proto::common::v1::InstancePhase;
+
 use super::columns::{Flag, UnknownText, WithdrawnColumns};
 
 /// A coordinator lease as its holder knows it.
@@ -256,9 +258,7 @@ pub struct Report {
     pub term: i64,
     pub member: String,
     pub process_id: String,
-    /// The wire phase name (`ACTIVE`, `STARTING`, …) or `ABSENT` when the
-    /// owner reconciled past the term without hosting the route.
-    pub phase: String,
+    pub phase: ReportPhase,
     pub message: String,
     pub workload_pid: i64,
     /// The workload's last progress value the owner accepted.
@@ -267,6 +267,58 @@ pub struct Report {
     pub reported_by: String,
     /// Set by the store from the database clock.
     pub updated_at_ms: i64,
+}
+
+/// What an owner's latest report says of its instance: a wire phase (an unspecified or
+/// unknown one read as `Failed`, as the contract says), or `Absent` when the owner reconciled
+/// past the term without hosting the route. Stored as the wire name (`INSTANCE_PHASE_ACTIVE`,
+/// …) or `ABSENT`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReportPhase {
+    Starting,
+    Active,
+    Recovering,
+    Relinquished,
+    Stopped,
+    Failed,
+    Absent,
+}
+
+impl ReportPhase {
+    /// The phase of a wire value.
+    pub fn of(phase: InstancePhase) -> Self {
+        match phase {
+            InstancePhase::Starting => Self::Starting,
+            InstancePhase::Active => Self::Active,
+            InstancePhase::Recovering => Self::Recovering,
+            InstancePhase::Relinquished => Self::Relinquished,
+            InstancePhase::Stopped => Self::Stopped,
+            InstancePhase::Failed | InstancePhase::Unspecified => Self::Failed,
+        }
+    }
+
+    /// The wire phase; `None` for `Absent`.
+    pub fn wire(self) -> Option<InstancePhase> {
+        Some(match self {
+            Self::Starting => InstancePhase::Starting,
+            Self::Active => InstancePhase::Active,
+            Self::Recovering => InstancePhase::Recovering,
+            Self::Relinquished => InstancePhase::Relinquished,
+            Self::Stopped => InstancePhase::Stopped,
+            Self::Failed => InstancePhase::Failed,
+            Self::Absent => return None,
+        })
+    }
+
+    /// The owner hosts the instance (it is taking it on or holds it).
+    pub fn hosts(self) -> bool {
+        matches!(self, Self::Starting | Self::Active)
+    }
+
+    /// The owner will not host the instance at this term (it failed, or never took it on).
+    pub fn lost(self) -> bool {
+        matches!(self, Self::Failed | Self::Absent)
+    }
 }
 
 /// Where an assignment is in its handover.
@@ -388,6 +440,15 @@ macro_rules! text_enum {
 }
 
 text_enum!(AssignmentPhase { Reserved => "reserved", Active => "active" });
+text_enum!(ReportPhase {
+    Starting => "INSTANCE_PHASE_STARTING",
+    Active => "INSTANCE_PHASE_ACTIVE",
+    Recovering => "INSTANCE_PHASE_RECOVERING",
+    Relinquished => "INSTANCE_PHASE_RELINQUISHED",
+    Stopped => "INSTANCE_PHASE_STOPPED",
+    Failed => "INSTANCE_PHASE_FAILED",
+    Absent => "ABSENT",
+});
 text_enum!(OperationKind { Assign => "assign", Recover => "recover", Drain => "drain", Rebalance => "rebalance" });
 text_enum!(WithdrawnKind { RecoveryFailed => "recovery_failed" });
 text_enum!(OperationPhase {
@@ -401,6 +462,21 @@ text_enum!(OperationPhase {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn report_phases_are_stored_as_their_wire_names() {
+        for value in 0..=7 {
+            let wire = InstancePhase::from_wire(value);
+            let phase = ReportPhase::of(wire);
+            assert_eq!(phase.as_str(), wire.as_str_name(), "{value}");
+            assert_eq!(phase.as_str().parse::<ReportPhase>(), Ok(phase));
+            assert_eq!(phase.wire(), Some(wire));
+        }
+        assert_eq!(ReportPhase::of(InstancePhase::Unspecified), ReportPhase::Failed);
+        assert_eq!("ABSENT".parse::<ReportPhase>(), Ok(ReportPhase::Absent));
+        assert_eq!(ReportPhase::Absent.wire(), None);
+        assert!("INSTANCE_PHASE_UNSPECIFIED".parse::<ReportPhase>().is_err());
+    }
 
     #[test]
     fn secrets_are_not_printed() {

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use gateway::store::{AssignmentPhase, OperationKind, OperationPhase};
+use gateway::store::{AssignmentPhase, OperationKind, OperationPhase, ReportPhase};
 use proto::host::v1::member_message::Kind as MemberKind;
 use proto::host::v1::{Ack, StatusReport};
 use tonic::Code;
@@ -329,7 +329,10 @@ pub async fn reports_count_only_after_the_installing_revision_is_acked(db: &Test
     // term, so the route reads ABSENT until the second report arrives.
     let reports = wait_for("the report of the installed term", 500, || async {
         let reports = db.store.list_reports().await.ok()?;
-        reports.iter().any(|r| r.phase != "ABSENT").then_some(reports)
+        reports
+            .iter()
+            .any(|r| r.phase != ReportPhase::Absent)
+            .then_some(reports)
     })
     .await;
     assert_eq!(reports.len(), 1, "one row per route: nothing at term + 1");

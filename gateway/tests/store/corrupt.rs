@@ -11,7 +11,7 @@ use std::time::Duration;
 use gateway::store::{Backend, Checkpoint, Error, FencedWrite, GrantRecord, Registration, SecretBytes};
 use sqlx::{AnyConnection, Connection, Executor};
 
-use crate::suite::{acquire, assignment, operation};
+use crate::suite::{acquire, active_report, assignment, operation};
 use crate::support::TestDb;
 
 /// Run `statements` on a connection of its own that writes past the tables' checks.
@@ -61,6 +61,7 @@ pub async fn an_unknown_value_is_a_corrupt_record_and_changes_nothing(db: &TestD
         )
         .await
         .unwrap();
+    store.record_report(&active_report("r1")).await.unwrap();
 
     write_unchecked(
         db,
@@ -68,6 +69,7 @@ pub async fn an_unknown_value_is_a_corrupt_record_and_changes_nothing(db: &TestD
             "UPDATE assignments SET phase = 'paused'",
             "UPDATE operations SET kind = 'migrate'",
             "UPDATE instances SET withdrawn = TRUE, withdrawn_reason = 'evicted'",
+            "UPDATE instance_reports SET phase = 'INSTANCE_PHASE_PAUSED'",
         ],
     )
     .await;
@@ -77,6 +79,7 @@ pub async fn an_unknown_value_is_a_corrupt_record_and_changes_nothing(db: &TestD
     assert_corrupt(store.operation("op-1").await, "operations", "migrate");
     assert_corrupt(store.list_instances().await, "instances", "evicted");
     assert_corrupt(store.instance("r1").await, "instances", "evicted");
+    assert_corrupt(store.list_reports().await, "instance_reports", "INSTANCE_PHASE_PAUSED");
 
     // A grant and an activation read the assignment's phase: both refuse, nothing written.
     let grant = GrantRecord {

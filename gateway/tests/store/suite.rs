@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use gateway::store::{
     self, Acquire, Activation, Assignment, AssignmentPhase, Checkpoint, Error, Fence, FencedWrite, GrantRecord, Lease,
-    MemberUpdate, Operation, OperationKind, OperationPhase, Registered, Registration, Report, SecretBytes, SigningKey,
-    Store, WithdrawnReason,
+    MemberUpdate, Operation, OperationKind, OperationPhase, Registered, Registration, Report, ReportPhase, SecretBytes,
+    SigningKey, Store, WithdrawnReason,
 };
 use tokio::sync::Mutex;
 
@@ -26,6 +26,22 @@ pub fn activation(term: i64, process_id: &str, jti: &str, digest: &[u8], workloa
         jti: jti.to_owned(),
         digest: digest.to_vec(),
         workload,
+    }
+}
+
+/// `m1`'s report of `route` active at term 1.
+pub fn active_report(route: &str) -> Report {
+    Report {
+        route: route.into(),
+        term: 1,
+        member: "m1".into(),
+        process_id: "m1-p1".into(),
+        phase: ReportPhase::Active,
+        message: String::new(),
+        workload_pid: 42,
+        progress: 0,
+        reported_by: "gw-a".into(),
+        updated_at_ms: 0,
     }
 }
 
@@ -1219,18 +1235,7 @@ pub async fn every_write_to_a_table_the_pool_view_reads_is_counted(db: &TestDb) 
     db.store.write_fenced(&lease, &[assign]).await.unwrap();
     let placed = counts().await;
     assert!(placed.assignments > after.assignments && placed.instances > after.instances);
-    let report = Report {
-        route: "team-a/agent-0".into(),
-        term: 1,
-        member: "m1".into(),
-        process_id: "m1-p1".into(),
-        phase: "ACTIVE".into(),
-        message: String::new(),
-        workload_pid: 42,
-        progress: 0,
-        reported_by: "gw-a".into(),
-        updated_at_ms: 0,
-    };
+    let report = active_report("team-a/agent-0");
     db.store.record_report(&report).await.unwrap();
     let reported = counts().await;
     assert!(reported.reports > placed.reports);
@@ -1267,7 +1272,7 @@ pub async fn every_write_to_a_table_the_pool_view_reads_is_counted(db: &TestDb) 
     );
     assert!(
         counted(Report {
-            phase: "FAILED".into(),
+            phase: ReportPhase::Failed,
             ..report.clone()
         })
         .await,
@@ -1293,29 +1298,29 @@ pub async fn every_write_to_a_table_the_pool_view_reads_is_counted(db: &TestDb) 
 }
 
 pub async fn reports_never_regress_in_term(db: &TestDb) {
-    let report = |term: i64, phase: &str| Report {
+    let report = |term: i64, phase: ReportPhase| Report {
         route: "team-a/agent-0".into(),
         term,
         member: format!("m{term}"),
         process_id: "p".into(),
-        phase: phase.into(),
+        phase,
         message: String::new(),
         workload_pid: 42,
         progress: 7,
         reported_by: "gw-a".into(),
         updated_at_ms: 0,
     };
-    db.store.record_report(&report(2, "STARTING")).await.unwrap();
-    db.store.record_report(&report(2, "ACTIVE")).await.unwrap();
-    db.store.record_report(&report(1, "FAILED")).await.unwrap();
+    db.store.record_report(&report(2, ReportPhase::Starting)).await.unwrap();
+    db.store.record_report(&report(2, ReportPhase::Active)).await.unwrap();
+    db.store.record_report(&report(1, ReportPhase::Failed)).await.unwrap();
     let reports = db.store.list_reports().await.unwrap();
     assert_eq!(reports.len(), 1);
     assert_eq!(
         (reports[0].term, reports[0].phase.as_str(), reports[0].member.as_str()),
-        (2, "ACTIVE", "m2")
+        (2, "INSTANCE_PHASE_ACTIVE", "m2")
     );
     assert_eq!(reports[0].progress, 7);
-    db.store.record_report(&report(3, "STARTING")).await.unwrap();
+    db.store.record_report(&report(3, ReportPhase::Starting)).await.unwrap();
     assert_eq!(db.store.list_reports().await.unwrap()[0].term, 3);
 }
 
@@ -1433,6 +1438,30 @@ pub async fn pool_writes_are_notified_to_listening_replicas(db: &TestDb) {
         "instances",
         "the first notification is the registration's"
     );
+    other.close().await;
+}
+
+/// A replica that follows the store's writes is woken by another replica's write: on
+/// PostgreSQL by its notification, on SQLite by the polled write counts (a coordinator that
+/// does not serve the members otherwise saw each activation only at its next 200 ms read).
+pub async fn another_replicas_write_wakes_the_pool_read(db: &TestDb) {
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let following = tokio::spawn(gateway::refresh::follow_writes(
+        db.store.clone(),
+        Arc::clone(&wake),
+        shutdown.clone(),
+    ));
+    tokio::time::timeout(LONG, wake.notified())
+        .await
+        .expect("woken once when it starts following");
+    let other = Store::open(&db.url, &store::Options::default()).await.unwrap();
+    other.register_instance(&agent_zero()).await.unwrap();
+    tokio::time::timeout(LONG, wake.notified())
+        .await
+        .expect("woken by the other replica's write");
+    shutdown.cancel();
+    following.await.unwrap();
     other.close().await;
 }
 

@@ -72,32 +72,49 @@ fn a_partial_report_speaks_only_for_the_routes_it_lists() {
     assert!(none.is_empty(), "{none:?}");
     // The same report, complete: every other acked route is absent.
     let complete = s.attribute(&report(1, &[("b", 1, InstancePhase::Active)]), 10).unwrap();
-    assert_eq!(complete.iter().filter(|a| a.phase == "ABSENT").count(), 2);
+    assert_eq!(complete.iter().filter(|a| a.phase == ReportPhase::Absent).count(), 2);
 }
 
 #[test]
 fn only_changes_reach_the_writer_and_new_phases_are_urgent() {
     let mut s = HostProtocol::default();
-    let status = |term, phase: &str, progress| Attributed {
+    let status = |term, phase: ReportPhase, progress| Attributed {
         route: "a".into(),
         term,
-        phase: phase.into(),
+        phase,
         message: String::new(),
         workload_pid: 7,
         progress,
     };
-    let first = s.changes(vec![status(1, "INSTANCE_PHASE_STARTING", 0)]);
+    let first = s.changes(vec![status(1, ReportPhase::Starting, 0)]);
     assert_eq!(first.len(), 1);
     assert!(first[0].urgent, "the first status of a route");
     assert!(
-        s.changes(vec![status(1, "INSTANCE_PHASE_STARTING", 0)]).is_empty(),
+        s.changes(vec![status(1, ReportPhase::Starting, 0)]).is_empty(),
         "unchanged"
     );
-    let counted = s.changes(vec![status(1, "INSTANCE_PHASE_STARTING", 5)]);
+    let counted = s.changes(vec![status(1, ReportPhase::Starting, 5)]);
     assert_eq!(counted.len(), 1);
     assert!(!counted[0].urgent, "progress only");
-    assert!(s.changes(vec![status(1, "INSTANCE_PHASE_ACTIVE", 5)])[0].urgent);
-    assert!(s.changes(vec![status(2, "INSTANCE_PHASE_ACTIVE", 5)])[0].urgent);
+    assert!(s.changes(vec![status(1, ReportPhase::Active, 5)])[0].urgent);
+    assert!(s.changes(vec![status(2, ReportPhase::Active, 5)])[0].urgent);
+}
+
+#[test]
+fn what_was_written_is_forgotten_for_routes_that_left_the_member() {
+    let mut s = HostProtocol::default();
+    s.next_snapshot(snapshot(&[("a", 1), ("b", 1)]), Arc::default());
+    s.on_ack(1).unwrap();
+    let out = s.attribute(
+        &report(1, &[("a", 1, InstancePhase::Active), ("b", 1, InstancePhase::Active)]),
+        10,
+    );
+    assert_eq!(s.changes(out.unwrap()).len(), 2);
+    assert_eq!(s.written.len(), 2);
+    // b moved away: its last written status goes with it (a long-lived stream of a member
+    // whose routes come and go holds only what it hosts).
+    s.next_snapshot(snapshot(&[("a", 1)]), Arc::default());
+    assert_eq!(s.written.keys().map(String::as_str).collect::<Vec<_>>(), ["a"]);
 }
 
 #[test]
@@ -277,7 +294,7 @@ fn an_acked_route_missing_from_the_report_is_absent() {
     );
     // A status for another term of the route does not count for this one.
     let out = s.attribute(&report(1, &[("a", 3, InstancePhase::Active)]), 10).unwrap();
-    assert_eq!(out[0].phase, "ABSENT");
+    assert_eq!(out[0].phase, ReportPhase::Absent);
 }
 
 #[test]
