@@ -207,6 +207,7 @@ pub async fn run_with<C: kubernetes::Cluster + Clone>(
         )),
         tokio::spawn(refresh::follow_writes(
             store.clone(),
+            replica.view.clone(),
             replica.wake.clone(),
             stop.clone(),
         )),

@@ -79,7 +79,7 @@ pub fn expired(view: &View) -> Vec<FencedWrite> {
 }
 
 /// Whether `a` is settled: its owner reported the instance active (or starting) at its term.
-fn settled(view: &View, a: &Assignment) -> bool {
+pub(crate) fn settled(view: &View, a: &Assignment) -> bool {
     a.phase == AssignmentPhase::Active
         || view
             .reports

@@ -11,6 +11,7 @@ use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
+use crate::operations;
 use crate::pool::{FULL_READ_EVERY, REFRESH_INTERVAL, View};
 use crate::store::Store;
 
@@ -73,17 +74,25 @@ pub async fn refresh(store: Store, publish: watch::Sender<Arc<View>>, wake: Arc<
     }
 }
 
-/// SQLite has no notifications: its write counts (one small read of a local file) are
-/// polled this often instead.
+/// SQLite has no notifications: while another replica's write is awaited
+/// ([`awaits_writes`]), its write-ahead log is looked at this often instead, and the write
+/// counts read when it changed.
 pub const WRITES_POLL_EVERY: Duration = Duration::from_millis(25);
 
 /// Wake the pool read whenever any replica commits a write to a table the view reads (a
 /// planned move's activation on the replica serving the members, seen at once by a
 /// coordinator elsewhere instead of at its next [`REFRESH_INTERVAL`] read). PostgreSQL:
 /// notifications from the writing transactions, reconnecting with backoff. SQLite: the write
-/// counts polled every [`WRITES_POLL_EVERY`]. Either wakes once when it starts following
+/// counts read whenever the write-ahead log changed, looked at every [`WRITES_POLL_EVERY`]
+/// while this replica's latest view (`views`) awaits writes. Either wakes once when it starts
+/// following
 /// (a write may have landed before).
-pub async fn follow_writes(store: Store, wake: Arc<Notify>, shutdown: CancellationToken) {
+pub async fn follow_writes(
+    store: Store,
+    views: watch::Receiver<Arc<View>>,
+    wake: Arc<Notify>,
+    shutdown: CancellationToken,
+) {
     let mut failures = 0u32;
     loop {
         let connected = tokio::select! {
@@ -91,7 +100,7 @@ pub async fn follow_writes(store: Store, wake: Arc<Notify>, shutdown: Cancellati
             listener = store.listen_pool_writes(timing::CONNECT_TIMEOUT * 5) => listener,
         };
         match connected {
-            None => return poll_writes(store, wake, shutdown).await,
+            None => return poll_writes(store, views, wake, shutdown).await,
             Some(Ok(mut listener)) => {
                 failures = 0;
                 // A write may have landed while this replica was not listening.
@@ -124,15 +133,72 @@ pub async fn follow_writes(store: Store, wake: Arc<Notify>, shutdown: Cancellati
     }
 }
 
-/// SQLite: wake the pool read when the write counts move.
-async fn poll_writes(store: Store, wake: Arc<Notify>, shutdown: CancellationToken) {
+/// How long a reserved term's activation is awaited at [`WRITES_POLL_EVERY`]: a sidecar
+/// fences and the owner activates within a second or two; a term reserved longer than this
+/// is stuck (its owner or sidecar is gone, and its recovery has a deadline) and is left to
+/// the read loop.
+pub const HANDOFF_AWAITED_MS: i64 = 10_000;
+
+/// Whether the pool waits for writes another replica may make: an operation is open, or a
+/// handoff (a term past the one its workload was placed at, see [`operations::in_flight`])
+/// was reserved in the last [`HANDOFF_AWAITED_MS`] and has not settled. A pool at rest waits
+/// for none, nor does a pool placing new workloads (a first placement waits for nothing
+/// sequential); what starts an operation is seen by the read loop's next
+/// [`REFRESH_INTERVAL`] read.
+pub fn awaits_writes(view: &View) -> bool {
+    view.operations.iter().any(|op| !op.phase.is_finished())
+        || view.assignments.values().any(|a| {
+            a.term > a.placed_term
+                && view.now_ms.saturating_sub(a.updated_at_ms) < HANDOFF_AWAITED_MS
+                && !operations::settled(view, a)
+        })
+}
+
+/// SQLite: wake the pool read when the write counts move, while the view
+/// [`awaits_writes`]. They are read only when the write-ahead log changed since the last
+/// look (its size or modification time: a `stat`, where a count read costs a query). A
+/// commit whose log write is seen just before it becomes readable is left to the read
+/// loop's next [`REFRESH_INTERVAL`] read, as before.
+async fn poll_writes(
+    store: Store,
+    mut views: watch::Receiver<Arc<View>>,
+    wake: Arc<Notify>,
+    shutdown: CancellationToken,
+) {
     let mut every = tokio::time::interval(WRITES_POLL_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut log = None;
     let mut last = None;
+    let mut seen = Arc::clone(&views.borrow_and_update());
+    let mut awaiting = awaits_writes(&seen);
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
             _ = every.tick() => {}
+        }
+        if views.has_changed().unwrap_or(false) {
+            let view = Arc::clone(&views.borrow_and_update());
+            // A pool that awaited nothing awaits nothing while its tables stay the same read
+            // (time only ends an await): no walk over every assignment each read at rest.
+            let same = view.assignments.same(&seen.assignments)
+                && view.reports.same(&seen.reports)
+                && view.operations.same(&seen.operations);
+            if awaiting || !same {
+                awaiting = awaits_writes(&view);
+            }
+            seen = view;
+        }
+        if !awaiting {
+            continue;
+        }
+        if let Some(wal) = store.sqlite_wal() {
+            let now = tokio::fs::metadata(wal)
+                .await
+                .ok()
+                .map(|m| (m.len(), m.modified().ok()));
+            if now.is_some() && std::mem::replace(&mut log, now) == now {
+                continue;
+            }
         }
         // A failed or slow read is left to the read loop, which reports it.
         if let Ok(Ok(writes)) = tokio::time::timeout(REFRESH_INTERVAL, store.pool_writes()).await
@@ -189,6 +255,81 @@ pub async fn beat(store: Store, name: String, shutdown: CancellationToken) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
+
+    use crate::store::{Assignment, AssignmentPhase, Operation, OperationKind, OperationPhase, Report, ReportPhase};
+
+    #[test]
+    fn a_pool_awaits_writes_while_an_operation_is_open_or_a_handoff_reserved() {
+        let mut view = View::default();
+        assert!(!awaits_writes(&view), "at rest");
+        let mut op = Operation {
+            id: "op-1".into(),
+            kind: OperationKind::Drain,
+            target: "m1".into(),
+            phase: OperationPhase::Running,
+            message: String::new(),
+            attempts: 0,
+            moves: 0,
+            deadline_at_ms: None,
+            max_parallel: 1,
+            requested_by: "admin".into(),
+            cancel_requested: false,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+        };
+        view.operations = vec![op.clone()].into();
+        assert!(awaits_writes(&view), "a drain running");
+        op.phase = OperationPhase::Succeeded;
+        view.operations = vec![op].into();
+        assert!(!awaits_writes(&view), "a drain in force waits for nothing");
+        let mut handoff = Assignment {
+            route: "r1".into(),
+            member: "m2".into(),
+            process_id: "m2-p1".into(),
+            term: 2,
+            phase: AssignmentPhase::Reserved,
+            generation: 1,
+            placed_term: 1,
+            coordinator_term: 1,
+            updated_at_ms: 0,
+        };
+        view.now_ms = 60_000;
+        handoff.updated_at_ms = 55_000;
+        view.assignments = BTreeMap::from([("r1".to_owned(), handoff.clone())]).into();
+        assert!(awaits_writes(&view), "a reserved term waits for its activation");
+        let first = Assignment {
+            term: 1,
+            ..handoff.clone()
+        };
+        view.assignments = BTreeMap::from([("r1".to_owned(), first)]).into();
+        assert!(!awaits_writes(&view), "a first placement waits for nothing sequential");
+        view.assignments = BTreeMap::from([("r1".to_owned(), handoff.clone())]).into();
+        view.now_ms = 65_000;
+        assert!(
+            !awaits_writes(&view),
+            "a term reserved 10 s ago is stuck: left to the read loop"
+        );
+        view.now_ms = 60_000;
+        let hosting = Report {
+            route: "r1".into(),
+            term: 2,
+            member: "m2".into(),
+            process_id: "m2-p1".into(),
+            phase: ReportPhase::Active,
+            message: String::new(),
+            workload_pid: 7,
+            progress: 0,
+            reported_by: "gw".into(),
+            updated_at_ms: 0,
+        };
+        view.reports = BTreeMap::from([("r1".to_owned(), hosting)]).into();
+        assert!(!awaits_writes(&view), "its owner reports hosting it: settled");
+        view.reports = BTreeMap::new().into();
+        handoff.phase = AssignmentPhase::Active;
+        view.assignments = BTreeMap::from([("r1".to_owned(), handoff)]).into();
+        assert!(!awaits_writes(&view));
+    }
 
     #[test]
     fn a_blackout_is_the_span_between_the_last_read_before_a_failure_and_the_first_after() {

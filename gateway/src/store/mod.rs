@@ -152,6 +152,8 @@ pub struct Store {
     /// PostgreSQL: where [`Store::listen_pool_writes`] connects (never shown: it may carry a
     /// password).
     listen_url: Option<std::sync::Arc<str>>,
+    /// SQLite: the write-ahead log every committed transaction appends to (or restarts).
+    sqlite_wal: Option<std::sync::Arc<std::path::Path>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -195,6 +197,13 @@ impl Store {
             Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
             Err(_) => Err(Error::Interrupted),
         }
+    }
+
+    /// SQLite (a file): its write-ahead log, which every commit of any process appends to or
+    /// restarts — a cheap sign that [`Store::pool_writes`] may have moved. `None` on
+    /// PostgreSQL and for an in-memory database.
+    pub fn sqlite_wal(&self) -> Option<&std::path::Path> {
+        self.sqlite_wal.as_deref()
     }
 
     /// PostgreSQL: a connection that receives a notification each time a transaction that

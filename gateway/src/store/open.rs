@@ -90,6 +90,11 @@ impl Store {
             locks,
             keks: None,
             listen_url: (backend == Backend::Postgres).then(|| std::sync::Arc::from(url)),
+            sqlite_wal: files::sqlite_path(url).map(|path| {
+                let mut wal = path.into_os_string();
+                wal.push("-wal");
+                std::sync::Arc::from(std::path::Path::new(&wal))
+            }),
         };
         store.migrate(&shown).await?;
         Ok(store)

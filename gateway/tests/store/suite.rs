@@ -1441,14 +1441,21 @@ pub async fn pool_writes_are_notified_to_listening_replicas(db: &TestDb) {
     other.close().await;
 }
 
-/// A replica that follows the store's writes is woken by another replica's write: on
-/// PostgreSQL by its notification, on SQLite by the polled write counts (a coordinator that
-/// does not serve the members otherwise saw each activation only at its next 200 ms read).
+/// A replica that follows the store's writes while an operation runs is woken by another
+/// replica's write: on PostgreSQL by its notification, on SQLite by the polled write counts
+/// (a coordinator that does not serve the members otherwise saw each activation only at its
+/// next 200 ms read).
 pub async fn another_replicas_write_wakes_the_pool_read(db: &TestDb) {
     let wake = Arc::new(tokio::sync::Notify::new());
     let shutdown = tokio_util::sync::CancellationToken::new();
+    let draining = gateway::pool::View {
+        operations: vec![operation("op-1")].into(),
+        ..gateway::pool::View::default()
+    };
+    let (_views, view) = tokio::sync::watch::channel(Arc::new(draining));
     let following = tokio::spawn(gateway::refresh::follow_writes(
         db.store.clone(),
+        view,
         Arc::clone(&wake),
         shutdown.clone(),
     ));
