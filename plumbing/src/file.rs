@@ -47,20 +47,22 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_replacement_keeps_the_old_content() {
+    fn a_failed_replacement_leaves_the_target_as_it_was() {
         let dir = tempfile::tempdir().unwrap();
-        write_atomic(dir.path(), "state.json", b"one", 0o644).unwrap();
-        // The target is now a directory: the rename fails.
-        let blocked = dir.path().join("blocked");
-        fs::create_dir(blocked.join("x").parent().unwrap()).unwrap();
-        fs::write(blocked.join("x"), b"").unwrap();
-        assert!(write_atomic(dir.path(), "blocked", b"two", 0o644).is_err());
-        assert_eq!(fs::read(dir.path().join("state.json")).unwrap(), b"one");
-        let mut names: Vec<_> = fs::read_dir(dir.path())
+        // A non-empty directory as the target: the rename over it fails (for root too).
+        let target = dir.path().join("state.json");
+        fs::create_dir(&target).unwrap();
+        fs::write(target.join("kept"), b"one").unwrap();
+        assert!(write_atomic(dir.path(), "state.json", b"two", 0o644).is_err());
+        assert_eq!(
+            fs::read(target.join("kept")).unwrap(),
+            b"one",
+            "the target is untouched"
+        );
+        let names: Vec<_> = fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
-        names.sort();
-        assert_eq!(names, ["blocked", "state.json"], "no temporary file is left");
+        assert_eq!(names, ["state.json"], "no temporary file is left");
     }
 }
