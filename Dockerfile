@@ -51,7 +51,10 @@ EXPOSE 7443 9090
 ENTRYPOINT ["/usr/local/bin/supervisor"]
 
 FROM runtime AS sidecar
-COPY --from=build /out/sidecar /usr/local/bin/sidecar
+# Execute-only (and root's): a process that runs a file it cannot read is non-dumpable from
+# execve on, so no workload process of its UID can read its memory or files through /proc
+# (sidecar/src/conceal.rs).
+COPY --from=build --chown=0:0 --chmod=0111 /out/sidecar /usr/local/bin/sidecar
 ENTRYPOINT ["/usr/local/bin/sidecar"]
 
 FROM runtime AS webhook

@@ -85,7 +85,7 @@ spec:
     - name: probe
       image: {image}
       imagePullPolicy: Never
-      command: ["/usr/local/bin/probe", "--route", "{route}", "--uid", "{uid}"]
+      command: ["/usr/local/bin/probe", "registry", "--route", "{route}", "--uid", "{uid}"]
       env:
         - name: OPENSHELL_GATEWAY_ENDPOINTS
           value: https://openshell-gateway.openshell-supervision.svc:8443
@@ -235,6 +235,8 @@ async fn the_user_flow_on_a_real_cluster() {
     flow.step("install", Flow::install).await;
     flow.step("label a namespace and run agents", Flow::supervise).await;
     flow.step("another namespace's Pod acts for ours", Flow::cross_namespace)
+        .await;
+    flow.step("a workload reaches for its sidecar", Flow::sidecar_unreachable)
         .await;
     flow.step("supervisor Pod force-deleted", Flow::supervisor_pod_deleted)
         .await;
@@ -1122,6 +1124,87 @@ impl Flow {
             .await?;
         let seconds = base.t0.elapsed().as_secs_f64();
         self.survived("cross-namespace probe", seconds, &base).await
+    }
+
+    /// From inside a workload container (`kubectl exec` into the agent, the workload's UID,
+    /// the Pod's shared PID namespace), `probe sidecar` tries every path to the sidecar's
+    /// token, fence state, environment and memory: each is refused by the kernel, while the
+    /// same read of the agent's own environment (the control) succeeds. The Pod spec mounts
+    /// the sidecar's volumes in the sidecar only, and the sidecar says it was non-dumpable
+    /// from exec (its image installs it execute-only).
+    async fn sidecar_unreachable(&mut self) -> Result<(), Error> {
+        let base = self.baseline().await?;
+        for pod in &base.names {
+            let out = self
+                .kubectl
+                .run(&[
+                    "exec",
+                    "-n",
+                    &self.namespace,
+                    pod,
+                    "-c",
+                    "agent",
+                    "--",
+                    "/usr/local/bin/probe",
+                    "sidecar",
+                ])
+                .await?;
+            let attempts: Vec<&str> = out.lines().filter(|l| l.starts_with("probe path=")).collect();
+            eprintln!("   {pod}: {} attempts", attempts.len());
+            check(out.lines().any(|l| l.starts_with("probe sidecar pid=")), || {
+                format!("the probe found the sidecar of {pod}:\n{out}")
+            })?;
+            check(attempts.len() >= 15, || {
+                format!("every path was tried in {pod}:\n{out}")
+            })?;
+            let reached: Vec<&&str> = attempts
+                .iter()
+                .filter(|l| {
+                    let own = l.starts_with("probe path=own:");
+                    !(l.contains(" result=refused ") || own && l.contains(" result=absent "))
+                })
+                .collect();
+            check(reached.is_empty(), || {
+                format!("the workload of {pod} reached its sidecar: {reached:?}\n{out}")
+            })?;
+            check(
+                out.lines()
+                    .any(|l| l.starts_with("probe control=agent") && l.ends_with("environ=reached")),
+                || format!("the control read of the agent's own environment succeeded in {pod}:\n{out}"),
+            )?;
+            let spec = self.kubectl.json(&["get", "pod", "-n", &self.namespace, pod]).await?;
+            for container in spec
+                .pointer("/spec/containers")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let mounts: Vec<&str> = container["volumeMounts"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|m| m["name"].as_str())
+                    .collect();
+                check(
+                    !mounts.iter().any(|m| *m == SECRET || *m == "openshell-sidecar-state"),
+                    || {
+                        format!(
+                            "{pod}: container {} mounts a sidecar volume: {mounts:?}",
+                            container["name"]
+                        )
+                    },
+                )?;
+            }
+            let log = self
+                .kubectl
+                .run(&["logs", "-n", &self.namespace, pod, "-c", "openshell-sidecar"])
+                .await?;
+            check(log.contains("non-dumpable from exec"), || {
+                format!("the sidecar of {pod} was non-dumpable from exec:\n{log}")
+            })?;
+        }
+        let seconds = base.t0.elapsed().as_secs_f64();
+        self.survived("workload probes its sidecar", seconds, &base).await
     }
 
     async fn label_and_secret(&mut self) -> Result<(), Error> {

@@ -8,6 +8,7 @@
 //! [`run`] is the whole sidecar; `main.rs` only parses the configuration and signals.
 
 pub mod codec;
+pub mod conceal;
 pub mod config;
 mod engine;
 pub mod episode;

@@ -1,14 +1,33 @@
-//! `sidecar`: parses the configuration, installs logging and signal handling (the first
-//! SIGTERM/SIGINT drains, a second one forces an exit) and runs [`sidecar::run`].
+//! `sidecar`: makes itself unreachable from the workload ([`sidecar::conceal`]), parses the
+//! configuration, installs logging and signal handling (the first SIGTERM/SIGINT drains, a
+//! second one forces an exit) and runs [`sidecar::run`].
 
 use anyhow::Context;
 use clap::Parser;
 use sidecar::{Config, Outcome};
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    // Before anything reads a secret: no workload process may read this one's memory,
+    // environment, descriptors or files.
+    sidecar::conceal::seal()?;
     let config = Config::parse();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?
+        .block_on(serve(config))
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
     plumbing::logging::init(config.log.log_format, "info");
+    if sidecar::conceal::sealed_from_exec() {
+        tracing::info!("non-dumpable from exec (execute-only binary): workload processes cannot read this process");
+    } else if config.command.is_empty() {
+        tracing::warn!(
+            "the sidecar's executable is readable: it is non-dumpable only from its first instruction on; \
+             install it execute-only (mode 0111) as the images do"
+        );
+    }
     let shutdown = plumbing::shutdown::install().context("installing the SIGTERM/SIGINT handlers")?;
     // Without a command the sidecar is a Pod's long-lived container: once the instance has
     // ended it stays up (idle) until the Pod stops it, instead of being restarted.

@@ -1,5 +1,4 @@
-//! The cluster test's attacker (binary `probe`): a Pod that tries to act for a workload it is
-//! not. With its own credential (in Kubernetes its Pod's projected ServiceAccount token, `token`
+//! `probe registry`: a Pod that tries to act for a workload it is not. With its own credential (in Kubernetes its Pod's projected ServiceAccount token, `token`
 //! in the directory) it asks the gateway's instance registry to register, withdraw and report a
 //! failed recovery for another instance (`--route`, `--uid`), first naming the victim as it is,
 //! then claiming its own namespace. Prints one line per call,
@@ -9,13 +8,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Parser;
 use plumbing::tls::ClientTls;
 use proto::common::v1::InstanceRef;
 use proto::registry::v1::instance_registry_client::InstanceRegistryClient;
 use proto::registry::v1::{DeregisterRequest, RecoveryFailedRequest, RegisterRequest};
 
-#[derive(Debug, Parser)]
+#[derive(Debug, clap::Args)]
 pub struct Args {
     /// Gateway endpoint.
     #[arg(long, env = "OPENSHELL_GATEWAY_ENDPOINTS")]

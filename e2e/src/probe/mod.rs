@@ -1,0 +1,31 @@
+//! The cluster test's attacker (binary `probe`, in the agent image), in two places:
+//! - [`registry`]: a Pod of another namespace that tries to act for a workload it is not;
+//! - [`sidecar`]: a workload container that tries to reach its own sidecar's token, fence
+//!   state and memory through the shared PID namespace.
+
+use clap::{Parser, Subcommand};
+
+pub mod registry;
+pub mod sidecar;
+
+#[derive(Debug, Parser)]
+#[command(about = "The cluster test's attacker")]
+pub struct Args {
+    #[command(subcommand)]
+    target: Target,
+}
+
+#[derive(Debug, Subcommand)]
+enum Target {
+    /// Act for another namespace's instance at the gateway's registry.
+    Registry(registry::Args),
+    /// Reach this Pod's sidecar through /proc.
+    Sidecar(sidecar::Args),
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    match args.target {
+        Target::Registry(args) => registry::run(args).await,
+        Target::Sidecar(args) => sidecar::run(&args),
+    }
+}
