@@ -45,14 +45,13 @@ pub struct InstanceCaller {
 }
 
 impl InstanceCaller {
-    /// The call may act on `route` and `instance` only when they are the caller's own.
+    /// The call may act on `route` and `instance` only when they are the caller's own. The
+    /// refusal is logged where every refused call is, rate-limited (`refusals`).
     pub fn owns(&self, route: &str, instance: &InstanceRef) -> Result<(), Status> {
         let uid_ok = self.uid.as_deref().is_none_or(|uid| uid == instance.uid);
         if route == self.route && instance.namespace == self.namespace && instance.name == self.name && uid_ok {
             return Ok(());
         }
-        warn!(caller = %self.route, route = %plumbing::text::bounded(route, 300),
-              "refused: an instance credential used for another route or workload");
         Err(Status::permission_denied(format!(
             "the credential is for instance {} and may act only on it",
             self.route
@@ -69,13 +68,11 @@ pub struct MemberCaller {
 }
 
 impl MemberCaller {
-    /// The call may act for `member` only when it is the caller.
+    /// The call may act for `member` only when it is the caller (refusal logged by `refusals`).
     pub fn is(&self, member: &str) -> Result<(), Status> {
         if member == self.member {
             return Ok(());
         }
-        warn!(caller = %self.member, member = %plumbing::text::bounded(member, 300),
-              "refused: a member credential used for another member");
         Err(Status::permission_denied(format!(
             "the credential is for member {} and may act only for it",
             self.member

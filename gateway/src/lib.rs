@@ -20,6 +20,7 @@ pub mod pool;
 pub mod quota;
 pub mod recovery;
 pub mod refresh;
+pub mod refusals;
 pub mod registry;
 pub mod replica;
 pub mod reports;
