@@ -135,21 +135,25 @@ impl Keys {
 
     /// A Kubernetes token (another issuer than ours) reviewed by the API server;
     /// `None` when this replica takes only its own tokens or the token is ours.
-    async fn account(&self, token: &str) -> Option<Result<review::Account, Status>> {
+    async fn account<T>(&self, token: &str, request: &tonic::Request<T>) -> Option<Result<review::Account, Status>> {
         let accounts = self.accounts.as_ref()?;
         if trust::unverified(token).is_some_and(|t| t.iss == self.issuer) {
             return None;
         }
-        Some(accounts.review.review(token).await.map_err(|err| match err {
+        let source = request.remote_addr().map(|addr| addr.ip());
+        Some(accounts.review.review(token, source).await.map_err(|err| match err {
             review::Error::Unavailable(_) => Status::unavailable(err.to_string()),
-            review::Error::Refused(_) | review::Error::NotPodBound => Status::unauthenticated(err.to_string()),
+            review::Error::Refused(_)
+            | review::Error::NotPodBound
+            | review::Error::Malformed(_)
+            | review::Error::Busy => Status::unauthenticated(err.to_string()),
         }))
     }
 
     /// The instance whose credential the call carries.
     pub async fn instance<T>(&self, request: &tonic::Request<T>) -> Result<InstanceCaller, Status> {
         let token = bearer(request)?;
-        if let Some(account) = self.account(token).await {
+        if let Some(account) = self.account(token, request).await {
             let account = account?;
             if self.accounts.as_ref().is_some_and(|a| a.is_member(&account)) {
                 return Err(Status::permission_denied(
@@ -180,7 +184,7 @@ impl Keys {
     /// The pool member whose credential the call carries.
     pub async fn member<T>(&self, request: &tonic::Request<T>) -> Result<MemberCaller, Status> {
         let token = bearer(request)?;
-        if let Some(account) = self.account(token).await {
+        if let Some(account) = self.account(token, request).await {
             let account = account?;
             if !self.accounts.as_ref().is_some_and(|a| a.is_member(&account)) {
                 return Err(Status::permission_denied(
