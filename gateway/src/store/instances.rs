@@ -104,7 +104,7 @@ impl Store {
         bind_registration(
             &format!(
                 "UPDATE instances SET namespace = $2, name = $3, uid = $4, generation = generation + 1, material = $5, \
-                   registered_at_ms = ({clock}), withdrawn = FALSE, withdrawn_reason = NULL, withdrawn_owner = NULL, \
+                   registered_at_ms = ({clock}), withdrawn = FALSE, withdrawn_at_ms = NULL, withdrawn_reason = NULL, withdrawn_owner = NULL, \
                    withdrawn_term = NULL, checkpoint_pid = NULL, checkpoint_start_ticks = NULL, \
                    checkpoint_exe_digest = NULL \
                  WHERE route = $1"
@@ -155,11 +155,14 @@ impl Store {
     /// Withdraw the instance of `route` if it is still the workload `uid`.
     /// Returns whether a desired instance was withdrawn.
     pub async fn withdraw_instance(&self, route: &str, uid: &str) -> Result<bool> {
-        let done = sqlx::query("UPDATE instances SET withdrawn = TRUE WHERE route = $1 AND uid = $2 AND NOT withdrawn")
-            .bind(route)
-            .bind(uid)
-            .execute(&self.pool)
-            .await?;
+        let done = sqlx::query(&format!(
+            "UPDATE instances SET withdrawn = TRUE, withdrawn_at_ms = ({}) WHERE route = $1 AND uid = $2 AND NOT withdrawn",
+            self.backend.clock_expr()
+        ))
+        .bind(route)
+        .bind(uid)
+        .execute(&self.pool)
+        .await?;
         Ok(done.rows_affected() > 0)
     }
 
@@ -171,10 +174,11 @@ impl Store {
     pub async fn report_recovery_failed(&self, route: &str, uid: &str, fence_term: Option<i64>) -> Result<bool> {
         let current = "FROM assignments a WHERE a.route = instances.route AND a.generation >= instances.generation";
         let done = sqlx::query(&format!(
-            "UPDATE instances SET withdrawn = TRUE, withdrawn_reason = $3, \
+            "UPDATE instances SET withdrawn = TRUE, withdrawn_at_ms = ({clock}), withdrawn_reason = $3, \
                withdrawn_owner = (SELECT a.member {current}), \
                withdrawn_term = COALESCE((SELECT a.term {current}), $4) \
-             WHERE route = $1 AND uid = $2 AND NOT withdrawn"
+             WHERE route = $1 AND uid = $2 AND NOT withdrawn",
+            clock = self.backend.clock_expr()
         ))
         .bind(route)
         .bind(uid)
