@@ -160,6 +160,24 @@ pub async fn run_with<C: kubernetes::Cluster + Clone>(
         Err(tokens::Error::Sealing(err)) => return Err(err.into()),
         Err(err) => tracing::warn!(error = %err, "cannot check the stored signing keys"),
     }
+    // Registration materials (receipt keys) an older gateway stored in clear, or sealed with
+    // the previous KEK, are sealed with the current one.
+    match store.seal_materials().await {
+        Ok((sealed, unopened)) => {
+            if sealed > 0 {
+                info!(
+                    sealed,
+                    "sealed stored registration materials with the current key-encryption key"
+                );
+            }
+            if !unopened.is_empty() {
+                tracing::warn!(instances = unopened.len(), first = %unopened[0],
+                    "registration materials that do not open with the configured key-encryption keys: \
+                     those instances cannot be activated until they register again");
+            }
+        }
+        Err(err) => tracing::warn!(error = %err, "cannot seal the stored registration materials"),
+    }
     let holder = election::holder_id(&settings.replica, &store);
     let address = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
     info!(replica = %settings.replica, holder = %holder, %address, backend = %store.backend(),

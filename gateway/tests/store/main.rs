@@ -50,6 +50,7 @@ on_both_backends!(suite;
 mod retained {
     on_both_backends!(retention;
         retired_workloads_and_withdrawn_instances_are_forgotten_after_their_retention,
+        a_dump_of_the_material_holds_no_receipt_key,
     );
 }
 

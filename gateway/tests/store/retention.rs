@@ -91,3 +91,79 @@ pub async fn retired_workloads_and_withdrawn_instances_are_forgotten_after_their
             .is_err()
     );
 }
+
+/// The stored bytes of `route`'s material, read past the store.
+async fn stored_material(db: &TestDb, route: &str) -> Vec<u8> {
+    let mut raw = db.raw().await;
+    sqlx::query("SELECT material FROM instances WHERE route = $1")
+        .bind(route)
+        .fetch_one(&mut raw)
+        .await
+        .unwrap()
+        .get::<Vec<u8>, _>(0)
+}
+
+fn holds(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// A dump of the instances table holds no receipt key: the material is sealed with the KEK,
+/// bound to its row; one an older gateway stored in clear is sealed at the next start.
+pub async fn a_dump_of_the_material_holds_no_receipt_key(db: &TestDb) {
+    use base64::Engine as _;
+    use gateway::registration::{Binding, Material};
+    let receipt_key = [0xA5u8; 32];
+    let material = |route: &str, uid: &str| {
+        let binding = Binding {
+            route,
+            namespace: "ns",
+            name: route,
+            uid,
+        };
+        Material::new(&binding, &receipt_key).encode()
+    };
+    let encoded = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(receipt_key);
+    let leaks = |stored: &[u8]| holds(stored, &receipt_key) || holds(stored, encoded.as_bytes());
+    assert!(leaks(&material("r1", "u1")), "the material holds the receipt key");
+
+    let r1 = Registration {
+        material: SecretBytes(material("r1", "u1")),
+        ..registration("r1", "u1")
+    };
+    db.store.register_instance(&r1).await.unwrap();
+    let stored = stored_material(db, "r1").await;
+    assert!(!leaks(&stored), "a dump holds the receipt key");
+    assert!(stored.starts_with(b"openshell-sealed-v1."));
+    // Every reader gets it opened.
+    assert_eq!(db.store.instance("r1").await.unwrap().unwrap().material, r1.material);
+    assert_eq!(db.store.list_instances().await.unwrap()[0].material, r1.material);
+
+    // A sealed material moved to another row does not open there.
+    let r2 = Registration {
+        material: SecretBytes(material("r2", "u2")),
+        ..registration("r2", "u2")
+    };
+    db.store.register_instance(&r2).await.unwrap();
+    let mut raw = db.raw().await;
+    sqlx::query("UPDATE instances SET material = $1 WHERE route = $2")
+        .bind(&stored)
+        .bind("r2")
+        .execute(&mut raw)
+        .await
+        .unwrap();
+    assert!(db.store.instance("r2").await.unwrap().unwrap().material.0.is_empty());
+
+    // An older gateway's row in clear still reads, and is sealed by the start's pass.
+    sqlx::query("UPDATE instances SET material = $1 WHERE route = $2")
+        .bind(material("r2", "u2"))
+        .bind("r2")
+        .execute(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(db.store.instance("r2").await.unwrap().unwrap().material, r2.material);
+    assert_eq!(db.store.seal_materials().await.unwrap(), (1, Vec::new()));
+    let resealed = stored_material(db, "r2").await;
+    assert!(!leaks(&resealed) && resealed.starts_with(b"openshell-sealed-v1."));
+    assert_eq!(db.store.instance("r2").await.unwrap().unwrap().material, r2.material);
+    assert_eq!(db.store.seal_materials().await.unwrap(), (0, Vec::new()));
+}
