@@ -45,14 +45,13 @@ pub struct InstanceCaller {
 }
 
 impl InstanceCaller {
-    /// The call may act on `route` and `instance` only when they are the caller's own.
+    /// The call may act on `route` and `instance` only when they are the caller's own. The
+    /// refusal is logged where every refused call is, rate-limited (`refusals`).
     pub fn owns(&self, route: &str, instance: &InstanceRef) -> Result<(), Status> {
         let uid_ok = self.uid.as_deref().is_none_or(|uid| uid == instance.uid);
         if route == self.route && instance.namespace == self.namespace && instance.name == self.name && uid_ok {
             return Ok(());
         }
-        warn!(caller = %self.route, route = %plumbing::text::bounded(route, 300),
-              "refused: an instance credential used for another route or workload");
         Err(Status::permission_denied(format!(
             "the credential is for instance {} and may act only on it",
             self.route
@@ -69,13 +68,11 @@ pub struct MemberCaller {
 }
 
 impl MemberCaller {
-    /// The call may act for `member` only when it is the caller.
+    /// The call may act for `member` only when it is the caller (refusal logged by `refusals`).
     pub fn is(&self, member: &str) -> Result<(), Status> {
         if member == self.member {
             return Ok(());
         }
-        warn!(caller = %self.member, member = %plumbing::text::bounded(member, 300),
-              "refused: a member credential used for another member");
         Err(Status::permission_denied(format!(
             "the credential is for member {} and may act only for it",
             self.member
@@ -138,21 +135,25 @@ impl Keys {
 
     /// A Kubernetes token (another issuer than ours) reviewed by the API server;
     /// `None` when this replica takes only its own tokens or the token is ours.
-    async fn account(&self, token: &str) -> Option<Result<review::Account, Status>> {
+    async fn account<T>(&self, token: &str, request: &tonic::Request<T>) -> Option<Result<review::Account, Status>> {
         let accounts = self.accounts.as_ref()?;
         if trust::unverified(token).is_some_and(|t| t.iss == self.issuer) {
             return None;
         }
-        Some(accounts.review.review(token).await.map_err(|err| match err {
+        let source = request.remote_addr().map(|addr| addr.ip());
+        Some(accounts.review.review(token, source).await.map_err(|err| match err {
             review::Error::Unavailable(_) => Status::unavailable(err.to_string()),
-            review::Error::Refused(_) | review::Error::NotPodBound => Status::unauthenticated(err.to_string()),
+            review::Error::Refused(_)
+            | review::Error::NotPodBound
+            | review::Error::Malformed(_)
+            | review::Error::Busy => Status::unauthenticated(err.to_string()),
         }))
     }
 
     /// The instance whose credential the call carries.
     pub async fn instance<T>(&self, request: &tonic::Request<T>) -> Result<InstanceCaller, Status> {
         let token = bearer(request)?;
-        if let Some(account) = self.account(token).await {
+        if let Some(account) = self.account(token, request).await {
             let account = account?;
             if self.accounts.as_ref().is_some_and(|a| a.is_member(&account)) {
                 return Err(Status::permission_denied(
@@ -183,7 +184,7 @@ impl Keys {
     /// The pool member whose credential the call carries.
     pub async fn member<T>(&self, request: &tonic::Request<T>) -> Result<MemberCaller, Status> {
         let token = bearer(request)?;
-        if let Some(account) = self.account(token).await {
+        if let Some(account) = self.account(token, request).await {
             let account = account?;
             if !self.accounts.as_ref().is_some_and(|a| a.is_member(&account)) {
                 return Err(Status::permission_denied(

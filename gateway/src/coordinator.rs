@@ -4,7 +4,8 @@
 //! and settles recover operations. Every write goes through `write_fenced`
 //! with the lease it holds; followers never get here. A new coordinator
 //! adopts the open operations it finds without relaunching anything and
-//! without extending their deadlines.
+//! without extending their deadlines. Every [`FORGET_RETIRED_EVERY`] it forgets the
+//! replaced workloads and withdrawn instances retired longer than [`RETIRED_RETENTION`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -32,6 +33,7 @@ pub async fn run(replica: Arc<Replica>, mut lease: watch::Receiver<Option<Lease>
     // The view last planned, and when: an unchanged pool is planned again only as its
     // deadlines may come.
     let mut planned: Option<(Arc<View>, Instant)> = None;
+    let mut forgot: Option<(i64, Instant)> = None;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
@@ -58,6 +60,17 @@ pub async fn run(replica: Arc<Replica>, mut lease: watch::Receiver<Option<Lease>
         let current = view.borrow_and_update().clone();
         if current.now_ms == 0 || current.now_ms <= wrote_at_ms {
             continue;
+        }
+        if forgot.is_none_or(|(term, at)| term != held.term || at.elapsed() >= FORGET_RETIRED_EVERY) {
+            let retention_ms = i64::try_from(RETIRED_RETENTION.as_millis()).unwrap_or(i64::MAX);
+            match replica
+                .store
+                .write_fenced(&held, &[FencedWrite::ForgetRetired { retention_ms }])
+                .await
+            {
+                Ok(()) => forgot = Some((held.term, Instant::now())),
+                Err(err) => warn!(error = %err, "cannot forget retired instances; retrying on the next view"),
+            }
         }
         let unchanged =
             |(before, at): &(Arc<View>, Instant)| at.elapsed() < REPLAN_EVERY && current.same_plan_input(before);
@@ -92,6 +105,19 @@ pub async fn run(replica: Arc<Replica>, mut lease: watch::Receiver<Option<Lease>
 /// How often an unchanged pool is planned again: its time-bound decisions (operation and
 /// recovery deadlines, retention) come at most this late. A changed pool is planned at once.
 pub const REPLAN_EVERY: Duration = Duration::from_secs(1);
+
+/// How long a replaced workload (`replaced_instances`) and a withdrawn instance are kept:
+/// longer than every credential or record that can still name them — an instance token
+/// bound to the replaced Pod UID (`timing::INSTANCE_TOKEN_LIFETIME`, 1 h; the replaced Pod's
+/// own ServiceAccount tokens die with it, its name being taken by the new Pod), a grant of
+/// one of their terms (≤ 30 s), an ended operation on the route (≤ 24 h, and any operation
+/// record naming the route keeps it regardless), a Pod's termination grace — so no decision
+/// made after it needs them. A withdrawn instance with an assignment is kept until the
+/// assignment is gone.
+pub const RETIRED_RETENTION: Duration = Duration::from_secs(24 * 60 * 60 + 60 * 60);
+/// How often the coordinator forgets what retired longer than [`RETIRED_RETENTION`] ago
+/// (and at the start of each of its terms).
+pub const FORGET_RETIRED_EVERY: Duration = Duration::from_secs(10 * 60);
 
 /// At most this many first placements in one fenced transaction.
 pub const PLACEMENTS_PER_WRITE: usize = 128;

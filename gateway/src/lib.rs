@@ -20,6 +20,7 @@ pub mod pool;
 pub mod quota;
 pub mod recovery;
 pub mod refresh;
+pub mod refusals;
 pub mod registry;
 pub mod replica;
 pub mod reports;
@@ -158,6 +159,24 @@ pub async fn run_with<C: kubernetes::Cluster + Clone>(
         // A KEK that does not open the stored keys is a configuration error: stop.
         Err(tokens::Error::Sealing(err)) => return Err(err.into()),
         Err(err) => tracing::warn!(error = %err, "cannot check the stored signing keys"),
+    }
+    // Registration materials (receipt keys) an older gateway stored in clear, or sealed with
+    // the previous KEK, are sealed with the current one.
+    match store.seal_materials().await {
+        Ok((sealed, unopened)) => {
+            if sealed > 0 {
+                info!(
+                    sealed,
+                    "sealed stored registration materials with the current key-encryption key"
+                );
+            }
+            if !unopened.is_empty() {
+                tracing::warn!(instances = unopened.len(), first = %unopened[0],
+                    "registration materials that do not open with the configured key-encryption keys: \
+                     those instances cannot be activated until they register again");
+            }
+        }
+        Err(err) => tracing::warn!(error = %err, "cannot seal the stored registration materials"),
     }
     let holder = election::holder_id(&settings.replica, &store);
     let address = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();

@@ -57,6 +57,7 @@ pub struct Metrics {
     report_bytes: Counter,
     snapshot_bytes: Counter,
     calls_denied: Counter,
+    refusal_lines_suppressed: Counter,
     recoveries_failed: Family<ReasonLabels, Counter>,
     operations_finished: Family<OperationLabels, Counter>,
     token_secret_writes: Family<ResultLabels, Counter>,
@@ -99,6 +100,12 @@ impl Metrics {
             "calls_denied",
             "Calls refused: a credential used for another instance or member",
             calls_denied.clone(),
+        );
+        let refusal_lines_suppressed = Counter::default();
+        registry.register(
+            "refusal_lines_suppressed",
+            "Refused calls (UNAUTHENTICATED, PERMISSION_DENIED) not logged: over the per-source log rate",
+            refusal_lines_suppressed.clone(),
         );
         let recoveries_failed: Family<ReasonLabels, Counter> = Family::default();
         registry.register(
@@ -189,6 +196,7 @@ impl Metrics {
             report_bytes,
             snapshot_bytes,
             calls_denied,
+            refusal_lines_suppressed,
             recoveries_failed,
             operations_finished,
             token_secret_writes,
@@ -213,6 +221,11 @@ impl Metrics {
     /// A call refused because its credential is for another instance or member.
     pub fn call_denied(&self) {
         self.calls_denied.inc();
+    }
+
+    /// The counter of refused calls not logged (for [`crate::refusals::Refusals`]).
+    pub fn refusal_lines_suppressed(&self) -> Counter {
+        self.refusal_lines_suppressed.clone()
     }
 
     /// A status report of `bytes` received from a member.

@@ -2,6 +2,8 @@
 //! registry, grants and activation, and the operator API on one listener, with the standard
 //! health and reflection services (`proto::standard`, statuses kept by `grpc_health`).
 
+use std::sync::Arc;
+
 use plumbing::listener::Listener;
 use proto::host::v1::supervisor_host_server::{self, SupervisorHostServer};
 use proto::pool::v1::supervisor_pool_server::{self, SupervisorPoolServer};
@@ -13,6 +15,7 @@ use crate::health::Health;
 use crate::host::Host;
 use crate::operator::Operator;
 use crate::recovery::Recovery;
+use crate::refusals::{Logged, Refusals};
 use crate::registry::Registry;
 
 /// The services of the gRPC port, by their full names.
@@ -28,6 +31,8 @@ pub const SERVICES: [&str; 4] = [
 pub async fn serve(listener: Listener, health: Health, shutdown: CancellationToken) -> Result<(), crate::Error> {
     let max = proto::MAX_MESSAGE_BYTES;
     let replica = health.replica.clone();
+    // Every refusal of the port is logged in one place, rate-limited per source.
+    let refusals = Arc::new(Refusals::new(replica.metrics.refusal_lines_suppressed()));
     let host = SupervisorHostServer::new(Host::new(replica.clone()))
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
@@ -41,10 +46,10 @@ pub async fn serve(listener: Listener, health: Health, shutdown: CancellationTok
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
     let router = plumbing::listener::grpc_server()
-        .add_service(host)
-        .add_service(registry)
-        .add_service(recovery)
-        .add_service(operator);
+        .add_service(Logged::new(host, refusals.clone()))
+        .add_service(Logged::new(registry, refusals.clone()))
+        .add_service(Logged::new(recovery, refusals.clone()))
+        .add_service(Logged::new(operator, refusals.clone()));
     let (router, status) = proto::standard::add_standard_services(router, &SERVICES).await?;
     let stop = CancellationToken::new();
     let _stop_on_return = stop.clone().drop_guard();

@@ -845,3 +845,85 @@ async fn a_refused_pool_status_is_reported_and_creates_nothing() {
     assert!(err.to_string().contains("forbidden"), "{err}");
     assert_eq!(seen.len(), 1, "no attempt to create the object after a refusal");
 }
+
+/// A well-formed token for the gateway's audience (its signature is the API server's business).
+fn service_account_token(n: usize) -> String {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let exp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 3600;
+    let payload = serde_json::json!({"aud": ["openshell-gateway"], "exp": exp, "sub": format!("n{n}")});
+    format!(
+        "{}.{}.{}",
+        URL_SAFE_NO_PAD.encode(br#"{"alg":"RS256","kid":"k"}"#),
+        URL_SAFE_NO_PAD.encode(payload.to_string()),
+        URL_SAFE_NO_PAD.encode(b"signature")
+    )
+}
+
+#[tokio::test]
+async fn garbage_bearer_strings_never_reach_the_api_server_and_one_peer_holds_a_few_reviews_at_most() {
+    use gateway::kubernetes::review::{self, MAX_IN_FLIGHT_PER_SOURCE, Review};
+    let (client, mut server) = api::client();
+    let reviewer = std::sync::Arc::new(review::Kube::new(client, "openshell-gateway"));
+    let attacker: review::Source = Some("10.9.9.9".parse().unwrap());
+
+    // Distinct garbage strings: refused at once, no TokenReview, nothing held.
+    for n in 0..200 {
+        let answer = reviewer.review(&format!("garbage-{n}"), attacker).await;
+        assert!(matches!(answer, Err(review::Error::Malformed(_))), "{answer:?}");
+    }
+    let wrong_audience = {
+        use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let payload = serde_json::json!({"aud": ["https://kubernetes.default.svc"], "exp": 9_999_999_999_i64});
+        format!(
+            "{}.{}.c2ln",
+            URL_SAFE_NO_PAD.encode(br#"{"alg":"RS256"}"#),
+            URL_SAFE_NO_PAD.encode(payload.to_string())
+        )
+    };
+    assert!(matches!(
+        reviewer.review(&wrong_audience, attacker).await,
+        Err(review::Error::Malformed(_))
+    ));
+
+    // Well-formed tokens are reviewed, but one peer has at most its share in flight.
+    let pending: Vec<_> = (0..MAX_IN_FLIGHT_PER_SOURCE)
+        .map(|n| {
+            let reviewer = reviewer.clone();
+            tokio::spawn(async move { reviewer.review(&service_account_token(n), attacker).await })
+        })
+        .collect();
+    let mut held = Vec::new();
+    for _ in 0..MAX_IN_FLIGHT_PER_SOURCE {
+        let (seen, respond) = tokio::time::timeout(Duration::from_secs(5), server.next())
+            .await
+            .expect("a review");
+        assert_eq!(seen.path, "/apis/authentication.k8s.io/v1/tokenreviews");
+        held.push(respond);
+    }
+    let busy = reviewer.review(&service_account_token(99), attacker).await;
+    assert!(matches!(busy, Err(review::Error::Busy)), "{busy:?}");
+    // Another peer still gets its review.
+    let other = {
+        let reviewer = reviewer.clone();
+        tokio::spawn(async move {
+            reviewer
+                .review(&service_account_token(100), Some("10.1.1.1".parse().unwrap()))
+                .await
+        })
+    };
+    let (_, respond) = tokio::time::timeout(Duration::from_secs(5), server.next())
+        .await
+        .expect("the other peer's review");
+    reply(respond, 201, "tokenreview-bound-pod-token-authenticated.json");
+    assert!(other.await.unwrap().is_ok());
+    for respond in held {
+        reply(respond, 201, "tokenreview-wrong-audience.json");
+    }
+    for answer in pending {
+        assert!(matches!(answer.await.unwrap(), Err(review::Error::Refused(_))));
+    }
+}

@@ -70,12 +70,41 @@ async fn apply(
         FencedWrite::DeleteOperation { id } => delete_operation(tx, id).await?,
         FencedWrite::PutSigningKey(key) => put_signing_key(tx, key, coordinator_term, now_ms).await?,
         FencedWrite::DeleteSigningKey { kid } => delete_signing_key(tx, kid).await?,
+        FencedWrite::ForgetRetired { retention_ms } => forget_retired(tx, now_ms.saturating_sub(*retention_ms)).await?,
         FencedWrite::StartTerm => {
             sqlx::query("UPDATE coordinator_terms SET started_at_ms = $2 WHERE term = $1 AND started_at_ms IS NULL")
                 .bind(coordinator_term)
                 .bind(now_ms)
                 .execute(&mut **tx)
                 .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Forget replaced workloads and withdrawn instances that retired before `before_ms` and
+/// that no assignment or operation record names; then the grants and reports of routes that have no instance any more. The
+/// instance goes first, so a registration that brings the route back meanwhile keeps it.
+async fn forget_retired(tx: &mut Transaction<'static, Any>, before_ms: i64) -> Result<()> {
+    sqlx::query("DELETE FROM replaced_instances WHERE replaced_at_ms < $1")
+        .bind(before_ms)
+        .execute(&mut **tx)
+        .await?;
+    let forgotten = sqlx::query(
+        "DELETE FROM instances WHERE withdrawn AND withdrawn_at_ms < $1 \
+         AND NOT EXISTS (SELECT 1 FROM assignments a WHERE a.route = instances.route) \
+         AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.target = instances.route)",
+    )
+    .bind(before_ms)
+    .execute(&mut **tx)
+    .await?;
+    if forgotten.rows_affected() > 0 {
+        for table in ["grants", "instance_reports"] {
+            sqlx::query(&format!(
+                "DELETE FROM {table} WHERE NOT EXISTS (SELECT 1 FROM instances i WHERE i.route = {table}.route)"
+            ))
+            .execute(&mut **tx)
+            .await?;
         }
     }
     Ok(())

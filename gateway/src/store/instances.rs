@@ -7,7 +7,8 @@ use sqlx::query::Query;
 use sqlx::{Any, Transaction};
 
 use super::columns::{Flag, decoded};
-use super::{InstanceRecord, Registered, Registration, Report, Result, Store, WithdrawnKind};
+use super::{Error, InstanceRecord, Registered, Registration, Report, Result, SecretBytes, Store, WithdrawnKind};
+use crate::tokens::sealing;
 
 impl Store {
     /// Register an instance and assign its generation: the same workload (uid) keeps its
@@ -29,6 +30,12 @@ impl Store {
     }
 
     async fn register_instance_now(&self, r: &Registration, limit: Option<u32>) -> Result<Registered> {
+        // The material (its receipt key) is stored sealed; the rest of the row in clear.
+        let sealed = Registration {
+            material: SecretBytes(self.seal_material(&r.route, &r.uid, &r.material.0)?),
+            ..r.clone()
+        };
+        let r = &sealed;
         /// Whether a newer workload already replaced this one under its route.
         async fn replaced(tx: &mut Transaction<'static, Any>, r: &Registration) -> Result<bool> {
             let count: i64 =
@@ -104,7 +111,7 @@ impl Store {
         bind_registration(
             &format!(
                 "UPDATE instances SET namespace = $2, name = $3, uid = $4, generation = generation + 1, material = $5, \
-                   registered_at_ms = ({clock}), withdrawn = FALSE, withdrawn_reason = NULL, withdrawn_owner = NULL, \
+                   registered_at_ms = ({clock}), withdrawn = FALSE, withdrawn_at_ms = NULL, withdrawn_reason = NULL, withdrawn_owner = NULL, \
                    withdrawn_term = NULL, checkpoint_pid = NULL, checkpoint_start_ticks = NULL, \
                    checkpoint_exe_digest = NULL \
                  WHERE route = $1"
@@ -155,11 +162,14 @@ impl Store {
     /// Withdraw the instance of `route` if it is still the workload `uid`.
     /// Returns whether a desired instance was withdrawn.
     pub async fn withdraw_instance(&self, route: &str, uid: &str) -> Result<bool> {
-        let done = sqlx::query("UPDATE instances SET withdrawn = TRUE WHERE route = $1 AND uid = $2 AND NOT withdrawn")
-            .bind(route)
-            .bind(uid)
-            .execute(&self.pool)
-            .await?;
+        let done = sqlx::query(&format!(
+            "UPDATE instances SET withdrawn = TRUE, withdrawn_at_ms = ({}) WHERE route = $1 AND uid = $2 AND NOT withdrawn",
+            self.backend.clock_expr()
+        ))
+        .bind(route)
+        .bind(uid)
+        .execute(&self.pool)
+        .await?;
         Ok(done.rows_affected() > 0)
     }
 
@@ -171,10 +181,11 @@ impl Store {
     pub async fn report_recovery_failed(&self, route: &str, uid: &str, fence_term: Option<i64>) -> Result<bool> {
         let current = "FROM assignments a WHERE a.route = instances.route AND a.generation >= instances.generation";
         let done = sqlx::query(&format!(
-            "UPDATE instances SET withdrawn = TRUE, withdrawn_reason = $3, \
+            "UPDATE instances SET withdrawn = TRUE, withdrawn_at_ms = ({clock}), withdrawn_reason = $3, \
                withdrawn_owner = (SELECT a.member {current}), \
                withdrawn_term = COALESCE((SELECT a.term {current}), $4) \
-             WHERE route = $1 AND uid = $2 AND NOT withdrawn"
+             WHERE route = $1 AND uid = $2 AND NOT withdrawn",
+            clock = self.backend.clock_expr()
         ))
         .bind(route)
         .bind(uid)
@@ -261,7 +272,59 @@ impl Store {
         if let Some(route) = route {
             query = query.bind(route);
         }
-        query.fetch_all(&self.pool).await.map_err(decoded("instances"))
+        let mut instances: Vec<InstanceRecord> = query.fetch_all(&self.pool).await.map_err(decoded("instances"))?;
+        for instance in &mut instances {
+            // Material that does not open (a KEK not configured) reads as none: a member is
+            // given no credentials for it and an activation is refused; the start says so.
+            let opened = sealing::open_material(self.keks(), &instance.route, &instance.uid, &instance.material.0);
+            instance.material = SecretBytes(opened.map(|m| m.to_vec()).unwrap_or_default());
+        }
+        Ok(instances)
+    }
+
+    /// `material` as stored for `route` and `uid`: sealed with the current KEK (in clear only
+    /// for a store opened without KEKs, as tests do).
+    fn seal_material(&self, route: &str, uid: &str, material: &[u8]) -> Result<Vec<u8>> {
+        match self.keks() {
+            Some(keks) => sealing::seal_material(keks.current(), route, uid, material)
+                .map_err(|err| Error::Invalid(err.to_string())),
+            None => Ok(material.to_vec()),
+        }
+    }
+
+    /// Seal every stored registration material that is in clear (an older gateway wrote it) or
+    /// sealed with a previous KEK, each by a compare-and-set on the stored value (a
+    /// registration meanwhile wins). Run at every start. Returns how many were sealed anew,
+    /// and the routes whose material does not open with the configured KEKs.
+    pub async fn seal_materials(&self) -> Result<(usize, Vec<String>)> {
+        let Some(keks) = self.keks() else {
+            return Ok((0, Vec::new()));
+        };
+        let rows: Vec<(String, String, Vec<u8>)> = sqlx::query_as("SELECT route, uid, material FROM instances")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(decoded("instances"))?;
+        let (mut sealed, mut unopened) = (0, Vec::new());
+        for (route, uid, stored) in rows {
+            if sealing::material_sealed_with(&stored) == Some(keks.current().id()) {
+                continue;
+            }
+            let Ok(material) = sealing::open_material(Some(keks), &route, &uid, &stored) else {
+                unopened.push(route);
+                continue;
+            };
+            let resealed = self.seal_material(&route, &uid, &material)?;
+            let done =
+                sqlx::query("UPDATE instances SET material = $3 WHERE route = $1 AND uid = $2 AND material = $4")
+                    .bind(&route)
+                    .bind(&uid)
+                    .bind(&resealed)
+                    .bind(&stored)
+                    .execute(&self.pool)
+                    .await?;
+            sealed += usize::try_from(done.rows_affected()).unwrap_or(0);
+        }
+        Ok((sealed, unopened))
     }
 }
 

@@ -81,6 +81,13 @@ pub enum FencedWrite {
     },
     /// The coordinator's first write of its term: records when it started.
     StartTerm,
+    /// Forget what no decision needs any more, `retention_ms` (database time) after it
+    /// retired: replaced workloads (`replaced_instances`), and withdrawn instances without an
+    /// assignment with their grants and last report. A route forgotten and registered again
+    /// starts at generation 1 and term 1, its old grants gone with it.
+    ForgetRetired {
+        retention_ms: i64,
+    },
 }
 
 /// Committed writes to each table the pool view reads in full (see

@@ -8,6 +8,9 @@
 //! when the current KEK changes ([`Keks::previous`] still opens them meanwhile). Rows an
 //! older gateway wrote as plain PEM still open, and are sealed by the next rotation pass.
 //!
+//! Every instance's registration material (it holds the receipt key activation checks receipts
+//! against) is sealed the same way, bound to its route and Pod UID ([`seal_material`]).
+//!
 //! Nothing here prints key material: `Debug` shows KEK ids only, errors name kids and ids.
 
 use std::fmt;
@@ -79,6 +82,8 @@ pub enum Error {
     Malformed { kid: String, reason: &'static str },
     #[error("cannot seal signing key {kid}")]
     Seal { kid: String },
+    #[error("the registration material of instance {route}: {reason}")]
+    Material { route: String, reason: String },
 }
 
 /// One key-encryption key and its id (16 hex digits of a SHA-256 of the key).
@@ -225,59 +230,100 @@ pub fn generated_path(database_dir: &Path) -> PathBuf {
 /// Seal the private key `pem` of `record` (whose kid, algorithm and public key are bound in)
 /// with `kek`.
 pub fn seal(kek: &Kek, record: &SigningKey, pem: &[u8]) -> Result<SecretBytes, Error> {
+    seal_bound(kek, &associated_data(record), pem)
+        .map(|text| SecretBytes(text.into_bytes()))
+        .map_err(|err| {
+            err.unwrap_or_else(|| Error::Seal {
+                kid: record.kid.clone(),
+            })
+        })
+}
+
+/// `msg` sealed with `kek`, `aad` bound in, as a sealed row reads. `Err(None)`: the cipher
+/// refused (never in practice).
+fn seal_bound(kek: &Kek, aad: &[u8], msg: &[u8]) -> Result<String, Option<Error>> {
     let mut nonce = [0u8; NONCE_BYTES];
     OsRng
         .try_fill_bytes(&mut nonce)
-        .map_err(|e| Error::Random(e.to_string()))?;
-    let aad = associated_data(record);
+        .map_err(|e| Some(Error::Random(e.to_string())))?;
     let sealed = kek
         .cipher()
-        .encrypt(XNonce::from_slice(&nonce), Payload { msg: pem, aad: &aad })
-        .map_err(|_| Error::Seal {
-            kid: record.kid.clone(),
-        })?;
-    let text = format!(
+        .encrypt(XNonce::from_slice(&nonce), Payload { msg, aad })
+        .map_err(|_| None)?;
+    Ok(format!(
         "{PREFIX}.{}.{}.{}",
         kek.id,
         URL_SAFE_NO_PAD.encode(nonce),
         URL_SAFE_NO_PAD.encode(sealed)
-    );
-    Ok(SecretBytes(text.into_bytes()))
+    ))
 }
 
 /// The id of the KEK `record`'s private key is sealed with; `None` for a plain (unsealed) row.
 pub fn sealed_with(record: &SigningKey) -> Option<&str> {
-    let text = std::str::from_utf8(&record.private_pem.0).ok()?;
+    sealed_bytes_with(&record.private_pem.0)
+}
+
+fn sealed_bytes_with(bytes: &[u8]) -> Option<&str> {
+    let text = std::str::from_utf8(bytes).ok()?;
     text.strip_prefix(PREFIX)?.strip_prefix('.')?.split('.').next()
+}
+
+/// Why a sealed value did not open (the caller names what it was).
+enum Unopened {
+    Malformed(&'static str),
+    NoKek,
+    UnknownKek {
+        kek: String,
+        current: String,
+        previous: String,
+    },
+    Open {
+        kek: String,
+    },
 }
 
 /// The private key PEM of `record`: opened with the KEK it names, or as stored for a row an
 /// older gateway wrote unsealed.
 pub fn open(keks: Option<&Keks>, record: &SigningKey) -> Result<Zeroizing<Vec<u8>>, Error> {
     let bytes = &record.private_pem.0;
-    let malformed = |reason| Error::Malformed {
-        kid: record.kid.clone(),
-        reason,
-    };
-    let Some(rest) = std::str::from_utf8(bytes)
-        .ok()
-        .and_then(|text| text.strip_prefix(PREFIX))
-    else {
+    let kid = || record.kid.clone();
+    if !bytes.starts_with(PREFIX.as_bytes()) {
         return if bytes.starts_with(b"-----BEGIN") {
             Ok(Zeroizing::new(bytes.clone()))
         } else {
-            Err(malformed("neither sealed nor PEM"))
+            Err(Error::Malformed {
+                kid: kid(),
+                reason: "neither sealed nor PEM",
+            })
         };
-    };
+    }
+    open_bound(keks, bytes, &associated_data(record)).map_err(|unopened| match unopened {
+        Unopened::Malformed(reason) => Error::Malformed { kid: kid(), reason },
+        Unopened::NoKek => Error::NoKek,
+        Unopened::UnknownKek { kek, current, previous } => Error::UnknownKek {
+            kid: kid(),
+            kek,
+            current,
+            previous,
+        },
+        Unopened::Open { kek } => Error::Open { kid: kid(), kek },
+    })
+}
+
+/// Open a sealed value (`bytes` starts with the sealed prefix) with `aad` bound in.
+fn open_bound(keks: Option<&Keks>, bytes: &[u8], aad: &[u8]) -> Result<Zeroizing<Vec<u8>>, Unopened> {
+    let rest = std::str::from_utf8(bytes)
+        .ok()
+        .and_then(|text| text.strip_prefix(PREFIX))
+        .ok_or(Unopened::Malformed("not sealed"))?;
     let mut parts = rest.split('.');
     let (Some(""), Some(id), Some(nonce), Some(sealed), None) =
         (parts.next(), parts.next(), parts.next(), parts.next(), parts.next())
     else {
-        return Err(malformed("not four sealed parts"));
+        return Err(Unopened::Malformed("not four sealed parts"));
     };
-    let keks = keks.ok_or(Error::NoKek)?;
-    let kek = keks.find(id).ok_or_else(|| Error::UnknownKek {
-        kid: record.kid.clone(),
+    let keks = keks.ok_or(Unopened::NoKek)?;
+    let kek = keks.find(id).ok_or_else(|| Unopened::UnknownKek {
         kek: printable(id),
         current: keks.current.id.clone(),
         previous: keks
@@ -289,24 +335,56 @@ pub fn open(keks: Option<&Keks>, record: &SigningKey) -> Result<Zeroizing<Vec<u8
         .decode(nonce)
         .ok()
         .filter(|n| n.len() == NONCE_BYTES)
-        .ok_or_else(|| malformed("bad nonce"))?;
+        .ok_or(Unopened::Malformed("bad nonce"))?;
     let sealed = URL_SAFE_NO_PAD
         .decode(sealed)
-        .map_err(|_| malformed("bad ciphertext"))?;
-    let aad = associated_data(record);
+        .map_err(|_| Unopened::Malformed("bad ciphertext"))?;
     kek.cipher()
-        .decrypt(
-            XNonce::from_slice(&nonce),
-            Payload {
-                msg: &sealed,
-                aad: &aad,
-            },
-        )
+        .decrypt(XNonce::from_slice(&nonce), Payload { msg: &sealed, aad })
         .map(Zeroizing::new)
-        .map_err(|_| Error::Open {
-            kid: record.kid.clone(),
-            kek: kek.id.clone(),
+        .map_err(|_| Unopened::Open { kek: kek.id.clone() })
+}
+
+/// What a sealed registration material is bound to: its row's route and workload (Pod UID).
+fn material_data(route: &str, uid: &str) -> Vec<u8> {
+    [PREFIX, "instance material", route, uid].join("\0").into_bytes()
+}
+
+/// An instance's registration material (which holds its receipt key) sealed with `kek`,
+/// bound to its route and Pod UID: a row's material moved to another row does not open.
+pub fn seal_material(kek: &Kek, route: &str, uid: &str, material: &[u8]) -> Result<Vec<u8>, Error> {
+    seal_bound(kek, &material_data(route, uid), material)
+        .map(String::into_bytes)
+        .map_err(|err| {
+            err.unwrap_or_else(|| Error::Material {
+                route: route.to_owned(),
+                reason: "cannot seal".into(),
+            })
         })
+}
+
+/// Whether a stored material is sealed, and with which KEK.
+pub fn material_sealed_with(stored: &[u8]) -> Option<&str> {
+    sealed_bytes_with(stored)
+}
+
+/// A stored registration material as the registry wrote it: opened, or as stored when an older
+/// gateway wrote it in clear (it is sealed at the next start, [`crate::store::Store::seal_materials`]).
+pub fn open_material(keks: Option<&Keks>, route: &str, uid: &str, stored: &[u8]) -> Result<Zeroizing<Vec<u8>>, Error> {
+    if !stored.starts_with(PREFIX.as_bytes()) {
+        return Ok(Zeroizing::new(stored.to_vec()));
+    }
+    open_bound(keks, stored, &material_data(route, uid)).map_err(|unopened| Error::Material {
+        route: route.to_owned(),
+        reason: match unopened {
+            Unopened::Malformed(reason) => reason.to_owned(),
+            Unopened::NoKek => "no key-encryption key is configured".to_owned(),
+            Unopened::UnknownKek { kek, current, previous } => {
+                format!("sealed with key-encryption key {kek}, not configured (current {current}{previous})")
+            }
+            Unopened::Open { kek } => format!("does not open with key-encryption key {kek}"),
+        },
+    })
 }
 
 fn associated_data(record: &SigningKey) -> Vec<u8> {

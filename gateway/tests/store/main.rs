@@ -10,6 +10,7 @@ mod cancellation;
 mod corrupt;
 mod errors;
 mod postgres_locks;
+mod retention;
 mod suite;
 
 on_both_backends!(suite;
@@ -45,6 +46,13 @@ on_both_backends!(suite;
     reports_never_regress_in_term,
     migrations_are_idempotent_across_replicas,
 );
+
+mod retained {
+    on_both_backends!(retention;
+        retired_workloads_and_withdrawn_instances_are_forgotten_after_their_retention,
+        a_dump_of_the_material_holds_no_receipt_key,
+    );
+}
 
 mod cancelled {
     on_both_backends!(cancellation;
