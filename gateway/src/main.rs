@@ -5,6 +5,10 @@ use clap::Parser;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
+    if let Err(err) = plumbing::cmdline::refuse_password(std::env::args_os(), "--database-url", "DATABASE_URL") {
+        eprintln!("error: {err}");
+        return std::process::ExitCode::from(2);
+    }
     let settings = gateway::Settings::parse();
     plumbing::logging::init(settings.log.log_format, "info,sqlx=warn");
     let outcome = match (plumbing::shutdown::install(), gateway::bind(&settings).await) {

@@ -11,10 +11,12 @@
 //! | [`bundle`] | the trust bundle file, cached and read again when it changes |
 //! | [`token`] | the bearer token: one bounded reader, one redacted type, one `authorization` header |
 //! | [`gateway`] | dialing the gateway replicas: endpoint rotation and jittered backoff |
+//! | [`cmdline`] | what a command line must not carry (a URL with a password) |
 //! | [`validate`] | http(s) addresses, routes, member names |
 //! | [`text`] | truncation by bytes on a character boundary |
 
 pub mod bundle;
+pub mod cmdline;
 pub mod file;
 pub mod gateway;
 pub mod listener;

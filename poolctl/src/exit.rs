@@ -41,6 +41,20 @@ pub enum Error {
     StreamLost(String),
     #[error("cannot print: {0}")]
     Output(String),
+    /// Whoever read stdout stopped reading (`poolctl status | head`): the command ends
+    /// quietly with [`OK`].
+    #[error("stdout was closed")]
+    Closed,
+}
+
+impl From<std::io::Error> for Error {
+    fn from(err: std::io::Error) -> Self {
+        if err.kind() == std::io::ErrorKind::BrokenPipe {
+            Self::Closed
+        } else {
+            Self::Output(err.to_string())
+        }
+    }
 }
 
 impl Error {
@@ -53,6 +67,7 @@ impl Error {
             Self::Failed { .. } | Self::WouldNotFinish(_) => OPERATION_FAILED,
             Self::Cancelled { .. } => OPERATION_CANCELLED,
             Self::Vanished(_) | Self::Output(_) => UNEXPECTED,
+            Self::Closed => OK,
         }
     }
 }

@@ -25,22 +25,18 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
     if let Command::Completions { shell } = cli.command {
         let mut out = Vec::new();
         clap_complete::generate(shell, &mut Cli::command(), "poolctl", &mut out);
-        return std::io::stdout()
-            .write_all(&out)
-            .map_err(|err| Error::Output(err.to_string()));
+        let mut stdout = std::io::stdout().lock();
+        return Ok(stdout.write_all(&out).and_then(|()| stdout.flush())?);
     }
     let mut client = Client::connect(&cli.connection).await?;
     match &cli.command {
         Command::Status { watch: false } => {
             let status = client.status().await?;
-            println!(
-                "{}",
-                render::render(
-                    output,
-                    || render::status_json(&status),
-                    || render::status_table(&status)
-                )
-            );
+            print_line(&render::render(
+                output,
+                || render::status_json(&status),
+                || render::status_table(&status),
+            ))?;
             Ok(())
         }
         Command::Status { watch: true } | Command::Watch => watch(&mut client, output).await,
@@ -50,14 +46,30 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         Command::Rebalance { run, plan } => operate(&mut client, OperationKind::Rebalance, "", run, plan, output).await,
         Command::Cancel { id } => {
             let op = client.cancel(id).await?;
-            println!(
-                "{}",
-                render::render(output, || render::operation_json(&op), || render::operation_line(&op))
-            );
+            print_line(&render::render(
+                output,
+                || render::operation_json(&op),
+                || render::operation_line(&op),
+            ))?;
             Ok(())
         }
         Command::Completions { .. } => Ok(()),
     }
+}
+
+/// Writes `text` and a newline to stdout, flushed. Every line poolctl prints goes through
+/// here, so a reader that stopped reading ends the command quietly ([`Error::Closed`]) instead
+/// of panicking as `println!` does.
+pub(crate) fn print_line(text: &str) -> Result<(), Error> {
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{text}")?;
+    Ok(stdout.flush()?)
+}
+
+fn print_raw(text: &str) -> Result<(), Error> {
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(text.as_bytes())?;
+    Ok(stdout.flush()?)
 }
 
 /// The completion script of `shell`.
@@ -83,11 +95,11 @@ async fn watch(client: &mut Client, output: Output) -> Result<(), Error> {
         );
         if clear {
             // Redraw in place.
-            print!("\x1b[2J\x1b[H");
+            print_raw("\x1b[2J\x1b[H")?;
         } else if output == Output::Table {
-            println!();
+            print_line("")?;
         }
-        println!("{text}");
+        print_line(&text)?;
     }
 }
 
@@ -101,10 +113,11 @@ async fn operate(
 ) -> Result<(), Error> {
     if plan.dry_run {
         let plan = client.plan(kind, target, run).await?;
-        println!(
-            "{}",
-            render::render(output, || render::plan_json(&plan), || render::plan_table(&plan))
-        );
+        print_line(&render::render(
+            output,
+            || render::plan_json(&plan),
+            || render::plan_table(&plan),
+        ))?;
         return if plan.completes {
             Ok(())
         } else {
@@ -118,7 +131,7 @@ async fn operate(
         0
     };
     let (op, created) = client.start(kind, target, run).await?;
-    println!("{}", render::started(output, &op, created));
+    print_line(&render::started(output, &op, created))?;
     if run.wait {
         let mut progress = Progress::new(total, output);
         client.wait(&op.id, &mut progress).await?;

@@ -6,7 +6,7 @@ use clap::Parser;
 async fn main() -> std::process::ExitCode {
     let cli = poolctl::Cli::parse();
     match poolctl::run(cli).await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(()) | Err(poolctl::Error::Closed) => std::process::ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err}");
             std::process::ExitCode::from(err.exit_code())

@@ -69,7 +69,7 @@ impl Progress {
         }
     }
 
-    fn show(&mut self, op: &Operation) {
+    fn show(&mut self, op: &Operation) -> Result<(), Error> {
         self.total = self.total.max(u64::from(op.moves));
         match &mut self.display {
             Display::Quiet => {}
@@ -84,26 +84,24 @@ impl Progress {
             Display::Lines { output, last } => {
                 let key = format!("{} {} {}", op.phase, op.moves, op.message);
                 if last.as_deref() == Some(key.as_str()) {
-                    return;
+                    return Ok(());
                 }
                 *last = Some(key);
                 let elapsed = self.started.elapsed();
                 let total = self.total;
-                println!(
-                    "{}",
-                    render::render(
-                        *output,
-                        || {
-                            let mut value = render::operation_json(op);
-                            value["totalMoves"] = total.into();
-                            value["elapsedMs"] = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX).into();
-                            value
-                        },
-                        || progress_line(op, total, elapsed),
-                    )
-                );
+                crate::print_line(&render::render(
+                    *output,
+                    || {
+                        let mut value = render::operation_json(op);
+                        value["totalMoves"] = total.into();
+                        value["elapsedMs"] = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX).into();
+                        value
+                    },
+                    || progress_line(op, total, elapsed),
+                ))?;
             }
         }
+        Ok(())
     }
 }
 
@@ -145,7 +143,7 @@ pub async fn follow(statuses: &mut Statuses<'_>, id: &str, progress: &mut Progre
             }
             continue;
         };
-        progress.show(&op);
+        progress.show(&op)?;
         if is_finished(&op) {
             return ended(op);
         }

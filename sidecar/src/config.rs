@@ -58,6 +58,11 @@ pub struct Config {
     /// Seconds between SIGTERM and SIGKILL when the sidecar stops the workload.
     #[arg(long, env = "OPENSHELL_SIDECAR_STOP_GRACE_SECONDS", default_value_t = 10)]
     pub stop_grace_seconds: u64,
+    /// Seconds an open workload connection may go without a request before the sidecar closes
+    /// it (at least 1; a client reconnects when it next needs the socket).
+    #[arg(long, env = "OPENSHELL_SIDECAR_IDLE_TIMEOUT_SECONDS", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub idle_timeout_seconds: u64,
     /// `--log-format` (`OPENSHELL_LOG_FORMAT`): text or json.
     #[command(flatten)]
     pub log: plumbing::logging::LogArgs,
@@ -89,6 +94,14 @@ impl Config {
 
     pub fn stop_grace(&self) -> Duration {
         Duration::from_secs(self.stop_grace_seconds)
+    }
+
+    /// The workload endpoint's bounds.
+    pub fn workload_limits(&self) -> crate::workload::Limits {
+        crate::workload::Limits {
+            idle: Duration::from_secs(self.idle_timeout_seconds),
+            ..crate::workload::Limits::default()
+        }
     }
 
     /// Checks what clap cannot: non-empty identity, a valid route, dialable addresses.

@@ -133,12 +133,21 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
         }
     });
     let (workload_tx, workload_rx) = mpsc::channel(64);
+    let (workload_pid, pinned_pid) = tokio::sync::watch::channel(None);
     let serving = CancellationToken::new();
-    let server = tokio::spawn(workload::serve(listener, workload_tx, serving.clone()));
+    let server = tokio::spawn(workload::serve(
+        listener,
+        workload::Endpoint {
+            engine: workload_tx,
+            workload: pinned_pid,
+            limits: cfg.workload_limits(),
+        },
+        serving.clone(),
+    ));
     let (link_tx, links) = mpsc::channel(256);
 
     info!(%route, uid = %cfg.uid, fence = state.fence.activated, "sidecar started");
-    let mut engine = Driver::new(cfg.clone(), state, file, pinned, link_tx);
+    let mut engine = Driver::new(cfg.clone(), state, file, pinned, link_tx, workload_pid);
     let inputs = Inputs {
         links,
         workload: workload_rx,

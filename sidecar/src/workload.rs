@@ -5,13 +5,15 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
 use proto::common::v1::WorkloadIdentity;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 use tokio_util::codec::{Framed, LinesCodec, LinesCodecError};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
@@ -23,8 +25,51 @@ use crate::supervision::Token;
 pub const MAX_LINE_BYTES: usize = 16 * 1024;
 /// Longest progress note (ReportProgress.note).
 pub const MAX_NOTE_BYTES: usize = 256;
-/// Most simultaneous workload connections.
+/// Most admitted connections open at once (the workload's and its descendants').
 pub const MAX_CONNECTIONS: usize = 16;
+/// Further admitted connections only the pinned workload process itself may open.
+pub const RESERVED_FOR_WORKLOAD: usize = 4;
+/// Most connections of other processes awaiting the admission decision.
+pub const MAX_PENDING: usize = 16;
+/// How long a connection may await its admission decision.
+pub const ADMISSION_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a refusal line may take to write.
+const REFUSAL_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The endpoint's bounds. A connection holds an admitted slot only once the engine admitted
+/// it, so processes that are refused (anyone in the Pod who is not the workload or its
+/// descendant) can use up only the pending slots, and the pinned workload process skips those
+/// and has slots of its own.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub connections: usize,
+    pub reserved: usize,
+    pub pending: usize,
+    pub admission: Duration,
+    /// An admitted connection without a request for this long is closed.
+    pub idle: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            connections: MAX_CONNECTIONS,
+            reserved: RESERVED_FOR_WORKLOAD,
+            pending: MAX_PENDING,
+            admission: ADMISSION_TIMEOUT,
+            idle: Duration::from_secs(300),
+        }
+    }
+}
+
+/// What the endpoint serves with: the engine, the pinned workload's PID (from the engine) and
+/// the bounds.
+#[derive(Debug)]
+pub struct Endpoint {
+    pub engine: mpsc::Sender<Inbound>,
+    pub workload: watch::Receiver<Option<u32>>,
+    pub limits: Limits,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -111,8 +156,17 @@ pub fn bind(path: &Path) -> Result<UnixListener, Error> {
 }
 
 /// Serves connections until `cancel`.
-pub async fn serve(listener: UnixListener, engine: mpsc::Sender<Inbound>, cancel: CancellationToken) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+pub async fn serve(listener: UnixListener, endpoint: Endpoint, cancel: CancellationToken) {
+    let Endpoint {
+        engine,
+        workload,
+        limits,
+    } = endpoint;
+    let slots = Slots {
+        admitted: Arc::new(Semaphore::new(limits.connections)),
+        reserved: Arc::new(Semaphore::new(limits.reserved)),
+    };
+    let pending = Arc::new(Semaphore::new(limits.pending));
     loop {
         let stream = tokio::select! {
             () = cancel.cancelled() => return,
@@ -124,52 +178,113 @@ pub async fn serve(listener: UnixListener, engine: mpsc::Sender<Inbound>, cancel
                 }
             },
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            refuse(stream, "too many connections").await;
-            continue;
+        let pid = peer_pid(&stream);
+        let of_workload = pid.is_some() && pid == *workload.borrow();
+        let waiting = if of_workload {
+            None
+        } else {
+            match pending.clone().try_acquire_owned() {
+                Ok(permit) => Some(permit),
+                Err(_) => {
+                    // Best effort and never waited on: the accept loop serves the next one.
+                    let _ = stream.try_write(refusal("too many connections awaiting admission").as_bytes());
+                    continue;
+                }
+            }
         };
         let engine = engine.clone();
         let cancel = cancel.clone();
+        let slots = slots.clone();
         tokio::spawn(async move {
             tokio::select! {
                 () = cancel.cancelled() => {}
-                () = connection(stream, engine) => {}
+                () = connection(stream, pid, of_workload, waiting, &engine, &slots, limits) => {}
             }
-            drop(permit);
         });
     }
 }
 
-async fn refuse(stream: UnixStream, reason: &str) {
-    let mut framed = Framed::new(stream, LinesCodec::new_with_max_length(MAX_LINE_BYTES));
-    let _ = framed.send(render(None, &Answer::Refused(reason.into()))).await;
+#[derive(Clone)]
+struct Slots {
+    admitted: Arc<Semaphore>,
+    reserved: Arc<Semaphore>,
 }
 
-async fn connection(stream: UnixStream, engine: mpsc::Sender<Inbound>) {
-    let pid = stream
+impl Slots {
+    /// A slot for an admitted connection: a shared one, else (the workload process only) a
+    /// reserved one.
+    fn take(&self, of_workload: bool) -> Option<OwnedSemaphorePermit> {
+        self.admitted.clone().try_acquire_owned().ok().or_else(|| {
+            of_workload
+                .then(|| self.reserved.clone().try_acquire_owned().ok())
+                .flatten()
+        })
+    }
+}
+
+fn peer_pid(stream: &UnixStream) -> Option<u32> {
+    stream
         .peer_cred()
         .ok()
         .and_then(|c| c.pid())
         .and_then(|p| u32::try_from(p).ok())
-        .filter(|p| *p > 0);
-    let admission = match ask(&engine, |reply| Inbound::Peer { pid, reply }).await {
+        .filter(|p| *p > 0)
+}
+
+fn refusal(reason: &str) -> String {
+    let mut line = render(None, &Answer::Refused(reason.into()));
+    line.push('\n');
+    line
+}
+
+async fn refuse(mut stream: UnixStream, reason: &str) {
+    let _ = tokio::time::timeout(REFUSAL_TIMEOUT, stream.write_all(refusal(reason).as_bytes())).await;
+}
+
+async fn admission(engine: &mpsc::Sender<Inbound>, pid: Option<u32>) -> Admission {
+    match ask(engine, |reply| Inbound::Peer { pid, reply }).await {
         Admission::NeedsIdentity => match pid {
             Some(pid) => match tokio::task::spawn_blocking(move || identity::observe(pid)).await {
-                Ok(Ok(identity)) => ask(&engine, |reply| Inbound::Pin { identity, reply }).await,
+                Ok(Ok(identity)) => ask(engine, |reply| Inbound::Pin { identity, reply }).await,
                 Ok(Err(err)) => Admission::Refused(format!("cannot observe the connecting process: {err}")),
                 Err(_) => Admission::Refused("cannot observe the connecting process".into()),
             },
             None => Admission::Refused("the connecting process is not visible".into()),
         },
         other => other,
-    };
-    if let Admission::Refused(reason) = admission {
+    }
+}
+
+async fn connection(
+    stream: UnixStream,
+    pid: Option<u32>,
+    of_workload: bool,
+    waiting: Option<OwnedSemaphorePermit>,
+    engine: &mpsc::Sender<Inbound>,
+    slots: &Slots,
+    limits: Limits,
+) {
+    let admitted = tokio::time::timeout(limits.admission, admission(engine, pid))
+        .await
+        .unwrap_or_else(|_| Admission::Refused("no admission decision in time".into()));
+    drop(waiting);
+    if let Admission::Refused(reason) = admitted {
         debug!(?pid, %reason, "workload connection refused");
         refuse(stream, &reason).await;
         return;
     }
+    let Some(_slot) = slots.take(of_workload) else {
+        let reason = format!("too many connections ({} open)", limits.connections);
+        refuse(stream, &reason).await;
+        return;
+    };
     let mut framed = Framed::new(stream, LinesCodec::new_with_max_length(MAX_LINE_BYTES));
-    while let Some(line) = framed.next().await {
+    loop {
+        let Ok(line) = tokio::time::timeout(limits.idle, framed.next()).await else {
+            debug!(?pid, idle = ?limits.idle, "idle workload connection closed");
+            return;
+        };
+        let Some(line) = line else { return };
         let (id, answer) = match line {
             Ok(line) if line.trim().is_empty() => continue,
             Ok(line) => match parse(&line) {
@@ -270,7 +385,174 @@ pub fn render(id: Option<&Value>, answer: &Answer) -> String {
 
 #[cfg(test)]
 mod tests {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+
     use super::*;
+
+    /// An endpoint on a fresh socket with a fake engine; the pinned workload is `workload`.
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        path: std::path::PathBuf,
+        engine: mpsc::Receiver<Inbound>,
+        workload: watch::Sender<Option<u32>>,
+        _cancel: tokio_util::sync::DropGuard,
+    }
+
+    impl Fixture {
+        fn start(limits: Limits) -> Self {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let path = dir.path().join("workload.sock");
+            let listener = bind(&path).expect("bind");
+            let (engine_tx, engine) = mpsc::channel(64);
+            // Someone else is the workload until a test says otherwise.
+            let (workload, pinned) = watch::channel(Some(1));
+            let cancel = CancellationToken::new();
+            let endpoint = Endpoint {
+                engine: engine_tx,
+                workload: pinned,
+                limits,
+            };
+            tokio::spawn(serve(listener, endpoint, cancel.clone()));
+            Self {
+                _dir: dir,
+                path,
+                engine,
+                workload,
+                _cancel: cancel.drop_guard(),
+            }
+        }
+
+        async fn connect(&self) -> BufReader<UnixStream> {
+            BufReader::new(UnixStream::connect(&self.path).await.expect("connect"))
+        }
+
+        /// The next admission question (a `Peer` event), not yet answered.
+        async fn question(&mut self) -> oneshot::Sender<Admission> {
+            match self.engine.recv().await {
+                Some(Inbound::Peer { pid, reply }) => {
+                    assert_eq!(pid, Some(std::process::id()), "the peer's PID from the kernel");
+                    reply
+                }
+                other => panic!("expected an admission question, got {other:?}"),
+            }
+        }
+
+        /// Admits the next connection and answers its one liveness request.
+        async fn admit_and_serve(&mut self, client: &mut BufReader<UnixStream>) -> Value {
+            let _ = self.question().await.send(Admission::Admitted);
+            let answer = call(client, r#"{"op":"liveness"}"#);
+            let served = async {
+                match self.engine.recv().await {
+                    Some(Inbound::Request(request)) => {
+                        let _ = request.reply.send(Answer::Alive);
+                    }
+                    other => panic!("expected a request, got {other:?}"),
+                }
+            };
+            tokio::join!(answer, served).0
+        }
+    }
+
+    async fn call(client: &mut BufReader<UnixStream>, request: &str) -> Value {
+        client
+            .get_mut()
+            .write_all(format!("{request}\n").as_bytes())
+            .await
+            .expect("write");
+        line(client).await
+    }
+
+    async fn line(client: &mut BufReader<UnixStream>) -> Value {
+        let mut line = String::new();
+        client.read_line(&mut line).await.expect("read");
+        serde_json::from_str(&line).unwrap_or_else(|_| panic!("not JSON: {line:?}"))
+    }
+
+    #[tokio::test]
+    async fn strangers_awaiting_admission_leave_the_workload_its_way_in() {
+        let mut fx = Fixture::start(Limits::default());
+        // MAX_PENDING connections of another process, their admission stalled (a busy engine).
+        let mut strangers = Vec::new();
+        let mut stalled = Vec::new();
+        for _ in 0..MAX_PENDING {
+            strangers.push(fx.connect().await);
+            stalled.push(fx.question().await);
+        }
+        let mut one_more = fx.connect().await;
+        assert_eq!(
+            line(&mut one_more).await["error"],
+            "too many connections awaiting admission"
+        );
+        // The workload process itself still gets in, and is served.
+        fx.workload.send_replace(Some(std::process::id()));
+        let mut own = fx.connect().await;
+        assert_eq!(fx.admit_and_serve(&mut own).await["alive"], true);
+        // A refusal frees its pending slot at once.
+        fx.workload.send_replace(Some(1));
+        let _ = stalled
+            .pop()
+            .map(|q| q.send(Admission::Refused("not the workload".into())));
+        let refused = strangers.last_mut().map(line).expect("a stranger");
+        assert_eq!(refused.await["error"], "not the workload");
+        let mut next = fx.connect().await;
+        assert_eq!(fx.admit_and_serve(&mut next).await["alive"], true);
+    }
+
+    #[tokio::test]
+    async fn an_undecided_admission_times_out_and_frees_its_slot() {
+        let limits = Limits {
+            pending: 1,
+            admission: Duration::from_millis(100),
+            ..Limits::default()
+        };
+        let mut fx = Fixture::start(limits);
+        let mut stranger = fx.connect().await;
+        let _stalled = fx.question().await;
+        assert_eq!(line(&mut stranger).await["error"], "no admission decision in time");
+        let mut next = fx.connect().await;
+        assert_eq!(fx.admit_and_serve(&mut next).await["alive"], true);
+    }
+
+    #[tokio::test]
+    async fn admitted_slots_are_bounded_with_a_reserve_for_the_workload_process() {
+        let limits = Limits {
+            connections: 2,
+            reserved: 1,
+            ..Limits::default()
+        };
+        let mut fx = Fixture::start(limits);
+        // Two descendants of the workload hold the shared slots.
+        let mut open = Vec::new();
+        for _ in 0..2 {
+            let mut client = fx.connect().await;
+            assert_eq!(fx.admit_and_serve(&mut client).await["alive"], true);
+            open.push(client);
+        }
+        let mut third = fx.connect().await;
+        let _ = fx.question().await.send(Admission::Admitted);
+        assert_eq!(line(&mut third).await["error"], "too many connections (2 open)");
+        // The workload process itself has its reserve.
+        fx.workload.send_replace(Some(std::process::id()));
+        let mut own = fx.connect().await;
+        assert_eq!(fx.admit_and_serve(&mut own).await["alive"], true);
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_is_closed() {
+        let limits = Limits {
+            idle: Duration::from_millis(300),
+            ..Limits::default()
+        };
+        let mut fx = Fixture::start(limits);
+        let mut idle = fx.connect().await;
+        let _ = fx.question().await.send(Admission::Admitted);
+        let mut rest = String::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), idle.read_line(&mut rest)).await;
+        assert!(
+            matches!(read, Ok(Ok(0))),
+            "closed by the sidecar without a line: {read:?} {rest:?}"
+        );
+    }
 
     #[test]
     fn parses_the_three_operations_and_refuses_the_rest() {

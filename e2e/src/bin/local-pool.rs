@@ -9,5 +9,6 @@ use e2e::cli::local_pool::{Args, run};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    plumbing::cmdline::refuse_password(std::env::args_os(), "--database-url", "OPENSHELL_LOCAL_DATABASE_URL")?;
     run(Args::parse()).await
 }

@@ -11,5 +11,6 @@ use e2e::cli::scenarios::{Args, run};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    plumbing::cmdline::refuse_password(std::env::args_os(), "--database", "OPENSHELL_SCENARIO_DATABASE_URL")?;
     run(Args::parse()).await
 }

@@ -12,7 +12,7 @@ use std::time::SystemTime;
 use proto::common::v1::WorkloadIdentity;
 use proto::registry::v1::RegisterResponse;
 use proto::runtime::v1::sidecar_message;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 use tracing::error;
@@ -64,6 +64,8 @@ pub(crate) struct Driver {
     exit: Option<oneshot::Receiver<Exit>>,
     /// The endpoint waiting for the `Peer` or `Pin` event being handled.
     admission: Option<oneshot::Sender<Admission>>,
+    /// The pinned workload's PID, for the endpoint (its connections go first).
+    workload_pid: watch::Sender<Option<u32>>,
     done: Option<(Ending, Option<Exit>)>,
 }
 
@@ -74,8 +76,10 @@ impl Driver {
         file: StateFile,
         workload: Option<Pinned>,
         link_tx: mpsc::Sender<(StreamId, LinkEvent)>,
+        workload_pid: watch::Sender<Option<u32>>,
     ) -> Self {
         let (identity, control) = workload.map(|p| (p.identity, p.control)).unzip();
+        workload_pid.send_replace(identity.as_ref().map(|i| i.pid));
         Self {
             machine: Machine::new(Setup::from_config(&cfg), state, identity, now()),
             trust: Trust::new(&cfg.supervision_dir),
@@ -86,6 +90,7 @@ impl Driver {
             control,
             exit: None,
             admission: None,
+            workload_pid,
             done: None,
         }
     }
@@ -212,6 +217,7 @@ impl Driver {
                 });
             }
             Effect::Watch(identity) => {
+                self.workload_pid.send_replace(Some(identity.pid));
                 let (control, exit) = process::watch(Process::Foreign(identity));
                 self.control = Some(control);
                 self.exit = Some(exit);

@@ -431,6 +431,7 @@ impl Fixture {
             state_dir: dir.path().join("state"),
             issuer: proto::trust::DEFAULT_ISSUER.into(),
             stop_grace_seconds: 5,
+            idle_timeout_seconds: 300,
             log: LogArgs {
                 log_format: LogFormat::Text,
             },
