@@ -347,14 +347,16 @@ def check_webhook(target, res):
                 excluded |= set(expr.get("values") or [])
         if not SYSTEM_NAMESPACES <= excluded:
             err(target, res, f"namespaceSelector must exclude {sorted(SYSTEM_NAMESPACES - excluded)}")
-        opt_out = [e for e in (wh.get("objectSelector") or {}).get("matchExpressions") or []
-                   if e.get("key") == "supervision.openshell.ai/inject"
-                   and e.get("operator") == "NotIn" and "disabled" in (e.get("values") or [])]
-        if not opt_out:
-            err(target, res, "objectSelector must exclude supervision.openshell.ai/inject=disabled")
-        rules = wh.get("rules") or []
-        if not any("pods" in r.get("resources", []) and r.get("operations") == ["CREATE"] for r in rules):
-            err(target, res, "must be registered for pods CREATE only")
+        # Opted-out Pods must still reach the webhook, which refuses the ones that would
+        # reach a sidecar and leaves the others uninjected.
+        if wh.get("objectSelector"):
+            err(target, res, "must have no objectSelector: opted-out Pods are reviewed too (the refusals hold for them)")
+        if wh.get("reinvocationPolicy") != "Never":
+            err(target, res, "reinvocationPolicy must be Never (a Pod arriving with the injected volumes is refused)")
+        rules = sorted((tuple(r.get("apiGroups") or []), tuple(r.get("resources") or []),
+                        tuple(r.get("operations") or [])) for r in wh.get("rules") or [])
+        if rules != [(("",), ("pods",), ("CREATE",)), (("",), ("pods/ephemeralcontainers",), ("UPDATE",))]:
+            err(target, res, "must be registered for pods CREATE and pods/ephemeralcontainers UPDATE only")
         svc = (wh.get("clientConfig") or {}).get("service") or {}
         if (svc.get("name"), svc.get("namespace"), svc.get("port")) != ("openshell-webhook", "openshell-supervision", 443):
             err(target, res, "clientConfig.service must be openshell-webhook.openshell-supervision:443")

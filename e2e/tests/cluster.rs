@@ -1071,8 +1071,6 @@ impl Flow {
         let base = self.baseline().await?;
         let other = format!("{}-b", self.namespace);
         self.kubectl.run(&["create", "namespace", &other]).await?;
-        self.kubectl.run(&["label", "namespace", &other, LABEL]).await?;
-        self.secret_present_in(&other, true).await?;
         let victim = base
             .names
             .iter()
@@ -1089,12 +1087,28 @@ impl Flow {
             .unwrap_or_default()
             .to_owned();
         let manifest = probe_pod(&other, &self.image, &format!("{}/{victim}", self.namespace), &uid);
-        // The namespace's default ServiceAccount appears a moment after the namespace.
+        // The probe projects a gateway-audience token of its own, which the webhook refuses in
+        // a labelled namespace; it sees Pods only at creation, so the probe is created before
+        // the label and waits in ContainerCreating for the namespace's Secret, which the
+        // gateway writes once the label is there. The namespace's default ServiceAccount
+        // appears a moment after the namespace.
         let kubectl = self.kubectl.clone();
         wait_for("the probe Pod created", MINUTE, || async {
             kubectl.apply(&manifest).await.ok()
         })
         .await?;
+        self.kubectl.run(&["label", "namespace", &other, LABEL]).await?;
+        self.secret_present_in(&other, true).await?;
+        // Created now, the same Pod is refused, naming its token volume.
+        let refused = self
+            .kubectl
+            .apply(&manifest.replacen("name: probe\n", "name: probe-refused\n", 1))
+            .await;
+        check(
+            matches!(&refused, Err(Error::Failed { stderr, .. })
+                if stderr.contains("refused") && stderr.contains("\"credentials\"")),
+            || format!("a Pod projecting a gateway-audience token is refused in a labelled namespace: {refused:?}"),
+        )?;
         let done = wait_for("the probe Pod finished", 2 * MINUTE, || async {
             let pod = kubectl.json(&["get", "pod", "probe", "-n", &other]).await.ok()?;
             let phase = pod.pointer("/status/phase").and_then(Value::as_str)?.to_owned();

@@ -1,8 +1,9 @@
 //! The fast decode of an AdmissionReview body: a pruned view that keeps exactly the parts
 //! [`crate::review::mutate`] and [`crate::inject::Injector::mutate_pod`] read and skips the rest
 //! without allocating (`managedFields`, `userInfo`, `options`, `status`, and in the Pod spec
-//! everything but the container names, env and volume mounts, the init container names, the
-//! volumes and the three flags the decision reads).
+//! everything but the names, env, volume mounts and devices and security contexts of the
+//! containers, init containers and ephemeral containers, the volumes, the Pod's security
+//! context and the three flags the decision reads).
 //!
 //! [`pruned`] returns `None` for anything that does not fit the view (wrong types, duplicate
 //! keys, arrays where objects belong); the caller then decodes the whole body as a `Value`, so
@@ -82,8 +83,12 @@ struct SpecIn {
     _object: NotAnArray,
     containers: Option<Vec<ContainerIn>>,
     #[serde(rename = "initContainers")]
-    init_containers: Option<Vec<NamedIn>>,
+    init_containers: Option<Vec<ContainerIn>>,
+    #[serde(rename = "ephemeralContainers")]
+    ephemeral_containers: Option<Vec<ContainerIn>>,
     volumes: Option<Value>,
+    #[serde(rename = "securityContext")]
+    security_context: Option<Value>,
     #[serde(rename = "hostNetwork")]
     host_network: Option<Value>,
     #[serde(rename = "hostPID")]
@@ -100,13 +105,10 @@ struct ContainerIn {
     env: Option<Value>,
     #[serde(rename = "volumeMounts")]
     volume_mounts: Option<Value>,
-}
-
-#[derive(Deserialize)]
-struct NamedIn {
-    #[serde(rename = "\u{0}", default)]
-    _object: NotAnArray,
-    name: Option<Value>,
+    #[serde(rename = "volumeDevices")]
+    volume_devices: Option<Value>,
+    #[serde(rename = "securityContext")]
+    security_context: Option<Value>,
 }
 
 fn insert(map: &mut Map<String, Value>, key: &str, value: Option<Value>) {
@@ -170,15 +172,15 @@ impl MetadataIn {
 impl SpecIn {
     fn into_value(self) -> Value {
         object(|spec| {
-            let containers = self
-                .containers
-                .map(|list| Value::Array(list.into_iter().map(ContainerIn::into_value).collect()));
-            insert(spec, "containers", containers);
-            let init_containers = self
-                .init_containers
-                .map(|list| Value::Array(list.into_iter().map(NamedIn::into_value).collect()));
-            insert(spec, "initContainers", init_containers);
+            insert(spec, "containers", self.containers.map(ContainerIn::list));
+            insert(spec, "initContainers", self.init_containers.map(ContainerIn::list));
+            insert(
+                spec,
+                "ephemeralContainers",
+                self.ephemeral_containers.map(ContainerIn::list),
+            );
             insert(spec, "volumes", self.volumes);
+            insert(spec, "securityContext", self.security_context);
             insert(spec, "hostNetwork", self.host_network);
             insert(spec, "hostPID", self.host_pid);
             insert(spec, "shareProcessNamespace", self.share_process_namespace);
@@ -187,18 +189,18 @@ impl SpecIn {
 }
 
 impl ContainerIn {
+    fn list(containers: Vec<Self>) -> Value {
+        Value::Array(containers.into_iter().map(Self::into_value).collect())
+    }
+
     fn into_value(self) -> Value {
         object(|container| {
             insert(container, "name", self.name);
             insert(container, "env", self.env);
             insert(container, "volumeMounts", self.volume_mounts);
+            insert(container, "volumeDevices", self.volume_devices);
+            insert(container, "securityContext", self.security_context);
         })
-    }
-}
-
-impl NamedIn {
-    fn into_value(self) -> Value {
-        object(|item| insert(item, "name", self.name))
     }
 }
 

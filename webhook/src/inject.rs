@@ -16,8 +16,10 @@ use crate::patch::{Fragment, PatchWriter};
 pub use crate::patch::{JsonPatch, escape_pointer_token};
 
 mod config;
+pub mod refuse;
 
 pub use config::*;
+use refuse::{ContainerList, ContainerView, PodView, Refusal, VolumeView};
 
 /// Why a Pod was left alone (metric label `reason`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,25 +30,23 @@ pub enum SkipReason {
     InstallNamespace,
     OptedOut,
     HostNetwork,
-    HostPid,
     AlreadyInjected,
-    VolumeConflict,
     MountConflict,
+    EphemeralContainers,
 }
 
 impl SkipReason {
     /// Every reason (each metric label starts at 0).
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 9] = [
         SkipReason::NotCreate,
         SkipReason::NotPod,
         SkipReason::SystemNamespace,
         SkipReason::InstallNamespace,
         SkipReason::OptedOut,
         SkipReason::HostNetwork,
-        SkipReason::HostPid,
         SkipReason::AlreadyInjected,
-        SkipReason::VolumeConflict,
         SkipReason::MountConflict,
+        SkipReason::EphemeralContainers,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -57,10 +57,9 @@ impl SkipReason {
             SkipReason::InstallNamespace => "install_namespace",
             SkipReason::OptedOut => "opted_out",
             SkipReason::HostNetwork => "host_network",
-            SkipReason::HostPid => "host_pid",
             SkipReason::AlreadyInjected => "already_injected",
-            SkipReason::VolumeConflict => "volume_conflict",
             SkipReason::MountConflict => "mount_conflict",
+            SkipReason::EphemeralContainers => "ephemeral_containers",
         }
     }
 }
@@ -80,6 +79,8 @@ pub struct Injection {
 pub enum Decision {
     Inject(Injection),
     Skip(SkipReason),
+    /// Refused: the Pod would reach the sidecar's volumes or memory ([`refuse`]).
+    Refuse(Refusal),
 }
 
 /// The Pod JSON has a shape the API server would never send; nothing is patched.
@@ -153,26 +154,135 @@ fn array_or_absent<P: Into<String>>(
 }
 
 /// `Some(map)` if present as an object, `None` if absent or null, an error otherwise.
-fn object_or_absent<'a>(value: Option<&'a Value>, path: &str) -> Result<Option<&'a Map<String, Value>>, InjectError> {
+fn object_or_absent<P: Into<String>>(
+    value: Option<&Value>,
+    path: impl FnOnce() -> P,
+) -> Result<Option<&Map<String, Value>>, InjectError> {
     match value {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Object(map)) => Ok(Some(map)),
-        Some(_) => Err(InjectError::WrongType(path.to_string(), "an object")),
+        Some(_) => Err(InjectError::WrongType(path().into(), "an object")),
     }
 }
 
-/// Is an existing Pod volume with one of our names the volume we would add? Ours are
-/// recognised by their source: the token Secret, or an `emptyDir` for the sidecar's socket
-/// and state.
-fn is_our_volume(name: &str, existing: &Value) -> bool {
-    if name == TOKEN_VOLUME {
-        existing
-            .pointer("/projected/sources/0/secret/name")
-            .and_then(Value::as_str)
-            == Some(TOKEN_SECRET)
-    } else {
-        existing.get("emptyDir").is_some_and(Value::is_object)
+/// `map[key]` as a flag: absent or null is `false`, anything but a boolean an error.
+fn flag<P: Into<String>>(
+    map: Option<&Map<String, Value>>,
+    key: &str,
+    path: impl FnOnce() -> P,
+) -> Result<bool, InjectError> {
+    match map.and_then(|m| m.get(key)) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(set)) => Ok(*set),
+        Some(_) => Err(InjectError::WrongType(format!("{}.{key}", path().into()), "a boolean")),
     }
+}
+
+/// `windowsOptions.hostProcess` of the security context at `path`.
+fn host_process(security: Option<&Map<String, Value>>, path: &str) -> Result<bool, InjectError> {
+    let options = object_or_absent(security.and_then(|s| s.get("windowsOptions")), || {
+        format!("{path}.windowsOptions")
+    })?;
+    flag(options, "hostProcess", || format!("{path}.windowsOptions"))
+}
+
+/// Which part of a Pod the refusal rules read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Scope {
+    /// A Pod CREATE: its volumes, host namespaces and every container.
+    Pod,
+    /// A `pods/ephemeralcontainers` update: the ephemeral containers (nothing else of the
+    /// spec changes there, and it was read at creation).
+    EphemeralContainers,
+}
+
+/// What [`refuse::check`] reads of one container (`list[index]`).
+fn container_view(list: ContainerList, index: usize, container: &Value) -> Result<ContainerView<'_>, InjectError> {
+    let at = || format!("{}[{index}]", list.field());
+    let Some(container) = container.as_object() else {
+        return Err(InjectError::WrongType(at(), "an object"));
+    };
+    let mut volumes = Vec::new();
+    for key in ["volumeMounts", "volumeDevices"] {
+        let items = array_or_absent(container.get(key), || format!("{}.{key}", at()))?;
+        volumes.extend(
+            items
+                .into_iter()
+                .flatten()
+                .filter_map(|item| item.get("name").and_then(Value::as_str)),
+        );
+    }
+    let security_path = format!("{}.securityContext", at());
+    let security = object_or_absent(container.get("securityContext"), || security_path.as_str())?;
+    let capabilities = object_or_absent(security.and_then(|s| s.get("capabilities")), || {
+        format!("{security_path}.capabilities")
+    })?;
+    let added = array_or_absent(capabilities.and_then(|c| c.get("add")), || {
+        format!("{security_path}.capabilities.add")
+    })?;
+    let added_capabilities = added
+        .into_iter()
+        .flatten()
+        .map(|capability| {
+            capability
+                .as_str()
+                .ok_or_else(|| InjectError::WrongType(format!("{security_path}.capabilities.add[]"), "a string"))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(ContainerView {
+        list: Some(list),
+        index,
+        name: container.get("name").and_then(Value::as_str).unwrap_or(""),
+        volumes,
+        privileged: flag(security, "privileged", || security_path.as_str())?,
+        host_process: host_process(security, &security_path)?,
+        added_capabilities,
+    })
+}
+
+/// What [`refuse::check`] reads of one declared volume.
+fn volume_view(index: usize, volume: &Value) -> Result<VolumeView<'_>, InjectError> {
+    let sources = array_or_absent(volume.pointer("/projected/sources"), || {
+        format!("spec.volumes[{index}].projected.sources")
+    })?;
+    Ok(VolumeView {
+        index,
+        name: volume.get("name").and_then(Value::as_str).unwrap_or(""),
+        token_audiences: sources
+            .into_iter()
+            .flatten()
+            .filter_map(|source| source.pointer("/serviceAccountToken/audience").and_then(Value::as_str))
+            .collect(),
+    })
+}
+
+/// What [`refuse::check`] reads of the Pod spec in `scope`.
+fn pod_view(spec: &Map<String, Value>, scope: Scope) -> Result<PodView<'_>, InjectError> {
+    let mut view = PodView::default();
+    let lists: &[ContainerList] = match scope {
+        Scope::Pod => {
+            view.host_pid = flag(Some(spec), "hostPID", || "spec")?;
+            let security = object_or_absent(spec.get("securityContext"), || "spec.securityContext")?;
+            view.host_process = host_process(security, "spec.securityContext")?;
+            let volumes = array_or_absent(spec.get("volumes"), || "spec.volumes")?;
+            for (index, volume) in volumes.into_iter().flatten().enumerate() {
+                view.volumes.push(volume_view(index, volume)?);
+            }
+            &[
+                ContainerList::Containers,
+                ContainerList::InitContainers,
+                ContainerList::EphemeralContainers,
+            ]
+        }
+        Scope::EphemeralContainers => &[ContainerList::EphemeralContainers],
+    };
+    for &list in lists {
+        let containers = array_or_absent(spec.get(list.key()), || list.field())?;
+        for (index, container) in containers.into_iter().flatten().enumerate() {
+            view.containers.push(container_view(list, index, container)?);
+        }
+    }
+    Ok(view)
 }
 
 /// The same directory, ignoring trailing slashes (`/a/b/` and `/a/b`).
@@ -355,7 +465,30 @@ impl Injector {
         }
     }
 
+    /// The rule of [`refuse`] the Pod's `spec` breaks in `scope`, if any.
+    fn refusal(&self, pod: &Value, scope: Scope) -> Result<Option<Refusal>, InjectError> {
+        let Some(Value::Object(spec)) = pod.get("spec") else {
+            return Err(InjectError::MissingSpec);
+        };
+        Ok(refuse::check(&pod_view(spec, scope)?, &self.config.token_audience).err())
+    }
+
+    /// Decide about a `pods/ephemeralcontainers` update (the raw `request.object`: the whole
+    /// Pod with its ephemeral containers) in `namespace`: refused when an ephemeral container
+    /// breaks a rule of [`refuse`]; nothing is ever injected.
+    pub fn check_ephemeral_containers(&self, pod: &Value, namespace: &str) -> Result<Decision, InjectError> {
+        if let Some(reason) = self.namespace_excluded(namespace) {
+            return Ok(Decision::Skip(reason));
+        }
+        Ok(match self.refusal(pod, Scope::EphemeralContainers)? {
+            Some(refusal) => Decision::Refuse(refusal),
+            None => Decision::Skip(SkipReason::EphemeralContainers),
+        })
+    }
+
     /// Decide about one Pod (the raw `request.object`) in `namespace` and build its patch.
+    /// The rules of [`refuse`] come first: neither the opt-out label nor any other reason to
+    /// leave a Pod alone lets one past them.
     pub fn mutate_pod(&self, pod: &Value, namespace: &str) -> Result<Decision, InjectError> {
         if let Some(reason) = self.namespace_excluded(namespace) {
             return Ok(Decision::Skip(reason));
@@ -363,6 +496,9 @@ impl Injector {
         let metadata = pod.get("metadata");
         if metadata.is_some_and(|m| !m.is_object() && !m.is_null()) {
             return Err(InjectError::WrongType("metadata".into(), "an object"));
+        }
+        if let Some(refusal) = self.refusal(pod, Scope::Pod)? {
+            return Ok(Decision::Refuse(refusal));
         }
         let labels = metadata.and_then(|m| m.get("labels"));
         let annotations = metadata.and_then(|m| m.get("annotations"));
@@ -377,10 +513,6 @@ impl Injector {
         if spec.get("hostNetwork").and_then(Value::as_bool) == Some(true) {
             return Ok(Decision::Skip(SkipReason::HostNetwork));
         }
-        // `shareProcessNamespace` and `hostPID` together are rejected by Pod validation.
-        if spec.get("hostPID").and_then(Value::as_bool) == Some(true) {
-            return Ok(Decision::Skip(SkipReason::HostPid));
-        }
 
         let containers = match spec.get("containers") {
             Some(Value::Array(containers)) => containers,
@@ -391,8 +523,8 @@ impl Injector {
         };
         let init_containers = array_or_absent(spec.get("initContainers"), || "spec.initContainers")?;
         let volumes = array_or_absent(spec.get("volumes"), || "spec.volumes")?;
-        let annotation_map = object_or_absent(annotations, "metadata.annotations")?;
-        let label_map = object_or_absent(labels, "metadata.labels")?;
+        let annotation_map = object_or_absent(annotations, || "metadata.annotations")?;
+        let label_map = object_or_absent(labels, || "metadata.labels")?;
 
         // Idempotency: a Pod that carries our annotation or our container is done.
         if annotation_map.is_some_and(|m| m.contains_key(INJECTED_ANNOTATION))
@@ -402,21 +534,8 @@ impl Injector {
             return Ok(Decision::Skip(SkipReason::AlreadyInjected));
         }
 
-        // A volume with one of our names: reuse it if it is what we would add, otherwise
-        // leave the Pod alone rather than mount someone else's volume into the sidecar.
-        let mut new_volumes = Vec::with_capacity(self.volumes.len());
-        for volume in &self.volumes {
-            let name = volume.value().get("name").and_then(Value::as_str).unwrap_or("");
-            let existing = volumes.and_then(|vols| {
-                vols.iter()
-                    .find(|v| v.get("name").and_then(Value::as_str) == Some(name))
-            });
-            match existing {
-                None => new_volumes.push(volume.json()),
-                Some(existing) if is_our_volume(name, existing) => {}
-                Some(_) => return Ok(Decision::Skip(SkipReason::VolumeConflict)),
-            }
-        }
+        // No volume of the Pod has one of our names (refused above): all three are added.
+        let new_volumes: Vec<&str> = self.volumes.iter().map(Fragment::json).collect();
 
         let mut warnings = Vec::new();
         let mode = match string_at(annotations, SIDECAR_MODE_ANNOTATION) {
@@ -481,7 +600,7 @@ impl Injector {
             let mut add_mount = true;
             for mount in mounts.into_iter().flatten() {
                 if mount.get("name").and_then(Value::as_str) == Some(SOCKET_VOLUME) {
-                    // Already mounted (our volume: a foreign one was refused above).
+                    // Already mounted: the volume we add satisfies it.
                     add_mount = false;
                 } else if mount
                     .get("mountPath")

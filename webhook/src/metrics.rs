@@ -7,6 +7,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::inject::refuse::RefuseReason;
 use crate::inject::{SidecarMode, SkipReason};
 use crate::review::{FailReason, Outcome};
 
@@ -37,6 +38,7 @@ pub struct Metrics {
     pub requests: Counter,
     pub injected: Family<ModeLabels, Counter>,
     pub skipped: Family<ReasonLabels, Counter>,
+    pub refused: Family<ReasonLabels, Counter>,
     pub failed: Family<ReasonLabels, Counter>,
     pub latency: Histogram,
     pub cert_reloads: Family<ResultLabels, Counter>,
@@ -57,6 +59,7 @@ impl Metrics {
         let requests = Counter::default();
         let injected = Family::<ModeLabels, Counter>::default();
         let skipped = Family::<ReasonLabels, Counter>::default();
+        let refused = Family::<ReasonLabels, Counter>::default();
         let failed = Family::<ReasonLabels, Counter>::default();
         let latency = Histogram::new(LATENCY_BUCKETS_SECONDS);
         let cert_reloads = Family::<ResultLabels, Counter>::default();
@@ -75,6 +78,11 @@ impl Metrics {
             "admission_skipped",
             "Pods admitted without injection, by reason",
             skipped.clone(),
+        );
+        registry.register(
+            "admission_refused",
+            "Pods refused because they would reach the supervision sidecar's volumes or memory, by reason",
+            refused.clone(),
         );
         registry.register(
             "admission_failed",
@@ -105,6 +113,9 @@ impl Metrics {
         for reason in SkipReason::ALL.map(SkipReason::as_str) {
             skipped.get_or_create(&ReasonLabels { reason }).inc_by(0);
         }
+        for reason in RefuseReason::ALL.map(RefuseReason::as_str) {
+            refused.get_or_create(&ReasonLabels { reason }).inc_by(0);
+        }
         for reason in FailReason::ALL.map(FailReason::as_str) {
             failed.get_or_create(&ReasonLabels { reason }).inc_by(0);
         }
@@ -116,6 +127,7 @@ impl Metrics {
             requests,
             injected,
             skipped,
+            refused,
             failed,
             latency,
             cert_reloads,
@@ -126,24 +138,16 @@ impl Metrics {
 
     /// Count one answered review.
     pub fn record(&self, outcome: Outcome, elapsed_ms: f64) {
+        let count = |family: &Family<ReasonLabels, Counter>, reason: &'static str| {
+            family.get_or_create(&ReasonLabels { reason }).inc();
+        };
         match outcome {
             Outcome::Injected(mode) => {
                 self.injected.get_or_create(&ModeLabels { mode: mode.as_str() }).inc();
             }
-            Outcome::Skipped(reason) => {
-                self.skipped
-                    .get_or_create(&ReasonLabels {
-                        reason: reason.as_str(),
-                    })
-                    .inc();
-            }
-            Outcome::Failed(reason) => {
-                self.failed
-                    .get_or_create(&ReasonLabels {
-                        reason: reason.as_str(),
-                    })
-                    .inc();
-            }
+            Outcome::Skipped(reason) => count(&self.skipped, reason.as_str()),
+            Outcome::Refused(reason) => count(&self.refused, reason.as_str()),
+            Outcome::Failed(reason) => count(&self.failed, reason.as_str()),
         }
         self.latency.observe(elapsed_ms / 1000.0);
     }

@@ -10,6 +10,7 @@ use base64::engine::general_purpose::STANDARD;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::inject::refuse::{Refusal, RefuseReason};
 use crate::inject::{Decision, Injector, SidecarMode, SkipReason};
 
 pub const API_VERSION: &str = "admission.k8s.io/v1";
@@ -66,6 +67,8 @@ impl FailReason {
 pub enum Outcome {
     Injected(SidecarMode),
     Skipped(SkipReason),
+    /// Denied: the Pod would reach the supervision sidecar ([`crate::inject::refuse`]).
+    Refused(RefuseReason),
     Failed(FailReason),
 }
 
@@ -146,9 +149,26 @@ const MAX_NAME_BYTES: usize = 253;
 /// Longest `request.uid` echoed (the API server sends a 36-byte UUID).
 const MAX_UID_BYTES: usize = 128;
 
+/// HTTP-like status code of a refused Pod: the request is well formed, the policy forbids it.
+pub const REFUSED_CODE: u16 = 403;
+
 /// A failed review: `allowed: false` with a status message, UID echoed.
 pub fn failure(uid: String, reason: FailReason, message: String) -> Reviewed {
-    let message = plumbing::text::bounded(&message, MAX_MESSAGE_BYTES);
+    denied(uid, Outcome::Failed(reason), reason.code(), &message)
+}
+
+/// A refused Pod: `allowed: false`, 403, the message `refused: <why>`, UID echoed.
+pub fn refused(uid: String, refusal: &Refusal) -> Reviewed {
+    denied(
+        uid,
+        Outcome::Refused(refusal.reason()),
+        REFUSED_CODE,
+        &format!("refused: {refusal}"),
+    )
+}
+
+fn denied(uid: String, outcome: Outcome, code: u16, message: &str) -> Reviewed {
+    let message = plumbing::text::bounded(message, MAX_MESSAGE_BYTES);
     Reviewed {
         response: AdmissionResponse {
             uid,
@@ -156,12 +176,12 @@ pub fn failure(uid: String, reason: FailReason, message: String) -> Reviewed {
             patch_type: None,
             patch: None,
             status: Some(Status {
-                code: reason.code(),
+                code,
                 message: format!("openshell supervision webhook: {message}"),
             }),
             warnings: Vec::new(),
         },
-        outcome: Outcome::Failed(reason),
+        outcome,
         dry_run: false,
         namespace: String::new(),
         name: String::new(),
@@ -299,11 +319,18 @@ pub fn mutate(review: &Value, injector: &Injector) -> Reviewed {
     let is_pod = request.get("kind").is_some_and(|k| {
         k.get("group").and_then(Value::as_str).unwrap_or("").is_empty()
             && k.get("kind").and_then(Value::as_str) == Some("Pod")
-    }) && request.get("subResource").is_none_or(Value::is_null);
+    });
+    // A Pod CREATE is injected; an ephemeral containers update (whatever its operation: the
+    // API server sends UPDATE) is only checked; anything else is let through.
+    let ephemeral = match request.get("subResource") {
+        None | Some(Value::Null) => false,
+        Some(Value::String(sub)) if sub == "ephemeralcontainers" => true,
+        Some(_) => return reviewed,
+    };
     if !is_pod {
         return reviewed;
     }
-    if request.get("operation").and_then(Value::as_str) != Some("CREATE") {
+    if !ephemeral && request.get("operation").and_then(Value::as_str) != Some("CREATE") {
         reviewed.outcome = Outcome::Skipped(SkipReason::NotCreate);
         return reviewed;
     }
@@ -330,29 +357,36 @@ pub fn mutate(review: &Value, injector: &Injector) -> Reviewed {
         );
     }
 
-    match injector.mutate_pod(object, &reviewed.namespace) {
+    let decision = if ephemeral {
+        injector.check_ephemeral_containers(object, &reviewed.namespace)
+    } else {
+        injector.mutate_pod(object, &reviewed.namespace)
+    };
+    let denied = match decision {
         Ok(Decision::Skip(reason)) => {
             reviewed.outcome = Outcome::Skipped(reason);
+            return reviewed;
         }
         Ok(Decision::Inject(injection)) => {
             reviewed.response.patch_type = Some("JSONPatch");
             reviewed.response.patch = Some(STANDARD.encode(injection.patch.as_bytes()));
             reviewed.response.warnings = injection.warnings;
             reviewed.outcome = Outcome::Injected(injection.mode);
+            return reviewed;
         }
-        Err(err) => {
-            let mut failed = failure(
-                reviewed.response.uid,
-                FailReason::InvalidPod,
-                format!("cannot inject into this Pod: {err}"),
-            );
-            failed.dry_run = dry_run;
-            failed.namespace = reviewed.namespace;
-            failed.name = reviewed.name;
-            return failed;
-        }
+        Ok(Decision::Refuse(refusal)) => refused(reviewed.response.uid, &refusal),
+        Err(err) => failure(
+            reviewed.response.uid,
+            FailReason::InvalidPod,
+            format!("cannot inject into this Pod: {err}"),
+        ),
+    };
+    Reviewed {
+        dry_run,
+        namespace: reviewed.namespace,
+        name: reviewed.name,
+        ..denied
     }
-    reviewed
 }
 
 #[cfg(test)]

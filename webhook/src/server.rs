@@ -188,36 +188,42 @@ fn log_review(reviewed: &Reviewed, elapsed_ms: f64) {
     let namespace = reviewed.namespace.as_str();
     let name = reviewed.name.as_str();
     let dry_run = reviewed.dry_run;
-    match reviewed.outcome {
-        Outcome::Injected(mode) => tracing::debug!(
-            uid,
-            namespace,
-            pod = name,
-            dry_run,
-            mode = mode.as_str(),
-            elapsed_ms,
-            "injected supervision sidecar"
-        ),
-        Outcome::Skipped(reason) => tracing::debug!(
-            uid,
-            namespace,
-            pod = name,
-            dry_run,
-            reason = reason.as_str(),
-            elapsed_ms,
-            "admitted without injection"
-        ),
-        Outcome::Failed(reason) => tracing::warn!(
-            uid,
-            namespace,
-            pod = name,
-            dry_run,
-            reason = reason.as_str(),
-            elapsed_ms,
-            message = reviewed.message.as_deref().unwrap_or(""),
-            "review failed"
-        ),
-    }
+    let (reason, verdict) = match reviewed.outcome {
+        Outcome::Injected(mode) => {
+            return tracing::debug!(
+                uid,
+                namespace,
+                pod = name,
+                dry_run,
+                mode = mode.as_str(),
+                elapsed_ms,
+                "injected supervision sidecar"
+            );
+        }
+        Outcome::Skipped(reason) => {
+            return tracing::debug!(
+                uid,
+                namespace,
+                pod = name,
+                dry_run,
+                reason = reason.as_str(),
+                elapsed_ms,
+                "admitted without injection"
+            );
+        }
+        Outcome::Refused(reason) => (reason.as_str(), "Pod refused"),
+        Outcome::Failed(reason) => (reason.as_str(), "review failed"),
+    };
+    tracing::warn!(
+        uid,
+        namespace,
+        pod = name,
+        dry_run,
+        reason,
+        elapsed_ms,
+        message = reviewed.message.as_deref().unwrap_or(""),
+        "{verdict}"
+    );
 }
 
 /// Serve until shutdown. Returns when drained (or forced).

@@ -9,6 +9,7 @@ use base64::engine::general_purpose::STANDARD;
 use common::{POD_FIXTURES, fixture, fixture_bytes, fixtures_dir};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
+use webhook::inject::refuse::RefuseReason;
 use webhook::inject::{
     INJECT_LABEL, INJECTED_ANNOTATION, InjectConfig, Injector, SIDECAR_MODE_ANNOTATION, SIDECAR_NAME, SIDECAR_SOCKET,
     SOCKET_DIR, SOCKET_VOLUME, STATE_DIR, STATE_VOLUME, SUPERVISED_LABEL, SUPERVISION_DIR, SidecarMode, SkipReason,
@@ -606,70 +607,45 @@ fn supervised_label_is_added_under_an_escaped_key_or_as_a_new_map() {
     );
 }
 
+/// A volume under one of our names is refused, whatever it holds: before, an `emptyDir` state
+/// or socket volume (or a token volume projecting our Secret) was reused by the injection and
+/// anything else made it skip the Pod.
 #[test]
-fn our_volumes_already_present_are_reused_and_foreign_ones_leave_the_pod_alone() {
+fn a_volume_under_our_names_is_refused_whatever_it_holds() {
     let injector = injector();
-    for (name, ours, foreign) in [
-        (
-            SOCKET_VOLUME,
-            json!({ "name": SOCKET_VOLUME, "emptyDir": { "medium": "Memory" } }),
-            json!({ "name": SOCKET_VOLUME, "configMap": { "name": "app" } }),
-        ),
-        (
-            STATE_VOLUME,
-            json!({ "name": STATE_VOLUME, "emptyDir": {} }),
-            json!({ "name": STATE_VOLUME, "hostPath": { "path": "/var/lib/state" } }),
-        ),
-        (
-            TOKEN_VOLUME,
-            json!({ "name": TOKEN_VOLUME, "projected": { "sources": [{ "secret": { "name": TOKEN_SECRET } }] } }),
-            json!({ "name": TOKEN_VOLUME, "projected": { "sources": [{ "secret": { "name": "someone-elses" } }] } }),
-        ),
+    for volume in [
+        json!({ "name": SOCKET_VOLUME, "emptyDir": { "medium": "Memory" } }),
+        json!({ "name": SOCKET_VOLUME, "configMap": { "name": "app" } }),
+        json!({ "name": STATE_VOLUME, "emptyDir": {} }),
+        json!({ "name": STATE_VOLUME, "hostPath": { "path": "/var/lib/state" } }),
+        json!({ "name": TOKEN_VOLUME, "projected": { "sources": [{ "secret": { "name": TOKEN_SECRET } }] } }),
+        json!({ "name": TOKEN_VOLUME, "projected": { "sources": [{ "secret": { "name": "someone-elses" } }] } }),
     ] {
-        // Ours: reused, not added a second time; the other two are still added.
         let mut review = fixture("pod-create-plain.json");
         review["request"]["object"]["spec"]["volumes"]
             .as_array_mut()
             .unwrap()
-            .push(ours.clone());
-        let ops = ops_of(&review, &injector);
-        let patched = apply(&review["request"]["object"], &Value::Array(ops)).unwrap();
-        let volumes = patched["spec"]["volumes"].as_array().unwrap();
-        for ours_too in [TOKEN_VOLUME, SOCKET_VOLUME, STATE_VOLUME] {
-            assert_eq!(
-                volumes.iter().filter(|v| v["name"] == ours_too).count(),
-                1,
-                "{name}: {ours_too} once"
-            );
-        }
-        assert!(volumes.contains(&ours), "{name}: the Pod's own definition is kept");
-        let pod: Pod = serde_json::from_value(patched).unwrap();
-        assert_eq!(pod.spec.unwrap().volumes.unwrap().len(), 4);
-
-        // Someone else's volume under our name: no patch at all.
-        let mut review = fixture("pod-create-plain.json");
-        review["request"]["object"]["spec"]["volumes"]
-            .as_array_mut()
-            .unwrap()
-            .push(foreign);
+            .push(volume.clone());
         let reviewed = mutate(&review, &injector);
-        assert_eq!(reviewed.outcome, Outcome::Skipped(SkipReason::VolumeConflict), "{name}");
-        assert!(reviewed.response.allowed);
+        assert_eq!(
+            reviewed.outcome,
+            Outcome::Refused(RefuseReason::VolumeDeclared),
+            "{volume}"
+        );
+        assert!(!reviewed.response.allowed);
         assert_eq!(reviewed.response.patch, None);
+        let message = &reviewed.response.status.as_ref().unwrap().message;
+        assert!(message.contains(volume["name"].as_str().unwrap()), "{message}");
     }
 }
 
 #[test]
 fn the_socket_mount_is_added_once_and_a_foreign_mount_at_its_path_leaves_the_pod_alone() {
     let injector = injector();
-    // The second container already mounts our (emptyDir) socket volume: it is not mounted
-    // again there, the first container gets it.
+    // The second container already mounts the socket volume (which the injection adds): it is
+    // not mounted again there, the first container gets it.
     let mut review = fixture("pod-create-with-volumes.json");
     let object = &mut review["request"]["object"];
-    object["spec"]["volumes"]
-        .as_array_mut()
-        .unwrap()
-        .push(json!({ "name": SOCKET_VOLUME, "emptyDir": { "medium": "Memory", "sizeLimit": "1Mi" } }));
     object["spec"]["containers"][1]["volumeMounts"]
         .as_array_mut()
         .unwrap()
@@ -730,8 +706,11 @@ fn gateway_endpoints_reach_the_sidecar_as_one_comma_separated_variable() {
     assert!(!env.iter().any(|e| e["name"] == "OPENSHELL_GATEWAY_ENDPOINT"));
 }
 
+/// The webhook sees a Pod once (`reinvocationPolicy: Never`), so a Pod that arrives with our
+/// volumes was not injected by it (a copy of an injected Pod: `kubectl debug --copy-to`, an
+/// exported manifest applied again): it is refused, never patched a second time.
 #[test]
-fn patched_pod_fed_back_gets_an_empty_patch() {
+fn patched_pod_fed_back_is_refused_not_patched_again() {
     for mode in [SidecarMode::Native, SidecarMode::Container] {
         let injector = injector_mode(mode);
         for name in POD_FIXTURES {
@@ -739,8 +718,8 @@ fn patched_pod_fed_back_gets_an_empty_patch() {
             let mut review = fixture(name);
             review["request"]["object"] = patched;
             let again = mutate(&review, &injector);
-            assert!(again.response.allowed);
-            assert_eq!(again.outcome, Outcome::Skipped(SkipReason::AlreadyInjected), "{name}");
+            assert!(!again.response.allowed);
+            assert_eq!(again.outcome, Outcome::Refused(RefuseReason::VolumeDeclared), "{name}");
             assert_eq!(again.response.patch, None, "{name}");
             assert_eq!(again.response.patch_type, None);
         }
@@ -885,9 +864,6 @@ fn excluded_pods_are_admitted_untouched() {
     let mut host_network = base.clone();
     host_network["request"]["object"]["spec"]["hostNetwork"] = json!(true);
     cases.push((host_network, SkipReason::HostNetwork));
-    let mut host_pid = base.clone();
-    host_pid["request"]["object"]["spec"]["hostPID"] = json!(true);
-    cases.push((host_pid, SkipReason::HostPid));
     let mut opted_out = fixture("pod-create-kubectl-run.json");
     opted_out["request"]["object"]["metadata"]["labels"][INJECT_LABEL] = json!("disabled");
     cases.push((opted_out, SkipReason::OptedOut));
@@ -898,8 +874,12 @@ fn excluded_pods_are_admitted_untouched() {
     not_pod["request"]["kind"] = json!({ "group": "apps", "version": "v1", "kind": "Deployment" });
     cases.push((not_pod, SkipReason::NotPod));
     let mut subresource = base.clone();
-    subresource["request"]["subResource"] = json!("ephemeralcontainers");
+    subresource["request"]["subResource"] = json!("status");
     cases.push((subresource, SkipReason::NotPod));
+    let mut ephemeral = base.clone();
+    ephemeral["request"]["subResource"] = json!("ephemeralcontainers");
+    ephemeral["request"]["operation"] = json!("UPDATE");
+    cases.push((ephemeral, SkipReason::EphemeralContainers));
 
     for (review, reason) in cases {
         let reviewed = mutate(&review, &injector);
@@ -908,6 +888,14 @@ fn excluded_pods_are_admitted_untouched() {
         assert_eq!(reviewed.response.patch, None);
         assert_eq!(reviewed.response.uid, review["request"]["uid"].as_str().unwrap());
     }
+
+    // hostPID is no reason to skip but one to refuse.
+    let mut host_pid = base.clone();
+    host_pid["request"]["object"]["spec"]["hostPID"] = json!(true);
+    assert_eq!(
+        mutate(&host_pid, &injector).outcome,
+        Outcome::Refused(RefuseReason::HostPid)
+    );
 
     // A custom install namespace is honoured; the default one is then an ordinary namespace.
     let custom = Injector::new(InjectConfig {
@@ -1022,6 +1010,46 @@ fn fast_path_answers_like_the_value_path_on_every_fixture() {
             let slow = mutate(&fixture(name), &injector);
             assert_eq!(mutate_bytes(&bytes, &injector), slow, "{name}");
             assert_eq!(mutate_bytes(&compact, &injector), slow, "{name}");
+        }
+    }
+    // The parts the refusals read are kept by the fast path too.
+    let injector = injector();
+    for (pointer, value) in [
+        ("/spec/containers/0/securityContext", json!({ "privileged": true })),
+        (
+            "/spec/containers/0/volumeDevices",
+            json!([{ "name": TOKEN_VOLUME, "devicePath": "/d" }]),
+        ),
+        (
+            "/spec/initContainers",
+            json!([{ "name": "i", "securityContext": { "capabilities": { "add": ["SYS_PTRACE"] } } }]),
+        ),
+        (
+            "/spec/ephemeralContainers",
+            json!([{ "name": "e", "volumeMounts": [{ "name": STATE_VOLUME, "mountPath": "/s" }] }]),
+        ),
+        (
+            "/spec/securityContext",
+            json!({ "windowsOptions": { "hostProcess": true } }),
+        ),
+    ] {
+        for sub_resource in [None, Some("ephemeralcontainers")] {
+            let mut review = fixture("pod-create-plain.json");
+            let (parent, key) = pointer.rsplit_once('/').unwrap();
+            review["request"]["object"].pointer_mut(parent).unwrap()[key] = value.clone();
+            if let Some(sub_resource) = sub_resource {
+                review["request"]["subResource"] = json!(sub_resource);
+                review["request"]["operation"] = json!("UPDATE");
+            }
+            let slow = mutate(&review, &injector);
+            let fast = mutate_bytes(&serde_json::to_vec(&review).unwrap(), &injector);
+            assert_eq!(fast, slow, "{pointer} {sub_resource:?}");
+            if sub_resource.is_none() || pointer == "/spec/ephemeralContainers" {
+                assert!(
+                    matches!(slow.outcome, Outcome::Refused(_)),
+                    "{pointer} {sub_resource:?}"
+                );
+            }
         }
     }
 }

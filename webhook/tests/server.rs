@@ -4,52 +4,18 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::Path;
 use std::time::Duration;
 
-use common::{TlsClient, fixture, fixture_bytes, http_get, self_signed, served_cert, wait_until};
+use common::{
+    Running, TlsClient, fixture, fixture_bytes, http_get, metric, self_signed, served_cert, start, wait_until,
+};
 use rustls::pki_types::ServerName;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinHandle;
-use webhook::config::Config;
-use webhook::metrics::Metrics;
-use webhook::server::{AppState, Listeners, ShutdownTrigger, run_with_state, shutdown_channel};
-use webhook::tls::CertStore;
+use tokio::net::TcpStream;
 
 const WAIT: Duration = Duration::from_secs(15);
-
-struct Running {
-    webhook: std::net::SocketAddr,
-    health: std::net::SocketAddr,
-    trigger: ShutdownTrigger,
-    handle: JoinHandle<Result<(), webhook::server::ServerError>>,
-}
-
-async fn start(cert: PathBuf, key: PathBuf, tweak: impl FnOnce(&mut Config)) -> Running {
-    let mut config = Config::with_cert_paths(cert, key).unwrap();
-    config.cert_reload_ms = 50;
-    config.shutdown_delay_ms = 0;
-    tweak(&mut config);
-    let listeners = Listeners {
-        webhook: TcpListener::bind("127.0.0.1:0").await.unwrap(),
-        health: TcpListener::bind("127.0.0.1:0").await.unwrap(),
-    };
-    let webhook = listeners.webhook.local_addr().unwrap();
-    let health = listeners.health.local_addr().unwrap();
-    let store = Arc::new(CertStore::new(config.tls_cert.clone(), config.tls_key.clone()));
-    let state = Arc::new(AppState::new(&config, Arc::new(Metrics::new()), store));
-    let (trigger, signal) = shutdown_channel();
-    let handle = tokio::spawn(run_with_state(listeners, config, state, signal));
-    Running {
-        webhook,
-        health,
-        trigger,
-        handle,
-    }
-}
 
 fn write_pair(dir: &Path, cert: &str, key: &str) {
     std::fs::write(dir.join("tls.crt"), cert).unwrap();
@@ -61,14 +27,6 @@ async fn wait_served(addr: std::net::SocketAddr, der: &[u8], what: &str) {
         served_cert(addr).await.ok().filter(|served| served == der)
     })
     .await;
-}
-
-async fn metric(health: std::net::SocketAddr, line_prefix: &str) -> Option<f64> {
-    let (_, body) = http_get(health, "/metrics").await.ok()?;
-    body.lines()
-        .find(|l| l.starts_with(line_prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
 }
 
 #[tokio::test]

@@ -51,14 +51,46 @@ fn wrong_types_are_errors_not_panics() {
 }
 
 #[test]
-fn foreign_volume_with_our_name_is_left_alone() {
+fn a_volume_with_our_name_is_refused_not_reused() {
     let injector = Injector::new(InjectConfig::default());
-    let pod = json!({ "spec": {
-        "containers": [ { "name": "app" } ],
-        "volumes": [ { "name": TOKEN_VOLUME, "emptyDir": {} } ]
-    }});
-    assert_eq!(
-        injector.mutate_pod(&pod, "team-a"),
-        Ok(Decision::Skip(SkipReason::VolumeConflict))
-    );
+    for volume in [
+        json!({ "name": TOKEN_VOLUME, "emptyDir": {} }),
+        json!({ "name": STATE_VOLUME, "emptyDir": {} }),
+    ] {
+        let pod = json!({ "spec": { "containers": [ { "name": "app" } ], "volumes": [volume] } });
+        let Ok(Decision::Refuse(refusal)) = injector.mutate_pod(&pod, "team-a") else {
+            panic!("expected a refusal");
+        };
+        assert_eq!(refusal.reason(), refuse::RefuseReason::VolumeDeclared);
+    }
+}
+
+#[test]
+fn security_fields_of_the_wrong_type_are_errors_not_a_pass() {
+    let injector = Injector::new(InjectConfig::default());
+    for (spec, expected) in [
+        (
+            json!({ "containers": [ { "name": "a", "securityContext": { "privileged": "yes" } } ] }),
+            "spec.containers[0].securityContext.privileged",
+        ),
+        (
+            json!({ "containers": [ { "name": "a", "securityContext": { "capabilities": { "add": [7] } } } ] }),
+            "spec.containers[0].securityContext.capabilities.add[]",
+        ),
+        (
+            json!({ "containers": [], "initContainers": [ { "name": "i", "volumeDevices": {} } ] }),
+            "spec.initContainers[0].volumeDevices",
+        ),
+        (json!({ "containers": [], "hostPID": 1 }), "spec.hostPID"),
+        (
+            json!({ "containers": [], "volumes": [ { "name": "v", "projected": { "sources": {} } } ] }),
+            "spec.volumes[0].projected.sources",
+        ),
+    ] {
+        let pod = json!({ "spec": spec });
+        match injector.mutate_pod(&pod, "team-a") {
+            Err(InjectError::WrongType(path, _)) => assert_eq!(path, expected),
+            other => panic!("{expected}: {other:?}"),
+        }
+    }
 }

@@ -11,8 +11,13 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
 use serde_json::Value;
-use tokio::net::TcpStream;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
 use tokio_rustls::TlsConnector;
+use webhook::config::Config;
+use webhook::metrics::Metrics;
+use webhook::server::{AppState, Listeners, ShutdownTrigger, run_with_state, shutdown_channel};
+use webhook::tls::CertStore;
 
 /// The captured AdmissionReview fixtures (never edited).
 pub fn fixtures_dir() -> PathBuf {
@@ -199,4 +204,46 @@ where
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A webhook server on loopback ports (HTTPS and health).
+pub struct Running {
+    pub webhook: std::net::SocketAddr,
+    pub health: std::net::SocketAddr,
+    pub trigger: ShutdownTrigger,
+    pub handle: JoinHandle<Result<(), webhook::server::ServerError>>,
+}
+
+/// Start the server with the certificate at `cert`/`key` (50 ms reloads, no shutdown delay),
+/// `tweak` changing the configuration first.
+pub async fn start(cert: PathBuf, key: PathBuf, tweak: impl FnOnce(&mut Config)) -> Running {
+    let mut config = Config::with_cert_paths(cert, key).unwrap();
+    config.cert_reload_ms = 50;
+    config.shutdown_delay_ms = 0;
+    tweak(&mut config);
+    let listeners = Listeners {
+        webhook: TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        health: TcpListener::bind("127.0.0.1:0").await.unwrap(),
+    };
+    let webhook = listeners.webhook.local_addr().unwrap();
+    let health = listeners.health.local_addr().unwrap();
+    let store = Arc::new(CertStore::new(config.tls_cert.clone(), config.tls_key.clone()));
+    let state = Arc::new(AppState::new(&config, Arc::new(Metrics::new()), store));
+    let (trigger, signal) = shutdown_channel();
+    let handle = tokio::spawn(run_with_state(listeners, config, state, signal));
+    Running {
+        webhook,
+        health,
+        trigger,
+        handle,
+    }
+}
+
+/// The value of the first `/metrics` line starting with `line_prefix`.
+pub async fn metric(health: std::net::SocketAddr, line_prefix: &str) -> Option<f64> {
+    let (_, body) = http_get(health, "/metrics").await.ok()?;
+    body.lines()
+        .find(|l| l.starts_with(line_prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
 }
