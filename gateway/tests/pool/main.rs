@@ -23,6 +23,7 @@ on_both_backends!(scenarios;
     a_killed_member_stream_moves_its_instances_at_term_plus_one,
     a_stream_ended_by_its_member_removes_the_membership_at_once,
     newer_epochs_and_processes_supersede_and_delayed_hellos_are_refused,
+    a_member_naming_another_members_process_gets_no_grant,
     reports_count_only_after_the_installing_revision_is_acked,
     only_the_coordinator_writes_assignments,
     coordinator_failover_adopts_a_recovery_without_extending_its_deadline,

@@ -292,6 +292,67 @@ pub async fn newer_epochs_and_processes_supersede_and_delayed_hellos_are_refused
     pool.stop().await;
 }
 
+/// Every member's route directory names every route's owner process: a member that names
+/// its own name with another member's process id gets no grant of that member's reserved
+/// term, and the rightful owner still gets it (single use was not spent by the taker).
+pub async fn a_member_naming_another_members_process_gets_no_grant(db: &TestDb) {
+    let pool = Pool::start(db).await;
+    let mut m_a = pool.member(0, "m-a", Behaviour::Mute).await;
+    wait_members(db, 1).await;
+    pool.register("agent-0").await.unwrap();
+    let owned = m_a
+        .wait_snapshot("agent-0 reserved", |s| s.instances.len() == 1)
+        .await
+        .instances[0]
+        .clone();
+    let mut m_b = pool.member(1, "m-b", Behaviour::Mute).await;
+    let read = m_b
+        .wait_snapshot("agent-0 in m-b's directory", |s| {
+            s.directory.iter().any(|d| d.route == owned.route)
+        })
+        .await
+        .directory
+        .into_iter()
+        .find(|d| d.route == owned.route)
+        .unwrap();
+    assert_eq!(read.process_id, "m-a-p1");
+    let mut recovery = SupervisorRecoveryClient::new(channel(&pool.endpoint(1)).await);
+    let taking = IssueGrantRequest {
+        route: read.route.clone(),
+        term: read.term,
+        member: "m-b".into(),
+        process_id: read.process_id.clone(),
+    };
+    let refused = recovery
+        .issue_grant(with_token(taking, &pool.tokens.member("m-b")))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    let rightful = IssueGrantRequest {
+        route: owned.route.clone(),
+        term: owned.term,
+        member: "m-a".into(),
+        process_id: "m-a-p1".into(),
+    };
+    let grant = recovery
+        .issue_grant(auth(&pool, rightful))
+        .await
+        .expect("the rightful owner still gets its grant")
+        .into_inner();
+    // And only the owner completes its activation.
+    let activate = ActivateRequest {
+        receipt: Some(receipt(&grant, owned.term, 0, 4242)),
+        grant: grant.grant.clone(),
+    };
+    let refused = recovery
+        .activate(with_token(activate.clone(), &pool.tokens.member("m-b")))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    recovery.activate(auth(&pool, activate)).await.unwrap();
+    pool.stop().await;
+}
+
 pub async fn reports_count_only_after_the_installing_revision_is_acked(db: &TestDb) {
     let pool = Pool::start(db).await;
     // A mute member acks but never reports; the test reports by hand.
