@@ -1023,8 +1023,13 @@ pub async fn members_expire_by_ttl(db: &TestDb) {
 }
 
 pub async fn member_removal_needs_the_same_process(db: &TestDb) {
-    db.store.record_member(&member("m1", "p1"), LONG).await.unwrap();
-    // A new process of m1 replaced the record: the old process's removal is a no-op.
+    let short = db
+        .store
+        .record_member(&member("m1", "p1"), Duration::from_millis(200))
+        .await
+        .unwrap();
+    wait_until_db_time(&db.store, short.expires_at_ms).await;
+    // A new process of m1 replaced the expired record: the old process's removal is a no-op.
     db.store.record_member(&member("m1", "p2"), LONG).await.unwrap();
     assert!(!db.store.remove_member("m1", "p1", 1).await.unwrap());
     assert_eq!(db.store.list_members().await.unwrap().1[0].process_id, "p2");
@@ -1067,7 +1072,9 @@ pub async fn a_superseded_stream_cannot_refresh_over_the_newer_record(db: &TestD
     db.store.record_member(&member("m1", "p1"), LONG).await.unwrap();
     let first = db.store.refresh_member(&member("m1", "p1"), LONG).await.unwrap();
     assert_eq!(first.map(|m| m.process_id), Some("p1".into()));
-    // A new process is admitted elsewhere: the old stream's refresh changes nothing.
+    // The stream ends; a new process is admitted elsewhere: the old stream's refresh changes
+    // nothing.
+    assert!(db.store.remove_member("m1", "p1", 1).await.unwrap());
     db.store.record_member(&member("m1", "p2"), LONG).await.unwrap();
     assert_eq!(db.store.refresh_member(&member("m1", "p1"), LONG).await.unwrap(), None);
     // Nor does a refresh from an older epoch of the new process.
@@ -1086,11 +1093,13 @@ pub async fn a_superseded_stream_cannot_refresh_over_the_newer_record(db: &TestD
         [("p2", 2)]
     );
     // A delayed hello of an older epoch of the recorded process cannot take the record back;
-    // any other process can (the newest admission of a member name wins).
-    assert!(matches!(
-        db.store.record_member(&member("m1", "p2"), LONG).await,
-        Err(gateway::store::Error::Conflict { .. })
-    ));
+    // nor can another process while the record lives.
+    for delayed in [member("m1", "p2"), newer.clone(), member("m1", "p1")] {
+        assert!(matches!(
+            db.store.record_member(&delayed, LONG).await,
+            Err(gateway::store::Error::Conflict { .. })
+        ));
+    }
     // The current stream still refreshes, leaving flag included.
     let leaving = MemberUpdate { leaving: true, ..newer };
     let refreshed = db.store.refresh_member(&leaving, LONG).await.unwrap().unwrap();
@@ -1099,6 +1108,53 @@ pub async fn a_superseded_stream_cannot_refresh_over_the_newer_record(db: &TestD
     assert!(db.store.remove_member("m1", "p2", 2).await.unwrap());
     assert_eq!(db.store.refresh_member(&member("m1", "p1"), LONG).await.unwrap(), None);
     assert_eq!(db.store.member("m1").await.unwrap().1, None);
+}
+
+/// A member name is held by its live process: another process (a stranger with the member's
+/// token and a process id of its own, or the member restarted while its old record lives) is
+/// admitted only once the record is gone — removed by its stream's end, left, or expired —
+/// and a refused hello writes nothing. Nothing remembers the processes that held it before.
+pub async fn another_process_takes_a_member_name_only_once_its_live_record_is_gone(db: &TestDb) {
+    let held = db.store.record_member(&member("m1", "p1"), LONG).await.unwrap();
+    let stranger = MemberUpdate {
+        epoch: 9,
+        served_by: "gw-b".into(),
+        ..member("m1", "intruder")
+    };
+    match db.store.record_member(&stranger, LONG).await {
+        Err(Error::Conflict { detail, .. }) => assert!(detail.contains("another live process"), "{detail}"),
+        other => panic!("a stranger took the live member's name: {other:?}"),
+    }
+    let (now, record) = db.store.member("m1").await.unwrap();
+    let record = record.unwrap();
+    assert_eq!(record, held, "the refused hello wrote nothing");
+    assert!(record.is_live(now));
+    // The live process's own stream goes on refreshing its record.
+    assert!(
+        db.store
+            .refresh_member(&member("m1", "p1"), LONG)
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    // Its stream ended: the next process is admitted at once.
+    assert!(db.store.remove_member("m1", "p1", 1).await.unwrap());
+    db.store.record_member(&member("m1", "p2"), SHORT).await.unwrap();
+    // The old process is no stranger for good: it is refused while p2 lives...
+    let back = MemberUpdate {
+        epoch: 2,
+        ..member("m1", "p1")
+    };
+    assert!(matches!(
+        db.store.record_member(&back, LONG).await,
+        Err(Error::Conflict { .. })
+    ));
+    // ...and admitted once p2's record expired.
+    let (_, p2) = db.store.member("m1").await.unwrap();
+    wait_until_db_time(&db.store, p2.unwrap().expires_at_ms).await;
+    let back = db.store.record_member(&back, LONG).await.unwrap();
+    assert_eq!((back.process_id.as_str(), back.epoch), ("p1", 2));
 }
 
 /// The other replicas expire a member whose serving replica stopped recording that it runs —
