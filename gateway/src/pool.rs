@@ -353,10 +353,9 @@ impl View {
         self.assignments
             .values()
             .map(|a| {
-                let failed = self
-                    .reports
-                    .get(&a.route)
-                    .is_some_and(|r| r.term == a.term && r.process_id == a.process_id && r.phase.lost());
+                let failed = self.reports.get(&a.route).is_some_and(|r| {
+                    r.term == a.term && r.member == a.member && r.process_id == a.process_id && r.phase.lost()
+                });
                 let owner = Owner {
                     member: a.member.clone(),
                     process_id: a.process_id.clone(),

@@ -37,8 +37,8 @@ impl Recovery {
     }
 
     /// Count a refusal for acting as another member.
-    fn denied(&self, check: Result<(), Status>) -> Result<(), Status> {
-        if check.is_err() {
+    fn denied<T>(&self, check: Result<T, Status>) -> Result<T, Status> {
+        if check.as_ref().is_err_and(|s| s.code() == tonic::Code::PermissionDenied) {
             self.replica.metrics.call_denied();
         }
         check
@@ -60,9 +60,12 @@ fn unavailable(err: store::Error) -> Status {
     Status::unavailable(format!("store unavailable: {err}"))
 }
 
+/// A store refusal as the caller sees it: what the store records as another member's is
+/// PERMISSION_DENIED, a precondition that no longer holds FAILED_PRECONDITION.
 fn refused(err: store::Error) -> Status {
     match err {
         store::Error::Conflict { detail, .. } => Status::failed_precondition(detail),
+        store::Error::Denied { detail, .. } => Status::permission_denied(detail),
         other => unavailable(other),
     }
 }
@@ -100,11 +103,16 @@ impl SupervisorRecovery for Recovery {
         }
         let term = i64::try_from(request.term).map_err(|_| Status::invalid_argument("term out of range"))?;
         let instance = self.instance(&request.route, true).await?;
+        // Bound to what the store records, in the transaction that records the grant: the
+        // reservation is the caller's member's, for the process the store records as that
+        // member's live one (and the one the request names). Not to the request's identifiers:
+        // every member reads every owner's process id in its route directory.
+        let member = caller.member.clone();
         let claims = GrantClaims {
             route: request.route.clone(),
             instance: claim(&instance),
             term: request.term,
-            member: request.member.clone(),
+            member: member.clone(),
             process_id: request.process_id.clone(),
         };
         let keyring = self.replica.keys.keyring();
@@ -115,13 +123,13 @@ impl SupervisorRecovery for Recovery {
             route: request.route.clone(),
             term,
             jti: minted.jti.clone(),
-            member: request.member.clone(),
+            member: member.clone(),
             process_id: request.process_id.clone(),
             digest: proto::sha256(minted.token.as_bytes()),
             expires_at_ms: minted.expires_at_ms,
         };
-        self.replica.store.issue_grant(&record).await.map_err(refused)?;
-        info!(route = %request.route, term, member = %request.member, grant = %minted.jti, "recovery grant issued");
+        self.denied(self.replica.store.issue_grant(&record).await.map_err(refused))?;
+        info!(route = %request.route, term, %member, grant = %minted.jti, "recovery grant issued");
         Ok(Response::new(IssueGrantResponse {
             grant: minted.token,
             grant_id: minted.jti,
@@ -182,19 +190,17 @@ impl SupervisorRecovery for Recovery {
             exe_digest: workload.exe_digest.clone(),
         };
         let term = i64::try_from(receipt.term).map_err(|_| Status::invalid_argument("term out of range"))?;
-        let activated_at_ms = self
-            .replica
-            .store
-            .activate(Activation {
-                route: receipt.route.clone(),
-                term,
-                process_id: grant.extra.process_id.clone(),
-                jti: grant.jti.clone(),
-                digest,
-                workload: checkpoint,
-            })
-            .await
-            .map_err(refused)?;
+        // The store checks the reservation and the grant row are the caller's too.
+        let activation = Activation {
+            route: receipt.route.clone(),
+            term,
+            member: caller.member.clone(),
+            process_id: grant.extra.process_id.clone(),
+            jti: grant.jti.clone(),
+            digest,
+            workload: checkpoint,
+        };
+        let activated_at_ms = self.denied(self.replica.store.activate(activation).await.map_err(refused))?;
         self.replica.wake.notify_one();
         info!(route = %receipt.route, term, member = %grant.extra.member, pid = workload.pid, "term activated");
 

@@ -7,8 +7,11 @@
 //! after status changes, at most one per [`REPORT_WINDOW`], and
 //! Leaving once on graceful shutdown. No gateway message for [`timing::SILENCE_TIMEOUT`]
 //! closes the stream. Reconnects rotate over the gateway replicas with
-//! [`timing::reconnect_backoff`], each attempt bounded by [`timing::CONNECT_TIMEOUT`], forever.
-//! A closed stream never stops or releases a session by itself.
+//! [`timing::reconnect_backoff`], each attempt bounded by [`timing::CONNECT_TIMEOUT`], forever:
+//! also after the gateway superseded the stream (ABORTED) or refused a hello because another
+//! process holds the member name — neither proves this process is not the member's live one
+//! (whoever holds the member's token can attach), so neither makes it exit. A closed stream
+//! never stops or releases a session by itself.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -50,11 +53,10 @@ pub(crate) struct Identity {
     pub started_at_ms: i64,
 }
 
-/// Ends of the attachment (the host stream) that end the member.
+/// Ends of the attachment (the host stream) that end the member: only a hello the gateway
+/// refuses as invalid (a setting to fix).
 #[derive(Debug, thiserror::Error)]
 pub enum AttachmentError {
-    #[error("another process took this member name; stopped hosting (workloads keep running): {0}")]
-    Superseded(String),
     #[error("the gateway refused this member: {0}")]
     Refused(String),
 }
@@ -117,7 +119,7 @@ impl Attachment {
     }
 
     /// Keeps the member attached until it has left gracefully, or a stream end that ends the
-    /// member (superseded by another process, hello refused).
+    /// member (hello refused as invalid).
     pub(crate) async fn run(mut self, sessions: &mut SessionSet) -> Result<(), AttachmentError> {
         let mut failures = 0u32;
         loop {
@@ -304,12 +306,16 @@ impl Attachment {
     fn on_status(&self, status: &Status, heard: bool) -> Result<Flow, AttachmentError> {
         let message = status.message();
         let reason = match status.code() {
-            // Only the current stream is read, so ABORTED here means another process of this
-            // member name superseded this one (a newer epoch of ours never overlaps).
-            Code::Aborted => return Err(AttachmentError::Superseded(message.to_owned())),
+            // Another stream of this member name was admitted (the gateway admits another
+            // process only once this one's record was gone): attach again, with backoff — the
+            // gateway admits this process back once the other one's record is gone, and a
+            // stream opened with a stolen token never makes the real member exit.
+            Code::Aborted => format!("superseded ({message}); attaching again"),
             Code::InvalidArgument => return Err(AttachmentError::Refused(message.to_owned())),
             Code::Unauthenticated => format!("token refused ({message}); re-reading the token file"),
-            Code::FailedPrecondition => format!("stale connection epoch ({message}); reconnecting with a new one"),
+            Code::FailedPrecondition => {
+                format!("hello refused ({message}); attaching again with a new connection epoch")
+            }
             code => format!("stream ended with {code:?}: {message}"),
         };
         Ok(Flow::Reconnect { reason, heard })

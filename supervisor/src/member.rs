@@ -74,7 +74,8 @@ impl Listeners {
 /// graceful shutdown: the member announces Leaving and keeps hosting until the gateway's
 /// snapshot omits its instances or [`LEAVE_BOUND`](crate::LEAVE_BOUND) passes. Exiting never
 /// stops a workload. Errors: invalid configuration (naming the setting), a port that cannot be
-/// bound, a refused hello, or another process taking this member's name.
+/// bound, or a hello refused as invalid. Superseded or refused because another process holds
+/// the member name, it keeps attaching again (with backoff) and hosting.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Error> {
     config.validate()?;
     let listeners = Listeners::bind(&config).await?;

@@ -240,35 +240,37 @@ async fn status_reports_repeat_at_least_every_ten_seconds() {
     }
 }
 
+/// Whoever holds the member's token can attach under its name: neither an ABORTED stream
+/// ("superseded by another process") nor a hello refused because another process holds the
+/// name proves this process is not the member's live one, so the member attaches again, with
+/// backoff and a new epoch, keeps hosting, and never exits for it.
 #[tokio::test]
-async fn aborted_by_another_process_exits_without_stopping_anything() {
+async fn a_member_superseded_by_a_stranger_reconnects_instead_of_exiting() {
     let mut gateway = FakeGateway::start().await;
     let member = Member::start("supervisor-0", &[&gateway.endpoint], "t");
     let mut connection = gateway.next_connection().await;
     connection.send(snapshot(1, vec![owned("a", 1, Owned)])).await;
     connection.acks_until(1).await;
     connection
-        .end(Status::aborted("superseded by another process of supervisor-0"))
+        .end(Status::aborted("superseded by a new process of this member"))
         .await;
-
-    let err = member.exit().await.unwrap_err();
-    assert!(
-        matches!(&err, supervisor::Error::Attachment(supervisor::AttachmentError::Superseded(m)) if m.contains("another process")),
-        "{err}"
+    let refused = gateway.next_connection().await;
+    assert_eq!(refused.hello.connection_epoch, 2);
+    refused
+        .end(Status::failed_precondition(
+            "member supervisor-0 is held by another live process",
+        ))
+        .await;
+    let mut back = gateway.next_connection().await;
+    assert_eq!(back.hello.connection_epoch, 3);
+    assert_eq!(back.hello.process_id, connection.hello.process_id);
+    let report = back.report_where(|r| !r.partial).await;
+    assert_eq!(
+        entries(&report),
+        vec![entry("a", 1, Active)],
+        "nothing stopped or released"
     );
-    while let Some(message) = connection.next().await {
-        if let Some(Kind::StatusReport(report)) = message.kind {
-            assert_eq!(
-                entries(&report),
-                vec![entry("a", 1, Active)],
-                "nothing stopped or released"
-            );
-        }
-    }
-    assert!(
-        gateway.try_connection().is_none(),
-        "an exited member does not reconnect"
-    );
+    assert!(!member.task.is_finished(), "the member exited");
 }
 
 #[tokio::test]

@@ -1,9 +1,10 @@
 //! One session per member: which hello may open a stream, and which stream it
-//! supersedes. Pure bookkeeping of one replica; across replicas a stream also
-//! ends when the membership record names a newer process or epoch
-//! ([`check_record`]).
+//! supersedes. Pure bookkeeping of one replica, after the store admitted the hello
+//! (`Store::record_member`: another process of a member only once the record of its live
+//! one is gone); across replicas a stream also ends when the membership record names a
+//! newer process or epoch ([`check_record`]).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use crate::store::MemberRecord;
 
@@ -20,7 +21,7 @@ pub struct Current {
 pub enum Superseded {
     /// A newer connection epoch of the same process.
     NewerEpoch,
-    /// A new process of the same member: the old process must stop hosting.
+    /// A new process of the same member, admitted once the old one's record was gone.
     NewerProcess,
 }
 
@@ -76,18 +77,14 @@ pub enum Admission {
 #[derive(Debug, Default)]
 pub struct Sessions {
     current: HashMap<String, Current>,
-    /// Processes of a member that a newer process superseded.
-    retired: HashMap<String, HashSet<String>>,
     next_stream: u64,
 }
 
 impl Sessions {
+    /// Open a stream for a hello the store admitted: it supersedes the member's current
+    /// stream on this replica (a stream of another process: its record was gone), unless it
+    /// is a delayed older hello of the current process.
     pub fn admit(&mut self, member: &str, process_id: &str, epoch: u64) -> Admission {
-        if self.retired.get(member).is_some_and(|r| r.contains(process_id)) {
-            return Admission::Refused(format!(
-                "process {process_id} of member {member} was superseded by a newer process"
-            ));
-        }
         let supersedes = match self.current.get(member) {
             Some(c) if c.process_id == process_id && epoch <= c.epoch => {
                 return Admission::Refused(format!(
@@ -96,13 +93,7 @@ impl Sessions {
                 ));
             }
             Some(c) if c.process_id == process_id => Some((c.stream, Superseded::NewerEpoch)),
-            Some(c) => {
-                self.retired
-                    .entry(member.to_owned())
-                    .or_default()
-                    .insert(c.process_id.clone());
-                Some((c.stream, Superseded::NewerProcess))
-            }
+            Some(c) => Some((c.stream, Superseded::NewerProcess)),
             None => None,
         };
         self.next_stream += 1;
@@ -165,12 +156,18 @@ mod tests {
     }
 
     #[test]
-    fn new_process_supersedes_and_the_old_process_stays_out() {
+    fn a_new_process_the_store_admitted_supersedes_and_nothing_is_kept_of_the_old_one() {
         let mut s = Sessions::default();
         let (first, _) = admitted(s.admit("m", "p1", 5));
-        let (_, superseded) = admitted(s.admit("m", "p2", 1));
+        let (second, superseded) = admitted(s.admit("m", "p2", 1));
         assert_eq!(superseded, Some((first, Superseded::NewerProcess)));
-        assert!(matches!(s.admit("m", "p1", 6), Admission::Refused(why) if why.contains("superseded")));
+        // Whether p1 may come back is the store's decision (p2's record gone), not a set
+        // of retired processes that grows with every restart.
+        assert_eq!(
+            admitted(s.admit("m", "p1", 6)).1,
+            Some((second, Superseded::NewerProcess))
+        );
+        assert_eq!(s.len(), 1);
         // Other members are independent.
         assert_eq!(admitted(s.admit("n", "p1", 1)).1, None);
     }

@@ -139,24 +139,10 @@ impl SupervisorHost for Host {
             return Err(denied);
         }
 
-        let admission = self
-            .replica
-            .sessions(|s| s.admit(&identity.member, &identity.process_id, identity.epoch));
-        let (stream_id, supersedes) = match admission {
-            Admission::Admitted { stream, supersedes } => (stream, supersedes),
-            Admission::Refused(why) => return Err(Status::failed_precondition(why)),
-        };
-        let (tell, superseded) = watch::channel(None);
-        {
-            let mut table = self.supersede.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some((old, why)) = supersedes
-                && let Some(old) = table.remove(&old)
-            {
-                old.send_replace(Some(why));
-            }
-            table.insert(stream_id, tell);
-        }
-
+        // The store decides first whether this hello may hold the member's name: a newer
+        // epoch of the recorded process, or another process once the recorded one's record is
+        // gone. Only then does it supersede a stream here (a stranger with the member's token
+        // and a new process id makes the live member's stream end never).
         let record = MemberUpdate {
             member: identity.member.clone(),
             process_id: identity.process_id.clone(),
@@ -169,14 +155,36 @@ impl SupervisorHost for Host {
         match self.replica.store.record_member(&record, timing::MEMBERSHIP_TTL).await {
             Ok(_) => {}
             Err(err @ crate::store::Error::Conflict { .. }) => {
-                self.end_session(&identity, stream_id);
                 return Err(Status::failed_precondition(err.to_string()));
             }
-            Err(err) => {
-                self.end_session(&identity, stream_id);
-                return Err(Status::unavailable(format!("cannot record membership: {err}")));
-            }
+            Err(err) => return Err(Status::unavailable(format!("cannot record membership: {err}"))),
         }
+        let admission = self
+            .replica
+            .sessions(|s| s.admit(&identity.member, &identity.process_id, identity.epoch));
+        let (stream_id, supersedes) = match admission {
+            Admission::Admitted { stream, supersedes } => (stream, supersedes),
+            Admission::Refused(why) => {
+                // A newer stream of this process got here first: the record is its, or goes.
+                let _ = self
+                    .replica
+                    .store
+                    .remove_member(&record.member, &record.process_id, record.epoch)
+                    .await;
+                return Err(Status::failed_precondition(why));
+            }
+        };
+        let (tell, superseded) = watch::channel(None);
+        {
+            let mut table = self.supersede.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((old, why)) = supersedes
+                && let Some(old) = table.remove(&old)
+            {
+                old.send_replace(Some(why));
+            }
+            table.insert(stream_id, tell);
+        }
+
         // Views read from now on show this admission (or a newer one).
         let admitted_at = std::time::Instant::now();
         self.replica.wake.notify_one();

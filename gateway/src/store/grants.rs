@@ -8,9 +8,11 @@ use super::columns::decoded;
 use super::{Activation, AssignmentPhase, Checkpoint, Error, GrantRecord, Result, Store};
 
 impl Store {
-    /// Record the one grant of a reserved term: only for the route's current
-    /// reserved term and its candidate process, and only once per term (a
-    /// second call fails even if the first caller lost the response).
+    /// Record the one grant of a reserved term: only for the route's current reserved term,
+    /// only when the reservation is `grant.member`'s (`Error::Denied` otherwise) and its
+    /// process is both `grant.process_id` and the live process the store records for the
+    /// member, and only once per term (a second call fails even if the first caller lost the
+    /// response). All checked in the transaction that records the grant.
     pub async fn issue_grant(&self, grant: &GrantRecord) -> Result<()> {
         let grant = grant.clone();
         self.detached(move |store| async move { store.issue_grant_now(&grant).await })
@@ -20,12 +22,14 @@ impl Store {
     async fn issue_grant_now(&self, grant: &GrantRecord) -> Result<()> {
         let mut tx = self.pool.begin_with(self.backend.begin_sql()).await?;
         let current = self.locked_assignment(&mut tx, &grant.route).await?;
+        let subject = || format!("grant for {}", grant.route);
         let refuse = |detail: String| Error::Conflict {
-            subject: format!("grant for {}", grant.route),
+            subject: subject(),
             detail,
         };
         let Some(LockedAssignment {
             term,
+            member,
             process_id,
             phase,
             ..
@@ -40,7 +44,27 @@ impl Store {
             )));
         }
         if process_id != grant.process_id {
-            return Err(refuse("the term is reserved for another member process".into()));
+            return Err(refuse("the term is reserved for another process".into()));
+        }
+        // The process id is no secret (every route directory names it): the reservation must
+        // be the caller's member's.
+        if member != grant.member {
+            return Err(Error::Denied {
+                subject: subject(),
+                detail: format!("the term is not reserved for member {}", grant.member),
+            });
+        }
+        let live: Option<(String,)> = sqlx::query_as(&format!(
+            "SELECT process_id FROM members WHERE member = $1 AND expires_at_ms > ({})",
+            self.backend.clock_expr()
+        ))
+        .bind(&grant.member)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if live.is_none_or(|(live,)| live != process_id) {
+            return Err(refuse(
+                "the reserved process is not the member's live process (attach first)".into(),
+            ));
         }
         let inserted = sqlx::query(&format!(
             "INSERT INTO grants (route, term, jti, member, process_id, digest, issued_at_ms, expires_at_ms) \
@@ -68,8 +92,10 @@ impl Store {
 
     /// Activate a reserved ownership term by compare-and-set, when a receipt
     /// proves the sidecar fenced for it: the term must still be the route's
-    /// reserved term for its process, the receipt must be bound to the grant
-    /// minted for it (`jti`, `digest`), and the workload must equal the
+    /// reserved term for its process, reserved for the calling member, the receipt must be
+    /// bound to the grant minted for it (`jti`, `digest`) and issued to that member and
+    /// process (`Error::Denied` when the reservation or the grant is another member's), and
+    /// the workload must equal the
     /// instance's checkpoint (adopted when none is recorded). Returns the
     /// database time of the activation.
     pub async fn activate(&self, activation: Activation) -> Result<i64> {
@@ -81,6 +107,7 @@ impl Store {
         let Activation {
             route,
             term,
+            member,
             process_id,
             jti,
             digest,
@@ -96,22 +123,32 @@ impl Store {
             .locked_assignment(&mut tx, route)
             .await?
             .ok_or_else(|| refuse("term no longer current"))?;
+        let denied = |detail: &str| Error::Denied {
+            subject: format!("activation of {route} at term {term}"),
+            detail: detail.to_owned(),
+        };
         if assignment.term != term || assignment.process_id != *process_id {
             return Err(refuse("term no longer current"));
+        }
+        if assignment.member != *member {
+            return Err(denied("the term is not reserved for the calling member"));
         }
         if assignment.phase == AssignmentPhase::Active {
             return Err(refuse("already activated"));
         }
-        let grant: Option<(String, Vec<u8>)> =
-            sqlx::query_as("SELECT jti, digest FROM grants WHERE route = $1 AND term = $2")
+        let grant: Option<MintedGrant> =
+            sqlx::query_as("SELECT jti, digest, member, process_id FROM grants WHERE route = $1 AND term = $2")
                 .bind(route)
                 .bind(term)
                 .fetch_optional(&mut *tx)
                 .await?;
-        if !grant.is_some_and(|(minted_jti, minted_digest)| minted_jti == *jti && minted_digest == *digest) {
+        let Some(grant) = grant.filter(|g| g.jti == *jti && g.digest == *digest) else {
             return Err(refuse(
                 "the receipt is not bound to the grant minted for this reservation",
             ));
+        };
+        if grant.member != *member || grant.process_id != assignment.process_id {
+            return Err(denied("the grant was issued to another member or process"));
         }
         let instance: RecordedWorkload = sqlx::query_as(&format!(
             "SELECT generation, checkpoint_pid, checkpoint_start_ticks, checkpoint_exe_digest FROM instances \
@@ -161,7 +198,7 @@ impl Store {
         route: &str,
     ) -> Result<Option<LockedAssignment>> {
         sqlx::query_as(&format!(
-            "SELECT term, process_id, phase, generation FROM assignments WHERE route = $1{}",
+            "SELECT term, member, process_id, phase, generation FROM assignments WHERE route = $1{}",
             self.backend.row_lock()
         ))
         .bind(route)
@@ -175,9 +212,19 @@ impl Store {
 #[derive(sqlx::FromRow)]
 struct LockedAssignment {
     term: i64,
+    member: String,
     process_id: String,
     phase: AssignmentPhase,
     generation: i64,
+}
+
+/// The grant row of a reserved term, as its activation checks it.
+#[derive(sqlx::FromRow)]
+struct MintedGrant {
+    jti: String,
+    digest: Vec<u8>,
+    member: String,
+    process_id: String,
 }
 
 /// The instance's generation and the workload its checkpoint names (none before the first

@@ -12,19 +12,23 @@ use super::columns::decoded;
 use super::{Error, MemberRecord, MemberUpdate, Result, Store, millis};
 
 impl Store {
-    /// Record a member process that was just admitted, replacing whatever record the member
-    /// had — the record of another process included: the newest admission of a member name
-    /// wins, whatever became of the process it replaces. Only a newer connection epoch of the
-    /// recorded process is kept (`Error::Conflict`: this hello is a delayed older one). The
-    /// record expires at database now + `ttl`.
+    /// Record a member process that was just admitted. A member name is held by its live
+    /// process: a newer connection epoch of the recorded process replaces the record, another
+    /// process only once the record is gone or expired (its stream closed, was left, fell
+    /// silent or its replica went silent) — a token of the member and a new process id are no
+    /// proof that the recorded process is dead. Decided at database time in the one statement
+    /// (`Error::Conflict` otherwise, nothing written). The record expires at database now +
+    /// `ttl`.
     pub async fn record_member(&self, m: &MemberUpdate, ttl: Duration) -> Result<MemberRecord> {
         let sql = format!(
             "{} ON CONFLICT (member) DO UPDATE SET process_id = excluded.process_id, epoch = excluded.epoch, \
                runtime_address = excluded.runtime_address, capacity = excluded.capacity, served_by = excluded.served_by, \
                leaving = excluded.leaving, expires_at_ms = excluded.expires_at_ms, updated_at_ms = excluded.updated_at_ms \
-             WHERE NOT (members.process_id = excluded.process_id AND members.epoch > excluded.epoch) \
+             WHERE (members.process_id = excluded.process_id AND members.epoch < excluded.epoch) \
+                OR (members.process_id <> excluded.process_id AND members.expires_at_ms <= ({clock})) \
              RETURNING {MEMBER_COLUMNS}",
-            self.insert_member_sql()
+            self.insert_member_sql(),
+            clock = self.backend.clock_expr()
         );
         let row = bind_member(sqlx::query_as(&sql), m, ttl)
             .fetch_optional(&self.pool)
@@ -32,13 +36,24 @@ impl Store {
             .map_err(decoded("members"))?;
         match row {
             Some(record) => Ok(record),
-            None => Err(Error::Conflict {
-                subject: format!("member {}", m.member),
-                detail: format!(
-                    "process {} is recorded at a newer connection epoch than {}",
-                    m.process_id, m.epoch
-                ),
-            }),
+            None => {
+                let (_, held) = self.member(&m.member).await?;
+                let detail = match held {
+                    Some(held) if held.process_id == m.process_id => format!(
+                        "process {} is recorded at connection epoch {}, not older than {}",
+                        m.process_id, held.epoch, m.epoch
+                    ),
+                    _ => format!(
+                        "member {} is held by another live process; a new process is admitted once \
+                         that one's stream ends or its record expires",
+                        m.member
+                    ),
+                };
+                Err(Error::Conflict {
+                    subject: format!("member {}", m.member),
+                    detail,
+                })
+            }
         }
     }
 

@@ -61,6 +61,10 @@ pub enum Error {
     /// A compare-and-set precondition did not hold. Nothing was written.
     #[error("compare-and-set conflict on {subject}: {detail}")]
     Conflict { subject: String, detail: String },
+    /// The write acts on what the store records as another party's (a term reserved for
+    /// another member, a grant issued to another member). Nothing was written.
+    #[error("refused on {subject}: {detail}")]
+    Denied { subject: String, detail: String },
     /// The write itself is malformed (for example a term that does not grow).
     #[error("invalid write: {0}")]
     Invalid(String),

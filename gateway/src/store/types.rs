@@ -252,6 +252,8 @@ impl Checkpoint {
 pub struct Activation {
     pub route: String,
     pub term: i64,
+    /// The calling member (from its credential): the reservation and the grant must be its.
+    pub member: String,
     pub process_id: String,
     pub jti: String,
     pub digest: Vec<u8>,

@@ -3,7 +3,11 @@
 //! caller — none, garbage, expired, another namespace's instance, another instance of the same
 //! namespace, another member, an operator without the role — is refused with
 //! UNAUTHENTICATED or PERMISSION_DENIED and changes nothing; the right caller gets through
-//! authorization (its answer is whatever the call's own checks say).
+//! authorization (its answer is whatever the call's own checks say). And every call that
+//! names another party, made with the value another caller can read (the route directory of
+//! its snapshot, the pool status, a registration's answer), is refused and changes nothing:
+//! decisions are bound to what the store or the credential recorded, never to an identifier
+//! the request carries.
 
 use std::collections::BTreeMap;
 
@@ -23,7 +27,10 @@ use crate::cluster::{
     Behaviour, Member, Tokens, attach_live, channel, identity, instance_ref, receipt, registration, start_replica_with,
     wait_assignments, with_token,
 };
-use crate::support::TestDb;
+use crate::support::{TestDb, wait_for};
+use proto::common::v1::{InstancePhase, RouteDirectoryEntry};
+use proto::host::v1::member_message::Kind as MemberKind;
+use proto::host::v1::{InstanceStatus, StatusReport};
 
 const INVENTORY: &str = include_str!("../../../proto/AUTHORIZATION.md");
 
@@ -248,7 +255,7 @@ pub async fn every_rpc_refuses_every_caller_but_the_right_one(db: &TestDb) {
     let replica = start_replica_with("gw-m", &db.url, &[], None).await;
     let endpoint = replica.endpoint();
     let tokens = Tokens::load(&db.store).await;
-    let _owner = attach_live(db, &endpoint, &tokens.member("m-a"), "m-a", Behaviour::Mute).await;
+    let owner = attach_live(db, &endpoint, &tokens.member("m-a"), "m-a", Behaviour::Mute).await;
     let mut registry = InstanceRegistryClient::new(channel(&endpoint).await);
     registry
         .register(with_token(
@@ -262,6 +269,13 @@ pub async fn every_rpc_refuses_every_caller_but_the_right_one(db: &TestDb) {
         a.iter().any(|a| a.route == "default/agent-0" && a.member == "m-a")
     })
     .await;
+    let wrong = with_what_others_read(db, &endpoint, &tokens, &owner).await;
+    assert!(
+        wrong.is_empty(),
+        "taken with what another caller reads:\n{}",
+        wrong.join("\n")
+    );
+    // Nothing they tried consumed anything: the term's single grant is still m-a's to take.
     let ask = IssueGrantRequest {
         route: "default/agent-0".into(),
         term: 1,
@@ -325,4 +339,159 @@ pub async fn every_rpc_refuses_every_caller_but_the_right_one(db: &TestDb) {
     );
     assert!(db.store.list_operations().await.unwrap().is_empty());
     replica.stop().await;
+}
+
+/// m-b, a member of the pool, and default/agent-1, an instance of the same namespace, try
+/// every call that names another party with what they can read of agent-0 and its owner m-a:
+/// m-b's route directory names agent-0's route, owner, owner process and term; the pool
+/// status and Events name its Pod UID. Each must be refused and change nothing (the list of
+/// what was not).
+async fn with_what_others_read(db: &TestDb, endpoint: &str, tokens: &Tokens, owner: &Member) -> Vec<String> {
+    let mut wrong = Vec::new();
+    // m-b attaches after agent-0 was reserved for m-a (placement is stable) and reads it.
+    let mut other = attach_live(db, endpoint, &tokens.member("m-b"), "m-b", Behaviour::Mute).await;
+    let snapshot = other
+        .wait_snapshot("agent-0 in m-b's directory", |s| {
+            s.directory.iter().any(|d| d.route == "default/agent-0")
+        })
+        .await;
+    let read: RouteDirectoryEntry = snapshot
+        .directory
+        .iter()
+        .find(|d| d.route == "default/agent-0")
+        .cloned()
+        .unwrap();
+    assert_eq!((read.member.as_str(), read.process_id.as_str()), ("m-a", "m-a-p1"));
+    let before = db.store.list_assignments().await.unwrap();
+    let mut expect = |what: &str, got: Code, want: &[Code]| {
+        if !want.contains(&got) {
+            wrong.push(format!("{what}: {got:?}, wanted one of {want:?}"));
+        }
+    };
+    let mut recovery = SupervisorRecoveryClient::new(channel(endpoint).await);
+    let as_m_b = |message| with_token(message, &tokens.member("m-b"));
+
+    // IssueGrant: m-b in its own name with m-a's process and term, then in m-a's name.
+    let own_name = IssueGrantRequest {
+        route: read.route.clone(),
+        term: read.term,
+        member: "m-b".into(),
+        process_id: read.process_id.clone(),
+    };
+    expect(
+        "IssueGrant as m-b naming m-a's process (directory)",
+        code(recovery.issue_grant(as_m_b(own_name.clone())).await),
+        &[Code::PermissionDenied],
+    );
+    let their_name = IssueGrantRequest {
+        member: read.member.clone(),
+        ..own_name
+    };
+    expect(
+        "IssueGrant as m-b naming m-a (directory)",
+        code(recovery.issue_grant(as_m_b(their_name)).await),
+        &[Code::PermissionDenied],
+    );
+
+    // Attach: m-a's name with m-a's token but a process of its own (a stranger holding the
+    // token) must not end m-a's live stream; m-b's token with m-a's name is refused.
+    for (who, token) in [("m-a", tokens.member("m-a")), ("m-b", tokens.member("m-b"))] {
+        let got = match Member::attach(endpoint, &token, identity("m-a", "intruder", 1, 256), Behaviour::Mute).await {
+            Ok(mut stranger) => {
+                let ended = tokio::time::timeout(std::time::Duration::from_millis(500), stranger.wait_ended()).await;
+                stranger.kill();
+                ended.map_or(Code::Ok, |s| s.code())
+            }
+            Err(status) => status.code(),
+        };
+        let want: &[Code] = if who == "m-a" {
+            &[Code::FailedPrecondition]
+        } else {
+            &[Code::PermissionDenied]
+        };
+        expect(&format!("Attach as m-a, new process, with {who}'s token"), got, want);
+    }
+
+    // A StatusReport on m-b's own stream about agent-0 at its term (directory): not
+    // attributed, so nothing is recorded and agent-0 does not move.
+    let failed = InstanceStatus {
+        route: read.route.clone(),
+        term: read.term,
+        phase: InstancePhase::Failed as i32,
+        ..InstanceStatus::default()
+    };
+    for partial in [true, false] {
+        other
+            .send(MemberKind::StatusReport(StatusReport {
+                instances: vec![failed.clone()],
+                applied_revision: snapshot.revision,
+                partial,
+            }))
+            .await;
+    }
+
+    // The registry: agent-1's credential with agent-0's route and Pod UID (the pool status).
+    let mut registry = InstanceRegistryClient::new(channel(endpoint).await);
+    let agent_1 = tokens.instance("agent-1");
+    let agent_0 = instance_ref("agent-0", "uid-agent-0");
+    let withdraw = DeregisterRequest {
+        route: read.route.clone(),
+        instance: Some(agent_0.clone()),
+        reason: "what others read".into(),
+    };
+    expect(
+        "Deregister as agent-1 naming agent-0's route and UID",
+        code(registry.deregister(with_token(withdraw, &agent_1)).await),
+        &[Code::PermissionDenied],
+    );
+    let report = RecoveryFailedRequest {
+        route: read.route.clone(),
+        instance: Some(agent_0.clone()),
+        fence_term: read.term,
+        reason: "what others read".into(),
+        ..RecoveryFailedRequest::default()
+    };
+    expect(
+        "ReportRecoveryFailed as agent-1 naming agent-0's route, UID and term",
+        code(registry.report_recovery_failed(with_token(report, &agent_1)).await),
+        &[Code::PermissionDenied],
+    );
+    let register = registration("default", "agent-0", "uid-agent-0");
+    expect(
+        "Register as agent-1 naming agent-0's route and UID",
+        code(registry.register(with_token(register, &agent_1)).await),
+        &[Code::PermissionDenied],
+    );
+
+    // Give the reports and any move time to land, then: nothing changed.
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+    if owner.ended.borrow().is_some() {
+        wrong.push(format!("m-a's live stream ended: {:?}", owner.ended.borrow()));
+    }
+    let (now, record) = db.store.member("m-a").await.unwrap();
+    if !record
+        .as_ref()
+        .is_some_and(|r| r.process_id == "m-a-p1" && r.is_live(now))
+    {
+        wrong.push(format!("m-a's membership record changed: {record:?}"));
+    }
+    let after = db.store.list_assignments().await.unwrap();
+    if after != before {
+        wrong.push(format!("assignments changed: {before:?} -> {after:?}"));
+    }
+    let reports = db.store.list_reports().await.unwrap();
+    if reports.iter().any(|r| r.member == "m-b") {
+        wrong.push(format!("m-b's report about agent-0 was recorded: {reports:?}"));
+    }
+    let instance = db.store.instance("default/agent-0").await.unwrap().unwrap();
+    if instance.withdrawn {
+        wrong.push("agent-0 was withdrawn".into());
+    }
+    other.kill();
+    wait_for("m-b's membership gone", 2000, || async {
+        let (_, members) = db.store.list_members().await.ok()?;
+        (!members.iter().any(|m| m.member == "m-b")).then_some(())
+    })
+    .await;
+    wrong
 }

@@ -244,13 +244,13 @@ pub async fn a_stream_ended_by_its_member_removes_the_membership_at_once(db: &Te
     pool.stop().await;
 }
 
-pub async fn newer_epochs_and_processes_supersede_and_delayed_hellos_are_refused(db: &TestDb) {
+pub async fn newer_epochs_supersede_and_another_process_waits_for_the_live_one_to_end(db: &TestDb) {
     let pool = Pool::start(db).await;
     let mut first = pool
         .member_with(0, identity("m", "p1", 1, 256), Behaviour::Healthy)
         .await
         .unwrap();
-    let mut second = pool
+    let second = pool
         .member_with(0, identity("m", "p1", 2, 256), Behaviour::Healthy)
         .await
         .unwrap();
@@ -259,36 +259,133 @@ pub async fn newer_epochs_and_processes_supersede_and_delayed_hellos_are_refused
         Code::Aborted,
         "a newer epoch supersedes"
     );
+    let refused = |attempt: Result<Member, tonic::Status>| async move {
+        match attempt {
+            Ok(mut m) => m.wait_ended().await,
+            Err(status) => status,
+        }
+    };
     let delayed = pool
         .member_with(0, identity("m", "p1", 1, 256), Behaviour::Healthy)
         .await;
-    let refused = match delayed {
-        Ok(mut m) => m.wait_ended().await,
-        Err(status) => status,
-    };
-    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
-    // A new process of the member supersedes the old one for good.
-    let _third = pool
-        .member_with(0, identity("m", "p2", 1, 256), Behaviour::Healthy)
-        .await
-        .unwrap();
-    let ended = second.wait_ended().await;
-    assert_eq!(ended.code(), Code::Aborted);
-    assert!(ended.message().contains("new process"), "{}", ended.message());
-    let old_process = pool
+    let delayed = refused(delayed).await;
+    assert_eq!(delayed.code(), Code::FailedPrecondition, "{delayed:?}");
+    // Another process of the member, on either replica, waits while p1's stream lives.
+    for replica in [0, 1] {
+        let early = pool
+            .member_with(replica, identity("m", "p2", 1, 256), Behaviour::Healthy)
+            .await;
+        let early = refused(early).await;
+        assert_eq!(early.code(), Code::FailedPrecondition, "{early:?}");
+    }
+    assert!(second.ended.borrow().is_none(), "{:?}", second.ended.borrow());
+    // p1's stream ends (its record goes with it): p2 is admitted.
+    second.kill();
+    let _third = wait_for("p2 admitted once p1's stream ended", 3000, || async {
+        pool.member_with(1, identity("m", "p2", 2, 256), Behaviour::Healthy)
+            .await
+            .ok()
+    })
+    .await;
+    // Now p1 waits for p2.
+    let back = pool
         .member_with(0, identity("m", "p1", 3, 256), Behaviour::Healthy)
         .await;
-    let refused = match old_process {
-        Ok(mut m) => m.wait_ended().await,
-        Err(status) => status,
-    };
-    assert_eq!(refused.code(), Code::FailedPrecondition);
-    // The membership record names the newest process; superseding kept it.
+    assert_eq!(refused(back).await.code(), Code::FailedPrecondition);
     wait_for("the record to name p2", 500, || async {
         let (_, members) = db.store.list_members().await.ok()?;
         (members.len() == 1 && members[0].process_id == "p2").then_some(())
     })
     .await;
+    pool.stop().await;
+}
+
+/// Whoever holds a member's token and makes up a process id attaches under the member's
+/// name: while the member's process lives, that is refused on every replica and the live
+/// stream goes on (before, it was told another process took its name, and its supervisor
+/// exited for good).
+pub async fn a_stranger_with_a_members_token_cannot_end_its_live_stream(db: &TestDb) {
+    let pool = Pool::start(db).await;
+    let m = pool.member(0, "m-a", Behaviour::Healthy).await;
+    wait_members(db, 1).await;
+    for replica in [1, 0] {
+        let stranger = pool
+            .member_with(replica, identity("m-a", "stranger", 7, 256), Behaviour::Healthy)
+            .await;
+        let refused = match stranger {
+            Ok(mut s) => s.wait_ended().await,
+            Err(status) => status,
+        };
+        assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    }
+    // Several pool reads and a membership refresh later, the member's stream is still open.
+    tokio::time::sleep(proto::timing::MEMBERSHIP_REFRESH + std::time::Duration::from_millis(500)).await;
+    assert!(m.ended.borrow().is_none(), "{:?}", m.ended.borrow());
+    let (now, record) = db.store.member("m-a").await.unwrap();
+    let record = record.unwrap();
+    assert_eq!((record.process_id.as_str(), record.epoch), ("m-a-p1", 1));
+    assert!(record.is_live(now));
+    pool.stop().await;
+}
+
+/// Every member's route directory names every route's owner process: a member that names
+/// its own name with another member's process id gets no grant of that member's reserved
+/// term, and the rightful owner still gets it (single use was not spent by the taker).
+pub async fn a_member_naming_another_members_process_gets_no_grant(db: &TestDb) {
+    let pool = Pool::start(db).await;
+    let mut m_a = pool.member(0, "m-a", Behaviour::Mute).await;
+    wait_members(db, 1).await;
+    pool.register("agent-0").await.unwrap();
+    let owned = m_a
+        .wait_snapshot("agent-0 reserved", |s| s.instances.len() == 1)
+        .await
+        .instances[0]
+        .clone();
+    let mut m_b = pool.member(1, "m-b", Behaviour::Mute).await;
+    let read = m_b
+        .wait_snapshot("agent-0 in m-b's directory", |s| {
+            s.directory.iter().any(|d| d.route == owned.route)
+        })
+        .await
+        .directory
+        .into_iter()
+        .find(|d| d.route == owned.route)
+        .unwrap();
+    assert_eq!(read.process_id, "m-a-p1");
+    let mut recovery = SupervisorRecoveryClient::new(channel(&pool.endpoint(1)).await);
+    let taking = IssueGrantRequest {
+        route: read.route.clone(),
+        term: read.term,
+        member: "m-b".into(),
+        process_id: read.process_id.clone(),
+    };
+    let refused = recovery
+        .issue_grant(with_token(taking, &pool.tokens.member("m-b")))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    let rightful = IssueGrantRequest {
+        route: owned.route.clone(),
+        term: owned.term,
+        member: "m-a".into(),
+        process_id: "m-a-p1".into(),
+    };
+    let grant = recovery
+        .issue_grant(auth(&pool, rightful))
+        .await
+        .expect("the rightful owner still gets its grant")
+        .into_inner();
+    // And only the owner completes its activation.
+    let activate = ActivateRequest {
+        receipt: Some(receipt(&grant, owned.term, 0, 4242)),
+        grant: grant.grant.clone(),
+    };
+    let refused = recovery
+        .activate(with_token(activate.clone(), &pool.tokens.member("m-b")))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    recovery.activate(auth(&pool, activate)).await.unwrap();
     pool.stop().await;
 }
 
@@ -871,22 +968,37 @@ async fn wait_recovery_succeeded(db: &TestDb, route: &str) -> gateway::store::Op
 }
 
 /// Reliability item 2: the replica holding a member's stream is paused when the member's
-/// process dies; the restarted process (same member name) attaches to another replica. It
-/// is not told that another process took its name (the dead predecessor's record, still
-/// live, is older than its own admission), and the instance moves once, at term + 1, to a
-/// live member; when the paused replica resumes, its dead stream ends, not the new one.
+/// process dies; the restarted process (same member name) attaches to another replica,
+/// refused until the other replicas expired the dead predecessor's record (its replica's
+/// silence), then admitted. The instance moves once, at term + 1, to a live member; when the
+/// paused replica resumes, its dead stream ends, not the new one.
 pub async fn a_restarted_member_supersedes_its_dead_predecessor_behind_a_paused_replica(db: &TestDb) {
     let (mut pool, old, held) = PausedPool::start(db).await;
     pool.b.pause().await;
     old.kill();
-    let mut new = Member::attach(
-        &pool.a.endpoint(),
-        &pool.tokens.member("m-a"),
-        identity("m-a", "m-a-p2", 1, 256),
-        Behaviour::Healthy,
-    )
-    .await
-    .unwrap();
+    // Refused while the dead predecessor's record lives; admitted once the other replicas
+    // expired it for its paused replica's silence (well before the record's TTL).
+    let mut epoch = 0;
+    let mut new = wait_for("the restarted process admitted", 15_000, || {
+        epoch += 1;
+        let (endpoint, token) = (pool.a.endpoint(), pool.tokens.member("m-a"));
+        async move {
+            let attempt = Member::attach(
+                &endpoint,
+                &token,
+                identity("m-a", "m-a-p2", epoch, 256),
+                Behaviour::Healthy,
+            );
+            match attempt.await {
+                Ok(member) => Some(member),
+                Err(refused) => {
+                    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+                    None
+                }
+            }
+        }
+    })
+    .await;
     let moved = wait_assignments(&db.store, "m-a's instance moved", |x| {
         x.iter().any(|y| y.route == held.route && y.term > held.term)
     })

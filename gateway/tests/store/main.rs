@@ -37,6 +37,8 @@ on_both_backends!(suite;
     signing_key_rotation_is_fenced,
     members_expire_by_ttl,
     member_removal_needs_the_same_process,
+    another_process_takes_a_member_name_only_once_its_live_record_is_gone,
+    a_member_naming_another_members_process_gets_no_grant_nor_activates_its_term,
     a_member_that_left_keeps_an_expired_leaving_record,
     a_superseded_stream_cannot_refresh_over_the_newer_record,
     members_of_a_silent_replica_expire_unless_it_runs_or_they_moved,

@@ -17,11 +17,12 @@ use crate::support::{TestDb, wait_until_db_time};
 const LONG: Duration = Duration::from_secs(30);
 const SHORT: Duration = Duration::from_millis(300);
 
-/// An activation of route `r1`.
+/// An activation of route `r1` by the member whose process `process_id` is (`m1-p1`: `m1`).
 pub fn activation(term: i64, process_id: &str, jti: &str, digest: &[u8], workload: Checkpoint) -> Activation {
     Activation {
         route: "r1".to_owned(),
         term,
+        member: process_id.split('-').next().unwrap_or_default().to_owned(),
         process_id: process_id.to_owned(),
         jti: jti.to_owned(),
         digest: digest.to_vec(),
@@ -67,6 +68,16 @@ pub(crate) fn operation(id: &str) -> Operation {
         cancel_requested: false,
         created_at_ms: 0,
         updated_at_ms: 0,
+    }
+}
+
+/// Record each member's live process `<member>-p1` (the process `assignment` reserves for).
+pub(crate) async fn live_members(store: &Store, members: &[&str]) {
+    for name in members {
+        store
+            .record_member(&member(name, &format!("{name}-p1")), LONG)
+            .await
+            .unwrap();
     }
 }
 
@@ -548,6 +559,7 @@ pub async fn grants_are_single_use_and_activation_is_a_compare_and_set(db: &Test
         material: SecretBytes(vec![1]),
     };
     db.store.register_instance(&registration).await.unwrap();
+    live_members(&db.store, &["m1", "m2"]).await;
     let reserve = |expected_term, next| FencedWrite::Assign { expected_term, next };
     db.store
         .write_fenced(&lease, &[reserve(None, assignment("r1", "m1", 1))])
@@ -599,7 +611,7 @@ pub async fn grants_are_single_use_and_activation_is_a_compare_and_set(db: &Test
         "not bound to the grant",
     );
     refused(
-        activate(1, "other", "j1", vec![1; 32], process.clone()).await,
+        activate(1, "m1-p2", "j1", vec![1; 32], process.clone()).await,
         "term no longer current",
     );
     let activated_at = activate(1, "m1-p1", "j1", vec![1; 32], process.clone()).await.unwrap();
@@ -642,6 +654,80 @@ pub async fn grants_are_single_use_and_activation_is_a_compare_and_set(db: &Test
     );
 }
 
+/// Every member reads every owner's process id in its route directory: naming it gets no
+/// grant. A grant is recorded only for the reservation's own member and for the process the
+/// store records as that member's live one; an activation only by the member the reservation
+/// and the grant row name. A refusal writes nothing.
+pub async fn a_member_naming_another_members_process_gets_no_grant_nor_activates_its_term(db: &TestDb) {
+    let lease = acquire(&db.store, "gw-a/1", LONG).await;
+    db.store
+        .register_instance(&Registration {
+            route: "r1".into(),
+            ..agent_zero()
+        })
+        .await
+        .unwrap();
+    live_members(&db.store, &["m1", "m2"]).await;
+    db.store
+        .write_fenced(
+            &lease,
+            &[FencedWrite::Assign {
+                expected_term: None,
+                next: assignment("r1", "m1", 1),
+            }],
+        )
+        .await
+        .unwrap();
+    let grant = |member: &str, process: &str, jti: &str| GrantRecord {
+        route: "r1".into(),
+        term: 1,
+        jti: jti.into(),
+        member: member.into(),
+        process_id: process.into(),
+        digest: vec![1; 32],
+        expires_at_ms: i64::MAX,
+    };
+    let denied = |r: Result<(), Error>| matches!(r, Err(Error::Denied { .. }));
+    assert!(
+        denied(db.store.issue_grant(&grant("m2", "m1-p1", "taken")).await),
+        "m2 naming m1's process"
+    );
+    // Not even once m2 attached a process under m1's process id.
+    assert!(db.store.remove_member("m2", "m2-p1", 1).await.unwrap());
+    db.store.record_member(&member("m2", "m1-p1"), LONG).await.unwrap();
+    assert!(denied(db.store.issue_grant(&grant("m2", "m1-p1", "taken")).await));
+    // m1's own grant needs m1's live process: none while its record is gone.
+    assert!(db.store.remove_member("m1", "m1-p1", 1).await.unwrap());
+    assert!(matches!(
+        db.store.issue_grant(&grant("m1", "m1-p1", "j1")).await,
+        Err(Error::Conflict { detail, .. }) if detail.contains("live process")
+    ));
+    live_members(&db.store, &["m1"]).await;
+    // The refusals recorded nothing: the term's single grant is still m1's to take.
+    db.store.issue_grant(&grant("m1", "m1-p1", "j1")).await.unwrap();
+
+    // The grant is m1's: m2 activating with it (even naming m1's process) is refused.
+    let workload = Checkpoint {
+        pid: 42,
+        start_ticks: 7,
+        exe_digest: vec![9; 32],
+    };
+    let by_m2 = Activation {
+        member: "m2".into(),
+        ..activation(1, "m1-p1", "j1", &[1; 32], workload.clone())
+    };
+    assert!(matches!(db.store.activate(by_m2).await, Err(Error::Denied { .. })));
+    assert_eq!(
+        db.store.list_assignments().await.unwrap()[0].phase,
+        AssignmentPhase::Reserved,
+        "the refusal changed nothing"
+    );
+    db.store
+        .activate(activation(1, "m1-p1", "j1", &[1; 32], workload))
+        .await
+        .unwrap();
+}
+
 /// A Pod recreated under the same name (same route, new UID) starts from scratch: its own
 /// material, no checkpoint of the old workload, a stale old assignment that can no longer
 /// be activated; the old UID can neither register again nor withdraw the new one.
@@ -675,6 +761,7 @@ pub async fn a_workload_replaced_under_its_route_starts_fresh(db: &TestDb) {
     };
     // The old Pod's workload is placed and activated: its identity is the checkpoint.
     db.store.register_instance(&registration("old-uid")).await.unwrap();
+    live_members(&db.store, &["m1", "m2"]).await;
     db.store
         .write_fenced(
             &lease,
@@ -936,8 +1023,13 @@ pub async fn members_expire_by_ttl(db: &TestDb) {
 }
 
 pub async fn member_removal_needs_the_same_process(db: &TestDb) {
-    db.store.record_member(&member("m1", "p1"), LONG).await.unwrap();
-    // A new process of m1 replaced the record: the old process's removal is a no-op.
+    let short = db
+        .store
+        .record_member(&member("m1", "p1"), Duration::from_millis(200))
+        .await
+        .unwrap();
+    wait_until_db_time(&db.store, short.expires_at_ms).await;
+    // A new process of m1 replaced the expired record: the old process's removal is a no-op.
     db.store.record_member(&member("m1", "p2"), LONG).await.unwrap();
     assert!(!db.store.remove_member("m1", "p1", 1).await.unwrap());
     assert_eq!(db.store.list_members().await.unwrap().1[0].process_id, "p2");
@@ -980,7 +1072,9 @@ pub async fn a_superseded_stream_cannot_refresh_over_the_newer_record(db: &TestD
     db.store.record_member(&member("m1", "p1"), LONG).await.unwrap();
     let first = db.store.refresh_member(&member("m1", "p1"), LONG).await.unwrap();
     assert_eq!(first.map(|m| m.process_id), Some("p1".into()));
-    // A new process is admitted elsewhere: the old stream's refresh changes nothing.
+    // The stream ends; a new process is admitted elsewhere: the old stream's refresh changes
+    // nothing.
+    assert!(db.store.remove_member("m1", "p1", 1).await.unwrap());
     db.store.record_member(&member("m1", "p2"), LONG).await.unwrap();
     assert_eq!(db.store.refresh_member(&member("m1", "p1"), LONG).await.unwrap(), None);
     // Nor does a refresh from an older epoch of the new process.
@@ -999,11 +1093,13 @@ pub async fn a_superseded_stream_cannot_refresh_over_the_newer_record(db: &TestD
         [("p2", 2)]
     );
     // A delayed hello of an older epoch of the recorded process cannot take the record back;
-    // any other process can (the newest admission of a member name wins).
-    assert!(matches!(
-        db.store.record_member(&member("m1", "p2"), LONG).await,
-        Err(gateway::store::Error::Conflict { .. })
-    ));
+    // nor can another process while the record lives.
+    for delayed in [member("m1", "p2"), newer.clone(), member("m1", "p1")] {
+        assert!(matches!(
+            db.store.record_member(&delayed, LONG).await,
+            Err(gateway::store::Error::Conflict { .. })
+        ));
+    }
     // The current stream still refreshes, leaving flag included.
     let leaving = MemberUpdate { leaving: true, ..newer };
     let refreshed = db.store.refresh_member(&leaving, LONG).await.unwrap().unwrap();
@@ -1012,6 +1108,53 @@ pub async fn a_superseded_stream_cannot_refresh_over_the_newer_record(db: &TestD
     assert!(db.store.remove_member("m1", "p2", 2).await.unwrap());
     assert_eq!(db.store.refresh_member(&member("m1", "p1"), LONG).await.unwrap(), None);
     assert_eq!(db.store.member("m1").await.unwrap().1, None);
+}
+
+/// A member name is held by its live process: another process (a stranger with the member's
+/// token and a process id of its own, or the member restarted while its old record lives) is
+/// admitted only once the record is gone — removed by its stream's end, left, or expired —
+/// and a refused hello writes nothing. Nothing remembers the processes that held it before.
+pub async fn another_process_takes_a_member_name_only_once_its_live_record_is_gone(db: &TestDb) {
+    let held = db.store.record_member(&member("m1", "p1"), LONG).await.unwrap();
+    let stranger = MemberUpdate {
+        epoch: 9,
+        served_by: "gw-b".into(),
+        ..member("m1", "intruder")
+    };
+    match db.store.record_member(&stranger, LONG).await {
+        Err(Error::Conflict { detail, .. }) => assert!(detail.contains("another live process"), "{detail}"),
+        other => panic!("a stranger took the live member's name: {other:?}"),
+    }
+    let (now, record) = db.store.member("m1").await.unwrap();
+    let record = record.unwrap();
+    assert_eq!(record, held, "the refused hello wrote nothing");
+    assert!(record.is_live(now));
+    // The live process's own stream goes on refreshing its record.
+    assert!(
+        db.store
+            .refresh_member(&member("m1", "p1"), LONG)
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    // Its stream ended: the next process is admitted at once.
+    assert!(db.store.remove_member("m1", "p1", 1).await.unwrap());
+    db.store.record_member(&member("m1", "p2"), SHORT).await.unwrap();
+    // The old process is no stranger for good: it is refused while p2 lives...
+    let back = MemberUpdate {
+        epoch: 2,
+        ..member("m1", "p1")
+    };
+    assert!(matches!(
+        db.store.record_member(&back, LONG).await,
+        Err(Error::Conflict { .. })
+    ));
+    // ...and admitted once p2's record expired.
+    let (_, p2) = db.store.member("m1").await.unwrap();
+    wait_until_db_time(&db.store, p2.unwrap().expires_at_ms).await;
+    let back = db.store.record_member(&back, LONG).await.unwrap();
+    assert_eq!((back.process_id.as_str(), back.epoch), ("p1", 2));
 }
 
 /// The other replicas expire a member whose serving replica stopped recording that it runs —
