@@ -165,6 +165,9 @@ pub struct Member {
     pub state: String,
     pub instances: u32,
     pub capacity: u32,
+    /// The member's attached process (what every member reads in its route directory).
+    #[serde(default, rename = "processId")]
+    pub process_id: String,
 }
 
 #[derive(Debug, Clone, serde::Deserialize)]

@@ -2,8 +2,10 @@
 //! `kubectl apply -k`, certificates with `kustomize/pool-certs.sh`, label a namespace, run
 //! counting agents (a Deployment and a StatefulSet) that get injected and supervised, show
 //! that a Pod of another namespace cannot act for them, then
+//! show that no workload container reaches its sidecar's token, fence or memory, then
 //! take the pool through failures and maintenance — a supervisor Pod force-deleted, a member
-//! process SIGKILLed on the node, the coordinator's Pod deleted, a drain with `poolctl`, a
+//! process SIGKILLed on the node, the coordinator's Pod deleted, a drain with `poolctl` (while
+//! the drained member's credential tries to take the grants reserved for the other), a
 //! drain declared as a `SupervisorPoolOperation` (its dry run, and a running one cancelled by
 //! deleting the object), a rollout restart of the members — checking after each that no agent restarted, kept its PID
 //! and kept counting; then Pod replacement, scaling, the namespace label and the token Secret,
@@ -118,6 +120,55 @@ spec:
               audience: openshell-gateway
               expirationSeconds: 600
               path: token
+"#
+    )
+}
+
+/// A Pod of `namespace` (unlabelled: no webhook) that runs `probe grant` with the credential
+/// in the Secret `thief` (a supervisor member's token and the pool's CA).
+fn thief_pod(namespace: &str, image: &str, args: &[String]) -> String {
+    let args = serde_json::to_string(args).unwrap_or_default();
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: thief
+  namespace: {namespace}
+  labels:
+    supervision.openshell.ai/supervised: "true"
+spec:
+  restartPolicy: Never
+  automountServiceAccountToken: false
+  securityContext:
+    runAsNonRoot: true
+    runAsUser: 65532
+    seccompProfile:
+      type: RuntimeDefault
+  containers:
+    - name: thief
+      image: {image}
+      imagePullPolicy: Never
+      command: ["/usr/local/bin/probe", "grant"]
+      args: {args}
+      env:
+        - name: OPENSHELL_GATEWAY_ENDPOINTS
+          value: https://openshell-gateway.openshell-supervision.svc:8443
+        - name: OPENSHELL_SUPERVISION_DIR
+          value: /var/run/thief
+      securityContext:
+        allowPrivilegeEscalation: false
+        readOnlyRootFilesystem: true
+        capabilities:
+          drop: ["ALL"]
+      volumeMounts:
+        - name: credentials
+          mountPath: /var/run/thief
+          readOnly: true
+  volumes:
+    - name: credentials
+      secret:
+        secretName: thief
+        defaultMode: 0444
 "#
     )
 }
@@ -240,7 +291,7 @@ async fn the_user_flow_on_a_real_cluster() {
         .await;
     flow.step("supervisor Pod force-deleted", Flow::supervisor_pod_deleted)
         .await;
-    if std::env::var("OPENSHELL_E2E_NODE_LOCAL").as_deref() == Ok("1") {
+    if node_local() {
         flow.step("supervisor process SIGKILLed on the node", Flow::supervisor_killed)
             .await;
     } else {
@@ -628,7 +679,7 @@ impl Flow {
             .await
             .ok_or_else(|| Error::Check(format!("no supervisor process of member {victim} on this node")))?;
         let t0 = Instant::now();
-        nix_kill(pid)?;
+        signal(pid, nix::sys::signal::Signal::SIGKILL)?;
         let seconds = self.settled_away_from(&base.names, &victim, t0).await?;
         self.survived(
             "supervisor process SIGKILLed → its instances active elsewhere",
@@ -725,6 +776,23 @@ impl Flow {
             planned["completes"] == true && planned["moves"].as_array().map(Vec::len) == Some(held),
             || format!("the dry run plans all {held} instances of {member}: {planned}"),
         )?;
+        let thief = self.grant_thief(&base, &member).await?;
+        // On a node of this machine the other member is paused while the drain reserves its
+        // terms, so the thief asks for them before their rightful member can.
+        let paused = match (node_local(), base.status.members.iter().find(|m| m.name != member)) {
+            (true, Some(other)) => supervisor_process(&other.name).await,
+            _ => None,
+        };
+        if let Some(pid) = paused {
+            signal(pid, nix::sys::signal::Signal::SIGSTOP)?;
+            let started = self.pool.poolctl(&["drain", &member, "--max-parallel", "2"]).await;
+            let reserved = match started {
+                Ok(_) => self.thief_saw_reservations(&base, &member, &thief).await,
+                Err(err) => Err(err),
+            };
+            signal(pid, nix::sys::signal::Signal::SIGCONT)?;
+            reserved?;
+        }
         let out = self
             .pool
             .poolctl(&["drain", &member, "--max-parallel", "2", "--wait"])
@@ -735,6 +803,7 @@ impl Flow {
             format!("nothing left on {member} after the drain: {after:?}")
         })?;
         self.all_settled(&base.names, MINUTE).await?;
+        self.grant_thief_refused(&thief).await?;
         self.survived("poolctl drain of a member (max-parallel 2)", seconds, &base)
             .await?;
         // Return the member to service.
@@ -744,6 +813,152 @@ impl Flow {
             .ok_or_else(|| Error::Check(format!("poolctl printed no operation id: {out}")))?;
         self.pool.poolctl(&["cancel", id]).await?;
         self.member_active(&member, MINUTE).await
+    }
+
+    /// Before the drain of `member`: a Pod of an unlabelled namespace gets a token of the
+    /// supervisor ServiceAccount bound to `member`'s Pod (what a compromised member holds) and
+    /// the pool's CA, and asks for the grant of every next term of `member`'s instances —
+    /// which the drain reserves for the other member — naming the other member's process id
+    /// (every member reads it in its route directory), as itself and as the other member.
+    /// Returns the thief's namespace once it is asking.
+    async fn grant_thief(&self, base: &Baseline, member: &str) -> Result<String, Error> {
+        let others: Vec<&e2e::cluster::Member> = base.status.members.iter().filter(|m| m.name != member).collect();
+        let Some(other) = others.first() else {
+            return Err(Error::Check(format!(
+                "a member besides {member}: {:?}",
+                base.status.members
+            )));
+        };
+        let pod = self.kubectl.json(&["get", "pod", member, "-n", &self.install]).await?;
+        let account = pod
+            .pointer("/spec/serviceAccountName")
+            .and_then(Value::as_str)
+            .unwrap_or("openshell-supervisor")
+            .to_owned();
+        let token = self
+            .kubectl
+            .run(&[
+                "create",
+                "token",
+                &account,
+                "-n",
+                &self.install,
+                "--audience",
+                "openshell-gateway",
+                "--bound-object-kind",
+                "Pod",
+                "--bound-object-name",
+                member,
+                "--duration",
+                "10m",
+            ])
+            .await?;
+        let ca = self
+            .kubectl
+            .json(&["get", "secret", SECRET, "-n", &self.namespace])
+            .await?
+            .pointer("/data/ca.crt")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let namespace = format!("{}-thief", self.namespace);
+        self.kubectl.run(&["create", "namespace", &namespace]).await?;
+        // stdin, not the command line: the token is a credential.
+        let secret = format!(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: thief\n  namespace: {namespace}\ndata:\n  ca.crt: {ca}\nstringData:\n  token: {}\n",
+            token.trim()
+        );
+        self.kubectl.apply(&secret).await?;
+        let mut args: Vec<String> = vec!["--member".into(), member.into(), "--as".into(), other.name.clone()];
+        for m in &base.status.members {
+            args.extend(["--process".into(), m.process_id.clone()]);
+        }
+        for i in base.status.instances.iter().filter(|i| i.owner == member) {
+            args.extend(["--route".into(), format!("{}={}", i.route, i.term)]);
+        }
+        let manifest = thief_pod(&namespace, &self.image, &args);
+        let kubectl = self.kubectl.clone();
+        wait_for("the thief Pod created", MINUTE, || async {
+            kubectl.apply(&manifest).await.ok()
+        })
+        .await?;
+        wait_for("the thief asking", MINUTE, || async {
+            let log = kubectl.run(&["logs", "thief", "-n", &namespace]).await.ok()?;
+            log.contains("probe grant: started").then_some(())
+        })
+        .await?;
+        Ok(namespace)
+    }
+
+    /// With the drain started and the other member paused: waits until the pool shows a term
+    /// of `member`'s instances reserved, then for two more of the thief's rounds.
+    async fn thief_saw_reservations(&self, base: &Baseline, member: &str, namespace: &str) -> Result<(), Error> {
+        let pool = self.pool.clone();
+        poll(
+            "a term of the drained member's instances reserved",
+            MINUTE,
+            FINE,
+            || async {
+                let now = pool.status().await.ok()?;
+                now.instances
+                    .iter()
+                    .any(|i| {
+                        i.reserved
+                            && base
+                                .status
+                                .instances
+                                .iter()
+                                .any(|b| b.route == i.route && b.owner == member && i.term > b.term)
+                    })
+                    .then_some(())
+            },
+        )
+        .await?;
+        let kubectl = self.kubectl.clone();
+        let rounds = || async {
+            let log = kubectl.run(&["logs", "thief", "-n", namespace]).await.ok()?;
+            Some(log.lines().filter(|l| l.starts_with("probe grant: round ")).count())
+        };
+        let seen: usize = rounds().await.unwrap_or(0);
+        wait_for("two more rounds of the thief", MINUTE, || async {
+            rounds().await.filter(|n| *n >= seen + 2).map(|_| ())
+        })
+        .await
+    }
+
+    /// After the drain: the thief got no grant (every answer a refusal), and asked enough.
+    async fn grant_thief_refused(&self, namespace: &str) -> Result<(), Error> {
+        let kubectl = self.kubectl.clone();
+        let done = wait_for("the thief Pod finished", 2 * MINUTE, || async {
+            let pod = kubectl.json(&["get", "pod", "thief", "-n", namespace]).await.ok()?;
+            let phase = pod.pointer("/status/phase").and_then(Value::as_str)?.to_owned();
+            matches!(phase.as_str(), "Succeeded" | "Failed").then_some(phase)
+        })
+        .await?;
+        let log = self.kubectl.run(&["logs", "thief", "-n", namespace]).await?;
+        let answers: Vec<&str> = log.lines().filter(|l| l.starts_with("probe call=")).collect();
+        eprintln!("   thief ({done}):\n      {}", answers.join("\n      "));
+        let asked: u64 = answers
+            .iter()
+            .filter_map(|a| a.rsplit_once("count=").and_then(|(_, n)| n.parse::<u64>().ok()))
+            .sum();
+        check(done == "Succeeded" && asked > 0, || {
+            format!("the thief asked for grants: {done}, log:\n{log}")
+        })?;
+        check(!answers.iter().any(|a| a.contains("code=Ok ")), || {
+            format!("no grant goes to a member it was not reserved for:\n{log}")
+        })?;
+        // Refused as the member it is (the credential was accepted), not as a stranger.
+        check(
+            !answers
+                .iter()
+                .any(|a| a.contains("claim=self") && a.contains("code=Unauthenticated")),
+            || format!("the thief's credential is a member's, accepted as such:\n{log}"),
+        )?;
+        self.kubectl
+            .run(&["delete", "namespace", namespace, "--wait=false"])
+            .await?;
+        Ok(())
     }
 
     /// The GitOps door to the same operations: a `SupervisorPoolOperation` dry run (moves
@@ -1419,7 +1634,11 @@ async fn supervisor_process(member: &str) -> Option<i32> {
     None
 }
 
-fn nix_kill(pid: i32) -> Result<(), Error> {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
-        .map_err(|e| Error::Check(format!("kill -9 {pid}: {e}")))
+fn node_local() -> bool {
+    std::env::var("OPENSHELL_E2E_NODE_LOCAL").as_deref() == Ok("1")
+}
+
+fn signal(pid: i32, signal: nix::sys::signal::Signal) -> Result<(), Error> {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal)
+        .map_err(|e| Error::Check(format!("kill -{signal} {pid}: {e}")))
 }

@@ -1,10 +1,12 @@
 //! The cluster test's attacker (binary `probe`, in the agent image), in two places:
 //! - [`registry`]: a Pod of another namespace that tries to act for a workload it is not;
 //! - [`sidecar`]: a workload container that tries to reach its own sidecar's token, fence
-//!   state and memory through the shared PID namespace.
+//!   state and memory through the shared PID namespace;
+//! - [`grant`]: a pool member that tries to take the grants reserved for another member.
 
 use clap::{Parser, Subcommand};
 
+pub mod grant;
 pub mod registry;
 pub mod sidecar;
 
@@ -21,11 +23,14 @@ enum Target {
     Registry(registry::Args),
     /// Reach this Pod's sidecar through /proc.
     Sidecar(sidecar::Args),
+    /// Take another member's recovery grants with one member's credential.
+    Grant(grant::Args),
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
     match args.target {
         Target::Registry(args) => registry::run(args).await,
         Target::Sidecar(args) => sidecar::run(&args),
+        Target::Grant(args) => grant::run(args).await,
     }
 }
