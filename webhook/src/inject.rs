@@ -17,9 +17,12 @@ pub use crate::patch::{JsonPatch, escape_pointer_token};
 
 mod config;
 pub mod refuse;
+pub mod shape;
 
 pub use config::*;
 use refuse::{ContainerList, ContainerView, PodView, Refusal, VolumeView};
+pub use shape::NOT_SUPERVISED_ANNOTATION;
+use shape::Unsupervised;
 
 /// Why a Pod was left alone (metric label `reason`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,11 +36,14 @@ pub enum SkipReason {
     AlreadyInjected,
     MountConflict,
     EphemeralContainers,
+    ProcessNamespaceOff,
+    RunsAsRoot,
+    UidMismatch,
 }
 
 impl SkipReason {
     /// Every reason (each metric label starts at 0).
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 12] = [
         SkipReason::NotCreate,
         SkipReason::NotPod,
         SkipReason::SystemNamespace,
@@ -47,6 +53,9 @@ impl SkipReason {
         SkipReason::AlreadyInjected,
         SkipReason::MountConflict,
         SkipReason::EphemeralContainers,
+        SkipReason::ProcessNamespaceOff,
+        SkipReason::RunsAsRoot,
+        SkipReason::UidMismatch,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -60,6 +69,9 @@ impl SkipReason {
             SkipReason::AlreadyInjected => "already_injected",
             SkipReason::MountConflict => "mount_conflict",
             SkipReason::EphemeralContainers => "ephemeral_containers",
+            SkipReason::ProcessNamespaceOff => "process_namespace_off",
+            SkipReason::RunsAsRoot => "runs_as_root",
+            SkipReason::UidMismatch => "uid_mismatch",
         }
     }
 }
@@ -74,11 +86,23 @@ pub struct Injection {
     pub warnings: Vec<String>,
 }
 
+/// A Pod of a labelled namespace admitted as it is, without supervision ([`shape`]): the
+/// patch adds only the annotation [`NOT_SUPERVISED_ANNOTATION`] with `message`, which is also
+/// the admission warning.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NotSupervised {
+    pub reason: SkipReason,
+    pub message: String,
+    pub patch: JsonPatch,
+}
+
 /// The outcome of [`Injector::mutate_pod`].
 #[derive(Clone, Debug, PartialEq)]
 pub enum Decision {
     Inject(Injection),
     Skip(SkipReason),
+    /// Left unsupervised, and the Pod says why.
+    NotSupervised(NotSupervised),
     /// Refused: the Pod would reach the sidecar's volumes or memory ([`refuse`]).
     Refuse(Refusal),
 }
@@ -510,10 +534,6 @@ impl Injector {
             Some(Value::Object(spec)) => spec,
             _ => return Err(InjectError::MissingSpec),
         };
-        if spec.get("hostNetwork").and_then(Value::as_bool) == Some(true) {
-            return Ok(Decision::Skip(SkipReason::HostNetwork));
-        }
-
         let containers = match spec.get("containers") {
             Some(Value::Array(containers)) => containers,
             Some(Value::Null) | None => return Err(InjectError::MissingContainers),
@@ -533,6 +553,11 @@ impl Injector {
         {
             return Ok(Decision::Skip(SkipReason::AlreadyInjected));
         }
+
+        let fit = match shape::assess(spec, self.config.run_as_user) {
+            Ok(fit) => fit,
+            Err(unsupervised) => return Ok(not_supervised(metadata, annotation_map, unsupervised)),
+        };
 
         // No volume of the Pod has one of our names (refused above): all three are added.
         let new_volumes: Vec<&str> = self.volumes.iter().map(Fragment::json).collect();
@@ -565,6 +590,18 @@ impl Injector {
             },
             // After the workload's containers, so the Pod's default container is unchanged.
             SidecarMode::Container => patch.add_json(format_args!("/spec/containers/-"), sidecar),
+        }
+        if let Some(uid) = fit.sidecar_uid {
+            // The workload's UID, which the sidecar needs to follow it (shape::assess).
+            match mode {
+                SidecarMode::Native => {
+                    patch.add_value(format_args!("/spec/initContainers/0/securityContext/runAsUser"), &uid)
+                }
+                SidecarMode::Container => patch.add_value(
+                    format_args!("/spec/containers/{}/securityContext/runAsUser", containers.len()),
+                    &uid,
+                ),
+            }
         }
 
         // 2. On every workload container: the supervisor route and the socket path (never
@@ -608,7 +645,14 @@ impl Injector {
                     .is_some_and(|path| same_dir(path, SOCKET_DIR))
                 {
                     // Something else at the socket's path: a second mount there is invalid.
-                    return Ok(Decision::Skip(SkipReason::MountConflict));
+                    let message = format!(
+                        "container {name:?} mounts another volume at {SOCKET_DIR}, where the sidecar's socket goes; move it to supervise the Pod"
+                    );
+                    let unsupervised = Unsupervised {
+                        reason: SkipReason::MountConflict,
+                        message,
+                    };
+                    return Ok(not_supervised(metadata, annotation_map, unsupervised));
                 }
             }
             if add_mount {
@@ -673,6 +717,34 @@ impl Injector {
             warnings,
         }))
     }
+}
+
+/// The decision for a Pod the sidecar cannot supervise: only the annotation that says why.
+fn not_supervised(
+    metadata: Option<&Value>,
+    annotations: Option<&Map<String, Value>>,
+    unsupervised: Unsupervised,
+) -> Decision {
+    let Unsupervised { reason, message } = unsupervised;
+    let mut patch = PatchWriter::with_capacity(512);
+    match metadata {
+        Some(Value::Object(_)) => put_key(
+            &mut patch,
+            "/metadata/annotations",
+            annotations,
+            NOT_SUPERVISED_ANNOTATION,
+            &message,
+        ),
+        _ => patch.add_value(
+            format_args!("/metadata"),
+            &json!({ "annotations": { NOT_SUPERVISED_ANNOTATION: message } }),
+        ),
+    }
+    Decision::NotSupervised(NotSupervised {
+        reason,
+        message,
+        patch: patch.finish(),
+    })
 }
 
 fn has_named_in(items: &[Value], name: &str) -> bool {

@@ -367,6 +367,13 @@ pub fn mutate(review: &Value, injector: &Injector) -> Reviewed {
             reviewed.outcome = Outcome::Skipped(reason);
             return reviewed;
         }
+        Ok(Decision::NotSupervised(unsupervised)) => {
+            reviewed.response.patch_type = Some("JSONPatch");
+            reviewed.response.patch = Some(STANDARD.encode(unsupervised.patch.as_bytes()));
+            reviewed.response.warnings = vec![format!("not supervised: {}", unsupervised.message)];
+            reviewed.outcome = Outcome::Skipped(unsupervised.reason);
+            return reviewed;
+        }
         Ok(Decision::Inject(injection)) => {
             reviewed.response.patch_type = Some("JSONPatch");
             reviewed.response.patch = Some(STANDARD.encode(injection.patch.as_bytes()));

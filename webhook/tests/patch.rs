@@ -11,9 +11,9 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 use webhook::inject::refuse::RefuseReason;
 use webhook::inject::{
-    INJECT_LABEL, INJECTED_ANNOTATION, InjectConfig, Injector, SIDECAR_MODE_ANNOTATION, SIDECAR_NAME, SIDECAR_SOCKET,
-    SOCKET_DIR, SOCKET_VOLUME, STATE_DIR, STATE_VOLUME, SUPERVISED_LABEL, SUPERVISION_DIR, SidecarMode, SkipReason,
-    TOKEN_SECRET, TOKEN_VOLUME,
+    INJECT_LABEL, INJECTED_ANNOTATION, InjectConfig, Injector, NOT_SUPERVISED_ANNOTATION, SIDECAR_MODE_ANNOTATION,
+    SIDECAR_NAME, SIDECAR_SOCKET, SOCKET_DIR, SOCKET_VOLUME, STATE_DIR, STATE_VOLUME, SUPERVISED_LABEL,
+    SUPERVISION_DIR, SidecarMode, SkipReason, TOKEN_SECRET, TOKEN_VOLUME,
 };
 use webhook::review::{FailReason, Outcome, mutate, mutate_bytes};
 
@@ -670,17 +670,14 @@ fn the_socket_mount_is_added_once_and_a_foreign_mount_at_its_path_leaves_the_pod
     assert_eq!(record["mounts"], json!(["app"]));
 
     // Another volume mounted at the socket directory (with or without a trailing slash): a
-    // second mount there would make the Pod invalid, so the Pod is left alone.
+    // second mount there would make the Pod invalid, so the Pod is left unsupervised.
     for path in [SOCKET_DIR.to_string(), format!("{SOCKET_DIR}/")] {
         let mut review = fixture("pod-create-with-volumes.json");
         review["request"]["object"]["spec"]["containers"][1]["volumeMounts"]
             .as_array_mut()
             .unwrap()
             .push(json!({ "name": "work", "mountPath": path }));
-        let reviewed = mutate(&review, &injector);
-        assert_eq!(reviewed.outcome, Outcome::Skipped(SkipReason::MountConflict), "{path}");
-        assert!(reviewed.response.allowed);
-        assert_eq!(reviewed.response.patch, None);
+        assert_not_supervised(&review, &injector, SkipReason::MountConflict);
     }
 
     // volumeMounts of the wrong type are an error, not a panic or a blind append.
@@ -845,6 +842,88 @@ fn annotation_keys_with_slash_and_tilde_survive_and_ours_is_escaped() {
     assert_eq!(annotations.len(), 5);
 }
 
+/// Admitted, with one warning, and changed only by the annotation that says why.
+fn assert_not_supervised(review: &Value, injector: &Injector, reason: SkipReason) {
+    let reviewed = mutate(review, injector);
+    let what = review["request"]["object"]["spec"].to_string();
+    assert_eq!(reviewed.outcome, Outcome::Skipped(reason), "{what}");
+    assert!(reviewed.response.allowed);
+    assert_eq!(reviewed.response.warnings.len(), 1, "{what}");
+    let warning = reviewed.response.warnings[0].clone();
+    assert!(warning.starts_with("not supervised: "), "{warning}");
+    let ops = patch_of(&reviewed).unwrap();
+    let object = &review["request"]["object"];
+    let patched = apply(object, &ops).unwrap();
+    let mut expected = object.clone();
+    expected["metadata"]["annotations"][NOT_SUPERVISED_ANNOTATION] =
+        json!(warning.trim_start_matches("not supervised: "));
+    assert_eq!(patched, expected, "only the annotation is added: {what}");
+}
+
+#[test]
+fn pods_the_sidecar_cannot_supervise_are_admitted_unchanged_but_for_the_reason() {
+    let injector = injector();
+    let base = fixture("pod-create-plain.json");
+    let with = |edit: &dyn Fn(&mut Value)| {
+        let mut review = base.clone();
+        edit(&mut review["request"]["object"]["spec"]);
+        review
+    };
+    let cases: [(Value, SkipReason); 5] = [
+        (with(&|spec| spec["hostNetwork"] = json!(true)), SkipReason::HostNetwork),
+        (
+            with(&|spec| spec["shareProcessNamespace"] = json!(false)),
+            SkipReason::ProcessNamespaceOff,
+        ),
+        (
+            with(&|spec| spec["securityContext"] = json!({ "runAsUser": 0 })),
+            SkipReason::RunsAsRoot,
+        ),
+        (
+            with(&|spec| spec["containers"][0]["securityContext"] = json!({ "runAsUser": 0 })),
+            SkipReason::RunsAsRoot,
+        ),
+        (
+            with(&|spec| {
+                let mut second = spec["containers"][0].clone();
+                second["name"] = json!("second");
+                second["securityContext"] = json!({ "runAsUser": 2000 });
+                spec["containers"][0]["securityContext"] = json!({ "runAsUser": 1000 });
+                spec["containers"].as_array_mut().unwrap().push(second);
+            }),
+            SkipReason::UidMismatch,
+        ),
+    ];
+    for (review, reason) in cases {
+        assert_not_supervised(&review, &injector, reason);
+    }
+}
+
+#[test]
+fn the_sidecar_runs_as_the_workloads_own_uid() {
+    let injector = injector();
+    for mode in [SidecarMode::Native, SidecarMode::Container] {
+        let mut review = fixture("pod-create-plain.json");
+        review["request"]["object"]["metadata"]["annotations"] = json!({ SIDECAR_MODE_ANNOTATION: mode.as_str() });
+        review["request"]["object"]["spec"]["containers"][0]["securityContext"] = json!({ "runAsUser": 1000 });
+        let reviewed = mutate(&review, &injector);
+        assert_eq!(reviewed.outcome, Outcome::Injected(mode));
+        let patched = apply(&review["request"]["object"], &patch_of(&reviewed).unwrap()).unwrap();
+        let list = match mode {
+            SidecarMode::Native => "initContainers",
+            SidecarMode::Container => "containers",
+        };
+        let sidecar = patched["spec"][list]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == SIDECAR_NAME)
+            .unwrap();
+        assert_eq!(sidecar["securityContext"]["runAsUser"], 1000, "{mode:?}");
+        assert_eq!(sidecar["securityContext"]["runAsNonRoot"], true);
+    }
+}
+
 #[test]
 fn excluded_pods_are_admitted_untouched() {
     let injector = injector();
@@ -861,9 +940,6 @@ fn excluded_pods_are_admitted_untouched() {
         (with_namespace("kube-node-lease"), SkipReason::SystemNamespace),
         (with_namespace("openshell-supervision"), SkipReason::InstallNamespace),
     ];
-    let mut host_network = base.clone();
-    host_network["request"]["object"]["spec"]["hostNetwork"] = json!(true);
-    cases.push((host_network, SkipReason::HostNetwork));
     let mut opted_out = fixture("pod-create-kubectl-run.json");
     opted_out["request"]["object"]["metadata"]["labels"][INJECT_LABEL] = json!("disabled");
     cases.push((opted_out, SkipReason::OptedOut));
