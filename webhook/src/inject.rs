@@ -33,7 +33,7 @@ pub enum SkipReason {
     InstallNamespace,
     OptedOut,
     HostNetwork,
-    AlreadyInjected,
+    ForgedMarker,
     MountConflict,
     EphemeralContainers,
     ProcessNamespaceOff,
@@ -50,7 +50,7 @@ impl SkipReason {
         SkipReason::InstallNamespace,
         SkipReason::OptedOut,
         SkipReason::HostNetwork,
-        SkipReason::AlreadyInjected,
+        SkipReason::ForgedMarker,
         SkipReason::MountConflict,
         SkipReason::EphemeralContainers,
         SkipReason::ProcessNamespaceOff,
@@ -66,7 +66,7 @@ impl SkipReason {
             SkipReason::InstallNamespace => "install_namespace",
             SkipReason::OptedOut => "opted_out",
             SkipReason::HostNetwork => "host_network",
-            SkipReason::AlreadyInjected => "already_injected",
+            SkipReason::ForgedMarker => "forged_marker",
             SkipReason::MountConflict => "mount_conflict",
             SkipReason::EphemeralContainers => "ephemeral_containers",
             SkipReason::ProcessNamespaceOff => "process_namespace_off",
@@ -546,12 +546,20 @@ impl Injector {
         let annotation_map = object_or_absent(annotations, || "metadata.annotations")?;
         let label_map = object_or_absent(labels, || "metadata.labels")?;
 
-        // Idempotency: a Pod that carries our annotation or our container is done.
+        // A Pod this webhook injected carries the sidecar's volumes and is refused above (a
+        // copy of one must drop them): one that only carries the injection record or a
+        // container of the sidecar's name looks supervised and is not.
         if annotation_map.is_some_and(|m| m.contains_key(INJECTED_ANNOTATION))
             || has_named(spec.get("containers"), SIDECAR_NAME)
             || has_named(spec.get("initContainers"), SIDECAR_NAME)
         {
-            return Ok(Decision::Skip(SkipReason::AlreadyInjected));
+            let unsupervised = Unsupervised {
+                reason: SkipReason::ForgedMarker,
+                message: format!(
+                    "the Pod carries the annotation {INJECTED_ANNOTATION} or a container named {SIDECAR_NAME} without the sidecar the webhook injects; remove the annotation and rename the container to supervise it"
+                ),
+            };
+            return Ok(not_supervised(metadata, annotation_map, unsupervised));
         }
 
         let fit = match shape::assess(spec, self.config.run_as_user) {
