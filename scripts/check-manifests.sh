@@ -387,16 +387,17 @@ def schema_has(schema, json_path):
     return True
 
 
-# The custom resources: CRD name → printer columns it must have, and what the gateway's Role
+# The custom resources: CRD name → the printer columns `kubectl get` shows by default (exactly
+# these, in this order; more only with priority 1, `-o wide`), and what the gateway's Role
 # must grant on them (resource, verb, name or None).
 POOL_CRDS = {
     "supervisorpools.supervision.openshell.ai": (
-        ("Ready", "Coordinator", "Members", "Instances", "Age"),
+        ("Ready", "Degraded", "Coordinator", "Members", "Instances", "Age"),
         (("supervisorpools", "create", None), ("supervisorpools", "patch", "openshell"),
          ("supervisorpools/status", "patch", "openshell")),
     ),
     "supervisorpooloperations.supervision.openshell.ai": (
-        ("Kind", "Member", "Phase", "Moves", "Age"),
+        ("Kind", "Member", "Phase", "Succeeded", "Moves", "Age"),
         (("supervisorpooloperations", "watch", "x"), ("supervisorpooloperations", "patch", "x"),
          ("supervisorpooloperations/status", "patch", "x")),
     ),
@@ -428,6 +429,10 @@ def check_pool_crd(target, kinds):
             for name in wanted_columns:
                 if name not in columns:
                     err(target, crd, f"{version['name']}: no printer column {name}")
+            default = tuple(c["name"] for c in version.get("additionalPrinterColumns") or []
+                            if not c.get("priority"))
+            if default != tuple(wanted_columns):
+                err(target, crd, f"{version['name']}: default printer columns {default}, want {wanted_columns}")
             for column in columns.values():
                 path = column["jsonPath"]
                 if not path.startswith(".metadata.") and not schema_has(schema, path):

@@ -10,7 +10,9 @@
 //! - A dry run plans over the view (`operations::preview`): the moves and refusals in the
 //!   status (`Planned`), nothing recorded; planned once per generation.
 //! - The status follows the durable operation: phase, moves done/total, message, conditions
-//!   `Accepted` and `Complete`; a spec changed after the start is refused in the status, the
+//!   `Accepted`, `Complete` (it ended, however) and `Succeeded` (how: `True` only for phase
+//!   `Succeeded`, so `kubectl wait --for=condition=Succeeded` fails on a failed, cancelled or
+//!   dry-run operation instead of passing); a spec changed after the start is refused in the status, the
 //!   operation runs as started.
 //! - Deleting the object cancels the operation: the finalizer goes once the cancellation is
 //!   recorded (or the operation had already ended). A succeeded drain is cancelled too, which
@@ -20,7 +22,7 @@ use proto::pool::v1::{OperationKind as RequestKind, StartSupervisorPoolOperation
 use proto::{DEFAULT_MAX_PARALLEL, MAX_MAX_PARALLEL};
 
 use super::pool_operation::{FINALIZER, MAX_LISTED_MOVES, OperationObject, OperationStatus, PlannedMove, RefusedMove};
-use super::pool_status::{Condition, condition, moves_total, stamp};
+use super::pool_status::{Condition, condition, moves_total, stamp, unknown};
 use crate::operations;
 use crate::operator;
 use crate::pool::View;
@@ -35,9 +37,14 @@ pub const CANCELLED: &str = "Cancelled";
 /// A dry run's phase: planned, nothing recorded.
 pub const PLANNED: &str = "Planned";
 
-/// Condition types: the spec was taken (or why not), and the operation has ended.
+/// Condition types: the spec was taken (or why not), the operation has ended (in any phase),
+/// and whether it did what it was asked: `True` (reason `Succeeded`) only in phase
+/// `Succeeded`; `False` once it ended otherwise, with the phase as reason (`Failed`,
+/// `Cancelled`, or `Planned` for a dry run, which plans and does nothing); `Unknown` (reason
+/// `Pending` or `Running`) while it has not ended.
 pub const ACCEPTED: &str = "Accepted";
 pub const COMPLETE: &str = "Complete";
+pub const SUCCEEDED_CONDITION: &str = "Succeeded";
 
 /// Event reasons on the object.
 pub const REASON_STARTED: &str = "Started";
@@ -231,7 +238,32 @@ fn validate(o: &OperationObject, view: &View, namespace: &str) -> Result<Operati
     }
 }
 
-/// A status with the `Accepted` and `Complete` conditions for `phase`.
+/// The `Succeeded` condition for `phase`: `True` only for `Succeeded`, `False` for another
+/// final phase (the phase is the reason), `Unknown` while the operation has not ended.
+fn succeeded(phase: &str) -> Condition {
+    match phase {
+        SUCCEEDED => condition(SUCCEEDED_CONDITION, true, SUCCEEDED, "the operation succeeded".into()),
+        PLANNED => condition(
+            SUCCEEDED_CONDITION,
+            false,
+            PLANNED,
+            "a dry run only plans: nothing was moved".into(),
+        ),
+        _ if is_final(phase) => condition(
+            SUCCEEDED_CONDITION,
+            false,
+            phase,
+            format!("the operation ended {}", phase.to_ascii_lowercase()),
+        ),
+        _ => unknown(
+            SUCCEEDED_CONDITION,
+            phase,
+            format!("the operation is {} and has not ended", phase.to_ascii_lowercase()),
+        ),
+    }
+}
+
+/// A status with the `Accepted`, `Complete` and `Succeeded` conditions for `phase`.
 fn status(o: &OperationObject, phase: &str, message: String, accepted: (bool, &str, String)) -> OperationStatus {
     let (taken, reason, why) = accepted;
     let complete = is_final(phase);
@@ -248,6 +280,7 @@ fn status(o: &OperationObject, phase: &str, message: String, accepted: (bool, &s
                 phase,
                 format!("the operation is {}", phase.to_ascii_lowercase()),
             ),
+            succeeded(phase),
         ],
         ..OperationStatus::default()
     }

@@ -335,3 +335,147 @@ fn a_spec_changed_after_the_start_is_refused_and_the_operation_runs_as_started()
     let accepted = condition_of(&status, ACCEPTED).map(|c| (c.status.as_str(), c.reason.as_str()));
     assert_eq!(accepted, Some(("False", "SpecChanged")));
 }
+
+/// `(status, reason)` of condition `type_`.
+fn state_of<'s>(status: &'s OperationStatus, type_: &str) -> Option<(&'s str, &'s str)> {
+    condition_of(status, type_).map(|c| (c.status.as_str(), c.reason.as_str()))
+}
+
+#[test]
+fn succeeded_says_how_the_operation_ended_and_complete_only_that_it_did() {
+    let object = after(&drain("a"), &run(&[drain("a")], &view()));
+    let pending = object.status.clone().unwrap_or_default();
+    assert_eq!(state_of(&pending, SUCCEEDED_CONDITION), Some(("Unknown", PENDING)));
+    assert_eq!(state_of(&pending, COMPLETE), Some(("False", PENDING)));
+
+    let cases = [
+        (OperationPhase::Running, ("Unknown", RUNNING), "False"),
+        (OperationPhase::Succeeded, ("True", SUCCEEDED), "True"),
+        (OperationPhase::Failed, ("False", FAILED), "True"),
+        (OperationPhase::Cancelled, ("False", CANCELLED), "True"),
+    ];
+    for (phase, succeeded, complete) in cases {
+        let mut v = view();
+        v.operations.push(recorded(&object, phase));
+        let status = status_in(&run(std::slice::from_ref(&object), &v));
+        assert_eq!(state_of(&status, SUCCEEDED_CONDITION), Some(succeeded), "{phase:?}");
+        assert_eq!(
+            condition_of(&status, COMPLETE).map(|c| c.status.as_str()),
+            Some(complete),
+            "{phase:?}"
+        );
+    }
+
+    // Refused: failed, not succeeded. Waiting for its member: not decided.
+    let invalid = OperationObject {
+        spec: Spec {
+            kind: "Evict".into(),
+            ..Spec::default()
+        },
+        ..drain("a")
+    };
+    let refused = status_in(&run(&[invalid], &view()));
+    assert_eq!(state_of(&refused, SUCCEEDED_CONDITION), Some(("False", FAILED)));
+    let waiting = status_in(&run(&[drain("c")], &view()));
+    assert_eq!(state_of(&waiting, SUCCEEDED_CONDITION), Some(("Unknown", PENDING)));
+
+    // A dry run ends planned: complete, and not succeeded (nothing was done).
+    let mut plan = drain("a");
+    plan.spec.dry_run = true;
+    let planned = status_in(&run(&[plan], &view()));
+    assert_eq!(state_of(&planned, SUCCEEDED_CONDITION), Some(("False", PLANNED)));
+    assert_eq!(state_of(&planned, COMPLETE), Some(("True", PLANNED)));
+}
+
+/// Whether the coordinator refuses `spec` as invalid (not: waiting for its member).
+fn invalid(spec: Spec) -> bool {
+    let status = status_in(&run(&[OperationObject { spec, ..drain("a") }], &view()));
+    condition_of(&status, ACCEPTED).is_some_and(|c| c.reason == "InvalidSpec")
+}
+
+#[test]
+fn the_operation_crd_refuses_at_apply_what_the_coordinator_refuses() {
+    use crate::kubernetes::pool_status::tests::{enum_of, schema_at, unenforced_bounds};
+    use proto::timing::MAX_OPERATION_TIMEOUT;
+    const CRD: &str = include_str!("../../../manifests/supervisorpooloperation-crd.yaml");
+    let unenforced = unenforced_bounds(CRD);
+    assert!(unenforced.is_empty(), "stated, not enforced: {unenforced:?}");
+    let field = |name| schema_at(CRD, &["spec", name]);
+    let bounds = |name| {
+        let node = field(name);
+        (node["minimum"].as_i64(), node["maximum"].as_i64())
+    };
+    let drain = |member: &str| Spec {
+        kind: "Drain".into(),
+        member: member.into(),
+        ..Spec::default()
+    };
+
+    // The numbers: the coordinator takes exactly the CRD's range.
+    let max_timeout = i64::try_from(MAX_OPERATION_TIMEOUT.as_secs()).unwrap_or(i64::MAX);
+    assert_eq!(bounds("maxParallel"), (Some(1), Some(i64::from(MAX_MAX_PARALLEL))));
+    assert_eq!(bounds("timeoutSeconds"), (Some(1), Some(max_timeout)));
+    for (name, set) in [
+        (
+            "maxParallel",
+            (|s: &mut Spec, n| s.max_parallel = Some(n)) as fn(&mut Spec, i64),
+        ),
+        ("timeoutSeconds", |s: &mut Spec, n| s.timeout_seconds = Some(n)),
+    ] {
+        let (Some(low), Some(high)) = bounds(name) else {
+            unreachable!()
+        };
+        for (n, refused) in [(low - 1, true), (low, false), (high, false), (high + 1, true)] {
+            let mut spec = drain("a");
+            set(&mut spec, n);
+            assert_eq!(invalid(spec), refused, "{name} {n}");
+        }
+    }
+
+    // The kinds: each the CRD allows is one the coordinator takes; another is refused.
+    let kinds = enum_of(&field("kind"));
+    assert_eq!(kinds, ["Drain", "Rebalance"]);
+    for kind in &kinds {
+        let member = if kind == "Drain" { "a" } else { "" };
+        assert!(
+            !invalid(Spec {
+                kind: kind.clone(),
+                ..drain(member)
+            }),
+            "{kind}"
+        );
+    }
+    assert!(invalid(Spec {
+        kind: "Evict".into(),
+        ..drain("a")
+    }));
+
+    // The member: a name as long as the CRD allows waits for its member, a longer one is
+    // refused; the rules that a drain names its member and a rebalance none are the
+    // coordinator's too.
+    let longest = field("member")["maxLength"].as_u64().unwrap_or_default();
+    let name = |n: u64| "m".repeat(usize::try_from(n).unwrap_or_default());
+    assert!(!invalid(drain(&name(longest))) && invalid(drain(&name(longest + 1))));
+    let rules = schema_at(CRD, &["spec"])["x-kubernetes-validations"].clone();
+    let messages: Vec<&str> = rules
+        .as_sequence()
+        .map(|rules| rules.iter().filter_map(|r| r["message"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        messages,
+        ["a drain names the member to drain", "a rebalance takes no member"]
+    );
+    assert!(invalid(drain("")));
+    assert!(invalid(Spec {
+        kind: "Rebalance".into(),
+        ..drain("a")
+    }));
+
+    // The phases the status can have are the CRD's.
+    let phases = enum_of(&schema_at(CRD, &["status", "phase"]));
+    assert_eq!(phases, [PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED, PLANNED]);
+    assert_eq!(
+        schema_at(CRD, &["status", "planned"])["maxItems"].as_u64(),
+        u64::try_from(MAX_LISTED_MOVES).ok()
+    );
+}

@@ -54,7 +54,7 @@ pub struct PoolStatus {
 pub struct Condition {
     #[serde(rename = "type")]
     pub type_: String,
-    /// `True` or `False`.
+    /// `True`, `False` or `Unknown`.
     pub status: String,
     pub reason: String,
     pub message: String,
@@ -208,6 +208,14 @@ pub fn condition(type_: &str, status: bool, reason: &str, message: String) -> Co
         reason: reason.to_owned(),
         message,
         last_transition_time: String::new(),
+    }
+}
+
+/// A condition whose status is `Unknown` (not decided yet).
+pub fn unknown(type_: &str, reason: &str, message: String) -> Condition {
+    Condition {
+        status: "Unknown".to_owned(),
+        ..condition(type_, false, reason, message)
     }
 }
 

@@ -325,3 +325,119 @@ fn failed_instances_degrade_the_pool() {
     );
     assert_eq!(state(&status, DEGRADED), ("True".into(), "InstancesNotActive".into()));
 }
+
+/// The `openAPIV3Schema` of the CRD text `crd` at `path`: property names, `[]` for an array's
+/// items.
+pub(crate) fn schema_at(crd: &str, path: &[&str]) -> serde_yaml_ng::Value {
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(crd).unwrap_or_else(|err| panic!("the CRD parses: {err}"));
+    let mut node = &doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+    for part in path {
+        node = if *part == "[]" {
+            &node["items"]
+        } else {
+            &node["properties"][*part]
+        };
+        assert!(!node.is_null(), "no {path:?} in the CRD schema");
+    }
+    node.clone()
+}
+
+/// A schema node's `enum`, as strings.
+pub(crate) fn enum_of(node: &serde_yaml_ng::Value) -> Vec<String> {
+    node["enum"]
+        .as_sequence()
+        .map(|values| values.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+        .unwrap_or_default()
+}
+
+/// The bounds the descriptions of the CRD text `crd` state ("1 to 8", "at most 256") that
+/// their schema node does not enforce (`minimum`/`maximum`, or `maxItems`/`maxLength` for "at
+/// most"): what `kubectl apply` would let through although the text says otherwise.
+pub(crate) fn unenforced_bounds(crd: &str) -> Vec<String> {
+    fn numbers_around(text: &str, word: &str) -> Vec<(Option<i64>, i64)> {
+        let number = |s: &str| s.parse::<i64>().ok();
+        let mut found = Vec::new();
+        for (i, _) in text.match_indices(word) {
+            let before = text[..i].rsplit(|c: char| !c.is_ascii_digit()).next().and_then(number);
+            let after = text[i + word.len()..]
+                .split(|c: char| !c.is_ascii_digit())
+                .next()
+                .and_then(number);
+            if let Some(after) = after {
+                found.push((before, after));
+            }
+        }
+        found
+    }
+    fn walk(node: &serde_yaml_ng::Value, at: &str, out: &mut Vec<String>) {
+        let Some(map) = node.as_mapping() else { return };
+        if let Some(text) = node["description"].as_str() {
+            let int = |key: &str| node[key].as_i64();
+            for (low, high) in numbers_around(text, " to ") {
+                if let Some(low) = low
+                    && (int("minimum"), int("maximum")) != (Some(low), Some(high))
+                {
+                    out.push(format!("{at}: says {low} to {high}"));
+                }
+            }
+            for (_, most) in numbers_around(text, "at most ") {
+                if ![int("maximum"), int("maxItems"), int("maxLength")].contains(&Some(most)) {
+                    out.push(format!("{at}: says at most {most}"));
+                }
+            }
+        }
+        for (key, inner) in map {
+            walk(inner, &format!("{at}.{}", key.as_str().unwrap_or("?")), out);
+        }
+    }
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(crd).unwrap_or_else(|err| panic!("the CRD parses: {err}"));
+    let mut out = Vec::new();
+    walk(&doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"], "", &mut out);
+    out
+}
+
+#[test]
+fn the_pool_crd_enforces_what_its_text_states_and_declares_what_is_written() {
+    const CRD: &str = include_str!("../../../manifests/supervisorpool-crd.yaml");
+    let unenforced = unenforced_bounds(CRD);
+    assert!(unenforced.is_empty(), "stated, not enforced: {unenforced:?}");
+    let operation = |field| schema_at(CRD, &["status", "operations", "[]", field]);
+    assert_eq!(
+        operation("maxParallel")["maximum"].as_i64(),
+        Some(i64::from(proto::MAX_MAX_PARALLEL))
+    );
+    assert_eq!(
+        enum_of(&operation("kind")),
+        [OperationKind::Drain, OperationKind::Rebalance].map(|k| k.as_str().to_owned())
+    );
+    // Every phase an operation can be in: the ones listed are in the enum, and the enum has
+    // no phase never listed.
+    let mut listed = std::collections::BTreeSet::new();
+    for phase in [
+        OperationPhase::Pending,
+        OperationPhase::Running,
+        OperationPhase::Succeeded,
+        OperationPhase::Failed,
+        OperationPhase::Cancelled,
+    ] {
+        let mut v = view();
+        v.operations.push(Operation {
+            phase,
+            ..running(OperationKind::Drain, "a")
+        });
+        listed.extend(
+            desired(&v, Some(&lease()), None)
+                .operations
+                .into_iter()
+                .map(|o| o.phase),
+        );
+    }
+    let declared: std::collections::BTreeSet<String> = enum_of(&operation("phase")).into_iter().collect();
+    assert_eq!(listed, declared);
+    // Every member state the status can name is in the enum.
+    let states = enum_of(&schema_at(CRD, &["status", "members", "[]", "state"]));
+    for state in (0..16).filter_map(|n| MemberState::try_from(n).ok()) {
+        let name = state_name(state.as_str_name(), "MEMBER_STATE_");
+        assert!(states.contains(&name), "member state {name} not in {states:?}");
+    }
+}
