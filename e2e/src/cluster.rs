@@ -1,6 +1,7 @@
 //! A real cluster through `kubectl` (for the cluster test, which runs only where `KUBECONFIG`
 //! is set): bounded calls, JSON output, and waiting on conditions.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -35,6 +36,30 @@ pub enum Error {
 /// `Ok` when `holds`, otherwise a failed check saying `what`.
 pub fn check(holds: bool, what: impl FnOnce() -> String) -> Result<(), Error> {
     if holds { Ok(()) } else { Err(Error::Check(what())) }
+}
+
+/// The row of `kubectl get` output `table` whose first column is `name`, by column header
+/// (values without spaces, as the printer columns of the pool's resources are).
+pub fn table_row(table: &str, name: &str) -> Option<BTreeMap<String, String>> {
+    let mut lines = table.lines();
+    let headers: Vec<&str> = lines.next()?.split_whitespace().collect();
+    let row = lines.find(|l| l.split_whitespace().next() == Some(name))?;
+    Some(
+        headers
+            .into_iter()
+            .zip(row.split_whitespace())
+            .map(|(h, v)| (h.to_owned(), v.to_owned()))
+            .collect(),
+    )
+}
+
+/// `(status, reason)` of the condition `type_` in a custom resource's `status`.
+pub fn condition_of(status: &Value, type_: &str) -> Option<(String, String)> {
+    let found = status["conditions"].as_array()?.iter().find(|c| c["type"] == type_)?;
+    Some((
+        found["status"].as_str()?.to_owned(),
+        found["reason"].as_str()?.to_owned(),
+    ))
 }
 
 /// The bound on one call: [`CALL_TIMEOUT`], or half a minute more than the call's own
@@ -318,5 +343,24 @@ mod tests {
             CALL_TIMEOUT,
             "minutes are not parsed"
         );
+    }
+
+    #[test]
+    fn a_table_row_is_read_by_header_and_a_condition_by_type() {
+        let table = "NAME          KIND    MEMBER   PHASE       SUCCEEDED   MOVES   AGE\n\
+                     drain-other   Drain   b        Running     Unknown     0/0     3s\n\
+                     drain-a       Drain   a        Succeeded   True        2/2     20s\n";
+        let row = table_row(table, "drain-a").unwrap_or_default();
+        assert_eq!((row["SUCCEEDED"].as_str(), row["MOVES"].as_str()), ("True", "2/2"));
+        assert!(table_row(table, "drain").is_none());
+        let status = serde_json::json!({ "conditions": [
+            { "type": "Complete", "status": "True", "reason": "Failed" },
+            { "type": "Succeeded", "status": "False", "reason": "Failed" },
+        ]});
+        assert_eq!(
+            condition_of(&status, "Succeeded"),
+            Some(("False".to_owned(), "Failed".to_owned()))
+        );
+        assert_eq!(condition_of(&status, "Ready"), None);
     }
 }

@@ -27,7 +27,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use e2e::agent_log;
-use e2e::cluster::{Error, Kubectl, Pool, Status, check, dump_logs, events, poll, wait_for};
+use e2e::cluster::{Error, Kubectl, Pool, Status, check, condition_of, dump_logs, events, poll, table_row, wait_for};
 use serde_json::Value;
 
 const SECRET: &str = "openshell-supervision-token";
@@ -402,12 +402,19 @@ impl Flow {
                 "--timeout=60s",
             ])
             .await?;
-        wait_for("kubectl get supervisorpool: ready, two members", MINUTE, || async {
-            let table = kubectl.run(&["get", "supervisorpool", "-n", install]).await.ok()?;
-            let row = table.lines().find(|l| l.starts_with("openshell "))?.to_owned();
-            let columns: Vec<&str> = row.split_whitespace().collect();
-            (columns.get(1) == Some(&"True") && columns.get(3) == Some(&"2/2")).then_some(())
-        })
+        wait_for(
+            "kubectl get supervisorpool: ready, not degraded, two members",
+            MINUTE,
+            || async {
+                let table = kubectl.run(&["get", "supervisorpool", "-n", install]).await.ok()?;
+                let row = table_row(&table, "openshell")?;
+                let column = |name: &str| row.get(name).map(String::as_str);
+                (column("READY") == Some("True")
+                    && column("DEGRADED") == Some("False")
+                    && column("MEMBERS") == Some("2/2"))
+                .then_some(())
+            },
+        )
         .await
     }
 
@@ -986,6 +993,12 @@ impl Flow {
             .apply(&pool_operation(&self.install, "plan-drain", &member, true))
             .await?;
         let planned = self.pool_operation_status("plan-drain", "Planned").await?;
+        // Ended, and not succeeded: a dry run did nothing.
+        check(
+            condition_of(&planned, "Complete").is_some_and(|(s, _)| s == "True")
+                && condition_of(&planned, "Succeeded") == Some(("False".into(), "Planned".into())),
+            || format!("a dry run is Complete=True, Succeeded=False (Planned): {planned}"),
+        )?;
         let moves = planned["planned"].as_array().cloned().unwrap_or_default();
         let routes: BTreeSet<String> = moves
             .iter()
@@ -1012,11 +1025,30 @@ impl Flow {
             .run(&["delete", "spoolop", "plan-drain", "-n", &self.install, "--timeout=60s"])
             .await?;
 
-        // The drain, applied.
+        // Specs no coordinator would take are refused by `kubectl apply` itself (the CRD's
+        // schema), and nothing is created.
+        self.refused_at_apply(&member).await?;
+
+        // The drain, applied; `kubectl wait --for=condition=Succeeded`, as the docs say.
         self.kubectl
             .apply(&pool_operation(&self.install, "drain-member", &member, false))
             .await?;
+        self.kubectl
+            .run(&[
+                "wait",
+                "--for=condition=Succeeded",
+                "spoolop/drain-member",
+                "-n",
+                &self.install,
+                "--timeout=120s",
+            ])
+            .await?;
         let done = self.pool_operation_status("drain-member", "Succeeded").await?;
+        check(
+            condition_of(&done, "Succeeded") == Some(("True".into(), "Succeeded".into()))
+                && condition_of(&done, "Complete").is_some_and(|(s, _)| s == "True"),
+            || format!("a succeeded drain is Succeeded=True, Complete=True: {done}"),
+        )?;
         let seconds = base.t0.elapsed().as_secs_f64();
         let after = self.pool.status().await?;
         check(owned(&after, &member).is_empty(), || {
@@ -1042,6 +1074,12 @@ impl Flow {
         }
         let listed = self.kubectl.run(&["get", "spoolop", "-n", &self.install]).await?;
         eprintln!("{listed}");
+        let row = table_row(&listed, "drain-member").unwrap_or_default();
+        check(
+            row.get("PHASE").map(String::as_str) == Some("Succeeded")
+                && row.get("SUCCEEDED").map(String::as_str) == Some("True"),
+            || format!("kubectl get spoolop shows drain-member Succeeded, SUCCEEDED True: {listed}"),
+        )?;
         self.all_settled(&base.names, MINUTE).await?;
         self.survived("SupervisorPoolOperation drain applied (max-parallel 2)", seconds, &base)
             .await?;
@@ -1057,6 +1095,11 @@ impl Flow {
             .apply(&pool_operation(&self.install, "drain-other", &other, false))
             .await?;
         let running = self.pool_operation_status("drain-other", "Running").await?;
+        check(
+            condition_of(&running, "Succeeded") == Some(("Unknown".into(), "Running".into()))
+                && condition_of(&running, "Complete").is_some_and(|(s, _)| s == "False"),
+            || format!("a running drain is Succeeded=Unknown (Running), Complete=False: {running}"),
+        )?;
         let id = running["operationId"].as_str().unwrap_or_default().to_owned();
         let object = self
             .kubectl
@@ -1097,6 +1140,64 @@ impl Flow {
             ])
             .await?;
         self.member_active(&member, MINUTE).await
+    }
+
+    /// `kubectl apply` refuses a `SupervisorPoolOperation` the coordinator would refuse
+    /// whatever the pool — maxParallel above 8, timeoutSeconds above 86400, an unknown kind, a
+    /// rebalance naming a member, a drain naming none — with the field or rule in its error,
+    /// and no object is left.
+    async fn refused_at_apply(&self, member: &str) -> Result<(), Error> {
+        let cases = [
+            (
+                serde_json::json!({ "kind": "Drain", "member": member, "maxParallel": 9 }),
+                "maxParallel",
+            ),
+            (
+                serde_json::json!({ "kind": "Drain", "member": member, "timeoutSeconds": 86_401 }),
+                "timeoutSeconds",
+            ),
+            (serde_json::json!({ "kind": "Evict", "member": member }), "spec.kind"),
+            (
+                serde_json::json!({ "kind": "Rebalance", "member": member }),
+                "a rebalance takes no member",
+            ),
+            (
+                serde_json::json!({ "kind": "Drain" }),
+                "a drain names the member to drain",
+            ),
+        ];
+        for (spec, field) in cases {
+            let object = serde_json::json!({
+                "apiVersion": "supervision.openshell.ai/v1alpha1",
+                "kind": "SupervisorPoolOperation",
+                "metadata": { "name": "refused", "namespace": self.install },
+                "spec": spec,
+            });
+            match self.kubectl.apply(&object.to_string()).await {
+                Err(Error::Failed { stderr, .. }) if stderr.contains(field) => {}
+                other => {
+                    return Err(Error::Check(format!(
+                        "kubectl apply of {spec} is refused naming {field}: {other:?}"
+                    )));
+                }
+            }
+        }
+        let left = self
+            .kubectl
+            .run(&[
+                "get",
+                "spoolop",
+                "refused",
+                "-n",
+                &self.install,
+                "--ignore-not-found",
+                "-o",
+                "name",
+            ])
+            .await?;
+        check(left.trim().is_empty(), || {
+            format!("a refused spec leaves no object: {left}")
+        })
     }
 
     /// The status of the `SupervisorPoolOperation` `name` once its phase is `phase`.

@@ -5,7 +5,9 @@
 
 use gateway::kubernetes::Shared;
 use gateway::kubernetes::cluster::Call;
-use gateway::kubernetes::operation_reconcile::{CANCELLED, REASON_STARTED, SUCCEEDED};
+use gateway::kubernetes::operation_reconcile::{
+    CANCELLED, COMPLETE, REASON_STARTED, SUCCEEDED, SUCCEEDED_CONDITION, condition_of,
+};
 use gateway::kubernetes::plan::SUPERVISOR_SECRET;
 use gateway::kubernetes::pool_operation::{FINALIZER, OperationObject, OperationStatus, Spec};
 use gateway::kubernetes::{Recording, Scope};
@@ -107,6 +109,9 @@ pub async fn a_declared_drain_runs_once_and_deleting_its_object_cancels_it(db: &
     assert_eq!(done.operation_id, UID);
     assert_eq!((done.moves.as_str(), done.observed_generation), ("0/0", 1));
     assert_eq!(events(&seen), [REASON_STARTED, SUCCEEDED]);
+    let state = |type_| condition_of(&done, type_).map(|c| (c.status.as_str(), c.reason.as_str()));
+    assert_eq!(state(SUCCEEDED_CONDITION), Some(("True", SUCCEEDED)));
+    assert_eq!(state(COMPLETE), Some(("True", SUCCEEDED)));
     let requested_by = format!("SupervisorPoolOperation {INSTALL}/drain-0");
     let recorded = |db: &TestDb| {
         let store = db.store.clone();
