@@ -4,7 +4,8 @@
 # OpenAPI schemas (PyPI package kubernetes-validate, strict mode, Kubernetes 1.28 and 1.37),
 # and check the install's own rules (restricted Pods, probes on declared ports, webhook
 # registration, RBAC without wildcards and with secrets restricted by name, the SupervisorPool
-# CRD (namespaced, status subresource, printer columns on declared fields, the gateway may apply
+# and SupervisorPoolOperation CRDs (namespaced, status subresource, the default printer columns
+# exactly as listed in POOL_CRDS, every printer column on a declared field, the gateway may apply
 # it), every gRPC URL
 # https://, every TLS file variable pointing into the component's mounted TLS Secret, those
 # Secrets written by kustomize/pool-certs.sh and — where the cert-manager component is used —
