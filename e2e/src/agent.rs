@@ -20,12 +20,26 @@ pub struct Args {
     /// Counting period (ms).
     #[arg(long, default_value_t = 50)]
     interval_ms: u64,
+    /// Exit 0 after this many seconds (a Job's workload); without it, run until killed.
+    #[arg(long)]
+    for_seconds: Option<u64>,
 }
 
-/// Counts and reports through the sidecar's socket until killed; reconnects whenever the
-/// socket goes away.
+/// Counts and reports through the sidecar's socket until killed (or for `--for-seconds`);
+/// reconnects whenever the socket goes away.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     println!("agent pid={} socket={}", std::process::id(), args.socket.display());
+    match args.for_seconds {
+        Some(seconds) => {
+            let _ = tokio::time::timeout(Duration::from_secs(seconds), count(&args)).await;
+            println!("agent finished after {seconds} s");
+        }
+        None => count(&args).await,
+    }
+    Ok(())
+}
+
+async fn count(args: &Args) {
     let counter = Arc::new(AtomicU64::new(0));
     let period = Duration::from_millis(args.interval_ms);
     let counting = counter.clone();

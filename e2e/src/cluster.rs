@@ -77,6 +77,16 @@ pub struct Kubectl;
 impl Kubectl {
     /// Run `kubectl args…` (with `stdin` piped in when given) and return its stdout.
     pub async fn run_with(&self, args: &[&str], stdin: Option<&str>) -> Result<String, Error> {
+        self.output(args, stdin).await.map(|(stdout, _)| stdout)
+    }
+
+    /// `kubectl apply -f -` of `manifest`: its stdout and stderr (where kubectl prints the
+    /// admission warnings).
+    pub async fn apply_warned(&self, manifest: &str) -> Result<(String, String), Error> {
+        self.output(&["apply", "-f", "-"], Some(manifest)).await
+    }
+
+    async fn output(&self, args: &[&str], stdin: Option<&str>) -> Result<(String, String), Error> {
         let mut child = Command::new("kubectl")
             .args(args)
             .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
@@ -97,7 +107,10 @@ impl Kubectl {
                 stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
             });
         }
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        Ok((
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        ))
     }
 
     pub async fn run(&self, args: &[&str]) -> Result<String, Error> {

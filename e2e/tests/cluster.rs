@@ -2,7 +2,9 @@
 //! `kubectl apply -k`, certificates with `kustomize/pool-certs.sh`, label a namespace, run
 //! counting agents (a Deployment and a StatefulSet) that get injected and supervised, show
 //! that a Pod of another namespace cannot act for them, then
-//! show that no workload container reaches its sidecar's token, fence or memory, then
+//! show that no workload container reaches its sidecar's token, fence or memory, that a root
+//! Pod is admitted unsupervised with a warning and a Job's instance leaves the pool when it
+//! finishes, then
 //! take the pool through failures and maintenance — a supervisor Pod force-deleted, a member
 //! process SIGKILLed on the node, the coordinator's Pod deleted, a drain with `poolctl` (while
 //! the drained member's credential tries to take the grants reserved for the other), a
@@ -218,6 +220,47 @@ spec:
     )
 }
 
+/// A Job whose agent counts through its sidecar for `seconds`, then exits 0.
+fn finite_job(namespace: &str, image: &str, seconds: u64) -> String {
+    let container = agent_container(image).replace(
+        r#""--interval-ms", "100"]"#,
+        &format!(r#""--interval-ms", "100", "--for-seconds", "{seconds}"]"#),
+    );
+    format!(
+        r#"apiVersion: batch/v1
+kind: Job
+metadata:
+  name: finite
+  namespace: {namespace}
+spec:
+  backoffLimit: 0
+  template:
+    spec:
+      restartPolicy: Never
+{container}"#
+    )
+}
+
+/// A Pod whose container runs as root (it never finds a socket and keeps trying).
+fn root_pod(namespace: &str, image: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: as-root
+  namespace: {namespace}
+spec:
+  securityContext:
+    runAsUser: 0
+  containers:
+    - name: app
+      image: {image}
+      imagePullPolicy: Never
+      command: ["/usr/local/bin/agent", "--socket", "/nonexistent/socket", "--interval-ms", "1000"]
+"#
+    )
+}
+
 fn lone_pod(namespace: &str, name: &str, image: &str) -> String {
     let container =
         agent_container(image)
@@ -288,6 +331,8 @@ async fn the_user_flow_on_a_real_cluster() {
     flow.step("another namespace's Pod acts for ours", Flow::cross_namespace)
         .await;
     flow.step("a workload reaches for its sidecar", Flow::sidecar_unreachable)
+        .await;
+    flow.step("Pod shapes: a root Pod, a Job that finishes", Flow::pod_shapes)
         .await;
     flow.step("supervisor Pod force-deleted", Flow::supervisor_pod_deleted)
         .await;
@@ -1535,6 +1580,102 @@ impl Flow {
         }
         let seconds = base.t0.elapsed().as_secs_f64();
         self.survived("workload probes its sidecar", seconds, &base).await
+    }
+
+    /// In a labelled namespace of its own: a Pod running as root is admitted unchanged with
+    /// the warning, the label and annotation that say why, runs, gets a NotSupervised Event
+    /// and is counted by the `SupervisorPool` (Degraded, PodsNotSupervised); a Job's agent is
+    /// supervised for real (its PID in the status) until it exits 0, when its instance leaves
+    /// the pool at once with a WorkloadFinished Event, and the pool is AsExpected again once
+    /// the root Pod is gone, with the finished Job Pod still there.
+    async fn pod_shapes(&mut self) -> Result<(), Error> {
+        let ns = format!("{}-shapes", self.namespace);
+        self.kubectl.run(&["create", "namespace", &ns]).await?;
+        self.kubectl.run(&["label", "namespace", &ns, LABEL]).await?;
+        self.secret_present_in(&ns, true).await?;
+
+        let (_, warned) = self.kubectl.apply_warned(&root_pod(&ns, &self.image)).await?;
+        check(
+            warned.contains("Warning: not supervised:") && warned.contains("runs as root"),
+            || format!("kubectl shows the not-supervised warning for a root Pod: {warned:?}"),
+        )?;
+        let kubectl = self.kubectl.clone();
+        let root = wait_for("the root Pod running", 2 * MINUTE, || async {
+            let pod = kubectl.json(&["get", "pod", "as-root", "-n", &ns]).await.ok()?;
+            (pod.pointer("/status/phase") == Some(&Value::from("Running"))).then_some(pod)
+        })
+        .await?;
+        check(
+            root.pointer("/metadata/labels/supervision.openshell.ai~1not-supervised")
+                == Some(&Value::from("runs_as_root"))
+                && root
+                    .pointer("/metadata/annotations/supervision.openshell.ai~1not-supervised")
+                    .and_then(Value::as_str)
+                    .is_some_and(|why| why.contains("runs as root"))
+                && root.pointer("/spec/initContainers").is_none()
+                && root.pointer("/spec/shareProcessNamespace").is_none(),
+            || format!("the root Pod is unchanged but for the label and annotation: {root}"),
+        )?;
+        self.event_in(&ns, "as-root", "NotSupervised").await?;
+        self.pool_degraded("PodsNotSupervised", |status| {
+            status.pointer("/unsupervisedPods/byReason/runs_as_root") == Some(&Value::from(1))
+        })
+        .await?;
+
+        self.kubectl.apply(&finite_job(&ns, &self.image, 30)).await?;
+        let pool = self.pool.clone();
+        let supervised = wait_for("the Job's agent supervised with its PID", MINUTE, || async {
+            let status = pool.status().await.ok()?;
+            let job = status.of(&ns).into_iter().find(|i| i.name.starts_with("finite-"))?;
+            (job.settled() && job.workload_pid != 0).then(|| job.name.clone())
+        })
+        .await?;
+        eprintln!("   {supervised}: supervised; waiting for the Job to finish");
+        wait_for("the Job complete", 2 * MINUTE, || async {
+            let job = kubectl.json(&["get", "job", "finite", "-n", &ns]).await.ok()?;
+            (job.pointer("/status/succeeded") == Some(&Value::from(1))).then_some(())
+        })
+        .await?;
+        self.event_in(&ns, &supervised, "WorkloadFinished").await?;
+        let status = self.pool.status().await?;
+        check(status.of(&ns).is_empty(), || {
+            format!("the finished Job's instance left the pool: {:?}", status.of(&ns))
+        })?;
+
+        self.kubectl
+            .run(&["delete", "pod", "as-root", "-n", &ns, "--grace-period=1", "--wait=true"])
+            .await?;
+        self.pool_degraded("AsExpected", |status| {
+            status.pointer("/unsupervisedPods/total") == Some(&Value::from(0))
+        })
+        .await?;
+        let left = self.kubectl.run(&["get", "pods", "-n", &ns, "-o", "name"]).await?;
+        check(left.trim() == format!("pod/{supervised}"), || {
+            format!("the finished Job Pod is still there: {left}")
+        })?;
+        self.kubectl.run(&["delete", "namespace", &ns, "--wait=false"]).await?;
+        Ok(())
+    }
+
+    /// The `SupervisorPool` status once its `Degraded` reason is `reason` and `also` holds.
+    async fn pool_degraded(&self, reason: &str, also: impl Fn(&Value) -> bool) -> Result<Value, Error> {
+        let kubectl = self.kubectl.clone();
+        let install = self.install.clone();
+        let what = format!("SupervisorPool Degraded {reason}");
+        wait_for(&what, MINUTE, || async {
+            let pool = kubectl
+                .json(&["get", "supervisorpool/openshell", "-n", &install])
+                .await
+                .ok()?;
+            let status = pool.get("status")?.clone();
+            let degraded = status["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "Degraded")?
+                .clone();
+            (degraded["reason"] == reason && also(&status)).then_some(status)
+        })
+        .await
     }
 
     async fn label_and_secret(&mut self) -> Result<(), Error> {

@@ -8,6 +8,12 @@ pub const SUPERVISED_LABEL: &str = "supervision.openshell.ai/supervised";
 /// Value of [`SUPERVISED_LABEL`].
 pub const SUPERVISED_VALUE: &str = "true";
 
+/// Label (and annotation) the webhook puts on a Pod of a labelled namespace it admitted without
+/// supervision: the label's value is the reason code (`runs_as_root`, …), the annotation's the
+/// sentence shown as the admission warning. The gateway follows such Pods by the label, counts
+/// them in the pool status and records a `NotSupervised` Event on each.
+pub const NOT_SUPERVISED_KEY: &str = "supervision.openshell.ai/not-supervised";
+
 /// The trust Secret the gateway keeps in every labelled namespace (keys `trust.jwks` and
 /// `ca.crt`), mounted read-only by the injected sidecars.
 pub const TOKEN_SECRET: &str = "openshell-supervision-token";

@@ -21,8 +21,8 @@ pub mod shape;
 
 pub use config::*;
 use refuse::{ContainerList, ContainerView, PodView, Refusal, VolumeView};
-pub use shape::NOT_SUPERVISED_ANNOTATION;
 use shape::Unsupervised;
+pub use shape::{NOT_SUPERVISED_ANNOTATION, NOT_SUPERVISED_LABEL};
 
 /// Why a Pod was left alone (metric label `reason`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -559,12 +559,12 @@ impl Injector {
                     "the Pod carries the annotation {INJECTED_ANNOTATION} or a container named {SIDECAR_NAME} without the sidecar the webhook injects; remove the annotation and rename the container to supervise it"
                 ),
             };
-            return Ok(not_supervised(metadata, annotation_map, unsupervised));
+            return Ok(not_supervised(metadata, label_map, annotation_map, unsupervised));
         }
 
         let fit = match shape::assess(spec, self.config.run_as_user) {
             Ok(fit) => fit,
-            Err(unsupervised) => return Ok(not_supervised(metadata, annotation_map, unsupervised)),
+            Err(unsupervised) => return Ok(not_supervised(metadata, label_map, annotation_map, unsupervised)),
         };
 
         // No volume of the Pod has one of our names (refused above): all three are added.
@@ -660,7 +660,7 @@ impl Injector {
                         reason: SkipReason::MountConflict,
                         message,
                     };
-                    return Ok(not_supervised(metadata, annotation_map, unsupervised));
+                    return Ok(not_supervised(metadata, label_map, annotation_map, unsupervised));
                 }
             }
             if add_mount {
@@ -727,25 +727,39 @@ impl Injector {
     }
 }
 
-/// The decision for a Pod the sidecar cannot supervise: only the annotation that says why.
+/// The decision for a Pod the sidecar cannot supervise: only the label with the reason code
+/// (the gateway follows such Pods by it) and the annotation that says why.
 fn not_supervised(
     metadata: Option<&Value>,
+    labels: Option<&Map<String, Value>>,
     annotations: Option<&Map<String, Value>>,
     unsupervised: Unsupervised,
 ) -> Decision {
     let Unsupervised { reason, message } = unsupervised;
     let mut patch = PatchWriter::with_capacity(512);
     match metadata {
-        Some(Value::Object(_)) => put_key(
-            &mut patch,
-            "/metadata/annotations",
-            annotations,
-            NOT_SUPERVISED_ANNOTATION,
-            &message,
-        ),
+        Some(Value::Object(_)) => {
+            put_key(
+                &mut patch,
+                "/metadata/labels",
+                labels,
+                NOT_SUPERVISED_LABEL,
+                reason.as_str(),
+            );
+            put_key(
+                &mut patch,
+                "/metadata/annotations",
+                annotations,
+                NOT_SUPERVISED_ANNOTATION,
+                &message,
+            );
+        }
         _ => patch.add_value(
             format_args!("/metadata"),
-            &json!({ "annotations": { NOT_SUPERVISED_ANNOTATION: message } }),
+            &json!({
+                "labels": { NOT_SUPERVISED_LABEL: reason.as_str() },
+                "annotations": { NOT_SUPERVISED_ANNOTATION: message },
+            }),
         ),
     }
     Decision::NotSupervised(NotSupervised {

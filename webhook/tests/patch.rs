@@ -11,9 +11,9 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 use webhook::inject::refuse::RefuseReason;
 use webhook::inject::{
-    INJECT_LABEL, INJECTED_ANNOTATION, InjectConfig, Injector, NOT_SUPERVISED_ANNOTATION, SIDECAR_MODE_ANNOTATION,
-    SIDECAR_NAME, SIDECAR_SOCKET, SOCKET_DIR, SOCKET_VOLUME, STATE_DIR, STATE_VOLUME, SUPERVISED_LABEL,
-    SUPERVISION_DIR, SidecarMode, SkipReason, TOKEN_SECRET, TOKEN_VOLUME,
+    INJECT_LABEL, INJECTED_ANNOTATION, InjectConfig, Injector, NOT_SUPERVISED_ANNOTATION, NOT_SUPERVISED_LABEL,
+    SIDECAR_MODE_ANNOTATION, SIDECAR_NAME, SIDECAR_SOCKET, SOCKET_DIR, SOCKET_VOLUME, STATE_DIR, STATE_VOLUME,
+    SUPERVISED_LABEL, SUPERVISION_DIR, SidecarMode, SkipReason, TOKEN_SECRET, TOKEN_VOLUME,
 };
 use webhook::review::{FailReason, Outcome, mutate, mutate_bytes};
 
@@ -838,7 +838,8 @@ fn annotation_keys_with_slash_and_tilde_survive_and_ours_is_escaped() {
     assert_eq!(annotations.len(), 5);
 }
 
-/// Admitted, with one warning, and changed only by the annotation that says why.
+/// Admitted, with one warning, and changed only by the label with the reason code and the
+/// annotation that says why.
 fn assert_not_supervised(review: &Value, injector: &Injector, reason: SkipReason) {
     let reviewed = mutate(review, injector);
     let what = review["request"]["object"]["spec"].to_string();
@@ -853,7 +854,8 @@ fn assert_not_supervised(review: &Value, injector: &Injector, reason: SkipReason
     let mut expected = object.clone();
     expected["metadata"]["annotations"][NOT_SUPERVISED_ANNOTATION] =
         json!(warning.trim_start_matches("not supervised: "));
-    assert_eq!(patched, expected, "only the annotation is added: {what}");
+    expected["metadata"]["labels"][NOT_SUPERVISED_LABEL] = json!(reason.as_str());
+    assert_eq!(patched, expected, "only the label and the annotation are added: {what}");
 }
 
 #[test]

@@ -16,10 +16,12 @@ use plumbing::tls::CA_FILE;
 use proto::trust::{TOKEN_FILE, TRUST_BUNDLE_FILE};
 use tokio::sync::mpsc;
 
+use super::index::Pod;
 use super::notice::{Notice, Regarding};
 use super::operation_reconcile::OperationNotice;
 use super::pool_operation::{self, OperationStatus};
 use super::pool_status::{self, PoolStatus};
+use super::supervised::{self, Supervised};
 use crate::tokens::Delivered;
 
 /// Field manager of the gateway's server-side applies.
@@ -107,6 +109,14 @@ pub trait Cluster: Send + Sync + 'static {
         &self,
         namespace: &str,
         notice: &OperationNotice,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+    /// Set the [`supervised::CONDITION`] of `pod` (only if it still has its UID; a Pod gone
+    /// or recreated counts as done), `since` its `lastTransitionTime`.
+    fn set_supervised(
+        &self,
+        pod: &Pod,
+        condition: &Supervised,
+        since: &str,
     ) -> impl Future<Output = Result<(), Error>> + Send;
 }
 
@@ -317,6 +327,16 @@ impl Cluster for Kube {
         bounded(self.recorder.publish(&event, &regarding)).await
     }
 
+    async fn set_supervised(&self, pod: &Pod, condition: &Supervised, since: &str) -> Result<(), Error> {
+        let api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+        let patch = supervised::patch(pod, condition, since);
+        match bounded(api.patch_status(&pod.name, &PatchParams::default(), &Patch::Strategic(&patch))).await {
+            // Gone, or recreated under its name (the UID precondition): nothing to say.
+            Err(Error::Api(kube::Error::Api(status))) if status.code == 404 || status.code == 409 => Ok(()),
+            other => other.map(|_| ()),
+        }
+    }
+
     async fn apply_pool_status(&self, namespace: &str, name: &str, status: &PoolStatus) -> Result<(), Error> {
         let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &pool_resource());
         let params = PatchParams::apply(FIELD_MANAGER).force();
@@ -362,6 +382,10 @@ pub enum Call {
         status: Box<OperationStatus>,
     },
     PublishOperation(OperationNotice),
+    SetSupervised {
+        pod: Pod,
+        condition: Supervised,
+    },
 }
 
 /// A cluster that only reports each call on a channel (tests read the intended writes off
@@ -470,6 +494,14 @@ impl Cluster for Recording {
 
     async fn publish_operation(&self, _namespace: &str, notice: &OperationNotice) -> Result<(), Error> {
         self.send(Call::PublishOperation(notice.clone()));
+        Ok(())
+    }
+
+    async fn set_supervised(&self, pod: &Pod, condition: &Supervised, _since: &str) -> Result<(), Error> {
+        self.send(Call::SetSupervised {
+            pod: pod.clone(),
+            condition: condition.clone(),
+        });
         Ok(())
     }
 }

@@ -1,5 +1,6 @@
 //! What this replica knows of the cluster, fed by the watches: the namespaces that opted in
-//! (label `supervision.openshell.ai/shared=enabled`) and the supervised Pods. Plain data with
+//! (label `supervision.openshell.ai/shared=enabled`), the supervised Pods (those that finished
+//! among them) and the running Pods admitted without supervision. Plain data with
 //! synchronous `apply`/`delete`/`reset` methods — no Kubernetes types, no I/O — so tests drive
 //! it directly. Every replica keeps one; only the coordinator's writer acts on it.
 
@@ -13,6 +14,70 @@ pub struct Pod {
     pub namespace: String,
     pub name: String,
     pub uid: String,
+}
+
+/// A running Pod of a labelled namespace the webhook admitted without supervision (label
+/// [`proto::kubernetes::NOT_SUPERVISED_KEY`]).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Unsupervised {
+    pub pod: Pod,
+    /// The label's value: the webhook's reason code (`runs_as_root`, …).
+    pub reason: String,
+    /// The annotation's value: the sentence the admission warning showed (may be empty).
+    pub message: String,
+}
+
+/// The Pods one watch reports, by UID, and whether its first list completed (before that,
+/// an absent Pod proves nothing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pods<T> {
+    by_uid: BTreeMap<String, T>,
+    synced: bool,
+}
+
+impl<T> Default for Pods<T> {
+    fn default() -> Self {
+        Self {
+            by_uid: BTreeMap::new(),
+            synced: false,
+        }
+    }
+}
+
+impl<T: PartialEq> Pods<T> {
+    /// Whether this changed anything.
+    fn apply(&mut self, uid: &str, pod: T) -> bool {
+        if self.by_uid.get(uid) == Some(&pod) {
+            return false;
+        }
+        self.by_uid.insert(uid.to_owned(), pod);
+        true
+    }
+
+    fn delete(&mut self, uid: &str) -> bool {
+        self.by_uid.remove(uid).is_some()
+    }
+
+    fn reset(&mut self, pods: impl IntoIterator<Item = (String, T)>) {
+        self.by_uid = pods.into_iter().collect();
+        self.synced = true;
+    }
+
+    pub fn contains(&self, uid: &str) -> bool {
+        self.by_uid.contains_key(uid)
+    }
+
+    pub fn get(&self, uid: &str) -> Option<&T> {
+        self.by_uid.get(uid)
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &T> {
+        self.by_uid.values()
+    }
+
+    pub fn synced(&self) -> bool {
+        self.synced
+    }
 }
 
 /// How many deleted supervisor Pods' UIDs are remembered.
@@ -35,8 +100,13 @@ pub struct Index {
     missing_secrets: BTreeSet<String>,
     /// Per-namespace instance limits set by annotation ([`LIMIT_ANNOTATION`]).
     limits: BTreeMap<String, u32>,
-    /// Supervised Pods by uid.
-    pods: BTreeMap<String, Pod>,
+    /// Supervised Pods.
+    pods: Pods<Pod>,
+    /// Supervised Pods that finished (phase `Succeeded` or `Failed`): their instance is
+    /// withdrawn at once.
+    finished: Pods<Pod>,
+    /// Running Pods admitted without supervision.
+    unsupervised: Pods<Unsupervised>,
     /// The supervisor Pods of the install namespace (members are named by their Pod): UID by
     /// name, so member Events name the Pod they are about.
     member_pods: BTreeMap<String, String>,
@@ -46,7 +116,6 @@ pub struct Index {
     /// Whether each watch has completed its first list (before that, an absent Pod proves
     /// nothing).
     namespaces_synced: bool,
-    pods_synced: bool,
     /// The `SupervisorPoolOperation` objects of the install namespace by name. Their changes
     /// do not bump `version`: the operation writer looks every second on its own.
     operation_objects: BTreeMap<String, OperationObject>,
@@ -175,23 +244,60 @@ impl Index {
         self.version += 1;
     }
 
-    pub fn apply_pod(&mut self, pod: Pod) {
-        if self.pods.get(&pod.uid) != Some(&pod) {
-            self.pods.insert(pod.uid.clone(), pod);
+    fn bump(&mut self, changed: bool) {
+        if changed {
             self.version += 1;
         }
+    }
+
+    pub fn apply_pod(&mut self, pod: Pod) {
+        let changed = self.pods.apply(&pod.uid.clone(), pod);
+        self.bump(changed);
     }
 
     pub fn delete_pod(&mut self, uid: &str) {
-        if self.pods.remove(uid).is_some() {
-            self.version += 1;
-        }
+        let changed = self.pods.delete(uid);
+        self.bump(changed);
     }
 
     pub fn reset_pods(&mut self, pods: impl IntoIterator<Item = Pod>) {
-        self.pods = pods.into_iter().map(|p| (p.uid.clone(), p)).collect();
-        self.pods_synced = true;
-        self.version += 1;
+        self.pods.reset(pods.into_iter().map(|p| (p.uid.clone(), p)));
+        self.bump(true);
+    }
+
+    /// A supervised Pod finished (or is listed finished).
+    pub fn apply_finished(&mut self, pod: Pod) {
+        let changed = self.finished.apply(&pod.uid.clone(), pod);
+        self.bump(changed);
+    }
+
+    /// A finished Pod was deleted.
+    pub fn delete_finished(&mut self, uid: &str) {
+        let changed = self.finished.delete(uid);
+        self.bump(changed);
+    }
+
+    pub fn reset_finished(&mut self, pods: impl IntoIterator<Item = Pod>) {
+        self.finished.reset(pods.into_iter().map(|p| (p.uid.clone(), p)));
+        self.bump(true);
+    }
+
+    /// A running Pod admitted without supervision (created or changed).
+    pub fn apply_unsupervised(&mut self, pod: Unsupervised) {
+        let changed = self.unsupervised.apply(&pod.pod.uid.clone(), pod);
+        self.bump(changed);
+    }
+
+    /// Such a Pod was deleted or finished.
+    pub fn delete_unsupervised(&mut self, uid: &str) {
+        let changed = self.unsupervised.delete(uid);
+        self.bump(changed);
+    }
+
+    pub fn reset_unsupervised(&mut self, pods: impl IntoIterator<Item = Unsupervised>) {
+        self.unsupervised
+            .reset(pods.into_iter().map(|p| (p.pod.uid.clone(), p)));
+        self.bump(true);
     }
 
     /// A supervisor Pod of the install namespace (created or changed).
@@ -298,15 +404,25 @@ impl Index {
     }
 
     pub fn pods_synced(&self) -> bool {
-        self.pods_synced
+        self.pods.synced()
     }
 
     pub fn has_pod(&self, uid: &str) -> bool {
-        self.pods.contains_key(uid)
+        self.pods.contains(uid)
     }
 
     pub fn pods(&self) -> impl Iterator<Item = &Pod> {
         self.pods.values()
+    }
+
+    /// Supervised Pods that finished.
+    pub fn finished(&self) -> &Pods<Pod> {
+        &self.finished
+    }
+
+    /// Running Pods admitted without supervision.
+    pub fn unsupervised(&self) -> &Pods<Unsupervised> {
+        &self.unsupervised
     }
 
     pub fn version(&self) -> u64 {
@@ -441,5 +557,31 @@ mod tests {
         index.reset_pods([pod("3")]);
         assert!(index.pods_synced());
         assert_eq!(index.pods().map(|p| p.uid.as_str()).collect::<Vec<_>>(), ["3"]);
+    }
+
+    #[test]
+    fn finished_and_unsupervised_pods_are_kept_apart_and_bump_the_version() {
+        let mut index = Index::default();
+        let v = index.version();
+        index.apply_finished(pod("1"));
+        assert!(index.finished().contains("1"));
+        assert!(!index.has_pod("1"), "the supervised watch reports its own Pods");
+        assert!(index.version() > v);
+        let unsupervised = Unsupervised {
+            pod: pod("2"),
+            reason: "runs_as_root".into(),
+            message: "container \"app\" runs as root".into(),
+        };
+        index.apply_unsupervised(unsupervised.clone());
+        let v = index.version();
+        index.apply_unsupervised(unsupervised);
+        assert_eq!(index.version(), v, "the same Pod again changes nothing");
+        index.delete_unsupervised("2");
+        assert!(index.unsupervised().values().next().is_none());
+        index.delete_finished("1");
+        assert!(!index.finished().contains("1"));
+        assert!(!index.finished().synced());
+        index.reset_finished([]);
+        assert!(index.finished().synced());
     }
 }

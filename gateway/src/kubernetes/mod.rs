@@ -1,15 +1,17 @@
 //! Kubernetes integration (only with `--kubernetes`): the watches feed an in-memory
 //! [`index`] on every replica; the coordinator's [`writer`] turns it and the pool view into
-//! token Secrets in every labelled namespace, withdrawals of instances whose Pod is gone, and
-//! events.k8s.io Events ([`notice`]). Decisions ([`plan`], [`notice`]) are pure; the API is
+//! token Secrets in every labelled namespace, withdrawals of instances whose Pod is gone or
+//! finished, events.k8s.io Events ([`notice`]) and the Pods' `Supervised` condition
+//! ([`supervised`]). Decisions ([`plan`], [`notice`]) are pure; the API is
 //! behind [`cluster::Cluster`].
 //!
 //! | module | owns |
 //! | --- | --- |
-//! | `index` | labelled namespaces and supervised Pods, plain data |
+//! | `index` | labelled namespaces, supervised Pods (finished ones apart), Pods admitted unsupervised; plain data |
 //! | `watch` | the namespace, Pod, supervisor Pod and token Secret watches that feed the index |
-//! | `plan` | which Secrets to write or remove, which instances to withdraw |
+//! | `plan` | which Secrets to write or remove, which instances to withdraw (Pod gone or finished) |
 //! | `notice` | which Events a change of the pool view makes |
+//! | `supervised` | the Pod condition `supervision.openshell.ai/Supervised` each Pod should carry |
 //! | `cluster` | the API calls (kube-rs) and a recording stand-in for tests |
 //! | `writer` | carries out the plan while the lease is held |
 //! | `pool_status` | the `SupervisorPool` object's status: coordinator, members, counts, operations, conditions |
@@ -28,6 +30,7 @@ pub mod pool_operation;
 pub mod pool_status;
 pub mod pool_writer;
 pub mod review;
+pub mod supervised;
 pub mod watch;
 pub mod writer;
 
@@ -74,6 +77,12 @@ impl Integration<Kube> {
         let tasks = vec![
             tokio::spawn(watch::namespaces(client.clone(), shared.clone(), shutdown.clone())),
             tokio::spawn(watch::pods(client.clone(), shared.clone(), shutdown.clone())),
+            tokio::spawn(watch::finished_pods(client.clone(), shared.clone(), shutdown.clone())),
+            tokio::spawn(watch::unsupervised_pods(
+                client.clone(),
+                shared.clone(),
+                shutdown.clone(),
+            )),
             tokio::spawn(watch::secrets(client.clone(), shared.clone(), shutdown.clone())),
             tokio::spawn(watch::member_pods(
                 client.clone(),
@@ -113,6 +122,7 @@ impl<C: Cluster + Clone> Integration<C> {
             cluster: self.cluster.clone(),
             replica: replica.clone(),
             namespace: self.scope.install_namespace.clone(),
+            shared: self.shared.clone(),
         };
         let pool = tokio::spawn(pool.run(lease.clone(), shutdown.clone()));
         let operations = operation_writer::OperationWriter {

@@ -8,6 +8,7 @@
 //! deadline because no supervisor took it over (the instance is withdrawn; the report may
 //! reach any replica and comes here through the store).
 
+use super::index::Unsupervised;
 use crate::coordinator;
 use crate::pool::View;
 use crate::store::{AssignmentPhase, InstanceRecord, OperationKind, OperationPhase, WithdrawnReason};
@@ -23,6 +24,10 @@ pub const REASON_UNPLACEABLE: &str = "InstanceUnplaceable";
 pub const REASON_MEMBER_JOINED: &str = "MemberJoined";
 pub const REASON_MEMBER_LOST: &str = "MemberLost";
 pub const REASON_MEMBER_LEFT: &str = "MemberLeft";
+/// The workload's Pod finished: its instance left the pool.
+pub const REASON_WORKLOAD_FINISHED: &str = "WorkloadFinished";
+/// The webhook admitted the Pod without supervision (the note says why).
+pub const REASON_NOT_SUPERVISED: &str = "NotSupervised";
 
 /// The object an event is about: always a Pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -266,6 +271,44 @@ fn unplaceable(before: &View, after: &View, out: &mut Vec<Notice>) {
                 instance.namespace, instance.name
             ),
         });
+    }
+}
+
+/// The instance of a Pod that finished was withdrawn (the writer's doing, not a view change).
+pub fn finished(instance: &InstanceRecord) -> Notice {
+    Notice {
+        regarding: workload_pod(instance),
+        related: None,
+        warning: false,
+        reason: REASON_WORKLOAD_FINISHED,
+        action: "Withdraw",
+        note: format!(
+            "instance {}/{} left the pool: its Pod finished, so there is nothing left to supervise or recover",
+            instance.namespace, instance.name
+        ),
+    }
+}
+
+/// A running Pod of a labelled namespace that the webhook admitted without supervision.
+pub fn not_supervised(pod: &Unsupervised) -> Notice {
+    let why = if pod.message.is_empty() {
+        pod.reason.as_str()
+    } else {
+        pod.message.as_str()
+    };
+    let mut note = format!("the Pod runs without shared supervision ({}): {why}", pod.reason);
+    bound_note(&mut note);
+    Notice {
+        regarding: Regarding {
+            namespace: pod.pod.namespace.clone(),
+            name: pod.pod.name.clone(),
+            uid: Some(pod.pod.uid.clone()),
+        },
+        related: None,
+        warning: true,
+        reason: REASON_NOT_SUPERVISED,
+        action: "Admit",
+        note,
     }
 }
 

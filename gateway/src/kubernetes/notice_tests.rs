@@ -392,3 +392,25 @@ fn supervisors_scaled_to_zero_make_every_instance_unplaceable() {
         "instance team-a/agent-a cannot be placed: no live pool members"
     );
 }
+
+#[test]
+fn a_finished_workload_and_an_unsupervised_pod_are_told_on_their_pods() {
+    let done = finished(&instance("r1"));
+    assert_eq!((done.reason, done.warning), (REASON_WORKLOAD_FINISHED, false));
+    assert_eq!(done.regarding.name, "agent-a");
+    assert!(done.regarding.uid.is_some());
+    let pod = Unsupervised {
+        pod: crate::kubernetes::index::Pod {
+            namespace: "team-a".into(),
+            name: "root-app".into(),
+            uid: "u-1".into(),
+        },
+        reason: "runs_as_root".into(),
+        message: "x".repeat(4 * MAX_NOTE_BYTES),
+    };
+    let notice = not_supervised(&pod);
+    assert_eq!((notice.reason, notice.warning), (REASON_NOT_SUPERVISED, true));
+    assert_eq!(notice.regarding.uid.as_deref(), Some("u-1"));
+    assert!(notice.note.contains("runs_as_root"), "{}", notice.note);
+    assert!(notice.note.len() <= MAX_NOTE_BYTES, "a long annotation is cut");
+}

@@ -31,8 +31,18 @@ pub enum Write {
     },
     /// Remove the token Secret of a namespace that is no longer labelled.
     RemoveSecret { namespace: String },
-    /// The instance's Pod is gone: it is no longer desired.
-    Withdraw { route: String, uid: String },
+    /// The instance's Pod is gone, or finished: it is no longer desired.
+    Withdraw { route: String, uid: String, cause: Cause },
+}
+
+/// Why an instance is withdrawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Cause {
+    /// The Pod watch has not had its Pod for [`Scope::unseen_pod_grace`].
+    PodGone,
+    /// Its Pod finished (phase `Succeeded` or `Failed`): the workload ended and will not run
+    /// again, so there is nothing to recover.
+    PodFinished,
 }
 
 /// What the writer has delivered so far: per target, whether it is due again.
@@ -109,7 +119,22 @@ pub fn plan(scope: &Scope, index: &Index, view: &View, due: &impl Due) -> Vec<Wr
         });
     }
     writes.extend(orphans(index, view, scope.unseen_pod_grace));
+    writes.extend(finished(index, view));
     writes
+}
+
+/// Desired instances whose Pod finished: withdrawn at once (a finished Pod is proof enough,
+/// no grace and no completed list needed).
+fn finished(index: &Index, view: &View) -> Vec<Write> {
+    view.instances
+        .values()
+        .filter(|i| !i.withdrawn && !i.uid.is_empty() && index.finished().contains(&i.uid))
+        .map(|i| Write::Withdraw {
+            route: i.route.clone(),
+            uid: i.uid.clone(),
+            cause: Cause::PodFinished,
+        })
+        .collect()
 }
 
 /// Desired instances whose Pod the (synced) Pod watch does not have, registered long enough
@@ -122,10 +147,12 @@ fn orphans(index: &Index, view: &View, grace: Duration) -> Vec<Write> {
     view.instances
         .values()
         .filter(|i| !i.withdrawn && !i.uid.is_empty() && !index.has_pod(&i.uid))
+        .filter(|i| !index.finished().contains(&i.uid))
         .filter(|i| view.now_ms.saturating_sub(i.registered_at_ms) >= grace_ms)
         .map(|i| Write::Withdraw {
             route: i.route.clone(),
             uid: i.uid.clone(),
+            cause: Cause::PodGone,
         })
         .collect()
 }
@@ -278,8 +305,50 @@ mod tests {
             plan(&scope(), &index, &view, &nothing_due),
             [Write::Withdraw {
                 route: "old".into(),
-                uid: "uid-old".into()
+                uid: "uid-old".into(),
+                cause: Cause::PodGone,
             }]
         );
+    }
+
+    #[test]
+    fn an_instance_whose_pod_finished_is_withdrawn_at_once() {
+        let mut view = View {
+            now_ms: 1_000,
+            ..View::default()
+        };
+        // Registered a moment ago, well within the grace of an unseen Pod.
+        view.instances.insert("job".into(), instance("job", "uid-job", 900));
+        view.instances.insert("live".into(), instance("live", "uid-live", 900));
+        let mut index = Index::default();
+        let job = Pod {
+            namespace: "team-a".into(),
+            name: "agent-job".into(),
+            uid: "uid-job".into(),
+        };
+        index.apply_pod(job.clone());
+        index.apply_pod(Pod {
+            namespace: "team-a".into(),
+            name: "agent-live".into(),
+            uid: "uid-live".into(),
+        });
+        assert!(plan(&scope(), &index, &view, &nothing_due).is_empty());
+        // Before any list completed: a finished Pod is proof enough.
+        index.apply_finished(job);
+        let finished = [Write::Withdraw {
+            route: "job".into(),
+            uid: "uid-job".into(),
+            cause: Cause::PodFinished,
+        }];
+        assert_eq!(plan(&scope(), &index, &view, &nothing_due), finished);
+        // Deleted later, long after: still withdrawn as finished, never twice.
+        index.delete_pod("uid-job");
+        index.reset_pods(index.pods().cloned().collect::<Vec<_>>());
+        view.now_ms = 1_000_000;
+        assert_eq!(plan(&scope(), &index, &view, &nothing_due), finished);
+        if let Some(job) = view.instances.get_mut("job") {
+            job.withdrawn = true;
+        }
+        assert!(plan(&scope(), &index, &view, &nothing_due).is_empty());
     }
 }

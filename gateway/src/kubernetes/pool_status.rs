@@ -4,6 +4,8 @@
 //! function of the pool view and the lease this replica holds; [`super::pool_writer`] applies
 //! it.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
@@ -42,6 +44,8 @@ pub struct PoolStatus {
     pub ready_instances: String,
     pub members: Vec<MemberStatus>,
     pub instances: InstanceCounts,
+    /// Running Pods of labelled namespaces admitted without supervision.
+    pub unsupervised_pods: UnsupervisedPods,
     /// Drains and rebalances running (and drains that keep their member out).
     pub operations: Vec<OperationStatus>,
     pub conditions: Vec<Condition>,
@@ -97,6 +101,27 @@ pub struct InstanceCounts {
     pub unplaced: u32,
 }
 
+/// Running Pods of labelled namespaces that the webhook admitted without supervision.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UnsupervisedPods {
+    pub total: u32,
+    /// By the webhook's reason code (`runs_as_root`, …).
+    pub by_reason: BTreeMap<String, u32>,
+}
+
+impl UnsupervisedPods {
+    /// Count the reasons of such Pods.
+    pub fn count<'a>(reasons: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut pods = Self::default();
+        for reason in reasons {
+            pods.total += 1;
+            *pods.by_reason.entry(reason.to_owned()).or_default() += 1;
+        }
+        pods
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct OperationStatus {
@@ -113,9 +138,15 @@ pub struct OperationStatus {
     pub message: String,
 }
 
-/// The status the pool object should have. `previous` is the status last applied: a condition
-/// whose status did not change keeps its `lastTransitionTime`. Pure.
-pub fn desired(view: &View, lease: Option<&Lease>, previous: Option<&PoolStatus>) -> PoolStatus {
+/// The status the pool object should have, `unsupervised` the running Pods admitted without
+/// supervision (from the index). `previous` is the status last applied: a condition whose
+/// status did not change keeps its `lastTransitionTime`. Pure.
+pub fn desired(
+    view: &View,
+    lease: Option<&Lease>,
+    unsupervised: UnsupervisedPods,
+    previous: Option<&PoolStatus>,
+) -> PoolStatus {
     let summary = operator::status(view, None, "");
     let unplaced = coordinator::unplaced(view);
     let members: Vec<MemberStatus> = summary
@@ -162,7 +193,7 @@ pub fn desired(view: &View, lease: Option<&Lease>, previous: Option<&PoolStatus>
     let mut conditions = vec![
         elected(coordinator.as_ref()),
         ready(coordinator.as_ref(), taking, live, &counts, unplaced),
-        degraded(&members, &counts, unplaced),
+        degraded(&members, &counts, unplaced, &unsupervised),
     ];
     stamp(&mut conditions, previous.map_or(&[], |p| &p.conditions), view.now_ms);
     PoolStatus {
@@ -171,6 +202,7 @@ pub fn desired(view: &View, lease: Option<&Lease>, previous: Option<&PoolStatus>
         ready_instances: format!("{}/{}", counts.active, counts.total),
         members,
         instances: counts,
+        unsupervised_pods: unsupervised,
         operations: operations_of(view),
         conditions,
     }
@@ -241,7 +273,7 @@ fn ready(
     taking: usize,
     live: usize,
     counts: &InstanceCounts,
-    unplaced: &std::collections::BTreeMap<String, String>,
+    unplaced: &BTreeMap<String, String>,
 ) -> Condition {
     if coordinator.is_none() {
         return condition(
@@ -281,7 +313,8 @@ fn ready(
 fn degraded(
     members: &[MemberStatus],
     counts: &InstanceCounts,
-    unplaced: &std::collections::BTreeMap<String, String>,
+    unplaced: &BTreeMap<String, String>,
+    unsupervised: &UnsupervisedPods,
 ) -> Condition {
     if let Some((route, reason)) = unplaced.iter().next() {
         return condition(
@@ -315,6 +348,23 @@ fn degraded(
             format!(
                 "{} instances failed and {} recovering at their current term",
                 counts.failed, counts.recovering
+            ),
+        );
+    }
+    if unsupervised.total > 0 {
+        let reasons: Vec<String> = unsupervised
+            .by_reason
+            .iter()
+            .map(|(reason, n)| format!("{reason}: {n}"))
+            .collect();
+        return condition(
+            DEGRADED,
+            true,
+            "PodsNotSupervised",
+            format!(
+                "{} running Pods of labelled namespaces are not supervised ({}); their NotSupervised Events say why",
+                unsupervised.total,
+                reasons.join(", ")
             ),
         );
     }

@@ -125,7 +125,7 @@ fn state(status: &PoolStatus, type_: &str) -> (String, String) {
 
 #[test]
 fn a_healthy_pool_is_ready_with_its_coordinator_members_and_counts() {
-    let status = desired(&view(), Some(&lease()), None);
+    let status = desired(&view(), Some(&lease()), UnsupervisedPods::default(), None);
     assert_eq!(
         status.coordinator,
         Some(CoordinatorStatus {
@@ -168,12 +168,15 @@ fn a_healthy_pool_is_ready_with_its_coordinator_members_and_counts() {
     // The same pool later: nothing changed, so nothing to write.
     let mut later = view();
     later.now_ms += 5_000;
-    assert_eq!(desired(&later, Some(&lease()), Some(&status)), status);
+    assert_eq!(
+        desired(&later, Some(&lease()), UnsupervisedPods::default(), Some(&status)),
+        status
+    );
 }
 
 #[test]
 fn without_a_lease_it_is_not_ready_and_says_so() {
-    let status = desired(&view(), None, None);
+    let status = desired(&view(), None, UnsupervisedPods::default(), None);
     assert_eq!(status.coordinator, None);
     assert_eq!(state(&status, READY), ("False".into(), "NoCoordinator".into()));
     assert_eq!(
@@ -184,11 +187,11 @@ fn without_a_lease_it_is_not_ready_and_says_so() {
 
 #[test]
 fn a_lost_member_degrades_the_pool_and_transitions_keep_their_time() {
-    let before = desired(&view(), Some(&lease()), None);
+    let before = desired(&view(), Some(&lease()), UnsupervisedPods::default(), None);
     let mut v = view();
     v.now_ms += 5_000;
     v.members.get_mut("b").unwrap().expires_at_ms = 0;
-    let status = desired(&v, Some(&lease()), Some(&before));
+    let status = desired(&v, Some(&lease()), UnsupervisedPods::default(), Some(&before));
     assert_eq!(state(&status, DEGRADED), ("True".into(), "MembersLost".into()));
     assert!(
         get(&status, DEGRADED).message.contains('b'),
@@ -214,7 +217,7 @@ fn a_lost_member_degrades_the_pool_and_transitions_keep_their_time() {
     a.process_id = "a-p".into();
     a.term = 2;
     report(&mut v, "r3", ReportPhase::Active);
-    let status = desired(&v, Some(&lease()), Some(&status));
+    let status = desired(&v, Some(&lease()), UnsupervisedPods::default(), Some(&status));
     assert_eq!(status.members.len(), 1);
     assert_eq!(state(&status, DEGRADED), ("False".into(), "AsExpected".into()));
 }
@@ -231,7 +234,7 @@ fn unplaceable_instances_make_it_unready_with_placements_reason() {
         ..v.instances["r1"].clone()
     };
     v.instances.insert("r4".into(), r4);
-    let status = desired(&v, Some(&lease()), None);
+    let status = desired(&v, Some(&lease()), UnsupervisedPods::default(), None);
     assert_eq!(state(&status, READY), ("False".into(), "InstancesUnplaced".into()));
     assert!(
         get(&status, READY).message.contains("at capacity"),
@@ -247,7 +250,7 @@ fn a_running_drain_shows_its_progress_and_a_drained_member_its_state() {
     let mut v = view();
     let drain = running(OperationKind::Drain, "a");
     v.operations.push(drain.clone());
-    let status = desired(&v, Some(&lease()), None);
+    let status = desired(&v, Some(&lease()), UnsupervisedPods::default(), None);
     assert_eq!(status.operations.len(), 1);
     let op = &status.operations[0];
     assert_eq!(
@@ -263,7 +266,7 @@ fn a_running_drain_shows_its_progress_and_a_drained_member_its_state() {
         moves: 2,
         ..drain
     };
-    let status = desired(&v, Some(&lease()), None);
+    let status = desired(&v, Some(&lease()), UnsupervisedPods::default(), None);
     assert_eq!(
         (status.operations[0].moves_done, status.operations[0].moves_total),
         (2, 2)
@@ -271,7 +274,7 @@ fn a_running_drain_shows_its_progress_and_a_drained_member_its_state() {
     assert_eq!(status.members[0].state, "drained");
     // Every member out: not ready.
     v.members.get_mut("b").unwrap().leaving = true;
-    let status = desired(&v, Some(&lease()), None);
+    let status = desired(&v, Some(&lease()), UnsupervisedPods::default(), None);
     assert_eq!(state(&status, READY), ("False".into(), "NoMemberTakesInstances".into()));
 }
 
@@ -282,7 +285,7 @@ fn every_field_written_is_declared_in_the_crd() {
     const CRD: &str = include_str!("../../../manifests/supervisorpool-crd.yaml");
     let mut v = view();
     v.operations.push(running(OperationKind::Rebalance, ""));
-    let status = desired(&v, Some(&lease()), None);
+    let status = desired(&v, Some(&lease()), UnsupervisedPods::default(), None);
     assert!(!status.operations.is_empty() && !status.members.is_empty());
     let undeclared = undeclared(CRD, &serde_json::to_value(&status).unwrap());
     assert!(undeclared.is_empty(), "not in the CRD schema: {undeclared:?}");
@@ -314,7 +317,7 @@ fn failed_instances_degrade_the_pool() {
     let mut v = view();
     report(&mut v, "r2", ReportPhase::Failed);
     report(&mut v, "r3", ReportPhase::Starting);
-    let status = desired(&v, Some(&lease()), None);
+    let status = desired(&v, Some(&lease()), UnsupervisedPods::default(), None);
     assert_eq!(
         (
             status.instances.active,
@@ -426,7 +429,7 @@ fn the_pool_crd_enforces_what_its_text_states_and_declares_what_is_written() {
             ..running(OperationKind::Drain, "a")
         });
         listed.extend(
-            desired(&v, Some(&lease()), None)
+            desired(&v, Some(&lease()), UnsupervisedPods::default(), None)
                 .operations
                 .into_iter()
                 .map(|o| o.phase),
@@ -440,4 +443,21 @@ fn the_pool_crd_enforces_what_its_text_states_and_declares_what_is_written() {
         let name = state_name(state.as_str_name(), "MEMBER_STATE_");
         assert!(states.contains(&name), "member state {name} not in {states:?}");
     }
+
+#[test]
+fn running_pods_admitted_without_supervision_degrade_the_pool() {
+    let status = desired(&view(), Some(&lease()), UnsupervisedPods::default(), None);
+    assert_eq!(state(&status, DEGRADED), ("False".into(), "AsExpected".into()));
+    let unsupervised = UnsupervisedPods::count(["runs_as_root", "uid_mismatch", "runs_as_root"]);
+    let status = desired(&view(), Some(&lease()), unsupervised, Some(&status));
+    assert_eq!(state(&status, DEGRADED), ("True".into(), "PodsNotSupervised".into()));
+    assert_eq!(state(&status, READY).0, "True", "the pool itself serves");
+    assert_eq!(status.unsupervised_pods.total, 3);
+    assert_eq!(status.unsupervised_pods.by_reason["runs_as_root"], 2);
+    let degraded = status.conditions.iter().find(|c| c.type_ == DEGRADED).unwrap();
+    assert!(
+        degraded.message.contains("runs_as_root: 2, uid_mismatch: 1"),
+        "{}",
+        degraded.message
+    );
 }

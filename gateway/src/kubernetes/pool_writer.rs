@@ -13,6 +13,7 @@ use tracing::{debug, info, warn};
 
 use super::cluster::Cluster;
 use super::pool_status::{self, POOL_NAME, PoolStatus};
+use super::watch::Shared;
 use crate::replica::Replica;
 use crate::store::Lease;
 
@@ -40,6 +41,8 @@ pub struct PoolWriter<C> {
     pub replica: Arc<Replica>,
     /// The install namespace, where the pool object lives.
     pub namespace: String,
+    /// The index, for the Pods admitted without supervision.
+    pub shared: Shared,
 }
 
 impl<C: Cluster> PoolWriter<C> {
@@ -59,7 +62,10 @@ impl<C: Cluster> PoolWriter<C> {
             if view.now_ms == 0 {
                 continue;
             }
-            let next = pool_status::desired(&view, Some(&held), applied.as_ref());
+            let unsupervised = self.shared.with(|index| {
+                pool_status::UnsupervisedPods::count(index.unsupervised().values().map(|p| p.reason.as_str()))
+            });
+            let next = pool_status::desired(&view, Some(&held), unsupervised, applied.as_ref());
             if applied.as_ref() == Some(&next) {
                 continue;
             }

@@ -1,4 +1,5 @@
-//! The watches that feed the [`Index`]: labelled namespaces, supervised Pods, the gateway's
+//! The watches that feed the [`Index`]: labelled namespaces, supervised Pods (and, by a field
+//! selector on their phase, those that finished), running Pods admitted without supervision, the gateway's
 //! token Secrets, the supervisor Pods and the `SupervisorPoolOperation` objects, all through
 //! kube-runtime's watcher (re-list on `410 Expired`, backoff on errors). Pods and Secrets are
 //! watched as metadata only (`Api<PartialObjectMeta<_>>` asks for `PartialObjectMetadata`): the index needs their names and UIDs,
@@ -29,6 +30,7 @@ use super::pool_operation;
 pub const SHARED_LABEL: &str = "supervision.openshell.ai/shared";
 /// …set to this value.
 pub const SHARED_ENABLED: &str = "enabled";
+use proto::kubernetes::NOT_SUPERVISED_KEY;
 /// The webhook marks the Pods it injected with this label (value `true`).
 pub use proto::kubernetes::SUPERVISED_LABEL;
 
@@ -175,22 +177,93 @@ pub async fn operation_objects(client: Client, namespace: String, shared: Shared
 
 /// Follow the supervised Pods of every namespace (their metadata) until `shutdown`.
 pub async fn pods(client: Client, shared: Shared, shutdown: CancellationToken) {
-    let config = watcher::Config::default().labels(&format!("{SUPERVISED_LABEL}=true"));
-    let events = watcher(Api::<PartialObjectMeta<Pod>>::all(client), config).default_backoff();
-    follow(events, shared, shutdown, "pods", |index, event| match event {
-        Change::Apply(pod) => {
-            if let Some(pod) = pod_of(&pod) {
-                index.apply_pod(pod);
-            }
-        }
-        Change::Delete(pod) => {
-            if let Some(uid) = pod.uid() {
-                index.delete_pod(&uid);
-            }
-        }
-        Change::Reset(all) => index.reset_pods(all.iter().filter_map(pod_of)),
+    let events = pod_metadata(client, &format!("{SUPERVISED_LABEL}=true"), None);
+    let into = PodSet {
+        of: pod_of,
+        apply: Index::apply_pod,
+        delete: Index::delete_pod,
+        reset: |index, pods| index.reset_pods(pods),
+    };
+    follow(events, shared, shutdown, "pods", move |index, event| {
+        into.change(index, event)
     })
     .await;
+}
+
+/// The phases of a Pod whose containers all ended and will not run again, as a field
+/// selector (field selectors have no `in`: every other phase excluded).
+pub const FINISHED_PHASES: &str = "status.phase!=Pending,status.phase!=Running,status.phase!=Unknown";
+/// The phases of a Pod that still runs or will.
+pub const LIVE_PHASES: &str = "status.phase!=Succeeded,status.phase!=Failed";
+
+/// Follow the supervised Pods that finished (a Job's, a CronJob's, any whose containers all
+/// ended under `restartPolicy: Never` or `OnFailure`) until `shutdown`.
+pub async fn finished_pods(client: Client, shared: Shared, shutdown: CancellationToken) {
+    let events = pod_metadata(client, &format!("{SUPERVISED_LABEL}=true"), Some(FINISHED_PHASES));
+    let into = PodSet {
+        of: pod_of,
+        apply: Index::apply_finished,
+        delete: Index::delete_finished,
+        reset: |index, pods| index.reset_finished(pods),
+    };
+    follow(events, shared, shutdown, "finished pods", move |index, event| {
+        into.change(index, event)
+    })
+    .await;
+}
+
+/// Follow the running Pods the webhook admitted without supervision until `shutdown`.
+pub async fn unsupervised_pods(client: Client, shared: Shared, shutdown: CancellationToken) {
+    let events = pod_metadata(client, NOT_SUPERVISED_KEY, Some(LIVE_PHASES));
+    let into = PodSet {
+        of: unsupervised_of,
+        apply: Index::apply_unsupervised,
+        delete: Index::delete_unsupervised,
+        reset: |index, pods| index.reset_unsupervised(pods),
+    };
+    follow(events, shared, shutdown, "unsupervised pods", move |index, event| {
+        into.change(index, event)
+    })
+    .await;
+}
+
+/// Which of the index's Pod sets a Pod watch feeds, and what it keeps of a Pod.
+struct PodSet<T> {
+    of: fn(&PartialObjectMeta<Pod>) -> Option<T>,
+    apply: fn(&mut Index, T),
+    delete: fn(&mut Index, &str),
+    reset: fn(&mut Index, Vec<T>),
+}
+
+impl<T> PodSet<T> {
+    fn change(&self, index: &mut Index, event: Change<PartialObjectMeta<Pod>>) {
+        match event {
+            Change::Apply(pod) => {
+                if let Some(pod) = (self.of)(&pod) {
+                    (self.apply)(index, pod);
+                }
+            }
+            Change::Delete(pod) => {
+                if let Some(uid) = pod.uid() {
+                    (self.delete)(index, &uid);
+                }
+            }
+            Change::Reset(all) => (self.reset)(index, all.iter().filter_map(self.of).collect()),
+        }
+    }
+}
+
+/// The metadata of the Pods of every namespace matching `labels` (and `fields`).
+fn pod_metadata(
+    client: Client,
+    labels: &str,
+    fields: Option<&str>,
+) -> impl Stream<Item = Result<watcher::Event<PartialObjectMeta<Pod>>, watcher::Error>> + use<> {
+    let mut config = watcher::Config::default().labels(labels);
+    if let Some(fields) = fields {
+        config = config.fields(fields);
+    }
+    watcher(Api::<PartialObjectMeta<Pod>>::all(client), config).default_backoff()
 }
 
 /// The index's view of a Pod; `None` for one without name, namespace or uid.
@@ -199,6 +272,16 @@ pub fn pod_of(pod: &PartialObjectMeta<Pod>) -> Option<index::Pod> {
         namespace: pod.namespace()?,
         name: pod.metadata.name.clone()?,
         uid: pod.uid()?,
+    })
+}
+
+/// The index's view of a Pod admitted without supervision: its reason code from the label,
+/// the sentence from the annotation.
+pub fn unsupervised_of(pod: &PartialObjectMeta<Pod>) -> Option<index::Unsupervised> {
+    Some(index::Unsupervised {
+        pod: pod_of(pod)?,
+        reason: pod.labels().get(NOT_SUPERVISED_KEY)?.clone(),
+        message: pod.annotations().get(NOT_SUPERVISED_KEY).cloned().unwrap_or_default(),
     })
 }
 

@@ -1,10 +1,12 @@
 //! The coordinator's hands on the cluster: while this replica holds the lease, it carries out
 //! the [`plan`] (token Secrets, withdrawals) and publishes the [`notice`]s of each new pool
-//! view. It talks to the API only while the lease is held, checked before every call; a
+//! view, of each instance withdrawn because its Pod finished, and one of each running Pod
+//! admitted without supervision (once per term: a new coordinator records them again), and
+//! keeps each Pod's `Supervised` condition ([`supervised`]). It talks to the API only while the lease is held, checked before every call; a
 //! replica that loses the lease stops at once and the next coordinator starts over (it
 //! re-delivers every token once, and publishes nothing about what happened before it).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -16,8 +18,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::cluster::{self, Cluster};
+use super::index::Unsupervised;
 use super::notice;
 use super::plan::{self, Scope, Write};
+use super::supervised::{self, Supervised};
 use super::watch::Shared;
 use crate::credentials::{self, Issued, Target};
 use crate::replica::Replica;
@@ -59,6 +63,10 @@ impl<C: Cluster> Writer<C> {
         let mut failed: HashMap<Write, Instant> = HashMap::new();
         let mut ca: Option<String> = None;
         let mut ca_read: Option<Instant> = None;
+        // Pods admitted without supervision whose Event this term published.
+        let mut announced: BTreeSet<String> = BTreeSet::new();
+        // The Supervised condition this term set on each Pod, by UID.
+        let mut conditions: BTreeMap<String, Supervised> = BTreeMap::new();
         loop {
             if !held(lease) {
                 return;
@@ -125,18 +133,27 @@ impl<C: Cluster> Writer<C> {
                 }
             }
             self.replica.metrics.token_secrets_delivered(&sent);
-            for mut notice in notices {
+            // Each running Pod admitted without supervision gets its Event once per term.
+            let unsupervised: Vec<Unsupervised> = self.shared.with(|index| {
+                let pods = index.unsupervised();
+                announced.retain(|uid| pods.contains(uid));
+                pods.values()
+                    .filter(|p| !announced.contains(&p.pod.uid))
+                    .cloned()
+                    .collect()
+            });
+            let notices = notices
+                .into_iter()
+                .chain(unsupervised.iter().map(notice::not_supervised));
+            for notice in notices {
                 if !held(lease) {
                     return;
                 }
-                self.name_member_pods(&mut notice);
-                match self.cluster.publish(&notice).await {
-                    Ok(()) => {}
-                    Err(cluster::Error::NamespaceTerminating(namespace)) => {
-                        debug!(reason = notice.reason, %namespace, "no event: the namespace is being deleted");
-                    }
-                    Err(err) => warn!(reason = notice.reason, error = %err, "cannot record an event"),
-                }
+                self.publish(notice).await;
+            }
+            announced.extend(unsupervised.into_iter().map(|p| p.pod.uid));
+            if !self.keep_conditions(lease, &before, &mut conditions).await {
+                return;
             }
             tokio::select! {
                 () = shutdown.cancelled() => return,
@@ -145,6 +162,53 @@ impl<C: Cluster> Writer<C> {
                 _ = view_rx.changed() => {}
                 () = tokio::time::sleep(SECRET_RECHECK_INTERVAL) => {}
             }
+        }
+    }
+
+    /// Set the `Supervised` condition of every Pod whose condition changed since this term
+    /// last set it (the first round of a term sets them all). `false` once the lease is gone.
+    async fn keep_conditions(
+        &self,
+        lease: &watch::Receiver<Option<Lease>>,
+        view: &crate::pool::View,
+        written: &mut BTreeMap<String, Supervised>,
+    ) -> bool {
+        if view.now_ms == 0 || !self.shared.with(|index| index.pods_synced()) {
+            return true;
+        }
+        let desired = self.shared.with(|index| supervised::desired(index, view));
+        written.retain(|uid, _| desired.contains_key(uid));
+        let since = super::pool_status::transition_time(view.now_ms);
+        for (uid, (pod, condition)) in desired {
+            if written.get(&uid).is_some_and(|w| w.same_as(&condition)) {
+                continue;
+            }
+            if lease.borrow().is_none() {
+                return false;
+            }
+            match self.cluster.set_supervised(&pod, &condition, &since).await {
+                Ok(()) => {
+                    debug!(namespace = %pod.namespace, pod = %pod.name, reason = condition.reason, "Supervised condition set");
+                    written.insert(uid, condition);
+                }
+                // Tried again at the next round.
+                Err(err) => {
+                    warn!(namespace = %pod.namespace, pod = %pod.name, error = %err, "cannot set the Supervised condition");
+                }
+            }
+        }
+        true
+    }
+
+    /// Record `notice` as an Event (failures are logged: Events are best effort).
+    async fn publish(&self, mut notice: notice::Notice) {
+        self.name_member_pods(&mut notice);
+        match self.cluster.publish(&notice).await {
+            Ok(()) => {}
+            Err(cluster::Error::NamespaceTerminating(namespace)) => {
+                debug!(reason = notice.reason, %namespace, "no event: the namespace is being deleted");
+            }
+            Err(err) => warn!(reason = notice.reason, error = %err, "cannot record an event"),
         }
     }
 
@@ -200,10 +264,20 @@ impl<C: Cluster> Writer<C> {
                 sent.remove(&Target::Namespace(namespace.clone()));
                 self.shared.with(|index| index.forget_unlabelled(namespace));
             }
-            Write::Withdraw { route, uid } => {
-                if self.replica.store.withdraw_instance(route, uid).await? {
-                    info!(%route, %uid, "the instance's Pod is gone: withdrawn");
-                    self.replica.wake.notify_one();
+            Write::Withdraw { route, uid, cause } => {
+                if !self.replica.store.withdraw_instance(route, uid).await? {
+                    return Ok(());
+                }
+                self.replica.wake.notify_one();
+                match cause {
+                    plan::Cause::PodGone => info!(%route, %uid, "the instance's Pod is gone: withdrawn"),
+                    plan::Cause::PodFinished => {
+                        info!(%route, %uid, "the instance's Pod finished: withdrawn");
+                        let instance = self.replica.view.borrow().instances.get(route).cloned();
+                        if let Some(instance) = instance {
+                            self.publish(notice::finished(&instance)).await;
+                        }
+                    }
                 }
             }
         }

@@ -7,14 +7,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gateway::kubernetes::cluster::Call;
-use gateway::kubernetes::index::Pod;
+use gateway::kubernetes::index::{Pod, Unsupervised};
 use gateway::kubernetes::notice::{
-    Notice, REASON_MEMBER_JOINED, REASON_MEMBER_LEFT, REASON_MEMBER_LOST, REASON_SUPERVISOR_RECOVERY_FAILED,
-    REASON_UNPLACEABLE,
+    Notice, REASON_MEMBER_JOINED, REASON_MEMBER_LEFT, REASON_MEMBER_LOST, REASON_NOT_SUPERVISED,
+    REASON_SUPERVISOR_RECOVERY_FAILED, REASON_UNPLACEABLE, REASON_WORKLOAD_FINISHED,
 };
 use gateway::kubernetes::plan::{NAMESPACE_SECRET, OPERATOR_SECRET, SUPERVISOR_SECRET};
 use gateway::kubernetes::pool_status::{POOL_NAME, PoolStatus};
 use gateway::kubernetes::review::{Account, Scripted};
+use gateway::kubernetes::supervised::Supervised;
 use gateway::kubernetes::{Integration, Recording, Scope, Shared};
 use proto::host::v1::Leaving;
 use proto::host::v1::member_message::Kind as MemberKind;
@@ -370,6 +371,15 @@ async fn coordinator_with_default_namespace(
     db: &TestDb,
     pods: &[&str],
 ) -> (crate::cluster::Replica, UnboundedReceiver<Call>) {
+    let (replica, calls, _) = coordinator_of_default_namespace(db, pods).await;
+    (replica, calls)
+}
+
+/// [`coordinator_with_default_namespace`], with the index its watches would feed.
+async fn coordinator_of_default_namespace(
+    db: &TestDb,
+    pods: &[&str],
+) -> (crate::cluster::Replica, UnboundedReceiver<Call>, Shared) {
     let shared = Shared::default();
     let (replica, _, mut calls) = replica_with(db, "gw-k", Scope::new(INSTALL), &shared).await;
     let call = next_call(&mut calls, "the supervisor Secret", |c| {
@@ -390,7 +400,119 @@ async fn coordinator_with_default_namespace(
     })
     .await;
     applied(&call, "default", NAMESPACE_SECRET).unwrap();
-    (replica, calls)
+    (replica, calls, shared)
+}
+
+fn default_pod(name: &str) -> Pod {
+    Pod {
+        namespace: "default".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+    }
+}
+
+/// The `Supervised` condition of Pod `default/<pod>`, if `call` sets it.
+fn supervised_of<'a>(call: &'a Call, pod: &str) -> Option<&'a Supervised> {
+    match call {
+        Call::SetSupervised { pod: p, condition } if p.name == pod => Some(condition),
+        _ => None,
+    }
+}
+
+/// Every Pod gets the Supervised condition, kept as the pool changes: a reason other than
+/// NotRegistered once its instance is placed, `False` (Finished) when the Pod finished, `False`
+/// (NotSupervised) for a Pod admitted without supervision.
+pub async fn the_supervised_condition_follows_each_pod(db: &TestDb) {
+    // Its first condition (NotRegistered) may come before the namespace's Secret.
+    let (replica, mut calls, shared) = coordinator_of_default_namespace(db, &["agent-0"]).await;
+    let _member = attach_supervisor_0(&replica.endpoint()).await;
+    register(&replica.endpoint(), &pod_token("agent-0"), "agent-0")
+        .await
+        .expect("the Pod's token is accepted");
+    let placed = next_call(&mut calls, "agent-0 placed", |c| {
+        supervised_of(c, "agent-0").is_some_and(|s| s.reason != "NotRegistered")
+    })
+    .await;
+    assert!(!supervised_of(&placed, "agent-0").unwrap().reason.is_empty());
+    shared.with(|index| index.apply_finished(default_pod("agent-0")));
+    let finished = next_call(&mut calls, "agent-0 finished", |c| {
+        supervised_of(c, "agent-0").is_some_and(|s| s.reason == "Finished")
+    })
+    .await;
+    assert!(!supervised_of(&finished, "agent-0").unwrap().status);
+    shared.with(|index| {
+        index.apply_unsupervised(Unsupervised {
+            pod: default_pod("root-app"),
+            reason: "runs_as_root".into(),
+            message: "runs as root".into(),
+        })
+    });
+    let root = next_call(&mut calls, "root-app's condition", |c| {
+        supervised_of(c, "root-app").is_some()
+    })
+    .await;
+    let root = supervised_of(&root, "root-app").unwrap();
+    assert_eq!((root.status, root.reason), (false, "NotSupervised"));
+    replica.stop().await;
+}
+
+/// A Job's Pod finishes: its instance is withdrawn at once (not recovering, not counted) with
+/// a WorkloadFinished Event on the Pod. A running Pod the webhook admitted without
+/// supervision gets a NotSupervised warning on it, once, and the pool status counts it and
+/// is Degraded (PodsNotSupervised) until the Pod is gone.
+pub async fn finished_and_unsupervised_pods_are_told_apart_from_supervised_ones(db: &TestDb) {
+    let (replica, mut calls, shared) = coordinator_of_default_namespace(db, &["job-0"]).await;
+    let _member = attach_supervisor_0(&replica.endpoint()).await;
+    register(&replica.endpoint(), &pod_token("job-0"), "job-0")
+        .await
+        .expect("the Pod's token is accepted");
+    wait_assignments(&db.store, "job-0 placed", |a| a.len() == 1).await;
+
+    shared.with(|index| index.apply_finished(default_pod("job-0")));
+    let call = next_call(&mut calls, "WorkloadFinished on job-0", |c| {
+        event_on(c, REASON_WORKLOAD_FINISHED, "job-0").is_some()
+    })
+    .await;
+    let notice = event_on(&call, REASON_WORKLOAD_FINISHED, "job-0").unwrap();
+    assert!(!notice.warning);
+    let instance = db.store.instance("default/job-0").await.unwrap().unwrap();
+    assert!(instance.withdrawn, "withdrawn before its Event");
+
+    let root = Unsupervised {
+        pod: default_pod("root-app"),
+        reason: "runs_as_root".into(),
+        message: "container \"app\" runs as root (runAsUser: 0)".into(),
+    };
+    shared.with(|index| index.apply_unsupervised(root.clone()));
+    let call = next_call(&mut calls, "NotSupervised on root-app", |c| {
+        event_on(c, REASON_NOT_SUPERVISED, "root-app").is_some()
+    })
+    .await;
+    let notice = event_on(&call, REASON_NOT_SUPERVISED, "root-app").unwrap();
+    assert!(notice.warning && notice.note.contains("runs as root"), "{notice:?}");
+    let status = next_call(&mut calls, "a status counting root-app", |c| {
+        pool_status(c).is_some_and(|s| s.unsupervised_pods.total == 1)
+    })
+    .await;
+    let status = pool_status(&status).unwrap();
+    assert_eq!(status.unsupervised_pods.by_reason["runs_as_root"], 1);
+    assert_eq!(
+        condition(&status, "Degraded"),
+        ("True".into(), "PodsNotSupervised".into())
+    );
+    assert_eq!(status.instances.total, 0, "the finished Job's instance is not counted");
+
+    // Nothing new: no second NotSupervised Event; the Pod goes and the pool is as expected.
+    shared.with(|index| index.apply_pod(default_pod("other")));
+    shared.with(|index| index.delete_unsupervised(&root.pod.uid));
+    let call = next_call(&mut calls, "a status without root-app, or a second event", |c| {
+        pool_status(c).is_some_and(|s| s.unsupervised_pods.total == 0)
+            || event_on(c, REASON_NOT_SUPERVISED, "root-app").is_some()
+    })
+    .await;
+    let status = pool_status(&call).expect("no second NotSupervised Event");
+    assert_eq!(condition(&status, "Degraded"), ("False".into(), "AsExpected".into()));
+    replica.stop().await;
 }
 
 /// Supervisors scaled to zero: the instance's owner is gone and nobody can take it over

@@ -55,6 +55,8 @@ mod with_kubernetes {
         an_instance_registered_without_members_is_reported_unplaceable,
         a_pod_acts_only_for_itself_within_its_namespace_quota,
         the_pool_status_is_kept_by_the_coordinator_alone,
+        finished_and_unsupervised_pods_are_told_apart_from_supervised_ones,
+        the_supervised_condition_follows_each_pod,
     );
 }
 

@@ -11,7 +11,9 @@ use serde_json::{Map, Value};
 use super::SkipReason;
 
 /// The Pod annotation that says why a Pod of a labelled namespace is not supervised.
-pub const NOT_SUPERVISED_ANNOTATION: &str = "supervision.openshell.ai/not-supervised";
+pub const NOT_SUPERVISED_ANNOTATION: &str = proto::kubernetes::NOT_SUPERVISED_KEY;
+/// The Pod label with the reason code, by which the gateway follows such Pods.
+pub const NOT_SUPERVISED_LABEL: &str = proto::kubernetes::NOT_SUPERVISED_KEY;
 /// The user of the sidecar image this project builds (`USER 65532:65532`): what the sidecar
 /// runs as when neither the webhook's configuration nor the Pod names a UID.
 pub const SIDECAR_IMAGE_UID: i64 = 65532;
