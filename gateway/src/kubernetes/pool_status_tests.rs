@@ -443,6 +443,7 @@ fn the_pool_crd_enforces_what_its_text_states_and_declares_what_is_written() {
         let name = state_name(state.as_str_name(), "MEMBER_STATE_");
         assert!(states.contains(&name), "member state {name} not in {states:?}");
     }
+}
 
 #[test]
 fn running_pods_admitted_without_supervision_degrade_the_pool() {
