@@ -344,6 +344,13 @@ async fn the_user_flow_on_a_real_cluster() {
     }
     flow.step("coordinator gateway Pod deleted", Flow::coordinator_deleted)
         .await;
+    if node_local() {
+        flow.step(
+            "database unreachable: the pool says Unknown",
+            Flow::database_unreachable,
+        )
+        .await;
+    }
     flow.step("poolctl drain", Flow::drain).await;
     flow.step(
         "SupervisorPoolOperation: dry run, drain, deletion cancels",
@@ -1659,23 +1666,77 @@ impl Flow {
 
     /// The `SupervisorPool` status once its `Degraded` reason is `reason` and `also` holds.
     async fn pool_degraded(&self, reason: &str, also: impl Fn(&Value) -> bool) -> Result<Value, Error> {
+        self.pool_condition("Degraded", None, reason, also).await
+    }
+
+    /// The `SupervisorPool` status once its condition `type_` has `status` (any when `None`)
+    /// and `reason`, and `also` holds.
+    async fn pool_condition(
+        &self,
+        type_: &str,
+        status: Option<&str>,
+        reason: &str,
+        also: impl Fn(&Value) -> bool,
+    ) -> Result<Value, Error> {
         let kubectl = self.kubectl.clone();
         let install = self.install.clone();
-        let what = format!("SupervisorPool Degraded {reason}");
+        let what = format!("SupervisorPool {type_} {} {reason}", status.unwrap_or(""));
         wait_for(&what, MINUTE, || async {
             let pool = kubectl
                 .json(&["get", "supervisorpool/openshell", "-n", &install])
                 .await
                 .ok()?;
-            let status = pool.get("status")?.clone();
-            let degraded = status["conditions"]
+            let found = pool.get("status")?.clone();
+            let condition = found["conditions"]
                 .as_array()?
                 .iter()
-                .find(|c| c["type"] == "Degraded")?
+                .find(|c| c["type"] == type_)?
                 .clone();
-            (degraded["reason"] == reason && also(&status)).then_some(status)
+            let holds =
+                condition["reason"] == reason && status.is_none_or(|s| condition["status"] == s) && also(&found);
+            holds.then_some(found)
         })
         .await
+    }
+
+    /// Every PostgreSQL process of the pool's database (the dev overlay's Pod) stopped with
+    /// SIGSTOP, so that no gateway can read the store and calls hang as in a partition: the
+    /// `SupervisorPool` turns `Unknown` (StoreUnreachable, naming the last good read) instead of
+    /// keeping its last `Ready`, the workloads run on untouched, and after SIGCONT the
+    /// coordinator's status is back, Ready True.
+    async fn database_unreachable(&mut self) -> Result<(), Error> {
+        let base = self.baseline().await?;
+        let pids = database_processes().await;
+        check(!pids.is_empty(), || "the database's processes on this node".into())?;
+        for pid in &pids {
+            signal(*pid, nix::sys::signal::Signal::SIGSTOP)?;
+        }
+        let unknown = self
+            .pool_condition("Ready", Some("Unknown"), "StoreUnreachable", |_| true)
+            .await;
+        for pid in &pids {
+            signal(*pid, nix::sys::signal::Signal::SIGCONT)?;
+        }
+        let unknown = unknown?;
+        let observed = unknown["observedAt"].as_str().unwrap_or_default().to_owned();
+        let ready = unknown["conditions"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
+            .cloned()
+            .unwrap_or_default();
+        eprintln!(
+            "   {} PostgreSQL processes paused: {}",
+            pids.len(),
+            ready["message"].as_str().unwrap_or_default()
+        );
+        check(
+            !observed.is_empty() && ready["message"].as_str().is_some_and(|m| m.contains(&observed)),
+            || format!("the Unknown status names the last good read: {unknown}"),
+        )?;
+        self.pool_condition("Ready", Some("True"), "PoolReady", |_| true)
+            .await?;
+        let seconds = base.t0.elapsed().as_secs_f64();
+        self.survived("database paused", seconds, &base).await
     }
 
     async fn label_and_secret(&mut self) -> Result<(), Error> {
@@ -1874,6 +1935,33 @@ async fn supervisor_process(member: &str) -> Option<i32> {
         }
     }
     None
+}
+
+/// The host PIDs of the cluster's PostgreSQL processes (in a Pod's cgroup, so never a
+/// database of this machine's own).
+async fn database_processes() -> Vec<i32> {
+    let mut found = Vec::new();
+    let Ok(mut dir) = tokio::fs::read_dir("/proc").await else {
+        return found;
+    };
+    while let Ok(Some(entry)) = dir.next_entry().await {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(comm) = tokio::fs::read_to_string(entry.path().join("comm")).await else {
+            continue;
+        };
+        if !comm.trim().starts_with("postgres") {
+            continue;
+        }
+        let Ok(cgroup) = tokio::fs::read_to_string(entry.path().join("cgroup")).await else {
+            continue;
+        };
+        if cgroup.contains("kubepods") {
+            found.push(pid);
+        }
+    }
+    found
 }
 
 fn node_local() -> bool {

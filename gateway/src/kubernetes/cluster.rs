@@ -110,6 +110,22 @@ pub trait Cluster: Send + Sync + 'static {
         namespace: &str,
         notice: &OperationNotice,
     ) -> impl Future<Output = Result<(), Error>> + Send;
+    /// The status of the `SupervisorPool` `name` with its `resourceVersion`; `None` when the
+    /// object does not exist.
+    fn read_pool_status(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<(String, PoolStatus)>, Error>> + Send;
+    /// Replace that status, only if the object is still at `resource_version`: `false` when
+    /// it changed meanwhile (409), and nothing was written.
+    fn replace_pool_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        resource_version: &str,
+        status: &PoolStatus,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
     /// Set the [`supervised::CONDITION`] of `pod` (only if it still has its UID; a Pod gone
     /// or recreated counts as done), `since` its `lastTransitionTime`.
     fn set_supervised(
@@ -327,6 +343,40 @@ impl Cluster for Kube {
         bounded(self.recorder.publish(&event, &regarding)).await
     }
 
+    async fn read_pool_status(&self, namespace: &str, name: &str) -> Result<Option<(String, PoolStatus)>, Error> {
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &pool_resource());
+        let Some(object) = bounded(api.get_opt(name)).await? else {
+            return Ok(None);
+        };
+        let version = object.metadata.resource_version.clone().unwrap_or_default();
+        // A status this version cannot read is treated as empty (and stale).
+        let status = object
+            .data
+            .get("status")
+            .and_then(|s| serde_json::from_value(s.clone()).ok())
+            .unwrap_or_default();
+        Ok(Some((version, status)))
+    }
+
+    async fn replace_pool_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        resource_version: &str,
+        status: &PoolStatus,
+    ) -> Result<bool, Error> {
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &pool_resource());
+        let patch = serde_json::json!({
+            "metadata": { "resourceVersion": resource_version },
+            "status": status,
+        });
+        match bounded(api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))).await {
+            Ok(_) => Ok(true),
+            Err(Error::Api(kube::Error::Api(refused))) if refused.code == 409 || refused.code == 404 => Ok(false),
+            Err(err) => Err(err),
+        }
+    }
+
     async fn set_supervised(&self, pod: &Pod, condition: &Supervised, since: &str) -> Result<(), Error> {
         let api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
         let patch = supervised::patch(pod, condition, since);
@@ -386,6 +436,10 @@ pub enum Call {
         pod: Pod,
         condition: Supervised,
     },
+    ReplacePoolStatus {
+        resource_version: String,
+        status: Box<PoolStatus>,
+    },
 }
 
 /// A cluster that only reports each call on a channel (tests read the intended writes off
@@ -396,13 +450,29 @@ pub struct Recording {
     /// Namespaces whose writes are refused as the API server refuses them in a namespace
     /// being deleted.
     terminating: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
+    /// The pool status last written and how many writes it took (its `resourceVersion`).
+    pool: std::sync::Arc<std::sync::Mutex<(u64, Option<PoolStatus>)>>,
 }
 
 impl Recording {
     pub fn new() -> (Self, mpsc::UnboundedReceiver<Call>) {
         let (calls, rx) = mpsc::unbounded_channel();
         let terminating = std::sync::Arc::default();
-        (Self { calls, terminating }, rx)
+        let pool = std::sync::Arc::default();
+        (
+            Self {
+                calls,
+                terminating,
+                pool,
+            },
+            rx,
+        )
+    }
+
+    /// Replace the pool status as another writer would.
+    pub fn set_pool_status(&self, status: PoolStatus) {
+        let mut pool = self.pool.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        *pool = (pool.0 + 1, Some(status));
     }
 
     /// From now on, refuse writes in `namespace` as in a terminating namespace (the call is
@@ -462,7 +532,33 @@ impl Cluster for Recording {
             name: name.to_owned(),
             status: Box::new(status.clone()),
         });
-        self.refuses(namespace)
+        self.refuses(namespace)?;
+        self.set_pool_status(status.clone());
+        Ok(())
+    }
+
+    async fn read_pool_status(&self, _namespace: &str, _name: &str) -> Result<Option<(String, PoolStatus)>, Error> {
+        let pool = self.pool.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        Ok(pool.1.clone().map(|status| (pool.0.to_string(), status)))
+    }
+
+    async fn replace_pool_status(
+        &self,
+        _namespace: &str,
+        _name: &str,
+        resource_version: &str,
+        status: &PoolStatus,
+    ) -> Result<bool, Error> {
+        self.send(Call::ReplacePoolStatus {
+            resource_version: resource_version.to_owned(),
+            status: Box::new(status.clone()),
+        });
+        let mut pool = self.pool.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if pool.0.to_string() != resource_version {
+            return Ok(false);
+        }
+        *pool = (pool.0 + 1, Some(status.clone()));
+        Ok(true)
     }
 
     async fn set_operation_finalizers(

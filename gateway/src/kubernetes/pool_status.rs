@@ -28,6 +28,15 @@ pub const PLURAL: &str = "supervisorpools";
 /// The one pool object of an install.
 pub const POOL_NAME: &str = "openshell";
 
+/// A coordinator rewrites the status at least this often, even when nothing changed, so a
+/// fresh `observedAt` proves one is at work.
+pub const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(10);
+/// With `observedAt` older than this and the store unreachable from a replica, that replica
+/// marks the status `Unknown`: no coordinator has read the store since.
+pub const UNKNOWN_AFTER: std::time::Duration = std::time::Duration::from_secs(20);
+/// The reason of the conditions then.
+pub const STORE_UNREACHABLE: &str = "StoreUnreachable";
+
 /// Condition types.
 pub const READY: &str = "Ready";
 pub const COORDINATOR_ELECTED: &str = "CoordinatorElected";
@@ -35,8 +44,13 @@ pub const DEGRADED: &str = "Degraded";
 
 /// `.status` of the `SupervisorPool`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct PoolStatus {
+    /// When the coordinator last read the pool from the store for this status (RFC 3339,
+    /// database clock): the time of the last good read, refreshed at least every
+    /// [`HEARTBEAT`] while a coordinator writes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub observed_at: Option<String>,
     pub coordinator: Option<CoordinatorStatus>,
     /// Members that take instances / live members, e.g. `2/2`.
     pub ready_members: String,
@@ -197,6 +211,7 @@ pub fn desired(
     ];
     stamp(&mut conditions, previous.map_or(&[], |p| &p.conditions), view.now_ms);
     PoolStatus {
+        observed_at: Some(transition_time(view.now_ms)),
         coordinator,
         ready_members: format!("{taking}/{live}"),
         ready_instances: format!("{}/{}", counts.active, counts.total),
@@ -206,6 +221,48 @@ pub fn desired(
         operations: operations_of(view),
         conditions,
     }
+}
+
+/// Whether `next` says something `applied` does not, besides the time it was read.
+pub fn differs(applied: &PoolStatus, next: &PoolStatus) -> bool {
+    let mut a = applied.clone();
+    a.observed_at.clone_from(&next.observed_at);
+    &a != next
+}
+
+/// What a replica that cannot read the store (its wall clock `now_ms`) writes over the status
+/// `current` when no coordinator has refreshed it for [`UNKNOWN_AFTER`]: `Ready`,
+/// `CoordinatorElected` and `Degraded` become `Unknown` (reason [`STORE_UNREACHABLE`]) and
+/// the rest stays as last read, `observedAt` saying when. `None` when the status is fresh,
+/// or already says so.
+pub fn unreadable(current: &PoolStatus, now_ms: i64, replica: &str) -> Option<PoolStatus> {
+    let observed_ms = current
+        .observed_at
+        .as_deref()
+        .and_then(|at| at.parse::<Timestamp>().ok())
+        .map_or(0, |at| at.as_millisecond());
+    let stale_ms = i64::try_from(UNKNOWN_AFTER.as_millis()).unwrap_or(i64::MAX);
+    if now_ms.saturating_sub(observed_ms) < stale_ms {
+        return None;
+    }
+    let ready = current.conditions.iter().find(|c| c.type_ == READY);
+    if ready.is_some_and(|c| c.status == "Unknown" && c.reason == STORE_UNREACHABLE) {
+        return None;
+    }
+    let since = current.observed_at.as_deref().unwrap_or("never");
+    let message = format!(
+        "no gateway replica has read the pool's store since {since} ({replica} cannot reach it); the rest of this status is from then"
+    );
+    let at = transition_time(now_ms);
+    let mut status = current.clone();
+    status.conditions = [READY, COORDINATOR_ELECTED, DEGRADED]
+        .into_iter()
+        .map(|type_| Condition {
+            last_transition_time: at.clone(),
+            ..unknown(type_, STORE_UNREACHABLE, message.clone())
+        })
+        .collect();
+    Some(status)
 }
 
 fn state_name(name: &str, prefix: &str) -> String {

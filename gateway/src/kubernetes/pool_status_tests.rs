@@ -165,13 +165,14 @@ fn a_healthy_pool_is_ready_with_its_coordinator_members_and_counts() {
     assert_eq!(json["readyMembers"], "2/2");
     assert_eq!(json["instances"]["active"], 3);
     assert_eq!(json["coordinator"]["replica"], "openshell-gateway-0");
-    // The same pool later: nothing changed, so nothing to write.
+    // The same pool later: nothing changed but the time of the read, so nothing to write
+    // (until the heartbeat is due).
     let mut later = view();
     later.now_ms += 5_000;
-    assert_eq!(
-        desired(&later, Some(&lease()), UnsupervisedPods::default(), Some(&status)),
-        status
-    );
+    assert!(!differs(
+        &status,
+        &desired(&later, Some(&lease()), UnsupervisedPods::default(), Some(&status))
+    ));
 }
 
 #[test]
@@ -461,4 +462,42 @@ fn running_pods_admitted_without_supervision_degrade_the_pool() {
         "{}",
         degraded.message
     );
+}
+
+#[test]
+fn a_status_nobody_refreshed_is_marked_unknown_once_and_a_fresh_one_never() {
+    let status = desired(&view(), Some(&lease()), UnsupervisedPods::default(), None);
+    let observed = status.observed_at.clone().expect("the status says when it was read");
+    let read_ms = view().now_ms;
+    let stale = i64::try_from(UNKNOWN_AFTER.as_millis()).unwrap();
+    assert_eq!(unreadable(&status, read_ms + stale - 1000, "gw-1"), None, "fresh");
+    let marked = unreadable(&status, read_ms + stale, "gw-1").expect("stale");
+    for type_ in [READY, COORDINATOR_ELECTED, DEGRADED] {
+        assert_eq!(state(&marked, type_), ("Unknown".into(), STORE_UNREACHABLE.into()));
+    }
+    let ready = get(&marked, READY);
+    assert!(
+        ready.message.contains(&observed) && ready.message.contains("gw-1"),
+        "{}",
+        ready.message
+    );
+    assert_eq!(
+        marked.observed_at, status.observed_at,
+        "the time of the last good read stays"
+    );
+    assert_eq!(marked.members, status.members);
+    assert_eq!(unreadable(&marked, read_ms + 10 * stale, "gw-2"), None, "already said");
+    // A status without observedAt (never refreshed by this version) is stale too.
+    let old = PoolStatus {
+        observed_at: None,
+        ..status.clone()
+    };
+    assert!(unreadable(&old, read_ms, "gw-1").is_some());
+    // Only what it says counts as a change, not when it was read.
+    let later = PoolStatus {
+        observed_at: Some("2030-01-01T00:00:00Z".into()),
+        ..status.clone()
+    };
+    assert!(!differs(&status, &later));
+    assert!(differs(&status, &marked));
 }

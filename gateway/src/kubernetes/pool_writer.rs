@@ -1,8 +1,14 @@
-//! Keeps the `SupervisorPool` object's status current from the coordinator only: while this
+//! Keeps the `SupervisorPool` object's status current from the coordinator: while this
 //! replica holds the lease it computes [`pool_status::desired`] from the pool view once a
-//! second and applies it (server-side apply of the status subresource) only when it changed.
-//! Never on the hot path: it reads the published view and writes nothing to the store; a
-//! failed apply is retried the next second.
+//! second and applies it (server-side apply of the status subresource) when it changed, and
+//! at least every [`pool_status::HEARTBEAT`] so that `observedAt` stays fresh. Never on the
+//! hot path: it reads the published view and writes nothing to the store; a failed apply is
+//! retried the next second.
+//!
+//! The one write without the lease: when nobody can hold it because the store is out of
+//! reach. A replica that has not read the store for [`pool_status::UNKNOWN_AFTER`] and finds
+//! `observedAt` as old marks the status `Unknown` ([`pool_status::unreadable`]), only if the
+//! object is still as it read it (a coordinator's write in between wins).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,23 +56,29 @@ impl<C: Cluster> PoolWriter<C> {
     pub async fn run(self, lease: watch::Receiver<Option<Lease>>, shutdown: CancellationToken) {
         // The status last applied in this term; `None`: write it whole.
         let mut applied: Option<PoolStatus> = None;
+        let mut applied_at = tokio::time::Instant::now();
         let mut failing = false;
         let mut every = rounds(STATUS_INTERVAL);
         while next_round(&mut every, &shutdown).await {
+            let view = self.replica.view.borrow().clone();
+            let unread = view.read_at.is_none_or(|at| at.elapsed() >= pool_status::UNKNOWN_AFTER);
+            if unread {
+                self.mark_unknown().await;
+            }
             let Some(held) = lease.borrow().clone() else {
                 // Another replica coordinates now; a later term of ours starts over.
                 applied = None;
                 continue;
             };
-            let view = self.replica.view.borrow().clone();
-            if view.now_ms == 0 {
+            if view.now_ms == 0 || unread {
                 continue;
             }
             let unsupervised = self.shared.with(|index| {
                 pool_status::UnsupervisedPods::count(index.unsupervised().values().map(|p| p.reason.as_str()))
             });
             let next = pool_status::desired(&view, Some(&held), unsupervised, applied.as_ref());
-            if applied.as_ref() == Some(&next) {
+            let fresh = applied_at.elapsed() < pool_status::HEARTBEAT;
+            if applied.as_ref().is_some_and(|a| !pool_status::differs(a, &next)) && fresh {
                 continue;
             }
             // Only while the lease is still ours.
@@ -81,6 +93,7 @@ impl<C: Cluster> PoolWriter<C> {
                     debug!(ready = %next.ready_members, instances = %next.ready_instances, "SupervisorPool status applied");
                     failing = false;
                     applied = Some(next);
+                    applied_at = tokio::time::Instant::now();
                 }
                 Err(err) if !failing => {
                     warn!(error = %err, "cannot write the SupervisorPool status; retrying every second");
@@ -88,6 +101,36 @@ impl<C: Cluster> PoolWriter<C> {
                 }
                 Err(err) => debug!(error = %err, "cannot write the SupervisorPool status"),
             }
+        }
+    }
+
+    /// This replica cannot read the store: say so on the pool object if nobody has
+    /// refreshed it for as long.
+    async fn mark_unknown(&self) {
+        let current = match self.cluster.read_pool_status(&self.namespace, POOL_NAME).await {
+            Ok(Some(current)) => current,
+            Ok(None) => return,
+            Err(err) => {
+                debug!(error = %err, "cannot read the SupervisorPool status");
+                return;
+            }
+        };
+        let (version, status) = current;
+        let now_ms = proto::trust::unix_ms(std::time::SystemTime::now());
+        let Some(marked) = pool_status::unreadable(&status, now_ms, &self.replica.name) else {
+            return;
+        };
+        match self
+            .cluster
+            .replace_pool_status(&self.namespace, POOL_NAME, &version, &marked)
+            .await
+        {
+            Ok(true) => warn!(
+                observed_at = status.observed_at.as_deref().unwrap_or("never"),
+                "the store is out of reach: SupervisorPool marked Unknown"
+            ),
+            Ok(false) => debug!("the SupervisorPool changed meanwhile: not marked Unknown"),
+            Err(err) => debug!(error = %err, "cannot mark the SupervisorPool Unknown"),
         }
     }
 }
