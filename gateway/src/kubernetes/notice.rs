@@ -274,19 +274,25 @@ fn unplaceable(before: &View, after: &View, out: &mut Vec<Notice>) {
     }
 }
 
-/// The instance of a Pod that finished was withdrawn (the writer's doing, not a view change).
-pub fn finished(instance: &InstanceRecord) -> Notice {
-    Notice {
-        regarding: workload_pod(instance),
-        related: None,
-        warning: false,
-        reason: REASON_WORKLOAD_FINISHED,
-        action: "Withdraw",
-        note: format!(
-            "instance {}/{} left the pool: its Pod finished, so there is nothing left to supervise or recover",
-            instance.namespace, instance.name
-        ),
-    }
+/// The Pods (by UID) that finished, each with an instance in `view`: it left the pool (the
+/// plan withdrew it, or its sidecar deregistered it when the workload exited).
+pub fn workloads_finished<'a>(uids: impl IntoIterator<Item = &'a str>, view: &View) -> Vec<Notice> {
+    let uids: std::collections::BTreeSet<&str> = uids.into_iter().collect();
+    view.instances
+        .values()
+        .filter(|i| uids.contains(i.uid.as_str()))
+        .map(|instance| Notice {
+            regarding: workload_pod(instance),
+            related: None,
+            warning: false,
+            reason: REASON_WORKLOAD_FINISHED,
+            action: "Withdraw",
+            note: format!(
+                "instance {}/{} left the pool: its Pod finished, so there is nothing left to supervise or recover",
+                instance.namespace, instance.name
+            ),
+        })
+        .collect()
 }
 
 /// A running Pod of a labelled namespace that the webhook admitted without supervision.

@@ -395,7 +395,12 @@ fn supervisors_scaled_to_zero_make_every_instance_unplaceable() {
 
 #[test]
 fn a_finished_workload_and_an_unsupervised_pod_are_told_on_their_pods() {
-    let done = finished(&instance("r1"));
+    let mut v = view(1_000);
+    v.instances.insert("r1".into(), instance("r1"));
+    assert!(workloads_finished(["another-uid"], &v).is_empty());
+    let told = workloads_finished([instance("r1").uid.as_str()], &v);
+    assert_eq!(told.len(), 1);
+    let done = &told[0];
     assert_eq!((done.reason, done.warning), (REASON_WORKLOAD_FINISHED, false));
     assert_eq!(done.regarding.name, "agent-a");
     assert!(done.regarding.uid.is_some());

@@ -65,6 +65,10 @@ impl<C: Cluster> Writer<C> {
         let mut ca_read: Option<Instant> = None;
         // Pods admitted without supervision whose Event this term published.
         let mut announced: BTreeSet<String> = BTreeSet::new();
+        // Pods seen running in this term (and those whose instance the plan withdrew because
+        // they finished): when they are seen finished, their WorkloadFinished is due.
+        let mut finishing: BTreeSet<String> = BTreeSet::new();
+        let mut withdrawn_finished: BTreeSet<String> = BTreeSet::new();
         // The Supervised condition this term set on each Pod, by UID.
         let mut conditions: BTreeMap<String, Supervised> = BTreeMap::new();
         loop {
@@ -120,7 +124,16 @@ impl<C: Cluster> Writer<C> {
                     continue;
                 }
                 match self.execute(&write, &keyring, ca.as_ref(), &mut sent).await {
-                    Ok(()) => {}
+                    Ok(()) => {
+                        if let Write::Withdraw {
+                            uid,
+                            cause: plan::Cause::PodFinished,
+                            ..
+                        } = &write
+                        {
+                            withdrawn_finished.insert(uid.clone());
+                        }
+                    }
                     // Gone for good: the plan drops it, nothing to retry or warn about.
                     Err(Error::Cluster(cluster::Error::NamespaceTerminating(namespace))) => {
                         info!(%namespace, "the namespace is being deleted: no more writes there");
@@ -133,6 +146,21 @@ impl<C: Cluster> Writer<C> {
                 }
             }
             self.replica.metrics.token_secrets_delivered(&sent);
+            // A Pod that finished: told once, whether the plan withdrew its instance just now or
+            // its sidecar deregistered it when the workload exited. Pods already finished when
+            // this term began were told by an earlier coordinator (or their instance is
+            // withdrawn now, by the plan).
+            let finished: Vec<notice::Notice> = self.shared.with(|index| {
+                finishing.append(&mut withdrawn_finished);
+                let newly = finishing.iter().filter(|uid| index.finished().contains(uid));
+                let told = notice::workloads_finished(newly.map(String::as_str), &before);
+                finishing = index
+                    .pods()
+                    .map(|p| p.uid.clone())
+                    .filter(|uid| !index.finished().contains(uid))
+                    .collect();
+                told
+            });
             // Each running Pod admitted without supervision gets its Event once per term.
             let unsupervised: Vec<Unsupervised> = self.shared.with(|index| {
                 let pods = index.unsupervised();
@@ -144,6 +172,7 @@ impl<C: Cluster> Writer<C> {
             });
             let notices = notices
                 .into_iter()
+                .chain(finished)
                 .chain(unsupervised.iter().map(notice::not_supervised));
             for notice in notices {
                 if !held(lease) {
@@ -271,13 +300,7 @@ impl<C: Cluster> Writer<C> {
                 self.replica.wake.notify_one();
                 match cause {
                     plan::Cause::PodGone => info!(%route, %uid, "the instance's Pod is gone: withdrawn"),
-                    plan::Cause::PodFinished => {
-                        info!(%route, %uid, "the instance's Pod finished: withdrawn");
-                        let instance = self.replica.view.borrow().instances.get(route).cloned();
-                        if let Some(instance) = instance {
-                            self.publish(notice::finished(&instance)).await;
-                        }
-                    }
+                    plan::Cause::PodFinished => info!(%route, %uid, "the instance's Pod finished: withdrawn"),
                 }
             }
         }

@@ -457,7 +457,7 @@ pub async fn the_supervised_condition_follows_each_pod(db: &TestDb) {
 }
 
 /// A Job's Pod finishes: its instance is withdrawn at once (not recovering, not counted) with
-/// a WorkloadFinished Event on the Pod. A running Pod the webhook admitted without
+/// a WorkloadFinished Event on the Pod — also when its sidecar deregistered it first. A running Pod the webhook admitted without
 /// supervision gets a NotSupervised warning on it, once, and the pool status counts it and
 /// is Degraded (PodsNotSupervised) until the Pod is gone.
 pub async fn finished_and_unsupervised_pods_are_told_apart_from_supervised_ones(db: &TestDb) {
@@ -477,6 +477,27 @@ pub async fn finished_and_unsupervised_pods_are_told_apart_from_supervised_ones(
     assert!(!notice.warning);
     let instance = db.store.instance("default/job-0").await.unwrap().unwrap();
     assert!(instance.withdrawn, "withdrawn before its Event");
+
+    // Another Job's sidecar deregistered its instance as the workload exited; its Pod
+    // finishes a moment later: the Event is on it all the same.
+    shared.with(|index| index.apply_pod(default_pod("job-1")));
+    register(&replica.endpoint(), &pod_token("job-1"), "job-1")
+        .await
+        .expect("the Pod's token is accepted");
+    next_call(&mut calls, "job-1 seen running", |c| {
+        supervised_of(c, "job-1").is_some_and(|s| s.reason != "NotRegistered")
+    })
+    .await;
+    assert!(db.store.withdraw_instance("default/job-1", "uid-job-1").await.unwrap());
+    next_call(&mut calls, "job-1 seen withdrawn", |c| {
+        supervised_of(c, "job-1").is_some_and(|s| s.reason == "Withdrawn")
+    })
+    .await;
+    shared.with(|index| index.apply_finished(default_pod("job-1")));
+    next_call(&mut calls, "WorkloadFinished on job-1", |c| {
+        event_on(c, REASON_WORKLOAD_FINISHED, "job-1").is_some()
+    })
+    .await;
 
     let root = Unsupervised {
         pod: default_pod("root-app"),
