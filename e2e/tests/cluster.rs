@@ -362,8 +362,11 @@ async fn the_user_flow_on_a_real_cluster() {
     flow.step("Deployment scaled down and up", Flow::scaled).await;
     flow.step("namespace label and token Secret", Flow::label_and_secret)
         .await;
-    flow.step("no member: missed deadline and unplaceable", Flow::no_member)
-        .await;
+    flow.step(
+        "no member: missed deadline, unplaceable, supervised again",
+        Flow::no_member,
+    )
+    .await;
     flow.step("uninstall", Flow::uninstall).await;
     flow.print_table(started.elapsed());
 }
@@ -1680,13 +1683,15 @@ impl Flow {
     ) -> Result<Value, Error> {
         let kubectl = self.kubectl.clone();
         let install = self.install.clone();
+        let last = std::sync::Mutex::new(Value::Null);
         let what = format!("SupervisorPool {type_} {} {reason}", status.unwrap_or(""));
-        wait_for(&what, MINUTE, || async {
+        let found = wait_for(&what, MINUTE, || async {
             let pool = kubectl
                 .json(&["get", "supervisorpool/openshell", "-n", &install])
                 .await
                 .ok()?;
             let found = pool.get("status")?.clone();
+            *last.lock().unwrap() = found.clone();
             let condition = found["conditions"]
                 .as_array()?
                 .iter()
@@ -1696,7 +1701,8 @@ impl Flow {
                 condition["reason"] == reason && status.is_none_or(|s| condition["status"] == s) && also(&found);
             holds.then_some(found)
         })
-        .await
+        .await;
+        found.map_err(|err| Error::Check(format!("{err}; the last status: {}", last.lock().unwrap())))
     }
 
     /// Every PostgreSQL process of the pool's database (the dev overlay's Pod) stopped with
@@ -1805,7 +1811,46 @@ impl Flow {
             .await?;
         self.rollout_status("openshell-supervisor", "180s").await?;
         let names: BTreeSet<String> = ["unplaced".to_owned()].into();
-        self.all_settled(&names, 2 * MINUTE).await.map(drop)
+        self.all_settled(&names, 2 * MINUTE).await?;
+        // The stopped workloads' containers restarted: each new process is supervised again,
+        // as the next generation of its Pod, with its PID and the Supervised condition.
+        let agents: BTreeSet<String> = self.agent_pods().await?.into_keys().collect();
+        let pool = self.pool.clone();
+        let ns = self.namespace.clone();
+        let status = wait_for("every stopped workload supervised again", 3 * MINUTE, || async {
+            let status = pool.status().await.ok()?;
+            let back = status
+                .of(&ns)
+                .into_iter()
+                .filter(|i| i.settled() && i.workload_pid != 0)
+                .filter(|i| agents.contains(&i.name))
+                .count();
+            (back == agents.len()).then_some(status)
+        })
+        .await?;
+        for name in agents.iter().filter(|n| *n != "unplaced") {
+            self.event(name, "WorkloadRestarted").await?;
+            let pod = self.kubectl.json(&["get", "pod", name, "-n", &ns]).await?;
+            let supervised = pod
+                .pointer("/status/conditions")
+                .and_then(Value::as_array)
+                .and_then(|c| c.iter().find(|c| c["type"] == "supervision.openshell.ai/Supervised"))
+                .cloned()
+                .unwrap_or_default();
+            check(supervised["status"] == "True", || {
+                format!("{name}: the Supervised condition is True again: {supervised}")
+            })?;
+        }
+        eprintln!(
+            "   {} workloads supervised again: {:?}",
+            agents.len(),
+            status
+                .of(&ns)
+                .iter()
+                .map(|i| (&i.name, i.workload_pid))
+                .collect::<Vec<_>>()
+        );
+        Ok(())
     }
 
     async fn uninstall(&mut self) -> Result<(), Error> {

@@ -120,7 +120,20 @@ impl InstanceRegistry for Registry {
         let token = self.instance_token(&caller, &instance.uid)?;
         let limit = self.replica.quota.limit(&instance.namespace)?;
         let store = &self.replica.store;
-        let generation = match store.register_instance_within(&registration, Some(limit)).await {
+        let mut registered = store.register_instance_within(&registration, Some(limit)).await;
+        // The same Pod asking for the generation after its withdrawn one: its workload's
+        // container restarted, and the new process is supervised from scratch.
+        if let Ok(Registered::Withdrawn { generation }) = registered
+            && i64::try_from(instance.generation).is_ok_and(|asked| asked > generation)
+        {
+            registered = store
+                .revive_instance_within(&registration, generation, Some(limit))
+                .await;
+            if let Ok(Registered::Desired { generation }) = registered {
+                info!(route = %request.route, generation, "a restarted workload registered again");
+            }
+        }
+        let generation = match registered {
             Ok(Registered::OverQuota { registered, limit }) => {
                 warn!(namespace = %instance.namespace, registered, limit, route = %request.route,
                       "registration refused: the namespace's instance quota is used up");
@@ -131,10 +144,11 @@ impl InstanceRegistry for Registry {
                 )));
             }
             Ok(Registered::Desired { generation }) => generation,
-            Ok(Registered::Withdrawn { .. }) => {
-                return Err(Status::failed_precondition(
-                    "this instance was withdrawn; start a new workload",
-                ));
+            Ok(Registered::Withdrawn { generation }) => {
+                return Err(Status::failed_precondition(format!(
+                    "this instance (generation {generation}) was withdrawn; register generation {} for a new workload process",
+                    generation + 1
+                )));
             }
             Ok(Registered::Replaced) => {
                 return Err(Status::failed_precondition(

@@ -63,6 +63,12 @@ pub struct Config {
     #[arg(long, env = "OPENSHELL_SIDECAR_IDLE_TIMEOUT_SECONDS", default_value_t = 300,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub idle_timeout_seconds: u64,
+    /// The Pod's `restartPolicy` (the webhook sets it when it is not `Always`): whether the
+    /// kubelet starts the workload's container again after its process ended, so that the
+    /// sidecar supervises the next process as the next generation.
+    #[arg(long, env = "OPENSHELL_WORKLOAD_RESTART_POLICY", default_value = "Always",
+          value_parser = ["Always", "OnFailure", "Never"])]
+    pub restart_policy: String,
     /// `--log-format` (`OPENSHELL_LOG_FORMAT`): text or json.
     #[command(flatten)]
     pub log: plumbing::logging::LogArgs,
@@ -94,6 +100,20 @@ impl Config {
 
     pub fn stop_grace(&self) -> Duration {
         Duration::from_secs(self.stop_grace_seconds)
+    }
+
+    /// Whether, after the instance ended with `outcome`, the workload's container runs again
+    /// (in a Pod, by its restart policy) and its next process is supervised as the next
+    /// generation. A stop at the recovery deadline is a failure exit; a process that exited
+    /// on its own may have succeeded, which `OnFailure` does not restart.
+    pub fn supervises_next(&self, outcome: crate::Outcome) -> bool {
+        use crate::Outcome::{Exited, RecoveryFailed};
+        self.command.is_empty()
+            && match self.restart_policy.as_str() {
+                "Always" => matches!(outcome, Exited | RecoveryFailed),
+                "OnFailure" => outcome == RecoveryFailed,
+                _ => false,
+            }
     }
 
     /// The workload endpoint's bounds.
@@ -229,6 +249,25 @@ mod tests {
         assert_eq!(c.issuer, proto::trust::DEFAULT_ISSUER);
         assert_eq!(c.command, ["sleep", "600"]);
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn the_next_process_is_supervised_only_as_the_kubelet_restarts_it() {
+        use crate::Outcome::{Exited, RecoveryFailed, Released, Shutdown};
+        let always = parse(&[]);
+        assert!(always.supervises_next(Exited) && always.supervises_next(RecoveryFailed));
+        assert!(!always.supervises_next(Released) && !always.supervises_next(Shutdown));
+        let on_failure = parse(&["--restart-policy", "OnFailure"]);
+        assert!(on_failure.supervises_next(RecoveryFailed) && !on_failure.supervises_next(Exited));
+        let never = parse(&["--restart-policy", "Never"]);
+        assert!(!never.supervises_next(RecoveryFailed) && !never.supervises_next(Exited));
+        let local = parse(&["--", "sleep", "600"]);
+        assert!(
+            !local.supervises_next(Exited),
+            "a started workload is the launcher's to restart"
+        );
+        let all = [&["sidecar"][..], &["--restart-policy", "Sometimes"]].concat();
+        assert!(Config::try_parse_from(all).is_err());
     }
 
     #[test]

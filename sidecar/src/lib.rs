@@ -67,7 +67,9 @@ pub enum Error {
 }
 
 /// Runs the sidecar until the instance ends or `shutdown` is cancelled (graceful: streams are
-/// closed, a workload the sidecar started is stopped, the instance stays registered).
+/// closed, a workload the sidecar started is stopped, the instance stays registered). In a
+/// Pod (no command), run again after an end, it supervises the workload's next process as
+/// the next generation.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome, Error> {
     config.validate()?;
     let cfg = Arc::new(config);
@@ -82,9 +84,16 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
         None => State::new(&route, &cfg.uid),
     };
     if let Some(ended) = &state.ended {
-        info!(%ended, "this instance already ended; waiting for shutdown");
-        shutdown.cancelled().await;
-        return Ok(Outcome::Shutdown);
+        if !state.next_generation {
+            info!(%ended, "this instance already ended; waiting for shutdown");
+            shutdown.cancelled().await;
+            return Ok(Outcome::Shutdown);
+        }
+        // The kubelet restarts the workload's container: its next process is supervised as
+        // the next generation.
+        info!(%ended, generation = state.generation, "the instance ended; supervising the workload's next process as a new generation");
+        state = state.next_generation();
+        file.save(&state)?;
     }
     let listener = workload::bind(&cfg.socket)?;
     let (pinned, exit) = start_workload(&cfg, &mut state).await?;
@@ -111,7 +120,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
             namespace: cfg.namespace.clone(),
             name: cfg.name.clone(),
             uid: cfg.uid.clone(),
-            generation: state.generation,
+            generation: state.registering(),
         }),
         registration_material: material.encode(),
         workload: pinned.as_ref().map(|p| p.identity.clone()),
@@ -147,7 +156,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
     let (link_tx, links) = mpsc::channel(256);
 
     info!(%route, uid = %cfg.uid, fence = state.fence.activated, "sidecar started");
-    let mut engine = Driver::new(cfg.clone(), state, file, pinned, link_tx, workload_pid);
+    let mut engine = Driver::new(cfg.clone(), state, file.clone(), pinned, link_tx, workload_pid);
     let inputs = Inputs {
         links,
         workload: workload_rx,
@@ -158,6 +167,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
     renewal.abort();
     serving.cancel();
     let outcome = engine.finish(ending, exit, &registration).await;
+    if cfg.supervises_next(outcome) {
+        // Marked once the end is durable: the next run supervises the next process.
+        if let Some(mut ended) = file.load()? {
+            ended.next_generation = true;
+            file.save(&ended)?;
+        }
+    }
     let _ = server.await;
     let _ = std::fs::remove_file(&cfg.socket);
     info!(?outcome, "sidecar finished");

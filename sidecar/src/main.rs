@@ -32,7 +32,16 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     // Without a command the sidecar is a Pod's long-lived container: once the instance has
     // ended it stays up (idle) until the Pod stops it, instead of being restarted.
     let idle_after_end = config.command.is_empty();
-    let outcome = sidecar::run(config, shutdown.clone()).await.context("sidecar failed")?;
+    let mut outcome = sidecar::run(config.clone(), shutdown.clone())
+        .await
+        .context("sidecar failed")?;
+    // The workload's process ended and its container restarts: its next process is the next
+    // generation (a stop at the recovery deadline restarts this container below instead).
+    while config.supervises_next(outcome) && outcome == Outcome::Exited && !shutdown.is_cancelled() {
+        outcome = sidecar::run(config.clone(), shutdown.clone())
+            .await
+            .context("sidecar failed")?;
+    }
     if idle_after_end && outcome != Outcome::Shutdown {
         shutdown.cancelled().await;
     }

@@ -47,8 +47,14 @@ pub struct State {
     /// Wall-clock deadline (Unix ms) of the running recovery episode: a restart does not
     /// extend it.
     pub recovery_deadline_at_ms: Option<i64>,
-    /// Set once the instance ended (released, exited, recovery failed): nothing more to do.
+    /// Set once the instance ended (released, exited, recovery failed): nothing more to do
+    /// for this generation.
     pub ended: Option<String>,
+    /// With `ended`: the workload's container runs again, and the next run supervises its next
+    /// process. Without: that next generation is being registered (`generation + 1` is asked
+    /// for until the registry has assigned it).
+    #[serde(default)]
+    pub next_generation: bool,
 }
 
 impl State {
@@ -64,6 +70,30 @@ impl State {
             workload: None,
             recovery_deadline_at_ms: None,
             ended: None,
+            next_generation: false,
+        }
+    }
+
+    /// The state for the next generation of the same Pod, after this one ended (its workload
+    /// container restarts): a new receipt key, no pinned workload, no recovery in progress.
+    /// The fence starts over once the registry assigns the generation, as for any new one.
+    pub fn next_generation(self) -> Self {
+        Self {
+            receipt_key: ReceiptKey::generate(),
+            workload: None,
+            recovery_deadline_at_ms: None,
+            ended: None,
+            next_generation: true,
+            ..self
+        }
+    }
+
+    /// The generation to register: the persisted one, or the next once this one ended.
+    pub fn registering(&self) -> u64 {
+        if self.next_generation {
+            self.generation + 1
+        } else {
+            self.generation
         }
     }
 }
@@ -142,6 +172,34 @@ mod tests {
         let shown = format!("{state:?}");
         let key = serde_json::to_string(&state.receipt_key).unwrap();
         assert!(!shown.contains(key.trim_matches('"')), "Debug must not show the key");
+    }
+
+    #[test]
+    fn the_next_generation_keeps_the_identity_and_forgets_the_workload() {
+        let mut state = State::new("team-a/agent", "u-1");
+        state.generation = 3;
+        state.fence.activated = 7;
+        state.ended = Some("workload exited".into());
+        state.recovery_deadline_at_ms = Some(1);
+        let key = state.receipt_key.clone();
+        assert_eq!(state.registering(), 3);
+        let next = state.clone().next_generation();
+        assert_eq!((next.route.as_str(), next.uid.as_str()), ("team-a/agent", "u-1"));
+        assert_eq!(
+            (
+                next.ended.as_ref(),
+                next.workload.as_ref(),
+                next.recovery_deadline_at_ms
+            ),
+            (None, None, None)
+        );
+        assert!(next.receipt_key != key, "a new receipt key");
+        assert_eq!(next.registering(), 4);
+        // A state written before the field existed still loads.
+        let mut json = serde_json::to_value(&state).unwrap();
+        json.as_object_mut().unwrap().remove("next_generation");
+        let old: State = serde_json::from_value(json).unwrap();
+        assert!(!old.next_generation);
     }
 
     #[test]

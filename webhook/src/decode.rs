@@ -3,7 +3,7 @@
 //! without allocating (`managedFields`, `userInfo`, `options`, `status`, and in the Pod spec
 //! everything but the names, env, volume mounts and devices and security contexts of the
 //! containers, init containers and ephemeral containers, the volumes, the Pod's security
-//! context and the three flags the decision reads).
+//! context, the three flags the decision reads and the restart policy the sidecar is told).
 //!
 //! [`pruned`] returns `None` for anything that does not fit the view (wrong types, duplicate
 //! keys, arrays where objects belong); the caller then decodes the whole body as a `Value`, so
@@ -95,6 +95,8 @@ struct SpecIn {
     host_pid: Option<Value>,
     #[serde(rename = "shareProcessNamespace")]
     share_process_namespace: Option<Value>,
+    #[serde(rename = "restartPolicy")]
+    restart_policy: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -184,6 +186,7 @@ impl SpecIn {
             insert(spec, "hostNetwork", self.host_network);
             insert(spec, "hostPID", self.host_pid);
             insert(spec, "shareProcessNamespace", self.share_process_namespace);
+            insert(spec, "restartPolicy", self.restart_policy);
         })
     }
 }

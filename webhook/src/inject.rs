@@ -599,17 +599,25 @@ impl Injector {
             // After the workload's containers, so the Pod's default container is unchanged.
             SidecarMode::Container => patch.add_json(format_args!("/spec/containers/-"), sidecar),
         }
+        let sidecar_at = match mode {
+            SidecarMode::Native => "/spec/initContainers/0".to_owned(),
+            SidecarMode::Container => format!("/spec/containers/{}", containers.len()),
+        };
         if let Some(uid) = fit.sidecar_uid {
             // The workload's UID, which the sidecar needs to follow it (shape::assess).
-            match mode {
-                SidecarMode::Native => {
-                    patch.add_value(format_args!("/spec/initContainers/0/securityContext/runAsUser"), &uid)
-                }
-                SidecarMode::Container => patch.add_value(
-                    format_args!("/spec/containers/{}/securityContext/runAsUser", containers.len()),
-                    &uid,
-                ),
-            }
+            patch.add_value(format_args!("{sidecar_at}/securityContext/runAsUser"), &uid);
+        }
+        // Whether the kubelet starts the workload again after its process ended, so that the
+        // sidecar supervises the next one (absent: Always, the sidecar's default).
+        if let Some(policy) = spec
+            .get("restartPolicy")
+            .and_then(Value::as_str)
+            .filter(|p| matches!(*p, "OnFailure" | "Never"))
+        {
+            patch.add_value(
+                format_args!("{sidecar_at}/env/-"),
+                &json!({ "name": "OPENSHELL_WORKLOAD_RESTART_POLICY", "value": policy }),
+            );
         }
 
         // 2. On every workload container: the supervisor route and the socket path (never

@@ -922,6 +922,47 @@ fn the_sidecar_runs_as_the_workloads_own_uid() {
     }
 }
 
+/// A Job's Pod (`restartPolicy: Never` or `OnFailure`) tells its sidecar, which supervises a
+/// restarted workload only as the kubelet restarts it; a Pod that restarts always says nothing.
+#[test]
+fn the_sidecar_is_told_the_pods_restart_policy_unless_always() {
+    let injector = injector();
+    for mode in [SidecarMode::Native, SidecarMode::Container] {
+        for policy in [None, Some("Always"), Some("OnFailure"), Some("Never")] {
+            let mut review = fixture("pod-create-plain.json");
+            review["request"]["object"]["metadata"]["annotations"] = json!({ SIDECAR_MODE_ANNOTATION: mode.as_str() });
+            if let Some(policy) = policy {
+                review["request"]["object"]["spec"]["restartPolicy"] = json!(policy);
+            }
+            let reviewed = mutate(&review, &injector);
+            assert_eq!(reviewed.outcome, Outcome::Injected(mode));
+            let patched = apply(&review["request"]["object"], &patch_of(&reviewed).unwrap()).unwrap();
+            let list = match mode {
+                SidecarMode::Native => "initContainers",
+                SidecarMode::Container => "containers",
+            };
+            let sidecar = patched["spec"][list]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["name"] == SIDECAR_NAME)
+                .unwrap();
+            let told = sidecar["env"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|e| e["name"] == "OPENSHELL_WORKLOAD_RESTART_POLICY")
+                .map(|e| e["value"].clone());
+            let expected = policy.filter(|p| *p != "Always").map(|p| json!(p));
+            assert_eq!(told, expected, "{mode:?} {policy:?}");
+            assert_eq!(
+                patched["spec"]["restartPolicy"],
+                review["request"]["object"]["spec"]["restartPolicy"]
+            );
+        }
+    }
+}
+
 #[test]
 fn excluded_pods_are_admitted_untouched() {
     let injector = injector();

@@ -24,6 +24,8 @@ pub const REASON_UNPLACEABLE: &str = "InstanceUnplaceable";
 pub const REASON_MEMBER_JOINED: &str = "MemberJoined";
 pub const REASON_MEMBER_LOST: &str = "MemberLost";
 pub const REASON_MEMBER_LEFT: &str = "MemberLeft";
+/// The same Pod registered the next generation: its workload's container restarted.
+pub const REASON_WORKLOAD_RESTARTED: &str = "WorkloadRestarted";
 /// The workload's Pod finished: its instance left the pool.
 pub const REASON_WORKLOAD_FINISHED: &str = "WorkloadFinished";
 /// The webhook admitted the Pod without supervision (the note says why).
@@ -62,6 +64,7 @@ pub fn diff(before: &View, after: &View, install_namespace: &str) -> Vec<Notice>
     failed_recoveries(before, after, &mut notices);
     stopped_at_the_deadline(before, after, install_namespace, &mut notices);
     unplaceable(before, after, &mut notices);
+    restarted(before, after, &mut notices);
     for notice in &mut notices {
         bound_note(&mut notice.note);
     }
@@ -244,6 +247,31 @@ fn stopped_at_the_deadline(before: &View, after: &View, install_namespace: &str,
             note: format!(
                 "instance {}/{}: the workload was stopped because no supervisor took it over before its recovery deadline{last}",
                 instance.namespace, instance.name
+            ),
+        });
+    }
+}
+
+/// Instances of the same Pod registered again at a later generation since `before`: the
+/// workload's container restarted (after a stop at the recovery deadline, a crash, an OOM
+/// kill) and its new process is supervised from scratch.
+fn restarted(before: &View, after: &View, out: &mut Vec<Notice>) {
+    for instance in after.instances.values().filter(|i| !i.withdrawn) {
+        let Some(was) = before.instances.get(&instance.route) else {
+            continue;
+        };
+        if was.uid != instance.uid || was.generation >= instance.generation {
+            continue;
+        }
+        out.push(Notice {
+            regarding: workload_pod(instance),
+            related: None,
+            warning: false,
+            reason: REASON_WORKLOAD_RESTARTED,
+            action: "Register",
+            note: format!(
+                "instance {}/{}: the workload's container restarted; its new process is supervised as generation {}",
+                instance.namespace, instance.name, instance.generation
             ),
         });
     }

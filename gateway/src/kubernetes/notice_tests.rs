@@ -419,3 +419,38 @@ fn a_finished_workload_and_an_unsupervised_pod_are_told_on_their_pods() {
     assert!(notice.note.contains("runs_as_root"), "{}", notice.note);
     assert!(notice.note.len() <= MAX_NOTE_BYTES, "a long annotation is cut");
 }
+
+#[test]
+fn the_same_pod_at_a_later_generation_is_a_restart() {
+    let mut before = view(1_000);
+    let mut withdrawn = instance("r1");
+    withdrawn.withdrawn = true;
+    before.instances.insert("r1".into(), withdrawn);
+    let mut after = view(2_000);
+    let mut next = instance("r1");
+    next.generation = 2;
+    after.instances.insert("r1".into(), next.clone());
+    let notices = diff(&before, &after, "openshell-supervision");
+    let restarts: Vec<_> = notices
+        .iter()
+        .filter(|n| n.reason == REASON_WORKLOAD_RESTARTED)
+        .collect();
+    assert_eq!(restarts.len(), 1, "{notices:?}");
+    assert!(restarts[0].note.contains("generation 2"));
+    // Another Pod under the name is a new Pod, not a restart; the same view again, nothing.
+    let mut other = next.clone();
+    other.uid = "another".into();
+    other.generation = 3;
+    let mut replaced = view(3_000);
+    replaced.instances.insert("r1".into(), other);
+    assert!(
+        diff(&after, &replaced, "i")
+            .iter()
+            .all(|n| n.reason != REASON_WORKLOAD_RESTARTED)
+    );
+    assert!(
+        diff(&after, &after, "i")
+            .iter()
+            .all(|n| n.reason != REASON_WORKLOAD_RESTARTED)
+    );
+}

@@ -126,6 +126,50 @@ impl Store {
         })
     }
 
+    /// The same workload (Pod UID) of a withdrawn instance, asking for the generation after
+    /// `withdrawn_generation` (its container restarted after the sidecar stopped it, or after
+    /// the process exited): desired again at that next generation, from scratch — its new
+    /// material, no workload checkpoint, no withdrawal. Only if the row is still that
+    /// withdrawn generation of that workload (else [`Store::register_instance`] decides), and
+    /// within the namespace's quota like any new workload.
+    pub async fn revive_instance_within(
+        &self,
+        r: &Registration,
+        withdrawn_generation: i64,
+        limit: Option<u32>,
+    ) -> Result<Registered> {
+        let r = r.clone();
+        self.detached(move |store| async move {
+            let sealed = Registration {
+                material: SecretBytes(store.seal_material(&r.route, &r.uid, &r.material.0)?),
+                ..r.clone()
+            };
+            let mut tx = store.pool.begin_with(store.backend.begin_sql()).await?;
+            if let Some(refused) = store.over_quota(&mut tx, &sealed, limit).await? {
+                return Ok(refused);
+            }
+            let revived = bind_registration(
+                &format!(
+                    "UPDATE instances SET namespace = $2, name = $3, generation = generation + 1, material = $5,                        registered_at_ms = ({clock}), withdrawn = FALSE, withdrawn_at_ms = NULL, withdrawn_reason = NULL,                        withdrawn_owner = NULL, withdrawn_term = NULL, checkpoint_pid = NULL,                        checkpoint_start_ticks = NULL, checkpoint_exe_digest = NULL                      WHERE route = $1 AND uid = $4 AND withdrawn AND generation = $6",
+                    clock = store.backend.clock_expr()
+                ),
+                &sealed,
+            )
+            .bind(withdrawn_generation)
+            .execute(&mut *tx)
+            .await?;
+            if revived.rows_affected() == 0 {
+                drop(tx);
+                return store.register_instance_now(&r, limit).await;
+            }
+            tx.commit().await?;
+            Ok(Registered::Desired {
+                generation: withdrawn_generation + 1,
+            })
+        })
+        .await
+    }
+
     /// [`Registered::OverQuota`] when `r` is a new workload of its namespace and the
     /// namespace already has `limit` registered instances. Counted under a lock on the
     /// namespace's registrations (SQLite: the write lock), so concurrent ones count right.

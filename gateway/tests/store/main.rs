@@ -44,6 +44,7 @@ on_both_backends!(suite;
     members_of_a_silent_replica_expire_unless_it_runs_or_they_moved,
     operation_requests_are_idempotent_and_cancels_wait_for_the_coordinator,
     registration_assigns_generations_and_withdrawal_sticks,
+    a_withdrawn_workload_revives_as_the_next_generation_only,
     a_missed_recovery_deadline_withdraws_with_the_reason_and_last_owner,
     reports_never_regress_in_term,
     migrations_are_idempotent_across_replicas,

@@ -1268,6 +1268,71 @@ pub async fn registration_assigns_generations_and_withdrawal_sticks(db: &TestDb)
     assert!(!db.store.list_instances().await.unwrap()[0].withdrawn);
 }
 
+/// A withdrawn workload's Pod asks for the next generation (its container restarted): it is
+/// desired again from scratch, only at that next generation of that withdrawn row, and
+/// within the namespace's quota; a replaced workload never comes back this way either.
+pub async fn a_withdrawn_workload_revives_as_the_next_generation_only(db: &TestDb) {
+    let registration = |uid: &str, material: &str| Registration {
+        route: "team-a/agent-0".into(),
+        namespace: "team-a".into(),
+        name: "agent-0".into(),
+        uid: uid.into(),
+        material: SecretBytes(material.as_bytes().to_vec()),
+    };
+    db.store.register_instance(&registration("u1", "m1")).await.unwrap();
+    // Not withdrawn: a revival is an ordinary registration of the same generation.
+    assert_eq!(
+        db.store
+            .revive_instance_within(&registration("u1", "m1"), 1, None)
+            .await
+            .unwrap(),
+        Registered::Desired { generation: 1 }
+    );
+    assert!(
+        db.store
+            .report_recovery_failed("team-a/agent-0", "u1", Some(3))
+            .await
+            .unwrap()
+    );
+    // Full namespace: refused, nothing changed.
+    assert!(matches!(
+        db.store
+            .revive_instance_within(&registration("u1", "m2"), 1, Some(0))
+            .await
+            .unwrap(),
+        Registered::OverQuota { .. }
+    ));
+    assert!(db.store.list_instances().await.unwrap()[0].withdrawn);
+    // A stale generation changes nothing: the row decides.
+    assert_eq!(
+        db.store
+            .revive_instance_within(&registration("u1", "m2"), 7, None)
+            .await
+            .unwrap(),
+        Registered::Withdrawn { generation: 1 }
+    );
+    assert_eq!(
+        db.store
+            .revive_instance_within(&registration("u1", "m2"), 1, None)
+            .await
+            .unwrap(),
+        Registered::Desired { generation: 2 }
+    );
+    let revived = db.store.list_instances().await.unwrap().remove(0);
+    assert_eq!((revived.generation, revived.withdrawn), (2, false));
+    assert_eq!(revived.withdrawn_reason, None, "from scratch");
+    assert_eq!(revived.material.0, b"m2".to_vec(), "its new material");
+    // Replaced by another Pod: the old workload cannot revive.
+    db.store.register_instance(&registration("u2", "m3")).await.unwrap();
+    assert_eq!(
+        db.store
+            .revive_instance_within(&registration("u1", "m4"), 3, None)
+            .await
+            .unwrap(),
+        Registered::Replaced
+    );
+}
+
 pub async fn a_missed_recovery_deadline_withdraws_with_the_reason_and_last_owner(db: &TestDb) {
     let lease = acquire(&db.store, "gw-a/1", LONG).await;
     let registration = |route: &str, uid: &str| Registration {

@@ -272,6 +272,7 @@ impl<R: Reply> Machine<R> {
             self.mode = Mode::Unregistered;
         }
         self.state.generation = generation;
+        self.state.next_generation = false;
         self.instance.generation = generation;
         self.persist();
         self.dial.preferred = response

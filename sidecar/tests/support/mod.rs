@@ -432,6 +432,7 @@ impl Fixture {
             issuer: proto::trust::DEFAULT_ISSUER.into(),
             stop_grace_seconds: 5,
             idle_timeout_seconds: 300,
+            restart_policy: "Always".into(),
             log: LogArgs {
                 log_format: LogFormat::Text,
             },
