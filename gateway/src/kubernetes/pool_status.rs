@@ -118,9 +118,12 @@ pub struct InstanceCounts {
 /// Running Pods of labelled namespaces that the webhook admitted without supervision.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[serde(default)]
 pub struct UnsupervisedPods {
     pub total: u32,
-    /// By the webhook's reason code (`runs_as_root`, …).
+    /// By the webhook's reason code (`runs_as_root`, …). Left out when empty: server-side
+    /// apply turns a map emptied of the keys it owned into `null`, which the schema refuses.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub by_reason: BTreeMap<String, u32>,
 }
 

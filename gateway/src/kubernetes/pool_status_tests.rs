@@ -501,3 +501,16 @@ fn a_status_nobody_refreshed_is_marked_unknown_once_and_a_fresh_one_never() {
     assert!(!differs(&status, &later));
     assert!(differs(&status, &marked));
 }
+
+/// Server-side apply turns a map emptied of every key the gateway owned into `null`, which the
+/// CRD refuses (seen on the real cluster once the last unsupervised Pod went): an empty count
+/// by reason is left out.
+#[test]
+fn an_empty_count_by_reason_is_left_out_of_the_status() {
+    let json = serde_json::to_value(UnsupervisedPods::default()).unwrap();
+    assert_eq!(json, serde_json::json!({ "total": 0 }));
+    let json = serde_json::to_value(UnsupervisedPods::count(["runs_as_root"])).unwrap();
+    assert_eq!(json["byReason"]["runs_as_root"], 1);
+    let back: UnsupervisedPods = serde_json::from_value(serde_json::json!({ "total": 0 })).unwrap();
+    assert_eq!(back, UnsupervisedPods::default());
+}
