@@ -123,7 +123,9 @@ impl InstanceRegistry for Registry {
         let mut registered = store.register_instance_within(&registration, Some(limit)).await;
         // The same Pod asking for the generation after its withdrawn one: its workload's
         // container restarted, and the new process is supervised from scratch.
-        if let Ok(Registered::Withdrawn { generation }) = registered
+        // A lost deregistration leaves the row desired: the next generation is asked for all
+        // the same.
+        if let Ok(Registered::Withdrawn { generation } | Registered::Desired { generation }) = registered
             && i64::try_from(instance.generation).is_ok_and(|asked| asked > generation)
         {
             registered = store
@@ -217,7 +219,7 @@ impl InstanceRegistry for Registry {
         let withdrawn = self
             .replica
             .store
-            .withdraw_instance(&request.route, &instance.uid)
+            .withdraw_instance(&request.route, &instance.uid, generation_of(&instance))
             .await
             .map_err(|err| Status::unavailable(format!("cannot withdraw the instance: {err}")))?;
         // A withdrawal carrying another workload's uid (an older Pod of the same name) is a
@@ -265,7 +267,7 @@ impl InstanceRegistry for Registry {
         let withdrawn = self
             .replica
             .store
-            .report_recovery_failed(&request.route, &instance.uid, fence_term)
+            .report_recovery_failed(&request.route, &instance.uid, generation_of(&instance), fence_term)
             .await
             .map_err(|err| Status::unavailable(format!("cannot withdraw the instance: {err}")))?;
         if withdrawn {
@@ -274,4 +276,9 @@ impl InstanceRegistry for Registry {
         }
         Ok(Response::new(RecoveryFailedResponse {}))
     }
+}
+
+/// The generation a sidecar names (0, from a sidecar that does not know it yet: any).
+fn generation_of(instance: &InstanceRef) -> Option<i64> {
+    i64::try_from(instance.generation).ok().filter(|g| *g > 0)
 }

@@ -26,6 +26,51 @@ pub enum Error {
     Changed(u32),
 }
 
+/// `/proc/<pid>/stat` reports start times in these (`USER_HZ`, 100 on Linux whatever the
+/// kernel's own tick).
+const USER_HZ: f64 = 100.0;
+/// How often [`wait_for_new_process`] looks.
+const NEW_PROCESS_POLL: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Now, in the clock ticks since boot that `/proc/<pid>/stat` field 22 counts in.
+pub async fn ticks_since_boot() -> u64 {
+    let uptime = tokio::fs::read_to_string("/proc/uptime").await.unwrap_or_default();
+    let seconds: f64 = uptime
+        .split_whitespace()
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0.0);
+    (seconds * USER_HZ) as u64
+}
+
+/// Wait until a process other than this one, started after `since` (ticks since boot),
+/// runs in the PID namespace — the workload's container started again — and say `true`;
+/// `false` once `shutdown` is cancelled first.
+pub async fn wait_for_new_process(since: u64, shutdown: &tokio_util::sync::CancellationToken) -> bool {
+    let own = std::process::id();
+    loop {
+        if let Ok(mut dir) = tokio::fs::read_dir("/proc").await {
+            while let Ok(Some(entry)) = dir.next_entry().await {
+                let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                    continue;
+                };
+                if pid == own || pid == 1 {
+                    continue;
+                }
+                let stat = tokio::fs::read_to_string(entry.path().join("stat")).await;
+                let started = stat.ok().and_then(|text| parse_stat(&text));
+                if started.is_some_and(|s| s.start_time_ticks > since && !s.is_gone()) {
+                    return true;
+                }
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return false,
+            () = tokio::time::sleep(NEW_PROCESS_POLL) => {}
+        }
+    }
+}
+
 /// The fields of `/proc/<pid>/stat` the sidecar uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stat {
@@ -111,6 +156,28 @@ pub fn descends_from(pid: u32, ancestor: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_process_started_after_the_end_is_found_and_none_before_is() {
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let since = ticks_since_boot().await;
+        // Ticks are 10 ms: the child starts in a later one.
+        tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+        let mut child = tokio::process::Command::new("sleep")
+            .arg("5")
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let found = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            wait_for_new_process(since, &shutdown),
+        );
+        assert_eq!(found.await, Ok(true));
+        let _ = child.kill().await;
+        // Nothing started after the end of time: waits until the shutdown.
+        shutdown.cancel();
+        assert!(!wait_for_new_process(u64::MAX, &shutdown).await);
+    }
 
     #[test]
     fn stat_parsing_survives_hostile_comm_fields() {

@@ -90,8 +90,16 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
             return Ok(Outcome::Shutdown);
         }
         // The kubelet restarts the workload's container: its next process is supervised as
-        // the next generation.
-        info!(%ended, generation = state.generation, "the instance ended; supervising the workload's next process as a new generation");
+        // the next generation, once it runs. A Pod being deleted stops the sidecar first
+        // (its workload's containers stop before it), so nothing is registered again.
+        info!(%ended, generation = state.generation, "the instance ended; waiting for the workload's next process");
+        if !identity::wait_for_new_process(state.ended_at_ticks, &shutdown).await {
+            return Ok(Outcome::Shutdown);
+        }
+        info!(
+            generation = state.generation + 1,
+            "a new process started in the Pod: supervising it as the next generation"
+        );
         state = state.next_generation();
         file.save(&state)?;
     }
@@ -167,13 +175,6 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
     renewal.abort();
     serving.cancel();
     let outcome = engine.finish(ending, exit, &registration).await;
-    if cfg.supervises_next(outcome) {
-        // Marked once the end is durable: the next run supervises the next process.
-        if let Some(mut ended) = file.load()? {
-            ended.next_generation = true;
-            file.save(&ended)?;
-        }
-    }
     let _ = server.await;
     let _ = std::fs::remove_file(&cfg.socket);
     info!(?outcome, "sidecar finished");

@@ -35,9 +35,9 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let mut outcome = sidecar::run(config.clone(), shutdown.clone())
         .await
         .context("sidecar failed")?;
-    // The workload's process ended and its container restarts: its next process is the next
-    // generation (a stop at the recovery deadline restarts this container below instead).
-    while config.supervises_next(outcome) && outcome == Outcome::Exited && !shutdown.is_cancelled() {
+    // The workload's process ended (or was stopped at the recovery deadline) and the kubelet
+    // restarts its container: the next run supervises its next process as the next generation.
+    while config.supervises_next(outcome) && !shutdown.is_cancelled() {
         outcome = sidecar::run(config.clone(), shutdown.clone())
             .await
             .context("sidecar failed")?;

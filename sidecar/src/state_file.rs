@@ -55,6 +55,10 @@ pub struct State {
     /// for until the registry has assigned it).
     #[serde(default)]
     pub next_generation: bool,
+    /// When it ended, in clock ticks since boot (the unit of `/proc/<pid>/stat`): a process
+    /// started after it is the workload's next one.
+    #[serde(default)]
+    pub ended_at_ticks: u64,
 }
 
 impl State {
@@ -71,6 +75,7 @@ impl State {
             recovery_deadline_at_ms: None,
             ended: None,
             next_generation: false,
+            ended_at_ticks: 0,
         }
     }
 

@@ -111,7 +111,7 @@ pub trait Cluster: Send + Sync + 'static {
         notice: &OperationNotice,
     ) -> impl Future<Output = Result<(), Error>> + Send;
     /// The status of the `SupervisorPool` `name` with its `resourceVersion`; `None` when the
-    /// object does not exist.
+    /// object does not exist or has no status this version can read.
     fn read_pool_status(
         &self,
         namespace: &str,
@@ -349,13 +349,12 @@ impl Cluster for Kube {
             return Ok(None);
         };
         let version = object.metadata.resource_version.clone().unwrap_or_default();
-        // A status this version cannot read is treated as empty (and stale).
+        // A status this version cannot read is left alone (marking it would blank the rest).
         let status = object
             .data
             .get("status")
-            .and_then(|s| serde_json::from_value(s.clone()).ok())
-            .unwrap_or_default();
-        Ok(Some((version, status)))
+            .and_then(|s| serde_json::from_value(s.clone()).ok());
+        Ok(status.map(|status| (version, status)))
     }
 
     async fn replace_pool_status(
@@ -381,8 +380,13 @@ impl Cluster for Kube {
         let api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
         let patch = supervised::patch(pod, condition, since);
         match bounded(api.patch_status(&pod.name, &PatchParams::default(), &Patch::Strategic(&patch))).await {
-            // Gone, or recreated under its name (the UID precondition): nothing to say.
-            Err(Error::Api(kube::Error::Api(status))) if status.code == 404 || status.code == 409 => Ok(()),
+            // Gone, or recreated under its name (the UID precondition, 409, or 422 for a UID
+            // that is not the object's): nothing to say.
+            Err(Error::Api(kube::Error::Api(status)))
+                if status.code == 404 || status.code == 409 || status.code == 422 && status.message.contains("uid") =>
+            {
+                Ok(())
+            }
             other => other.map(|_| ()),
         }
     }

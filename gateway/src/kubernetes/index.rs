@@ -420,9 +420,16 @@ impl Index {
         &self.finished
     }
 
-    /// Running Pods admitted without supervision.
+    /// Running Pods admitted without supervision (any namespace: the label is anyone's to set).
     pub fn unsupervised(&self) -> &Pods<Unsupervised> {
         &self.unsupervised
+    }
+
+    /// Those of labelled namespaces: the only ones the pool counts, tells about and marks.
+    pub fn unsupervised_labelled(&self) -> impl Iterator<Item = &Unsupervised> {
+        self.unsupervised
+            .values()
+            .filter(|p| self.is_labelled(&p.pod.namespace))
     }
 
     pub fn version(&self) -> u64 {

@@ -233,19 +233,19 @@ pub fn differs(applied: &PoolStatus, next: &PoolStatus) -> bool {
     &a != next
 }
 
-/// What a replica that cannot read the store (its wall clock `now_ms`) writes over the status
-/// `current` when no coordinator has refreshed it for [`UNKNOWN_AFTER`]: `Ready`,
-/// `CoordinatorElected` and `Degraded` become `Unknown` (reason [`STORE_UNREACHABLE`]) and
-/// the rest stays as last read, `observedAt` saying when. `None` when the status is fresh,
-/// or already says so.
-pub fn unreadable(current: &PoolStatus, now_ms: i64, replica: &str) -> Option<PoolStatus> {
-    let observed_ms = current
-        .observed_at
-        .as_deref()
-        .and_then(|at| at.parse::<Timestamp>().ok())
-        .map_or(0, |at| at.as_millisecond());
-    let stale_ms = i64::try_from(UNKNOWN_AFTER.as_millis()).unwrap_or(i64::MAX);
-    if now_ms.saturating_sub(observed_ms) < stale_ms {
+/// What a replica that cannot read the store writes over the status `current` when it has
+/// seen the same `observedAt` for `unchanged_for` (on its own monotonic clock, so that no
+/// clock skew between replicas and the database counts) and that is at least
+/// [`UNKNOWN_AFTER`]: `Ready`, `CoordinatorElected` and `Degraded` become `Unknown` (reason
+/// [`STORE_UNREACHABLE`], `now_ms` their transition time) and the rest stays as last read,
+/// `observedAt` saying when. `None` when the status is fresh, or already says so.
+pub fn unreadable(
+    current: &PoolStatus,
+    unchanged_for: std::time::Duration,
+    now_ms: i64,
+    replica: &str,
+) -> Option<PoolStatus> {
+    if unchanged_for < UNKNOWN_AFTER {
         return None;
     }
     let ready = current.conditions.iter().find(|c| c.type_ == READY);
@@ -415,6 +415,7 @@ fn degraded(
         let reasons: Vec<String> = unsupervised
             .by_reason
             .iter()
+            .take(8)
             .map(|(reason, n)| format!("{reason}: {n}"))
             .collect();
         return condition(

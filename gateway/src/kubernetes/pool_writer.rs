@@ -6,9 +6,10 @@
 //! retried the next second.
 //!
 //! The one write without the lease: when nobody can hold it because the store is out of
-//! reach. A replica that has not read the store for [`pool_status::UNKNOWN_AFTER`] and finds
-//! `observedAt` as old marks the status `Unknown` ([`pool_status::unreadable`]), only if the
-//! object is still as it read it (a coordinator's write in between wins).
+//! reach. A replica that has not read the store for [`pool_status::UNKNOWN_AFTER`] and has
+//! seen the same `observedAt` for as long (on its own clock) marks the status `Unknown`
+//! ([`pool_status::unreadable`]), only if the object is still as it read it (a
+//! coordinator's write in between wins).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,11 +60,15 @@ impl<C: Cluster> PoolWriter<C> {
         let mut applied_at = tokio::time::Instant::now();
         let mut failing = false;
         let mut every = rounds(STATUS_INTERVAL);
+        // The `observedAt` this replica last read off the object, and since when it has.
+        let mut seen: Option<(Option<String>, tokio::time::Instant)> = None;
         while next_round(&mut every, &shutdown).await {
             let view = self.replica.view.borrow().clone();
             let unread = view.read_at.is_none_or(|at| at.elapsed() >= pool_status::UNKNOWN_AFTER);
             if unread {
-                self.mark_unknown().await;
+                self.mark_unknown(&mut seen).await;
+            } else {
+                seen = None;
             }
             let Some(held) = lease.borrow().clone() else {
                 // Another replica coordinates now; a later term of ours starts over.
@@ -74,7 +79,7 @@ impl<C: Cluster> PoolWriter<C> {
                 continue;
             }
             let unsupervised = self.shared.with(|index| {
-                pool_status::UnsupervisedPods::count(index.unsupervised().values().map(|p| p.reason.as_str()))
+                pool_status::UnsupervisedPods::count(index.unsupervised_labelled().map(|p| p.reason.as_str()))
             });
             let next = pool_status::desired(&view, Some(&held), unsupervised, applied.as_ref());
             let fresh = applied_at.elapsed() < pool_status::HEARTBEAT;
@@ -105,8 +110,8 @@ impl<C: Cluster> PoolWriter<C> {
     }
 
     /// This replica cannot read the store: say so on the pool object if nobody has
-    /// refreshed it for as long.
-    async fn mark_unknown(&self) {
+    /// refreshed it for as long as this replica has been looking (`seen`).
+    async fn mark_unknown(&self, seen: &mut Option<(Option<String>, tokio::time::Instant)>) {
         let current = match self.cluster.read_pool_status(&self.namespace, POOL_NAME).await {
             Ok(Some(current)) => current,
             Ok(None) => return,
@@ -116,8 +121,15 @@ impl<C: Cluster> PoolWriter<C> {
             }
         };
         let (version, status) = current;
+        let since = match seen.as_ref() {
+            Some((observed, since)) if *observed == status.observed_at => *since,
+            _ => {
+                *seen = Some((status.observed_at.clone(), tokio::time::Instant::now()));
+                return;
+            }
+        };
         let now_ms = proto::trust::unix_ms(std::time::SystemTime::now());
-        let Some(marked) = pool_status::unreadable(&status, now_ms, &self.replica.name) else {
+        let Some(marked) = pool_status::unreadable(&status, since.elapsed(), now_ms, &self.replica.name) else {
             return;
         };
         match self

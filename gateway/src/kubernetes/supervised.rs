@@ -62,7 +62,7 @@ pub fn desired(index: &Index, view: &View) -> BTreeMap<String, (Pod, Supervised)
         };
         out.insert(pod.uid.clone(), (pod.clone(), condition));
     }
-    for pod in index.unsupervised().values() {
+    for pod in index.unsupervised_labelled() {
         let condition = Supervised::no(
             "NotSupervised",
             format!("admitted without supervision ({}): {}", pod.reason, pod.message),
@@ -218,6 +218,11 @@ mod tests {
             reason: "runs_as_root".into(),
             message: "container \"app\" runs as root".into(),
         });
+        assert!(
+            !desired(&index, &v).contains_key("uid-root"),
+            "a label on a Pod of a namespace that is not labelled counts for nothing"
+        );
+        index.apply_namespace("team-a");
         let all = desired(&index, &v);
         assert_eq!(all["uid-new"].1.reason, "NotRegistered");
         assert_eq!(all[&finished.uid].1.reason, "Finished");

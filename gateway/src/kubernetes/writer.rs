@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use futures::StreamExt;
 use proto::timing::SECRET_RECHECK_INTERVAL;
 use proto::trust;
 use tokio::sync::watch;
@@ -18,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::cluster::{self, Cluster};
-use super::index::Unsupervised;
+use super::index::{Pod, Unsupervised};
 use super::notice;
 use super::plan::{self, Scope, Write};
 use super::supervised::{self, Supervised};
@@ -26,6 +27,19 @@ use super::watch::Shared;
 use crate::credentials::{self, Issued, Target};
 use crate::replica::Replica;
 use crate::store::Lease;
+
+/// Pods' `Supervised` conditions patched at once.
+pub const CONDITION_CALLS: usize = 16;
+/// At most this many condition patches per round of the writer.
+pub const CONDITIONS_PER_ROUND: usize = 256;
+
+/// What this term set of the Pods' `Supervised` conditions.
+#[derive(Default)]
+struct Conditions {
+    written: BTreeMap<String, Supervised>,
+    /// Pods whose patch failed, and when.
+    failed: HashMap<String, Instant>,
+}
 
 /// Everything the writer needs.
 pub struct Writer<C> {
@@ -70,7 +84,7 @@ impl<C: Cluster> Writer<C> {
         let mut finishing: BTreeSet<String> = BTreeSet::new();
         let mut withdrawn_finished: BTreeSet<String> = BTreeSet::new();
         // The Supervised condition this term set on each Pod, by UID.
-        let mut conditions: BTreeMap<String, Supervised> = BTreeMap::new();
+        let mut conditions = Conditions::default();
         loop {
             if !held(lease) {
                 return;
@@ -163,9 +177,9 @@ impl<C: Cluster> Writer<C> {
             });
             // Each running Pod admitted without supervision gets its Event once per term.
             let unsupervised: Vec<Unsupervised> = self.shared.with(|index| {
-                let pods = index.unsupervised();
-                announced.retain(|uid| pods.contains(uid));
-                pods.values()
+                announced.retain(|uid| index.unsupervised().contains(uid));
+                index
+                    .unsupervised_labelled()
                     .filter(|p| !announced.contains(&p.pod.uid))
                     .cloned()
                     .collect()
@@ -195,38 +209,64 @@ impl<C: Cluster> Writer<C> {
     }
 
     /// Set the `Supervised` condition of every Pod whose condition changed since this term
-    /// last set it (the first round of a term sets them all). `false` once the lease is gone.
+    /// last set it (the first round of a term sets them all), [`CONDITION_CALLS`] at a time
+    /// and at most [`CONDITIONS_PER_ROUND`] per round, so that a large pool delays the other
+    /// writes by one bounded batch; a Pod whose patch failed waits [`SECRET_RECHECK_INTERVAL`]
+    /// before it is tried again. `false` once the lease is gone.
     async fn keep_conditions(
         &self,
         lease: &watch::Receiver<Option<Lease>>,
         view: &crate::pool::View,
-        written: &mut BTreeMap<String, Supervised>,
+        kept: &mut Conditions,
     ) -> bool {
         if view.now_ms == 0 || !self.shared.with(|index| index.pods_synced()) {
             return true;
         }
         let desired = self.shared.with(|index| supervised::desired(index, view));
-        written.retain(|uid, _| desired.contains_key(uid));
+        kept.written.retain(|uid, _| desired.contains_key(uid));
+        kept.failed.retain(|_, at| at.elapsed() < SECRET_RECHECK_INTERVAL);
         let since = super::pool_status::transition_time(view.now_ms);
-        for (uid, (pod, condition)) in desired {
-            if written.get(&uid).is_some_and(|w| w.same_as(&condition)) {
-                continue;
-            }
-            if lease.borrow().is_none() {
-                return false;
-            }
-            match self.cluster.set_supervised(&pod, &condition, &since).await {
+        let due: Vec<(String, (Pod, Supervised))> = desired
+            .into_iter()
+            .filter(|(uid, (_, c))| !kept.written.get(uid).is_some_and(|w| w.same_as(c)))
+            .filter(|(uid, _)| !kept.failed.contains_key(uid))
+            .take(CONDITIONS_PER_ROUND)
+            .collect();
+        if due.is_empty() {
+            return true;
+        }
+        if lease.borrow().is_none() {
+            return false;
+        }
+        let since = &since;
+        let results: Vec<_> = futures::stream::iter(due)
+            .map(|(uid, (pod, condition))| async move {
+                let result = self.cluster.set_supervised(&pod, &condition, since).await;
+                (uid, pod, condition, result)
+            })
+            .buffer_unordered(CONDITION_CALLS)
+            .collect()
+            .await;
+        let mut failures = 0;
+        for (uid, pod, condition, result) in results {
+            match result {
                 Ok(()) => {
                     debug!(namespace = %pod.namespace, pod = %pod.name, reason = condition.reason, "Supervised condition set");
-                    written.insert(uid, condition);
+                    kept.written.insert(uid, condition);
                 }
-                // Tried again at the next round.
                 Err(err) => {
-                    warn!(namespace = %pod.namespace, pod = %pod.name, error = %err, "cannot set the Supervised condition");
+                    if failures == 0 {
+                        warn!(namespace = %pod.namespace, pod = %pod.name, error = %err, "cannot set the Supervised condition; trying again later");
+                    }
+                    failures += 1;
+                    kept.failed.insert(uid, Instant::now());
                 }
             }
         }
-        true
+        if failures > 1 {
+            warn!(failures, "Supervised conditions not set this round");
+        }
+        lease.borrow().is_some()
     }
 
     /// Record `notice` as an Event (failures are logged: Events are best effort).
@@ -294,7 +334,7 @@ impl<C: Cluster> Writer<C> {
                 self.shared.with(|index| index.forget_unlabelled(namespace));
             }
             Write::Withdraw { route, uid, cause } => {
-                if !self.replica.store.withdraw_instance(route, uid).await? {
+                if !self.replica.store.withdraw_instance(route, uid, None).await? {
                     return Ok(());
                 }
                 self.replica.wake.notify_one();

@@ -126,12 +126,13 @@ impl Store {
         })
     }
 
-    /// The same workload (Pod UID) of a withdrawn instance, asking for the generation after
-    /// `withdrawn_generation` (its container restarted after the sidecar stopped it, or after
-    /// the process exited): desired again at that next generation, from scratch — its new
-    /// material, no workload checkpoint, no withdrawal. Only if the row is still that
-    /// withdrawn generation of that workload (else [`Store::register_instance`] decides), and
-    /// within the namespace's quota like any new workload.
+    /// The same workload (Pod UID) asking for the generation after `withdrawn_generation`
+    /// (its container restarted after the sidecar stopped it, or after the process exited;
+    /// the row is withdrawn, or still desired when the deregistration was lost): desired at
+    /// that next generation, from scratch — its new material, no workload checkpoint, no
+    /// withdrawal. Only if the row is still that generation of that workload (else
+    /// [`Store::register_instance`] decides), and within the namespace's quota like any new
+    /// workload.
     pub async fn revive_instance_within(
         &self,
         r: &Registration,
@@ -150,7 +151,7 @@ impl Store {
             }
             let revived = bind_registration(
                 &format!(
-                    "UPDATE instances SET namespace = $2, name = $3, generation = generation + 1, material = $5,                        registered_at_ms = ({clock}), withdrawn = FALSE, withdrawn_at_ms = NULL, withdrawn_reason = NULL,                        withdrawn_owner = NULL, withdrawn_term = NULL, checkpoint_pid = NULL,                        checkpoint_start_ticks = NULL, checkpoint_exe_digest = NULL                      WHERE route = $1 AND uid = $4 AND withdrawn AND generation = $6",
+                    "UPDATE instances SET namespace = $2, name = $3, generation = generation + 1, material = $5,                        registered_at_ms = ({clock}), withdrawn = FALSE, withdrawn_at_ms = NULL, withdrawn_reason = NULL,                        withdrawn_owner = NULL, withdrawn_term = NULL, checkpoint_pid = NULL,                        checkpoint_start_ticks = NULL, checkpoint_exe_digest = NULL                      WHERE route = $1 AND uid = $4 AND generation = $6",
                     clock = store.backend.clock_expr()
                 ),
                 &sealed,
@@ -203,41 +204,53 @@ impl Store {
         Ok((registered >= limit).then_some(Registered::OverQuota { registered, limit }))
     }
 
-    /// Withdraw the instance of `route` if it is still the workload `uid`.
-    /// Returns whether a desired instance was withdrawn.
-    pub async fn withdraw_instance(&self, route: &str, uid: &str) -> Result<bool> {
-        let done = sqlx::query(&format!(
-            "UPDATE instances SET withdrawn = TRUE, withdrawn_at_ms = ({}) WHERE route = $1 AND uid = $2 AND NOT withdrawn",
-            self.backend.clock_expr()
-        ))
-        .bind(route)
-        .bind(uid)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() > 0)
+    /// Withdraw the instance of `route` if it is still the workload `uid` (and, when given,
+    /// still its `generation`: a late deregistration of an earlier generation of the same Pod
+    /// leaves the next one alone). Returns whether a desired instance was withdrawn.
+    pub async fn withdraw_instance(&self, route: &str, uid: &str, generation: Option<i64>) -> Result<bool> {
+        let sql = format!(
+            "UPDATE instances SET withdrawn = TRUE, withdrawn_at_ms = ({}) WHERE route = $1 AND uid = $2 AND NOT withdrawn{}",
+            self.backend.clock_expr(),
+            of_generation(generation, 3)
+        );
+        let mut query = sqlx::query(&sql).bind(route).bind(uid);
+        if let Some(generation) = generation {
+            query = query.bind(generation);
+        }
+        Ok(query.execute(&self.pool).await?.rows_affected() > 0)
     }
 
     /// The sidecar of the workload `uid` stopped it at the recovery deadline: withdraw the
-    /// instance of `route` (if it is still that workload and still desired) and record why,
-    /// with the assignment it last had — its owner and term — or, without one, `fence_term`
-    /// (the last term the sidecar activated, when it reports one). Returns whether a desired
-    /// instance was withdrawn: a repeated report changes nothing.
-    pub async fn report_recovery_failed(&self, route: &str, uid: &str, fence_term: Option<i64>) -> Result<bool> {
+    /// instance of `route` (if it is still that workload, still `generation` when given, and
+    /// still desired) and record why, with the assignment it last had — its owner and term —
+    /// or, without one, `fence_term` (the last term the sidecar activated, when it reports
+    /// one). Returns whether a desired instance was withdrawn: a repeated report changes
+    /// nothing.
+    pub async fn report_recovery_failed(
+        &self,
+        route: &str,
+        uid: &str,
+        generation: Option<i64>,
+        fence_term: Option<i64>,
+    ) -> Result<bool> {
         let current = "FROM assignments a WHERE a.route = instances.route AND a.generation >= instances.generation";
-        let done = sqlx::query(&format!(
+        let sql = format!(
             "UPDATE instances SET withdrawn = TRUE, withdrawn_at_ms = ({clock}), withdrawn_reason = $3, \
                withdrawn_owner = (SELECT a.member {current}), \
                withdrawn_term = COALESCE((SELECT a.term {current}), $4) \
-             WHERE route = $1 AND uid = $2 AND NOT withdrawn",
-            clock = self.backend.clock_expr()
-        ))
-        .bind(route)
-        .bind(uid)
-        .bind(WithdrawnKind::RecoveryFailed)
-        .bind(fence_term)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() > 0)
+             WHERE route = $1 AND uid = $2 AND NOT withdrawn{generation}",
+            clock = self.backend.clock_expr(),
+            generation = of_generation(generation, 5)
+        );
+        let mut query = sqlx::query(&sql)
+            .bind(route)
+            .bind(uid)
+            .bind(WithdrawnKind::RecoveryFailed)
+            .bind(fence_term);
+        if let Some(generation) = generation {
+            query = query.bind(generation);
+        }
+        Ok(query.execute(&self.pool).await?.rows_affected() > 0)
     }
 
     /// Record an owner's report unless a report of a higher term is already there.
@@ -373,6 +386,11 @@ impl Store {
 }
 
 /// `sql` with a registration bound as `$1..$5` (route, namespace, name, uid, material).
+/// ` AND generation = $n` when `generation` is given.
+fn of_generation(generation: Option<i64>, n: usize) -> String {
+    generation.map_or_else(String::new, |_| format!(" AND generation = ${n}"))
+}
+
 fn bind_registration<'q>(sql: &'q str, r: &'q Registration) -> Query<'q, Any, AnyArguments<'q>> {
     sqlx::query(sql)
         .bind(&r.route)

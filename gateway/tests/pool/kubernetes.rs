@@ -488,7 +488,12 @@ pub async fn finished_and_unsupervised_pods_are_told_apart_from_supervised_ones(
         supervised_of(c, "job-1").is_some_and(|s| s.reason != "NotRegistered")
     })
     .await;
-    assert!(db.store.withdraw_instance("default/job-1", "uid-job-1").await.unwrap());
+    assert!(
+        db.store
+            .withdraw_instance("default/job-1", "uid-job-1", None)
+            .await
+            .unwrap()
+    );
     next_call(&mut calls, "job-1 seen withdrawn", |c| {
         supervised_of(c, "job-1").is_some_and(|s| s.reason == "Withdrawn")
     })

@@ -39,14 +39,14 @@ pub async fn retired_workloads_and_withdrawn_instances_are_forgotten_after_their
     // Withdrawn, with a report: forgotten with it. Withdrawn but still assigned: kept.
     db.store.register_instance(&registration("r2", "v1")).await.unwrap();
     db.store.record_report(&active_report("r2")).await.unwrap();
-    assert!(db.store.withdraw_instance("r2", "v1").await.unwrap());
+    assert!(db.store.withdraw_instance("r2", "v1", None).await.unwrap());
     db.store.register_instance(&registration("r3", "w1")).await.unwrap();
     let assign = FencedWrite::Assign {
         expected_term: None,
         next: assignment("r3", "m1", 1),
     };
     db.store.write_fenced(&lease, &[assign]).await.unwrap();
-    assert!(db.store.withdraw_instance("r3", "w1").await.unwrap());
+    assert!(db.store.withdraw_instance("r3", "w1", None).await.unwrap());
     assert_eq!(count(db, "SELECT count(*) FROM replaced_instances").await, 299);
 
     // Within the retention nothing goes.

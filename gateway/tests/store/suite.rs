@@ -518,7 +518,7 @@ pub async fn terms_never_repeat_on_a_route(db: &TestDb) {
         .await
         .unwrap();
     assert_eq!(db.store.instance("r1").await.unwrap().unwrap().last_term, 2);
-    assert!(db.store.withdraw_instance("r1", "u1").await.unwrap());
+    assert!(db.store.withdraw_instance("r1", "u1", None).await.unwrap());
     db.store
         .write_fenced(
             &lease,
@@ -840,7 +840,7 @@ pub async fn a_workload_replaced_under_its_route_starts_fresh(db: &TestDb) {
         db.store.register_instance(&registration("old-uid")).await.unwrap(),
         Registered::Replaced
     );
-    assert!(!db.store.withdraw_instance("r1", "old-uid").await.unwrap());
+    assert!(!db.store.withdraw_instance("r1", "old-uid", None).await.unwrap());
     let instance = db.store.instance("r1").await.unwrap().unwrap();
     assert_eq!(
         (instance.uid.as_str(), instance.generation, instance.withdrawn),
@@ -1247,12 +1247,12 @@ pub async fn registration_assigns_generations_and_withdrawal_sticks(db: &TestDb)
     assert!(listed[0].registered_at_ms > 0);
     // Withdrawal needs the current workload, and sticks for it.
     assert!(
-        !db.store.withdraw_instance("team-a/agent-0", "u1").await.unwrap(),
+        !db.store.withdraw_instance("team-a/agent-0", "u1", None).await.unwrap(),
         "an older workload cannot withdraw"
     );
-    assert!(db.store.withdraw_instance("team-a/agent-0", "u2").await.unwrap());
+    assert!(db.store.withdraw_instance("team-a/agent-0", "u2", None).await.unwrap());
     assert!(
-        !db.store.withdraw_instance("team-a/agent-0", "u2").await.unwrap(),
+        !db.store.withdraw_instance("team-a/agent-0", "u2", None).await.unwrap(),
         "idempotent"
     );
     assert_eq!(
@@ -1268,9 +1268,10 @@ pub async fn registration_assigns_generations_and_withdrawal_sticks(db: &TestDb)
     assert!(!db.store.list_instances().await.unwrap()[0].withdrawn);
 }
 
-/// A withdrawn workload's Pod asks for the next generation (its container restarted): it is
-/// desired again from scratch, only at that next generation of that withdrawn row, and
-/// within the namespace's quota; a replaced workload never comes back this way either.
+/// A Pod asks for the next generation (its container restarted): its instance is desired
+/// again from scratch, only at the generation after the row's, within the namespace's quota;
+/// a late report of the earlier generation leaves the next one alone; a replaced workload
+/// never comes back this way either.
 pub async fn a_withdrawn_workload_revives_as_the_next_generation_only(db: &TestDb) {
     let registration = |uid: &str, material: &str| Registration {
         route: "team-a/agent-0".into(),
@@ -1280,17 +1281,17 @@ pub async fn a_withdrawn_workload_revives_as_the_next_generation_only(db: &TestD
         material: SecretBytes(material.as_bytes().to_vec()),
     };
     db.store.register_instance(&registration("u1", "m1")).await.unwrap();
-    // Not withdrawn: a revival is an ordinary registration of the same generation.
+    // Another generation than the row's: the row decides.
     assert_eq!(
         db.store
-            .revive_instance_within(&registration("u1", "m1"), 1, None)
+            .revive_instance_within(&registration("u1", "m1"), 5, None)
             .await
             .unwrap(),
         Registered::Desired { generation: 1 }
     );
     assert!(
         db.store
-            .report_recovery_failed("team-a/agent-0", "u1", Some(3))
+            .report_recovery_failed("team-a/agent-0", "u1", None, Some(3))
             .await
             .unwrap()
     );
@@ -1322,6 +1323,35 @@ pub async fn a_withdrawn_workload_revives_as_the_next_generation_only(db: &TestD
     assert_eq!((revived.generation, revived.withdrawn), (2, false));
     assert_eq!(revived.withdrawn_reason, None, "from scratch");
     assert_eq!(revived.material.0, b"m2".to_vec(), "its new material");
+    // A late report of generation 1 leaves generation 2 alone; one of 2 withdraws it.
+    assert!(
+        !db.store
+            .withdraw_instance("team-a/agent-0", "u1", Some(1))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !db.store
+            .report_recovery_failed("team-a/agent-0", "u1", Some(1), None)
+            .await
+            .unwrap()
+    );
+    assert!(!db.store.list_instances().await.unwrap()[0].withdrawn);
+    // A deregistration lost on its way: the row is still desired, and the next generation is
+    // taken all the same.
+    assert_eq!(
+        db.store
+            .revive_instance_within(&registration("u1", "m5"), 2, None)
+            .await
+            .unwrap(),
+        Registered::Desired { generation: 3 }
+    );
+    assert!(
+        db.store
+            .withdraw_instance("team-a/agent-0", "u1", Some(3))
+            .await
+            .unwrap()
+    );
     // Replaced by another Pod: the old workload cannot revive.
     db.store.register_instance(&registration("u2", "m3")).await.unwrap();
     assert_eq!(
@@ -1357,12 +1387,25 @@ pub async fn a_missed_recovery_deadline_withdraws_with_the_reason_and_last_owner
     let reason = |route: &'static str| async move { db.store.instance(route).await.unwrap().unwrap().withdrawn_reason };
     assert_eq!(reason("r1").await, None, "a desired instance has no withdrawal reason");
     assert!(
-        !db.store.report_recovery_failed("r1", "other", Some(3)).await.unwrap(),
+        !db.store
+            .report_recovery_failed("r1", "other", None, Some(3))
+            .await
+            .unwrap(),
         "only the registered workload reports"
     );
     // The assignment it last had is recorded; without one, the sidecar's last term.
-    assert!(db.store.report_recovery_failed("r1", "u1", Some(2)).await.unwrap());
-    assert!(db.store.report_recovery_failed("r2", "u1", Some(5)).await.unwrap());
+    assert!(
+        db.store
+            .report_recovery_failed("r1", "u1", None, Some(2))
+            .await
+            .unwrap()
+    );
+    assert!(
+        db.store
+            .report_recovery_failed("r2", "u1", None, Some(5))
+            .await
+            .unwrap()
+    );
     let r1 = db.store.instance("r1").await.unwrap().unwrap();
     assert!(r1.withdrawn);
     assert_eq!(
@@ -1380,7 +1423,7 @@ pub async fn a_missed_recovery_deadline_withdraws_with_the_reason_and_last_owner
         })
     );
     assert!(
-        !db.store.report_recovery_failed("r1", "u1", None).await.unwrap(),
+        !db.store.report_recovery_failed("r1", "u1", None, None).await.unwrap(),
         "a repeated report changes nothing"
     );
     assert_eq!(
@@ -1392,9 +1435,9 @@ pub async fn a_missed_recovery_deadline_withdraws_with_the_reason_and_last_owner
     );
     // Any other withdrawal has no reason; a new workload on the route starts without one.
     db.store.register_instance(&registration("r3", "u1")).await.unwrap();
-    assert!(db.store.withdraw_instance("r3", "u1").await.unwrap());
+    assert!(db.store.withdraw_instance("r3", "u1", None).await.unwrap());
     assert_eq!(reason("r3").await, None);
-    assert!(!db.store.report_recovery_failed("r3", "u1", None).await.unwrap());
+    assert!(!db.store.report_recovery_failed("r3", "u1", None, None).await.unwrap());
     assert_eq!(reason("r3").await, None, "already withdrawn: nothing to report");
     assert_eq!(
         db.store.register_instance(&registration("r1", "u2")).await.unwrap(),

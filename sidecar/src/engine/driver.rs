@@ -140,7 +140,11 @@ impl Driver {
         let Some(conclusion) = self.machine.conclude(ending, exit) else {
             return Outcome::Shutdown;
         };
-        self.persist(*conclusion.state).await;
+        let mut state = *conclusion.state;
+        // In the same write as the end: whether the next run supervises the next process.
+        state.next_generation = self.cfg.supervises_next(conclusion.outcome);
+        state.ended_at_ticks = crate::identity::ticks_since_boot().await;
+        self.persist(state).await;
         let result = match conclusion.report {
             Report::RecoveryFailed(request) => registration.report_recovery_failed(request).await,
             Report::Deregister(request) => registration.deregister(request).await,
