@@ -1685,7 +1685,7 @@ impl Flow {
         let install = self.install.clone();
         let last = std::sync::Mutex::new(Value::Null);
         let what = format!("SupervisorPool {type_} {} {reason}", status.unwrap_or(""));
-        let found = wait_for(&what, MINUTE, || async {
+        let found = wait_for(&what, 2 * MINUTE, || async {
             let pool = kubectl
                 .json(&["get", "supervisorpool/openshell", "-n", &install])
                 .await
@@ -1717,6 +1717,7 @@ impl Flow {
         for pid in &pids {
             signal(*pid, nix::sys::signal::Signal::SIGSTOP)?;
         }
+        // 20 s without a read, then 15 s of the same observedAt.
         let unknown = self
             .pool_condition("Ready", Some("Unknown"), "StoreUnreachable", |_| true)
             .await;

@@ -31,9 +31,11 @@ pub const POOL_NAME: &str = "openshell";
 /// A coordinator rewrites the status at least this often, even when nothing changed, so a
 /// fresh `observedAt` proves one is at work.
 pub const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(10);
-/// With `observedAt` older than this and the store unreachable from a replica, that replica
-/// marks the status `Unknown`: no coordinator has read the store since.
+/// A replica that has not read the store for this long looks whether anyone still does.
 pub const UNKNOWN_AFTER: std::time::Duration = std::time::Duration::from_secs(20);
+/// It marks the status `Unknown` once it has seen the same `observedAt` for this long: half
+/// again a heartbeat, in which a working coordinator would have written a new one.
+pub const UNCHANGED_FOR: std::time::Duration = std::time::Duration::from_secs(15);
 /// The reason of the conditions then.
 pub const STORE_UNREACHABLE: &str = "StoreUnreachable";
 
@@ -236,7 +238,7 @@ pub fn differs(applied: &PoolStatus, next: &PoolStatus) -> bool {
 /// What a replica that cannot read the store writes over the status `current` when it has
 /// seen the same `observedAt` for `unchanged_for` (on its own monotonic clock, so that no
 /// clock skew between replicas and the database counts) and that is at least
-/// [`UNKNOWN_AFTER`]: `Ready`, `CoordinatorElected` and `Degraded` become `Unknown` (reason
+/// [`UNCHANGED_FOR`]: `Ready`, `CoordinatorElected` and `Degraded` become `Unknown` (reason
 /// [`STORE_UNREACHABLE`], `now_ms` their transition time) and the rest stays as last read,
 /// `observedAt` saying when. `None` when the status is fresh, or already says so.
 pub fn unreadable(
@@ -245,7 +247,7 @@ pub fn unreadable(
     now_ms: i64,
     replica: &str,
 ) -> Option<PoolStatus> {
-    if unchanged_for < UNKNOWN_AFTER {
+    if unchanged_for < UNCHANGED_FOR {
         return None;
     }
     let ready = current.conditions.iter().find(|c| c.type_ == READY);

@@ -469,9 +469,9 @@ fn a_status_nobody_refreshed_is_marked_unknown_once_and_a_fresh_one_never() {
     let status = desired(&view(), Some(&lease()), UnsupervisedPods::default(), None);
     let observed = status.observed_at.clone().expect("the status says when it was read");
     let now_ms = view().now_ms;
-    let short = UNKNOWN_AFTER - std::time::Duration::from_secs(1);
+    let short = UNCHANGED_FOR - std::time::Duration::from_secs(1);
     assert_eq!(unreadable(&status, short, now_ms, "gw-1"), None, "fresh");
-    let marked = unreadable(&status, UNKNOWN_AFTER, now_ms, "gw-1").expect("stale");
+    let marked = unreadable(&status, UNCHANGED_FOR, now_ms, "gw-1").expect("stale");
     for type_ in [READY, COORDINATOR_ELECTED, DEGRADED] {
         assert_eq!(state(&marked, type_), ("Unknown".into(), STORE_UNREACHABLE.into()));
     }
@@ -487,7 +487,7 @@ fn a_status_nobody_refreshed_is_marked_unknown_once_and_a_fresh_one_never() {
     );
     assert_eq!(marked.members, status.members);
     assert_eq!(
-        unreadable(&marked, 10 * UNKNOWN_AFTER, now_ms, "gw-2"),
+        unreadable(&marked, 10 * UNCHANGED_FOR, now_ms, "gw-2"),
         None,
         "already said"
     );

@@ -7,7 +7,8 @@
 //!
 //! The one write without the lease: when nobody can hold it because the store is out of
 //! reach. A replica that has not read the store for [`pool_status::UNKNOWN_AFTER`] and has
-//! seen the same `observedAt` for as long (on its own clock) marks the status `Unknown`
+//! seen the same `observedAt` for [`pool_status::UNCHANGED_FOR`] since (on its own clock)
+//! marks the status `Unknown`
 //! ([`pool_status::unreadable`]), only if the object is still as it read it (a
 //! coordinator's write in between wins).
 
