@@ -241,12 +241,41 @@ async fn refuse(mut stream: UnixStream, reason: &str) {
     let _ = tokio::time::timeout(REFUSAL_TIMEOUT, stream.write_all(refusal(reason).as_bytes())).await;
 }
 
-async fn admission(engine: &mpsc::Sender<Inbound>, pid: Option<u32>) -> Admission {
+/// Why a connecting process the sidecar cannot observe is refused: when it runs as another
+/// UID than the sidecar (an image whose `USER` is root, say), what to change, since the kernel
+/// lets the sidecar identify and stop only a process of its own UID.
+fn unobservable(err: &identity::Error, peer_uid: Option<u32>, own_uid: Option<u32>) -> String {
+    match (peer_uid, own_uid) {
+        (Some(peer), Some(own)) if peer != own => format!(
+            "the connecting process runs as uid {peer} and the sidecar as uid {own}: the sidecar identifies and stops only a process of its own UID; \
+             run the workload's container as uid {own} (runAsUser), or give the Pod one runAsUser for both ({err})"
+        ),
+        _ => format!("cannot observe the connecting process: {err}"),
+    }
+}
+
+/// The effective UID of this process (the owner of `/proc/self`).
+fn own_uid() -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").ok().map(|m| m.uid())
+}
+
+async fn admission(engine: &mpsc::Sender<Inbound>, pid: Option<u32>, peer_uid: Option<u32>) -> Admission {
     match ask(engine, |reply| Inbound::Peer { pid, reply }).await {
         Admission::NeedsIdentity => match pid {
             Some(pid) => match tokio::task::spawn_blocking(move || identity::observe(pid)).await {
                 Ok(Ok(identity)) => ask(engine, |reply| Inbound::Pin { identity, reply }).await,
-                Ok(Err(err)) => Admission::Refused(format!("cannot observe the connecting process: {err}")),
+                Ok(Err(err)) => {
+                    let reason = unobservable(&err, peer_uid, own_uid());
+                    // Once per process: a client reconnecting in a loop would flood the log.
+                    static WARNED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+                    if WARNED.swap(pid, std::sync::atomic::Ordering::Relaxed) == pid {
+                        debug!(pid, %reason, "workload connection refused");
+                    } else {
+                        warn!(pid, %reason, "workload connection refused");
+                    }
+                    Admission::Refused(reason)
+                }
                 Err(_) => Admission::Refused("cannot observe the connecting process".into()),
             },
             None => Admission::Refused("the connecting process is not visible".into()),
@@ -264,7 +293,8 @@ async fn connection(
     slots: &Slots,
     limits: Limits,
 ) {
-    let admitted = tokio::time::timeout(limits.admission, admission(engine, pid))
+    let peer_uid = stream.peer_cred().ok().map(|c| c.uid());
+    let admitted = tokio::time::timeout(limits.admission, admission(engine, pid, peer_uid))
         .await
         .unwrap_or_else(|_| Admission::Refused("no admission decision in time".into()));
     drop(waiting);
@@ -388,6 +418,22 @@ mod tests {
     use tokio::io::{AsyncBufReadExt, BufReader};
 
     use super::*;
+
+    #[test]
+    fn a_process_of_another_uid_is_told_what_to_change() {
+        let err = identity::Error::Proc {
+            pid: 18,
+            source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        };
+        let told = unobservable(&err, Some(0), Some(65532));
+        assert!(
+            told.contains("runs as uid 0 and the sidecar as uid 65532") && told.contains("runAsUser"),
+            "{told}"
+        );
+        let same = unobservable(&err, Some(65532), Some(65532));
+        assert!(same.starts_with("cannot observe the connecting process"), "{same}");
+        assert!(own_uid().is_some());
+    }
 
     /// An endpoint on a fresh socket with a fake engine; the pinned workload is `workload`.
     struct Fixture {
