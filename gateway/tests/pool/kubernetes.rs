@@ -629,10 +629,20 @@ pub async fn a_workload_stopped_at_its_recovery_deadline_is_reported_on_its_pod(
         .report_recovery_failed(with_token(report(), &instance_token))
         .await
         .unwrap();
-    let refused = register(&follower.endpoint(), &pod_token("agent-1"), "agent-1")
-        .await
-        .unwrap_err();
-    assert_eq!(refused.code(), Code::ResourceExhausted);
+    // The follower answers from its own view, which may still hold the killed member for a
+    // refresh (or miss a read under load): asked again (the same Pod: idempotent) until it
+    // says why it cannot place the instance.
+    let refused = wait_for("the follower refuses agent-1 as unplaceable", 1000, || async {
+        register(&follower.endpoint(), &pod_token("agent-1"), "agent-1")
+            .await
+            .err()
+            .filter(|s| s.code() == Code::ResourceExhausted)
+    })
+    .await;
+    assert!(
+        refused.message().contains("no pool member can take the instance"),
+        "{refused:?}"
+    );
     let mut between = Vec::new();
     next_call(&mut calls, "agent-1 unplaceable", |c| {
         between.push(c.clone());
