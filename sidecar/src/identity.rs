@@ -161,8 +161,10 @@ mod tests {
     async fn a_process_started_after_the_end_is_found_and_none_before_is() {
         let shutdown = tokio_util::sync::CancellationToken::new();
         let since = ticks_since_boot().await;
-        // Ticks are 10 ms: the child starts in a later one.
-        tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+        // Ticks are 10 ms: the child must start in a later one.
+        while ticks_since_boot().await <= since {
+            tokio::task::yield_now().await;
+        }
         let mut child = tokio::process::Command::new("sleep")
             .arg("5")
             .kill_on_drop(true)
