@@ -1818,17 +1818,30 @@ impl Flow {
         let agents: BTreeSet<String> = self.agent_pods().await?.into_keys().collect();
         let pool = self.pool.clone();
         let ns = self.namespace.clone();
+        let waiting = std::sync::Mutex::new(String::new());
         let status = wait_for("every stopped workload supervised again", 3 * MINUTE, || async {
             let status = pool.status().await.ok()?;
-            let back = status
+            let back: BTreeSet<&String> = status
                 .of(&ns)
                 .into_iter()
                 .filter(|i| i.settled() && i.workload_pid != 0)
-                .filter(|i| agents.contains(&i.name))
-                .count();
-            (back == agents.len()).then_some(status)
+                .map(|i| &i.name)
+                .collect();
+            let missing: Vec<String> = agents
+                .iter()
+                .filter(|a| !back.contains(a))
+                .map(|a| {
+                    let shown = status.of(&ns).into_iter().find(|i| &i.name == a);
+                    shown.map_or(format!("{a}: not in the pool"), |i| {
+                        format!("{a}: {} pid {} owner {:?}", i.phase, i.workload_pid, i.owner)
+                    })
+                })
+                .collect();
+            *waiting.lock().unwrap() = missing.join("; ");
+            missing.is_empty().then_some(status)
         })
-        .await?;
+        .await
+        .map_err(|err| Error::Check(format!("{err}; still waiting for: {}", waiting.lock().unwrap())))?;
         for name in agents.iter().filter(|n| *n != "unplaced") {
             self.event(name, "WorkloadRestarted").await?;
             let pod = self.kubectl.json(&["get", "pod", name, "-n", &ns]).await?;

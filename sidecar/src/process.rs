@@ -35,6 +35,11 @@ pub enum Error {
 pub struct Exit {
     pub code: Option<i32>,
     pub signal: Option<i32>,
+    /// A moment (clock ticks since boot, as `/proc/<pid>/stat` counts) at which the process
+    /// was still running: any process started after it is not this one. Taken while the
+    /// process is watched, not when its end is handled, so a container the kubelet restarts
+    /// at once is never mistaken for the process that ended.
+    pub alive_until_ticks: u64,
 }
 
 impl std::fmt::Display for Exit {
@@ -116,21 +121,37 @@ async fn supervise(mut process: Process, mut stop: mpsc::Receiver<Duration>) -> 
 
 async fn wait(process: &mut Process) -> Exit {
     match process {
-        Process::Child(child) => match child.wait().await {
-            Ok(status) => Exit {
-                code: status.code(),
-                signal: status.signal(),
-            },
-            Err(err) => {
-                warn!(error = %err, "cannot wait for the workload");
-                Exit::default()
+        Process::Child(child) => {
+            let alive_until_ticks = identity::ticks_since_boot().await;
+            match child.wait().await {
+                Ok(status) => Exit {
+                    code: status.code(),
+                    signal: status.signal(),
+                    alive_until_ticks,
+                },
+                Err(err) => {
+                    warn!(error = %err, "cannot wait for the workload");
+                    Exit {
+                        alive_until_ticks,
+                        ..Exit::default()
+                    }
+                }
             }
-        },
+        }
         Process::Foreign(id) => {
-            while identity::is_running(id) {
+            let mut alive_until_ticks = id.start_time_ticks;
+            loop {
+                let now = identity::ticks_since_boot().await;
+                if !identity::is_running(id) {
+                    break;
+                }
+                alive_until_ticks = now;
                 tokio::time::sleep(EXIT_POLL).await;
             }
-            Exit::default()
+            Exit {
+                alive_until_ticks,
+                ..Exit::default()
+            }
         }
     }
 }

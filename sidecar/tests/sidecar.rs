@@ -486,3 +486,105 @@ async fn a_workload_that_connects_after_activation_is_announced_to_the_owner() {
     shutdown.cancel();
     within("run to end", run).await.expect("join").expect("sidecar");
 }
+
+/// The kubelet restarts a workload's container within a second of the sidecar stopping it at
+/// the recovery deadline — while the sidecar is still closing its streams and reporting the
+/// failure. The end is dated by when the workload was last seen running, so the restarted
+/// process counts as new and the next run supervises it as the next generation (it used to be
+/// dated after the report, and such a Pod stayed unsupervised for good).
+#[tokio::test]
+async fn a_container_restarted_at_once_after_a_deadline_stop_is_the_next_generation() {
+    const DEADLINE_MS: u64 = 1_500;
+    let mut fx = Fixture::new(Vec::new()).await;
+    let (run, _shutdown) = fx.start();
+    fx.registered().await;
+    let mut m1 = fx.member.accept().await;
+    let sidecar_message::Kind::Attach(_) = m1.recv().await else {
+        panic!("first message must be Attach")
+    };
+    m1.take_over(&fx.signer, &fx.instance, 1, "m1", DEADLINE_MS).await;
+
+    // The workload: a process of its own in the "Pod", identified when it talks to the socket.
+    let command = agent_command();
+    let mut workload = tokio::process::Command::new(&command[0])
+        .args(&command[1..])
+        .env("OPENSHELL_SIDECAR_SOCKET", &fx.config.socket)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("workload");
+    let mut agent = WorkloadClient::connect(&fx.agent_socket()).await;
+    agent.send(json!({"op": "liveness"})).await;
+    let sidecar_message::Kind::WorkloadStarted(started) = m1.recv().await else {
+        panic!("expected WorkloadStarted")
+    };
+    assert_eq!(started.workload.map(|w| w.pid), workload.id());
+    let (id, _) = expect_request(&mut m1).await;
+    m1.send(respond(id, workload_response::Kind::Alive(Alive {}))).await;
+    assert_eq!(agent.answer().await["alive"], true);
+
+    // The owner goes silent; the members the sidecar asks next never answer either.
+    m1.silence();
+    let mut silent = Vec::new();
+    let stopped = loop {
+        tokio::select! {
+            conn = fx.member.accept() => {
+                conn.silence();
+                silent.push(conn);
+            }
+            status = workload.wait() => break status.expect("wait"),
+        }
+    };
+    assert!(!stopped.success(), "stopped at the deadline: {stopped}");
+    // The kubelet's first restart comes at once (on the next clock tick at the soonest).
+    let reaped = sidecar::identity::ticks_since_boot().await;
+    within("the clock to move", async {
+        while sidecar::identity::ticks_since_boot().await <= reaped {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let restarted = tokio::process::Command::new("sleep")
+        .arg("60")
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the restarted workload");
+    let restarted_at = sidecar::identity::read_stat(restarted.id().expect("pid"))
+        .expect("stat")
+        .start_time_ticks;
+
+    loop {
+        if let RegistryCall::RecoveryFailed(_) = fx.registry_call().await {
+            break;
+        }
+    }
+    assert_eq!(
+        within("run to end", run).await.expect("join").expect("sidecar"),
+        Outcome::RecoveryFailed
+    );
+    let state = sidecar::state_file::StateFile::new(&fx.config.state_dir)
+        .load()
+        .expect("state")
+        .expect("a saved state");
+    assert!(
+        state.next_generation,
+        "restartPolicy Always: the next process is supervised"
+    );
+    assert!(
+        state.ended_at_ticks < restarted_at,
+        "the end ({}) is dated before the restarted process started ({restarted_at})",
+        state.ended_at_ticks
+    );
+
+    let (next, shutdown) = fx.start();
+    let RegistryCall::Register(again) = fx.registry_call().await else {
+        panic!("expected the next generation's Register")
+    };
+    // The registry gave the first run `fx.instance.generation`.
+    let generation = again.instance.map_or(0, |i| i.generation);
+    assert_eq!(generation, fx.instance.generation + 1);
+    shutdown.cancel();
+    within("the next run to end", next)
+        .await
+        .expect("join")
+        .expect("sidecar");
+}

@@ -143,7 +143,13 @@ impl Driver {
         let mut state = *conclusion.state;
         // In the same write as the end: whether the next run supervises the next process.
         state.next_generation = self.cfg.supervises_next(conclusion.outcome);
-        state.ended_at_ticks = crate::identity::ticks_since_boot().await;
+        // Dated by the last moment the workload was seen running, not by now: closing the
+        // streams and telling the registry take seconds, and the kubelet restarts a
+        // container within one — a process started after this is the next generation's.
+        state.ended_at_ticks = match exit {
+            Some(exit) => exit.alive_until_ticks,
+            None => crate::identity::ticks_since_boot().await,
+        };
         self.persist(state).await;
         let result = match conclusion.report {
             Report::RecoveryFailed(request) => registration.report_recovery_failed(request).await,

@@ -267,7 +267,7 @@ fn release_by_the_owner_stops_the_workload_and_answers_stopped_on_its_stream() {
     assert_eq!(names(&h.request(6)), [format!("refuse 6: {STOPPING}")]);
     let exit = Exit {
         code: Some(0),
-        signal: None,
+        ..Exit::default()
     };
     let done = h.on(Event::Exited(exit));
     let [
