@@ -20,6 +20,7 @@ fn config(root: &std::path::Path, gateways: usize, members: usize, sandboxes: us
         plaintext: false,
         agent_interval_ms: e2e::local::AGENT_INTERVAL_MS,
         members_on_standby: false,
+        policy: None,
     }
 }
 
@@ -177,5 +178,108 @@ async fn the_workload_pid_shows_from_the_first_placement() {
         ..GetSupervisorPoolStatusResponse::default()
     });
     assert!(table.contains(&agent.to_string()), "{table}");
+    pool.stop().await;
+}
+
+/// An upstream on loopback answering every request `200 upstream`.
+async fn upstream() -> u16 {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = stream.read(&mut buf).await;
+                let _ = stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 8\r\nconnection: close\r\n\r\nupstream")
+                    .await;
+            });
+        }
+    });
+    port
+}
+
+/// `GET http://127.0.0.1:<port>/` through the egress proxy at `proxy`: status and body.
+async fn through(proxy: &str, port: u16) -> (u16, String) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let ask = async {
+        let mut stream = tokio::net::TcpStream::connect(proxy).await.ok()?;
+        let request =
+            format!("GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut answer = Vec::new();
+        stream.take(1 << 20).read_to_end(&mut answer).await.ok()?;
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        let (head, body) = answer.split_once("\r\n\r\n")?;
+        let status = head.split(' ').nth(1)?.parse().ok()?;
+        Some((status, body.to_owned()))
+    };
+    tokio::time::timeout(Duration::from_secs(10), ask)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or((0, String::new()))
+}
+
+/// The policy file as a real pool carries it: each member installs it in the sidecars it owns,
+/// stamped with its term; the sidecar's proxy decides from it — and goes on deciding from it,
+/// unchanged, while its owner is SIGKILLed and another member takes the instance over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_policy_is_enforced_by_the_sidecar_through_an_owner_crash() {
+    let root = tempfile::tempdir().unwrap();
+    let (allowed, denied) = (upstream().await, upstream().await);
+    let policy = root.path().join("policy.yaml");
+    let document = format!(
+        "name: local-default\nrevision: 1\nrules:\n  - name: upstream\n    host: 127.0.0.1\n    ports: [{allowed}]\n"
+    );
+    std::fs::write(&policy, document).unwrap();
+    let mut config = config(root.path(), 1, 2, 1);
+    config.policy = Some(policy);
+    let mut pool = LocalPool::start(config).await.unwrap();
+    let proxy = pool.sandboxes[0].egress.clone().expect("an egress proxy");
+    let logs = pool.logs().display().to_string();
+
+    // Denied until the owner's install arrives; then allowed.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while through(&proxy, allowed).await != (200, "upstream".into()) {
+        assert!(tokio::time::Instant::now() < deadline, "never allowed; logs in {logs}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, body) = through(&proxy, denied).await;
+    assert_eq!(status, 403, "{body}");
+    let refusal: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (refusal["policy"].as_str(), refusal["revision"].as_u64()),
+        (Some("local-default"), Some(1))
+    );
+    assert_eq!(refusal["ruleNeeded"]["ports"][0], denied);
+
+    // The owner dies; every request meanwhile is decided as before, without an owner.
+    let status = pool.status().await.unwrap();
+    let owner = status.instances[0].owner_member.clone();
+    let index = pool.members.iter().position(|m| m.name == owner).unwrap();
+    pool.members[index].process.kill().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut asked = 0;
+    loop {
+        assert_eq!(
+            through(&proxy, allowed).await.0,
+            200,
+            "allowed during the handoff; logs in {logs}"
+        );
+        assert_eq!(through(&proxy, denied).await.0, 403, "denied during the handoff");
+        asked += 1;
+        let moved = pool.status().await.ok().and_then(|s| s.instances.first().cloned());
+        if moved.is_some_and(|i| {
+            i.owner_member != owner
+                && !i.owner_member.is_empty()
+                && i.phase == proto::common::v1::InstancePhase::Active as i32
+        }) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never moved; logs in {logs}");
+    }
+    assert!(asked > 0);
     pool.stop().await;
 }

@@ -24,6 +24,7 @@
 //! file descriptor set for gRPC reflection ([`FILE_DESCRIPTOR_SET`]), and the standard health
 //! and reflection services every gRPC port serves ([`standard`]).
 
+pub mod egress;
 pub mod kubernetes;
 pub mod registration;
 pub mod standard;

@@ -69,6 +69,11 @@ pub struct Config {
     #[arg(long, env = "OPENSHELL_WORKLOAD_RESTART_POLICY", default_value = "Always",
           value_parser = ["Always", "OnFailure", "Never"])]
     pub restart_policy: String,
+    /// Loopback address of the egress proxy the workload's HTTP clients use (`HTTP_PROXY`),
+    /// e.g. `127.0.0.1:15001`; unset: no proxy. It denies every destination until the owner
+    /// installs a policy revision.
+    #[arg(long, env = "OPENSHELL_EGRESS_LISTEN")]
+    pub egress_listen: Option<std::net::SocketAddr>,
     /// `--log-format` (`OPENSHELL_LOG_FORMAT`): text or json.
     #[command(flatten)]
     pub log: plumbing::logging::LogArgs,
@@ -88,6 +93,8 @@ pub enum Error {
     Address(&'static str, String),
     #[error("{0}: {1}")]
     TlsName(&'static str, String),
+    #[error("OPENSHELL_EGRESS_LISTEN must be a loopback address (the proxy is the workload's only): {0}")]
+    EgressListen(std::net::SocketAddr),
 }
 
 impl Config {
@@ -151,6 +158,9 @@ impl Config {
                 return Err(Error::Address(env, bad.clone()));
             }
         }
+        if let Some(listen) = self.egress_listen.filter(|l| !l.ip().is_loopback()) {
+            return Err(Error::EgressListen(listen));
+        }
         let names = [
             (&self.supervisor_tls_name, "OPENSHELL_SUPERVISOR_TLS_NAME"),
             (&self.gateway.gateway_tls_name, "OPENSHELL_GATEWAY_TLS_NAME"),
@@ -193,6 +203,37 @@ impl Config {
     /// The non-empty gateway endpoints.
     pub fn gateway_addresses(&self) -> Vec<String> {
         self.gateway.endpoints()
+    }
+
+    /// What no egress policy opens: among it the pool's own endpoints (the gateways and the
+    /// supervisor route, by name; their addresses as they resolve now, best effort).
+    pub async fn egress_floor(&self) -> crate::egress::Floor {
+        let endpoints: Vec<String> = self
+            .gateway_addresses()
+            .into_iter()
+            .chain(self.route_addresses())
+            .collect();
+        // Every container of a Pod has KUBERNETES_SERVICE_HOST (the kubelet sets it whatever
+        // the Pod says): only outside Kubernetes are upstreams on loopback.
+        let mut floor = crate::egress::Floor {
+            local: std::env::var_os("KUBERNETES_SERVICE_HOST").is_none(),
+            ..crate::egress::Floor::default()
+        };
+        for endpoint in endpoints {
+            let Ok(uri) = endpoint.parse::<tonic::transport::Uri>() else {
+                continue;
+            };
+            let (Some(host), port) = (uri.host(), uri.port_u16().unwrap_or(443)) else {
+                continue;
+            };
+            let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+            let lookup = tokio::net::lookup_host((host.as_str(), port));
+            if let Ok(Ok(addresses)) = tokio::time::timeout(Duration::from_secs(2), lookup).await {
+                floor.pool_endpoints.extend(addresses);
+            }
+            floor.pool_names.push(host);
+        }
+        floor
     }
 }
 

@@ -10,6 +10,7 @@
 pub mod codec;
 pub mod conceal;
 pub mod config;
+pub mod egress;
 mod engine;
 pub mod episode;
 pub mod fence;
@@ -64,6 +65,8 @@ pub enum Error {
     Process(#[from] process::Error),
     #[error("cannot observe the workload process: {0}")]
     Identity(String),
+    #[error("cannot listen for the workload's egress on {0}: {1}")]
+    Egress(std::net::SocketAddr, #[source] std::io::Error),
 }
 
 /// Runs the sidecar until the instance ends or `shutdown` is cancelled (graceful: streams are
@@ -162,9 +165,34 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
         serving.clone(),
     ));
     let (link_tx, links) = mpsc::channel(256);
+    // Egress is decided here from the revision in force, whatever the owner does meanwhile.
+    let (installed_tx, installed) = tokio::sync::watch::channel(state.policy.clone().map(Arc::new));
+    let proxy = match cfg.egress_listen {
+        Some(listen) => {
+            let listener = tokio::net::TcpListener::bind(listen)
+                .await
+                .map_err(|err| Error::Egress(listen, err))?;
+            let egress = egress::Egress {
+                installed,
+                floor: Arc::new(cfg.egress_floor().await),
+                limits: egress::Limits::default(),
+            };
+            info!(%listen, policy = ?state.policy.as_ref().map(|p| (&p.name, p.revision)), "egress proxy listening");
+            Some(tokio::spawn(egress::proxy::serve(listener, egress, serving.clone())))
+        }
+        None => None,
+    };
 
     info!(%route, uid = %cfg.uid, fence = state.fence.activated, "sidecar started");
-    let mut engine = Driver::new(cfg.clone(), state, file.clone(), pinned, link_tx, workload_pid);
+    let mut engine = Driver::new(
+        cfg.clone(),
+        state,
+        file.clone(),
+        pinned,
+        link_tx,
+        workload_pid,
+        installed_tx,
+    );
     let inputs = Inputs {
         links,
         workload: workload_rx,
@@ -176,6 +204,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
     serving.cancel();
     let outcome = engine.finish(ending, exit, &registration).await;
     let _ = server.await;
+    if let Some(proxy) = proxy {
+        let _ = proxy.await;
+    }
     let _ = std::fs::remove_file(&cfg.socket);
     info!(?outcome, "sidecar finished");
     Ok(outcome)
@@ -197,7 +228,7 @@ async fn start_workload(
     state: &mut State,
 ) -> Result<(Option<Pinned>, Option<oneshot::Receiver<Exit>>), Error> {
     if !cfg.command.is_empty() {
-        let child = process::spawn(&cfg.command, &cfg.socket)?;
+        let child = process::spawn(&cfg.command, &cfg.socket, cfg.egress_listen)?;
         let pid = child.id().unwrap_or(0);
         let (control, exit) = process::watch(Process::Child(child));
         let observed = tokio::task::spawn_blocking(move || identity::observe(pid)).await;

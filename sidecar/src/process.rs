@@ -74,10 +74,21 @@ impl Control {
     }
 }
 
-/// Starts `command` with `OPENSHELL_SIDECAR_SOCKET` set to the workload socket.
-pub fn spawn(command: &[String], socket: &Path) -> Result<tokio::process::Child, Error> {
+/// Starts `command` with `OPENSHELL_SIDECAR_SOCKET` set to the workload socket and, with an
+/// egress proxy, the proxy variables HTTP clients read (both cases; loopback bypasses it).
+pub fn spawn(
+    command: &[String],
+    socket: &Path,
+    egress: Option<std::net::SocketAddr>,
+) -> Result<tokio::process::Child, Error> {
     let (program, args) = command.split_first().ok_or(Error::Empty)?;
-    tokio::process::Command::new(program)
+    let mut child = tokio::process::Command::new(program);
+    if let Some(proxy) = egress {
+        for (name, value) in proxy_env(proxy) {
+            child.env(name, value);
+        }
+    }
+    child
         .args(args)
         .env("OPENSHELL_SIDECAR_SOCKET", socket)
         .stdin(Stdio::null())
@@ -87,6 +98,16 @@ pub fn spawn(command: &[String], socket: &Path) -> Result<tokio::process::Child,
             program: program.clone(),
             source,
         })
+}
+
+/// What a local workload's HTTP clients read to use the egress proxy at `proxy`. No
+/// `NO_PROXY`: locally the upstreams a policy names are on loopback too.
+pub fn proxy_env(proxy: std::net::SocketAddr) -> Vec<(&'static str, String)> {
+    let url = format!("http://{proxy}");
+    ["HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy"]
+        .into_iter()
+        .map(|name| (name, url.clone()))
+        .collect()
 }
 
 /// Watches `process` in its own task: the receiver yields how it ended.
@@ -184,7 +205,7 @@ mod tests {
 
     #[tokio::test]
     async fn stop_terminates_and_reaps_a_child() {
-        let child = spawn(&["sleep".into(), "600".into()], Path::new("/nonexistent")).unwrap();
+        let child = spawn(&["sleep".into(), "600".into()], Path::new("/nonexistent"), None).unwrap();
         let pid = child.id().unwrap();
         let (control, exit) = watch(Process::Child(child));
         control.stop(Duration::from_secs(5));
@@ -201,13 +222,13 @@ mod tests {
             "-c".into(),
             "trap '' TERM; while :; do sleep 0.05; done".into(),
         ];
-        let (control, exit) = watch(Process::Child(spawn(&stubborn, Path::new("/x")).unwrap()));
+        let (control, exit) = watch(Process::Child(spawn(&stubborn, Path::new("/x"), None).unwrap()));
         // Give the shell time to install its trap before the SIGTERM.
         tokio::time::sleep(Duration::from_millis(200)).await;
         control.stop(Duration::from_millis(200));
         assert_eq!(exit.await.unwrap().signal, Some(Signal::SIGKILL as i32));
         let (_control, exit) = watch(Process::Child(
-            spawn(&["sh".into(), "-c".into(), "exit 3".into()], Path::new("/x")).unwrap(),
+            spawn(&["sh".into(), "-c".into(), "exit 3".into()], Path::new("/x"), None).unwrap(),
         ));
         let exit = exit.await.unwrap();
         assert_eq!(exit.code, Some(3));
@@ -216,9 +237,9 @@ mod tests {
 
     #[tokio::test]
     async fn spawn_errors_are_reported() {
-        assert!(matches!(spawn(&[], Path::new("/x")), Err(Error::Empty)));
+        assert!(matches!(spawn(&[], Path::new("/x"), None), Err(Error::Empty)));
         assert!(matches!(
-            spawn(&["/nonexistent/binary".into()], Path::new("/x")),
+            spawn(&["/nonexistent/binary".into()], Path::new("/x"), None),
             Err(Error::Spawn { .. })
         ));
     }

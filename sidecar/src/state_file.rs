@@ -59,6 +59,10 @@ pub struct State {
     /// started after it is the workload's next one.
     #[serde(default)]
     pub ended_at_ticks: u64,
+    /// The egress policy revision the activated owner installed last (none: every destination
+    /// is denied). Kept across owners and generations: decisions never wait for an owner.
+    #[serde(default)]
+    pub policy: Option<crate::egress::Policy>,
 }
 
 impl State {
@@ -76,6 +80,7 @@ impl State {
             ended: None,
             next_generation: false,
             ended_at_ticks: 0,
+            policy: None,
         }
     }
 

@@ -20,6 +20,9 @@ pub const TLS_CERT_ENV: &str = "OPENSHELL_SUPERVISOR_TLS_CERT";
 pub const TLS_KEY_ENV: &str = "OPENSHELL_SUPERVISOR_TLS_KEY";
 pub const TLS_CA_ENV: &str = "OPENSHELL_TLS_CA";
 pub const GATEWAY_TLS_NAME_ENV: &str = "OPENSHELL_GATEWAY_TLS_NAME";
+pub const EGRESS_POLICY_ENV: &str = "OPENSHELL_EGRESS_POLICY";
+/// Largest egress policy file read.
+const MAX_POLICY_BYTES: u64 = 1024 * 1024;
 
 /// Settings of one pool member process.
 #[derive(Debug, Clone, Parser)]
@@ -73,6 +76,12 @@ pub struct Config {
     #[command(flatten)]
     pub log: plumbing::logging::LogArgs,
 
+    /// An egress policy file (YAML or JSON, the fields of a SandboxPolicy spec plus `name`;
+    /// see `proto::egress`) installed in the sidecar of every instance this member owns.
+    /// Unset: none is installed, and sidecars with an egress proxy deny every destination.
+    #[arg(long, env = EGRESS_POLICY_ENV)]
+    pub egress_policy: Option<PathBuf>,
+
     /// Connection limits of the runtime and health ports.
     #[command(flatten)]
     pub connections: plumbing::listener::LimitArgs,
@@ -105,6 +114,8 @@ pub enum ConfigError {
          sidecars need an address they can dial"
     )]
     WildcardListen(SocketAddr),
+    #[error("{EGRESS_POLICY_ENV}={0}: {1}")]
+    EgressPolicy(String, String),
 }
 
 impl Config {
@@ -164,6 +175,24 @@ impl Config {
 
     /// The runtime address published in Hello: the configured one, or derived from the bound
     /// runtime listener.
+    /// The egress policy file's revision, if one is configured.
+    pub fn egress_policy(&self) -> Result<Option<proto::runtime::v1::EgressPolicy>, ConfigError> {
+        use std::io::Read;
+        let Some(path) = &self.egress_policy else {
+            return Ok(None);
+        };
+        let refused = |why: String| ConfigError::EgressPolicy(path.display().to_string(), why);
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .and_then(|f| f.take(MAX_POLICY_BYTES + 1).read_to_string(&mut text))
+            .map_err(|e| refused(e.to_string()))?;
+        if text.len() as u64 > MAX_POLICY_BYTES {
+            return Err(refused(format!("larger than {MAX_POLICY_BYTES} bytes")));
+        }
+        let document: proto::egress::Document = serde_yaml_ng::from_str(&text).map_err(|e| refused(e.to_string()))?;
+        Ok(Some((&document).into()))
+    }
+
     pub fn runtime_address_for(&self, bound: SocketAddr) -> Result<String, ConfigError> {
         if let Some(address) = &self.runtime_address {
             self.check_runtime_address(address)?;

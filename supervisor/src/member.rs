@@ -164,7 +164,12 @@ pub async fn run_on(config: Config, listeners: Listeners, shutdown: Cancellation
     tokio::spawn(runtime.instrument(span.clone()));
     readiness.set_runtime_serving(true);
 
-    let shared = Arc::new(Shared { me, gateway, table });
+    let shared = Arc::new(Shared {
+        me,
+        gateway,
+        table,
+        policy: config.egress_policy()?.map(Arc::new),
+    });
     let mut sessions = SessionSet::new(shared, identity.capacity, table_tx);
     let attachment = Attachment::new(
         identity,

@@ -75,6 +75,7 @@ pub async fn run(settings: &Settings) -> Result<Report, Error> {
         plaintext: false,
         agent_interval_ms: crate::local::AGENT_INTERVAL_MS,
         members_on_standby: false,
+        policy: None,
     };
     let mut pool = LocalPool::start(config).await?;
     let url =

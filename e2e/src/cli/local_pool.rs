@@ -34,6 +34,11 @@ pub struct Args {
     /// throwaway CA in the working directory (ca.crt, tls.crt, tls.key).
     #[arg(long, env = "OPENSHELL_LOCAL_PLAINTEXT")]
     plaintext: bool,
+    /// An egress policy file (YAML: name, revision, enforcement, rules) every sandbox's
+    /// sidecar enforces; each then has an egress proxy (its address is printed). Locally a
+    /// rule may name a loopback upstream (`host: 127.0.0.1`); in a Pod the floor refuses it.
+    #[arg(long, env = "OPENSHELL_LOCAL_POLICY")]
+    policy: Option<PathBuf>,
 }
 
 /// Starts the pool, prints its status every `--interval-ms` until Ctrl-C (or `--rounds`), stops it.
@@ -48,6 +53,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         plaintext: args.plaintext,
         agent_interval_ms: crate::local::AGENT_INTERVAL_MS,
         members_on_standby: false,
+        policy: args.policy.as_ref().map(std::fs::canonicalize).transpose()?,
     };
     println!(
         "starting {} gateway replicas, {} supervisor members and {} sandboxes in {} ...",
@@ -60,6 +66,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     println!("logs: {}   (Ctrl-C stops everything)", pool.logs().display());
     println!("operate it from another terminal (status, drain <member> --wait, rebalance --wait, cancel <id>):");
     println!("  {}\n", poolctl_command(&pool));
+    for sandbox in &pool.sandboxes {
+        if let Some(egress) = &sandbox.egress {
+            println!(
+                "{}: egress through http://{egress}   (curl -x http://{egress} http://127.0.0.1:PORT/)",
+                sandbox.name
+            );
+        }
+    }
     let mut tick = tokio::time::interval(Duration::from_millis(args.interval_ms));
     let mut printed = 0;
     loop {

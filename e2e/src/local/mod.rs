@@ -81,6 +81,9 @@ pub struct Config {
     /// Members list the gateways in reverse order, so they attach to the last-started
     /// replica and the first (which usually takes the lease) serves none of them.
     pub members_on_standby: bool,
+    /// An egress policy file (`proto::egress::Document`) the members install in every
+    /// sidecar; with it each sidecar runs its egress proxy on a loopback port of its own.
+    pub policy: Option<PathBuf>,
 }
 
 /// The agents' default counting period: a report every 50 ms, so a gap in the observed
@@ -108,6 +111,8 @@ pub struct Member {
 pub struct Sandbox {
     pub name: String,
     pub uid: String,
+    /// The sidecar's egress proxy (`127.0.0.1:port`) with `Config::policy`.
+    pub egress: Option<String>,
     pub sidecar: Process,
     pub agent: Process,
 }
@@ -321,6 +326,9 @@ impl LocalPool {
             ("OPENSHELL_SUPERVISOR_RUNTIME_LISTEN".to_owned(), runtime.to_owned()),
             ("OPENSHELL_SUPERVISOR_HEALTH_LISTEN".to_owned(), health.to_owned()),
         ];
+        if let Some(policy) = &self.config.policy {
+            env.push(("OPENSHELL_EGRESS_POLICY".to_owned(), policy.display().to_string()));
+        }
         if let Some(tls) = &self.tls {
             for (variable, path) in [
                 ("OPENSHELL_SUPERVISOR_TLS_CERT", &tls.cert),
@@ -345,7 +353,7 @@ impl LocalPool {
         let uid = uuid_like();
         let route: Vec<String> = self.members.iter().map(|m| m.runtime_address.clone()).collect();
         let supervision = self.credentials().join("instances").join("default").join(name);
-        let env = vec![
+        let mut env = vec![
             ("OPENSHELL_SUPERVISOR_ROUTE".to_owned(), route.join(",")),
             ("OPENSHELL_GATEWAY_ENDPOINTS".to_owned(), self.endpoints().join(",")),
             ("OPENSHELL_POD_NAMESPACE".to_owned(), "default".to_owned()),
@@ -361,10 +369,22 @@ impl LocalPool {
                 dir.join("state").display().to_string(),
             ),
         ];
+        let egress = match self.config.policy {
+            Some(_) => Some(format!("127.0.0.1:{}", free_port()?)),
+            None => None,
+        };
+        if let Some(egress) = &egress {
+            env.push(("OPENSHELL_EGRESS_LISTEN".to_owned(), egress.clone()));
+        }
         let logs = self.logs();
         let sidecar_log = logs.join(format!("{name}-sidecar.log"));
         let sidecar = Process::spawn(&format!("{name}-sidecar"), &binary("sidecar")?, &[], &env, sidecar_log)?;
-        let agent_env = vec![("OPENSHELL_SIDECAR_SOCKET".to_owned(), socket.display().to_string())];
+        let mut agent_env = vec![("OPENSHELL_SIDECAR_SOCKET".to_owned(), socket.display().to_string())];
+        if let Some(egress) = &egress {
+            for variable in ["HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy"] {
+                agent_env.push((variable.to_owned(), format!("http://{egress}")));
+            }
+        }
         let agent_log = logs.join(format!("{name}-agent.log"));
         let interval = ["--interval-ms".to_owned(), self.config.agent_interval_ms.to_string()];
         let agent = Process::spawn(
@@ -377,6 +397,7 @@ impl LocalPool {
         self.sandboxes.push(Sandbox {
             name: name.into(),
             uid,
+            egress,
             sidecar,
             agent,
         });

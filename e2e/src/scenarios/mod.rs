@@ -115,6 +115,7 @@ pub async fn run(name: &str, setup: &Setup) -> Result<Outcome, Error> {
         plaintext: false,
         agent_interval_ms: crate::local::AGENT_INTERVAL_MS,
         members_on_standby: false,
+        policy: None,
     };
     let mut pool = LocalPool::start(config).await?;
     let url =

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use proto::runtime::v1::{
-    ActivationConfirm, Attached, GrantPresentation, Redirect, Release, Relinquish, SupervisorMessage, sidecar_message,
-    supervisor_message,
+    ActivationConfirm, Attached, GrantPresentation, PolicyInstall, PolicyLoaded, Redirect, Release, Relinquish,
+    SupervisorMessage, sidecar_message, supervisor_message,
 };
 use proto::timing::reconnect_backoff;
 use proto::trust;
@@ -14,6 +14,7 @@ use tracing::{debug, error, info, warn};
 use super::effect::{Effect, Ending, Keys, Reply};
 use super::machine::{LOST, MAX_REASON_BYTES, Machine, Mode, Pending, bounded};
 use crate::config::valid_address;
+use crate::egress::Policy;
 use crate::fence::{Accepted, Fence, Presenter, Refusal, Role, Subject, Verifier};
 use crate::receipt::ReceiptKey;
 use crate::runtime_link::StreamId;
@@ -36,6 +37,7 @@ impl<R: Reply> Machine<R> {
             Kind::WorkloadResponse(response) => self.on_response(id, response),
             Kind::Relinquish(relinquish) => self.on_relinquish(id, &relinquish),
             Kind::Release(release) => self.on_release(id, &release),
+            Kind::PolicyInstall(install) => self.on_policy(id, &install),
             Kind::Heartbeat(_) => {}
         }
     }
@@ -245,6 +247,50 @@ impl<R: Reply> Machine<R> {
         self.begin_stop(Ending::Released {
             reason: bounded(&release.reason, MAX_REASON_BYTES),
         });
+    }
+
+    /// A policy revision from the activated owner at its term is loaded (persisted, then
+    /// enforced) unless it is invalid or not newer than the one in force; any other stream's
+    /// install changes nothing. Every install is answered with the revision in force.
+    fn on_policy(&mut self, id: StreamId, install: &PolicyInstall) {
+        let activated = self.state.fence.activated;
+        let error = if self.owner != Some(id) || install.term != activated {
+            warn!(
+                term = install.term,
+                activated, "policy install refused: not from the activated owner"
+            );
+            format!("refused: not from the activated owner at term {activated}")
+        } else {
+            match install.policy.as_ref().map(Policy::try_from) {
+                None => "the install carries no policy".to_owned(),
+                Some(Err(invalid)) => {
+                    warn!(error = %invalid, "policy install refused");
+                    invalid.to_string()
+                }
+                Some(Ok(policy)) => {
+                    let current = self.state.policy.as_ref();
+                    if !current.is_some_and(|c| c.name == policy.name && c.revision >= policy.revision) {
+                        info!(policy = %policy.name, revision = policy.revision, term = activated, "egress policy installed");
+                        self.state.policy = Some(policy.clone());
+                        self.persist();
+                        self.out.push(Effect::Enforce(std::sync::Arc::new(policy)));
+                    }
+                    String::new()
+                }
+            }
+        };
+        let (name, revision) = self
+            .state
+            .policy
+            .as_ref()
+            .map_or((String::new(), 0), |p| (p.name.clone(), p.revision));
+        let loaded = PolicyLoaded {
+            term: install.term,
+            name,
+            revision,
+            error: bounded(&error, MAX_REASON_BYTES),
+        };
+        self.send(id, sidecar_message::Kind::PolicyLoaded(loaded));
     }
 
     /// Runs a fence decision against `keys`.

@@ -66,6 +66,8 @@ pub(crate) struct Driver {
     admission: Option<oneshot::Sender<Admission>>,
     /// The pinned workload's PID, for the endpoint (its connections go first).
     workload_pid: watch::Sender<Option<u32>>,
+    /// The egress policy revision in force, for the proxy.
+    installed: watch::Sender<Option<Arc<crate::egress::Policy>>>,
     done: Option<(Ending, Option<Exit>)>,
 }
 
@@ -77,6 +79,7 @@ impl Driver {
         workload: Option<Pinned>,
         link_tx: mpsc::Sender<(StreamId, LinkEvent)>,
         workload_pid: watch::Sender<Option<u32>>,
+        installed: watch::Sender<Option<Arc<crate::egress::Policy>>>,
     ) -> Self {
         let (identity, control) = workload.map(|p| (p.identity, p.control)).unzip();
         workload_pid.send_replace(identity.as_ref().map(|i| i.pid));
@@ -91,6 +94,7 @@ impl Driver {
             exit: None,
             admission: None,
             workload_pid,
+            installed,
             done: None,
         }
     }
@@ -231,6 +235,9 @@ impl Driver {
                 let (control, exit) = process::watch(Process::Foreign(identity));
                 self.control = Some(control);
                 self.exit = Some(exit);
+            }
+            Effect::Enforce(policy) => {
+                self.installed.send_replace(Some(policy));
             }
             Effect::StopWorkload => {
                 if let Some(control) = &self.control {

@@ -134,6 +134,8 @@ pub(crate) enum Effect<R> {
     Watch(WorkloadIdentity),
     /// Stop the pinned workload (SIGTERM, SIGKILL after the grace period).
     StopWorkload,
+    /// Decide egress from this revision from now on (it is persisted first).
+    Enforce(std::sync::Arc<crate::egress::Policy>),
     /// Read the trust bundle (again, on purpose, when `reload`) and deliver `message` once
     /// more with it.
     Verify {

@@ -433,6 +433,7 @@ impl Fixture {
             stop_grace_seconds: 5,
             idle_timeout_seconds: 300,
             restart_policy: "Always".into(),
+            egress_listen: None,
             log: LogArgs {
                 log_format: LogFormat::Text,
             },

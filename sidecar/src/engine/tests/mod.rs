@@ -4,6 +4,7 @@
 //! the harness; `control` checks member messages, `modes` the modes and the workload side.
 
 mod control;
+mod egress;
 mod modes;
 
 use std::time::{Duration, Instant};
@@ -174,6 +175,7 @@ pub(super) fn names(effects: &[Effect<Probe>]) -> Vec<String> {
                 Kind::RecoveryHello(h) => format!("send {id} hello {}", h.attempt),
                 Kind::Stopped(_) => format!("send {id} stopped"),
                 Kind::WorkloadStarted(_) => format!("send {id} workload"),
+                Kind::PolicyLoaded(l) => format!("send {id} loaded {:?} {} {:?}", l.name, l.revision, l.error),
                 other => format!("send {id} {other:?}"),
             },
             Effect::Abort(id) => format!("abort {id}"),
@@ -185,6 +187,7 @@ pub(super) fn names(effects: &[Effect<Probe>]) -> Vec<String> {
             Effect::AdmitDescendant { pid, ancestor } => format!("admit if {pid} descends from {ancestor}"),
             Effect::Watch(identity) => format!("watch {}", identity.pid),
             Effect::StopWorkload => "stop workload".into(),
+            Effect::Enforce(policy) => format!("enforce {} {}", policy.name, policy.revision),
             Effect::Verify { id, reload, .. } => format!("verify {id} reload {reload}"),
             Effect::Done { ending, exit } => format!("done {ending:?} {}", exit.is_some()),
         })

@@ -114,5 +114,6 @@ pub(crate) fn message_name(kind: &supervisor_message::Kind) -> &'static str {
         Kind::Release(_) => "Release",
         Kind::WorkloadResponse(_) => "WorkloadResponse",
         Kind::Heartbeat(_) => "Heartbeat",
+        Kind::PolicyInstall(_) => "PolicyInstall",
     }
 }

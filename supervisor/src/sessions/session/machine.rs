@@ -27,6 +27,8 @@ pub(crate) struct Setup {
     pub route: String,
     pub instance: InstanceRef,
     pub me: Me,
+    /// The egress policy revision installed in the sidecar at every attach and activation.
+    pub policy: Option<std::sync::Arc<proto::runtime::v1::EgressPolicy>>,
 }
 
 /// A stop in progress.
@@ -222,6 +224,7 @@ impl Machine {
             sidecar_message::Kind::WorkloadStarted(started) => {
                 self.note_workload(started.workload.map_or(0, |w| w.pid));
             }
+            sidecar_message::Kind::PolicyLoaded(loaded) => self.on_policy_loaded(&loaded),
             sidecar_message::Kind::Attach(_) | sidecar_message::Kind::Heartbeat(_) => {}
         }
     }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use proto::recovery::v1::{ActivateRequest, ActivationProof, IssueGrantRequest, IssueGrantResponse, Receipt};
 use proto::runtime::v1::supervisor_message::Kind;
-use proto::runtime::v1::{ActivationConfirm, Attached, GrantPresentation};
+use proto::runtime::v1::{ActivationConfirm, Attached, GrantPresentation, PolicyInstall, PolicyLoaded};
 use proto::timing;
 use tracing::{info, warn};
 
@@ -205,6 +205,7 @@ impl Machine {
         info!(stream = sidecar.id, "sidecar attached at the active term");
         sidecar.attached = true;
         self.send(Kind::Attached(attached));
+        self.install_policy();
     }
 
     /// The sidecar's answer to this session's presentation on the current stream.
@@ -269,6 +270,32 @@ impl Machine {
         sidecar.opening.fence_term = self.term;
         sidecar.opening.relinquished = false;
         self.send(Kind::ActivationConfirm(confirm));
+        self.install_policy();
+    }
+
+    /// The egress policy revision, stamped with this session's term, right after the sidecar
+    /// accepted the term (it loads installs only from its activated owner at that term).
+    fn install_policy(&mut self) {
+        let Some(policy) = &self.setup.policy else { return };
+        let install = PolicyInstall {
+            term: self.term,
+            policy: Some(policy.as_ref().clone()),
+        };
+        self.send(Kind::PolicyInstall(install));
+    }
+
+    /// The sidecar's answer to an install.
+    pub(super) fn on_policy_loaded(&mut self, loaded: &PolicyLoaded) {
+        if loaded.error.is_empty() {
+            info!(policy = %loaded.name, revision = loaded.revision, "egress policy loaded by the sidecar");
+        } else {
+            warn!(
+                policy = %loaded.name,
+                revision = loaded.revision,
+                error = %plumbing::text::bounded(&loaded.error, 256),
+                "the sidecar did not load the egress policy"
+            );
+        }
     }
 
     /// Whether `call` is the one in flight; it then is no longer.

@@ -58,6 +58,14 @@ pub(super) fn assignment(term: u64, phase: TermPhase, credentials: Option<Creden
 impl Harness {
     /// A session at `assignment`, started (its first status published).
     pub(super) fn new(assignment: Assignment) -> Self {
+        Self::with_policy(assignment, None)
+    }
+
+    /// As `new`, installing `policy` in the sidecar.
+    pub(super) fn with_policy(
+        assignment: Assignment,
+        policy: Option<std::sync::Arc<proto::runtime::v1::EgressPolicy>>,
+    ) -> Self {
         let setup = Setup {
             route: ROUTE.into(),
             instance: instance(),
@@ -65,6 +73,7 @@ impl Harness {
                 member: "m-0".into(),
                 process_id: "p-0".into(),
             },
+            policy,
         };
         let now = Now {
             at: Instant::now(),

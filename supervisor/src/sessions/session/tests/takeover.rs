@@ -257,3 +257,53 @@ fn a_lower_term_changes_nothing_but_the_material_it_brings() {
     assert_eq!(h.m.published.term, 3);
     assert_eq!(io(&h.connect(1, 0, false)), ["issue grant 3"]);
 }
+
+#[test]
+fn the_egress_policy_follows_every_attach_and_activation_stamped_with_the_term() {
+    use proto::runtime::v1::{EgressPolicy, PolicyLoaded};
+    let policy = std::sync::Arc::new(EgressPolicy {
+        name: "p".into(),
+        revision: 4,
+        ..EgressPolicy::default()
+    });
+    let installs = |effects: &[Effect]| -> Vec<(u64, u64)> {
+        effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Send {
+                    kind: supervisor_message::Kind::PolicyInstall(install),
+                    ..
+                } => Some((install.term, install.policy.as_ref().map_or(0, |p| p.revision))),
+                _ => None,
+            })
+            .collect()
+    };
+    // Attached at the active term, then the install.
+    let mut h = Harness::with_policy(assignment(3, TermPhase::Active, material()), Some(policy.clone()));
+    let effects = h.connect(1, 3, false);
+    assert_eq!(io(&effects), ["send 1 Attached", "send 1 PolicyInstall"]);
+    assert_eq!(installs(&effects), [(3, 4)]);
+    // The sidecar's answer changes nothing in the session, loaded or not.
+    let loaded = PolicyLoaded {
+        term: 3,
+        name: "p".into(),
+        revision: 4,
+        error: "refused".into(),
+    };
+    assert!(io(&h.message(1, sidecar_message::Kind::PolicyLoaded(loaded))).is_empty());
+    assert_eq!(h.phase(), (InstancePhase::Active, String::new()));
+
+    // A takeover: ActivationConfirm, then the install at the new term.
+    let mut h = Harness::with_policy(assignment(5, TermPhase::Reserved, material()), Some(policy));
+    h.connect(1, 0, false);
+    h.on(granted(5));
+    h.message(1, receipt(5, "g"));
+    let effects = h.on(activated(5));
+    assert_eq!(io(&effects), ["send 1 ActivationConfirm", "send 1 PolicyInstall"]);
+    assert_eq!(installs(&effects), [(5, 4)]);
+    // Without a policy nothing is installed (the new stream replaces the old one).
+    assert_eq!(
+        io(&Harness::attached(3).connect(2, 3, false)),
+        ["drop 1", "send 2 Attached"]
+    );
+}

@@ -1,0 +1,407 @@
+//! An egress policy revision as the sidecar enforces it, and its decisions over plain data:
+//! default deny; a rule allows a host (exact, IP literal or `*.` wildcard) on some ports and,
+//! for plain HTTP, some methods and path prefixes. Addresses are checked by [`super::floor`].
+
+use std::net::IpAddr;
+
+use proto::runtime::v1::{EgressPolicy, EgressRule, Enforcement};
+use serde::{Deserialize, Serialize};
+
+pub const MAX_RULES: usize = 256;
+const MAX_NAME_BYTES: usize = 253;
+const MAX_RULE_NAME_BYTES: usize = 63;
+const MAX_PORTS: usize = 32;
+const MAX_METHODS: usize = 16;
+const MAX_PATH_PREFIXES: usize = 32;
+const MAX_PATH_PREFIX_BYTES: usize = 1024;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Invalid {
+    #[error("the policy has no name or one longer than {MAX_NAME_BYTES} bytes")]
+    Name,
+    #[error("more than {MAX_RULES} rules")]
+    TooManyRules,
+    #[error("rule {0}: its name must be 1..{MAX_RULE_NAME_BYTES} bytes")]
+    RuleName(usize),
+    #[error("rule {0:?}: host {1:?} is neither a DNS name, an IP address nor `*.` and a DNS name")]
+    Host(String, String),
+    #[error("rule {0:?}: 1..{MAX_PORTS} ports, each 1..65535")]
+    Ports(String),
+    #[error("rule {0:?}: at most {MAX_METHODS} methods, each an upper-case token")]
+    Methods(String),
+    #[error("rule {0:?}: at most {MAX_PATH_PREFIXES} path prefixes, each starting with `/`")]
+    Paths(String),
+}
+
+/// Which part of a host a rule matches.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Host {
+    /// A lower-case DNS name.
+    Name(String),
+    /// Any name strictly below this lower-case DNS name.
+    Below(String),
+    Address(IpAddr),
+}
+
+impl Host {
+    fn parse(text: &str) -> Option<Self> {
+        if let Ok(address) = text.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
+            return Some(Host::Address(address));
+        }
+        let lower = text.to_ascii_lowercase();
+        match lower.strip_prefix("*.") {
+            Some(rest) if dns_name(rest) => Some(Host::Below(rest.to_owned())),
+            None if dns_name(&lower) => Some(Host::Name(lower)),
+            _ => None,
+        }
+    }
+
+    fn matches(&self, host: &Target) -> bool {
+        match (self, host) {
+            (Host::Name(name), Target::Name(asked)) => name == asked,
+            (Host::Below(parent), Target::Name(asked)) => asked
+                .strip_suffix(parent.as_str())
+                .is_some_and(|label| label.len() > 1 && label.ends_with('.')),
+            (Host::Address(address), Target::Address(asked)) => address == asked,
+            _ => false,
+        }
+    }
+
+    /// A loopback address or `localhost`, named exactly (see [`super::floor::Floor`]).
+    pub fn is_loopback(&self) -> bool {
+        match self {
+            Host::Name(name) => name == "localhost",
+            Host::Below(_) => false,
+            Host::Address(address) => address.is_loopback(),
+        }
+    }
+}
+
+/// An RFC 1123 host name: labels of 1..63 letters, digits and inner hyphens, 253 bytes at most.
+fn dns_name(name: &str) -> bool {
+    let name = name.strip_suffix('.').unwrap_or(name);
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+/// The host a connection asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Name(String),
+    Address(IpAddr),
+}
+
+impl Target {
+    /// `None` for something that is no host at all.
+    pub fn parse(text: &str) -> Option<Self> {
+        match Host::parse(text)? {
+            Host::Name(name) => Some(Target::Name(name.strip_suffix('.').unwrap_or(&name).to_owned())),
+            Host::Address(address) => Some(Target::Address(address)),
+            Host::Below(_) => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Name(name) => f.write_str(name),
+            Target::Address(IpAddr::V6(address)) => write!(f, "[{address}]"),
+            Target::Address(address) => write!(f, "{address}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Rule {
+    pub name: String,
+    pub host: Host,
+    pub ports: Vec<u16>,
+    pub methods: Vec<String>,
+    pub path_prefixes: Vec<String>,
+}
+
+impl Rule {
+    /// Limited to some methods or paths: plain HTTP only.
+    fn inspects(&self) -> bool {
+        !self.methods.is_empty() || !self.path_prefixes.is_empty()
+    }
+}
+
+/// One installed revision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Policy {
+    pub name: String,
+    pub revision: u64,
+    /// Denials are recorded, not made (the floor still is).
+    pub audit_only: bool,
+    pub rules: Vec<Rule>,
+}
+
+/// What a connection asks for.
+#[derive(Debug, Clone)]
+pub struct Request<'a> {
+    pub host: &'a Target,
+    pub port: u16,
+    /// Plain HTTP: the method and path; a tunnel shows neither.
+    pub http: Option<(&'a str, &'a str)>,
+}
+
+/// The decision on one request, before the addresses are checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Allowed by this rule.
+    Allowed { rule: String },
+    /// No rule allows it; `enforced` false in an audit-only policy (it goes through).
+    Denied { enforced: bool, reason: String },
+}
+
+impl Policy {
+    pub fn decide(&self, request: &Request<'_>) -> Verdict {
+        let candidates: Vec<&Rule> = self
+            .rules
+            .iter()
+            .filter(|rule| rule.host.matches(request.host) && rule.ports.contains(&request.port))
+            .collect();
+        let allowed = candidates.iter().find(|rule| match request.http {
+            None => !rule.inspects(),
+            Some((method, path)) => {
+                (rule.methods.is_empty() || rule.methods.iter().any(|m| m == method))
+                    && (rule.path_prefixes.is_empty()
+                        || rule.path_prefixes.iter().any(|p| path.starts_with(p.as_str())))
+            }
+        });
+        if let Some(rule) = allowed {
+            return Verdict::Allowed {
+                rule: rule.name.clone(),
+            };
+        }
+        let reason = match (candidates.first(), request.http) {
+            (None, _) => format!("no rule allows {}:{}", request.host, request.port),
+            (Some(rule), None) => format!(
+                "rule {:?} allows only some methods or paths, which a tunnel does not show: send plain http:// through the proxy",
+                rule.name
+            ),
+            (Some(_), Some((method, path))) => {
+                format!("no rule allows {method} {path} on {}:{}", request.host, request.port)
+            }
+        };
+        Verdict::Denied {
+            enforced: !self.audit_only,
+            reason,
+        }
+    }
+
+    /// A rule names the request's loopback host and port exactly (honoured only outside
+    /// Kubernetes, see [`super::floor::Floor::local`]).
+    pub fn names_loopback(&self, request: &Request<'_>) -> bool {
+        self.rules.iter().any(|rule| {
+            rule.host.is_loopback() && rule.host.matches(request.host) && rule.ports.contains(&request.port)
+        })
+    }
+}
+
+impl TryFrom<&EgressPolicy> for Policy {
+    type Error = Invalid;
+
+    fn try_from(policy: &EgressPolicy) -> Result<Self, Invalid> {
+        if policy.name.is_empty() || policy.name.len() > MAX_NAME_BYTES {
+            return Err(Invalid::Name);
+        }
+        if policy.rules.len() > MAX_RULES {
+            return Err(Invalid::TooManyRules);
+        }
+        let rules = policy
+            .rules
+            .iter()
+            .enumerate()
+            .map(|(index, rule)| parse_rule(index, rule))
+            .collect::<Result<_, _>>()?;
+        Ok(Policy {
+            name: policy.name.clone(),
+            revision: policy.revision,
+            audit_only: policy.enforcement() == Enforcement::Audit,
+            rules,
+        })
+    }
+}
+
+fn parse_rule(index: usize, rule: &EgressRule) -> Result<Rule, Invalid> {
+    if rule.name.is_empty() || rule.name.len() > MAX_RULE_NAME_BYTES {
+        return Err(Invalid::RuleName(index));
+    }
+    let name = rule.name.clone();
+    let host =
+        Host::parse(&rule.host).ok_or_else(|| Invalid::Host(name.clone(), plumbing::text::bounded(&rule.host, 256)))?;
+    let ports: Vec<u16> = rule
+        .ports
+        .iter()
+        .map(|p| u16::try_from(*p).ok().filter(|p| *p > 0))
+        .collect::<Option<_>>()
+        .filter(|ports: &Vec<u16>| !ports.is_empty() && ports.len() <= MAX_PORTS)
+        .ok_or_else(|| Invalid::Ports(name.clone()))?;
+    let token = |m: &String| !m.is_empty() && m.len() <= 32 && m.bytes().all(|b| b.is_ascii_uppercase());
+    if rule.methods.len() > MAX_METHODS || !rule.methods.iter().all(token) {
+        return Err(Invalid::Methods(name));
+    }
+    let prefix = |p: &String| p.starts_with('/') && p.len() <= MAX_PATH_PREFIX_BYTES;
+    if rule.path_prefixes.len() > MAX_PATH_PREFIXES || !rule.path_prefixes.iter().all(prefix) {
+        return Err(Invalid::Paths(name));
+    }
+    Ok(Rule {
+        name,
+        host,
+        ports,
+        methods: rule.methods.clone(),
+        path_prefixes: rule.path_prefixes.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(name: &str, host: &str, ports: &[u32]) -> EgressRule {
+        EgressRule {
+            name: name.into(),
+            host: host.into(),
+            ports: ports.to_vec(),
+            ..EgressRule::default()
+        }
+    }
+
+    fn policy(rules: Vec<EgressRule>) -> Policy {
+        let policy = EgressPolicy {
+            name: "p".into(),
+            revision: 1,
+            rules,
+            ..EgressPolicy::default()
+        };
+        Policy::try_from(&policy).expect("valid")
+    }
+
+    fn decide(policy: &Policy, host: &str, port: u16, http: Option<(&str, &str)>) -> Verdict {
+        let host = Target::parse(host).expect("a host");
+        policy.decide(&Request {
+            host: &host,
+            port,
+            http,
+        })
+    }
+
+    fn allowed(verdict: &Verdict) -> bool {
+        matches!(verdict, Verdict::Allowed { .. })
+    }
+
+    #[test]
+    fn default_deny_and_exact_hosts_and_ports() {
+        let p = policy(vec![rule("api", "API.example.com", &[443])]);
+        assert!(allowed(&decide(&p, "api.example.com", 443, None)));
+        assert!(
+            allowed(&decide(&p, "api.example.com.", 443, None)),
+            "a trailing dot is the same name"
+        );
+        assert!(!allowed(&decide(&p, "api.example.com", 80, None)));
+        assert!(!allowed(&decide(&p, "example.com", 443, None)));
+        assert!(!allowed(&decide(&p, "api.example.com.evil.net", 443, None)));
+        assert!(!allowed(&decide(&policy(Vec::new()), "api.example.com", 443, None)));
+    }
+
+    #[test]
+    fn a_wildcard_matches_names_below_it_only() {
+        let p = policy(vec![rule("any", "*.example.com", &[443])]);
+        assert!(allowed(&decide(&p, "a.example.com", 443, None)));
+        assert!(allowed(&decide(&p, "a.b.example.com", 443, None)));
+        assert!(!allowed(&decide(&p, "example.com", 443, None)));
+        assert!(!allowed(&decide(&p, "badexample.com", 443, None)));
+        assert!(!allowed(&decide(&p, "10.0.0.1", 443, None)));
+    }
+
+    #[test]
+    fn methods_and_paths_limit_plain_http_and_refuse_tunnels() {
+        let mut limited = rule("read", "api.example.com", &[80, 443]);
+        limited.methods = vec!["GET".into()];
+        limited.path_prefixes = vec!["/v1/".into()];
+        let p = policy(vec![limited]);
+        assert!(allowed(&decide(&p, "api.example.com", 80, Some(("GET", "/v1/items")))));
+        assert!(!allowed(&decide(
+            &p,
+            "api.example.com",
+            80,
+            Some(("POST", "/v1/items"))
+        )));
+        assert!(!allowed(&decide(&p, "api.example.com", 80, Some(("GET", "/admin")))));
+        let Verdict::Denied { reason, enforced } = decide(&p, "api.example.com", 443, None) else {
+            panic!("a tunnel cannot show its method")
+        };
+        assert!(enforced && reason.contains("plain http://"), "{reason}");
+    }
+
+    #[test]
+    fn audit_only_records_instead_of_refusing() {
+        let mut p = policy(Vec::new());
+        p.audit_only = true;
+        assert_eq!(
+            decide(&p, "x.example.com", 443, None),
+            Verdict::Denied {
+                enforced: false,
+                reason: "no rule allows x.example.com:443".into()
+            }
+        );
+    }
+
+    #[test]
+    fn invalid_policies_are_refused_with_the_reason() {
+        let refused = |rules: Vec<EgressRule>| {
+            Policy::try_from(&EgressPolicy {
+                name: "p".into(),
+                rules,
+                ..EgressPolicy::default()
+            })
+            .expect_err("invalid")
+        };
+        assert!(matches!(refused(vec![rule("a", "*", &[443])]), Invalid::Host(..)));
+        assert!(matches!(refused(vec![rule("a", "a b.com", &[443])]), Invalid::Host(..)));
+        assert!(matches!(refused(vec![rule("a", "*.*.com", &[443])]), Invalid::Host(..)));
+        assert!(matches!(refused(vec![rule("a", "a.com", &[])]), Invalid::Ports(_)));
+        assert!(matches!(refused(vec![rule("a", "a.com", &[0])]), Invalid::Ports(_)));
+        assert!(matches!(
+            refused(vec![rule("a", "a.com", &[70_000])]),
+            Invalid::Ports(_)
+        ));
+        assert!(matches!(refused(vec![rule("", "a.com", &[1])]), Invalid::RuleName(0)));
+        let mut lower = rule("a", "a.com", &[80]);
+        lower.methods = vec!["get".into()];
+        assert!(matches!(refused(vec![lower]), Invalid::Methods(_)));
+        let mut relative = rule("a", "a.com", &[80]);
+        relative.path_prefixes = vec!["v1".into()];
+        assert!(matches!(refused(vec![relative]), Invalid::Paths(_)));
+        assert!(matches!(
+            refused((0..=MAX_RULES).map(|i| rule(&format!("r{i}"), "a.com", &[1])).collect()),
+            Invalid::TooManyRules
+        ));
+        assert_eq!(
+            Policy::try_from(&EgressPolicy::default()).expect_err("no name"),
+            Invalid::Name
+        );
+    }
+
+    #[test]
+    fn ip_literals_match_as_addresses() {
+        let p = policy(vec![rule("v4", "10.1.2.3", &[80]), rule("v6", "[fd00::1]", &[80])]);
+        assert!(allowed(&decide(&p, "10.1.2.3", 80, None)));
+        assert!(allowed(&decide(&p, "[fd00::1]", 80, None)));
+        assert!(!allowed(&decide(&p, "10.1.2.4", 80, None)));
+        assert!(p.rules[0].host == Host::Address("10.1.2.3".parse().expect("ip")));
+    }
+}

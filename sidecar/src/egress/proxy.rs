@@ -1,0 +1,598 @@
+//! The sidecar as the Pod's way out: an HTTP/1.1 forward proxy on a loopback port that the
+//! workload's HTTP clients use through `HTTP_PROXY`/`HTTPS_PROXY`. A tunnel (`CONNECT
+//! host:port`, what clients do for `https://`) is decided on its host and port; a plain
+//! `http://` request also on its method and path. Names are resolved here and every address
+//! is checked against the [`Floor`] before it is dialed, and the checked address is the one
+//! dialed. A refusal is an HTTP 403 with a JSON body naming the destination, the policy
+//! revision and the rule that would be needed — never a hang or a bare reset. An installed
+//! revision that no longer allows an open tunnel closes it at once.
+//!
+//! This is the thin driver: the decisions are [`Policy::decide`] and [`Floor::refuses`].
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use hyper::{Method, Request as HttpRequest, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde_json::json;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::task::JoinSet;
+use tokio::time::timeout;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::floor::Floor;
+use super::policy::{Policy, Request, Target, Verdict};
+
+type Body = BoxBody<Bytes, hyper::Error>;
+
+/// The revision in force (`None`: nothing installed yet, every destination is denied).
+pub type Installed = watch::Receiver<Option<Arc<Policy>>>;
+
+/// Bounds on what one workload can make the proxy hold.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Open client connections (tunnels included); more are answered 503 and closed.
+    pub max_connections: usize,
+    /// Request line and headers, bytes.
+    pub max_header_bytes: usize,
+    /// For a request's headers to arrive.
+    pub header_timeout: Duration,
+    /// For a name to resolve.
+    pub resolve_timeout: Duration,
+    /// For one upstream address to accept.
+    pub connect_timeout: Duration,
+    /// For a plain-HTTP upstream's response headers.
+    pub response_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: 1024,
+            max_header_bytes: 64 * 1024,
+            header_timeout: Duration::from_secs(10),
+            resolve_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+            response_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What the proxy decides with.
+#[derive(Clone)]
+pub struct Egress {
+    pub installed: Installed,
+    pub floor: Arc<Floor>,
+    pub limits: Limits,
+}
+
+/// Serves `listener` until `shutdown`; then every connection and tunnel is closed.
+pub async fn serve(listener: TcpListener, egress: Egress, shutdown: CancellationToken) {
+    let permits = Arc::new(Semaphore::new(egress.limits.max_connections));
+    let mut connections = JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => accepted,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(err) => {
+                warn!(error = %err, "egress proxy: accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            connections.spawn(refuse_busy(stream));
+            continue;
+        };
+        let egress = egress.clone();
+        let shutdown = shutdown.clone();
+        connections.spawn(async move { connection(stream, egress, Arc::new(permit), shutdown).await });
+    }
+    connections.shutdown().await;
+}
+
+async fn refuse_busy(mut stream: TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let body = json!({"error": "egress proxy busy: too many open connections"}).to_string();
+    let answer = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = timeout(Duration::from_secs(1), stream.write_all(answer.as_bytes())).await;
+}
+
+async fn connection(stream: TcpStream, egress: Egress, permit: Arc<OwnedSemaphorePermit>, shutdown: CancellationToken) {
+    let _ = stream.set_nodelay(true);
+    let limits = egress.limits;
+    let tunnels = shutdown.child_token();
+    let service = hyper::service::service_fn(move |request| {
+        let egress = egress.clone();
+        let permit = permit.clone();
+        let tunnels = tunnels.clone();
+        async move { Ok::<_, Infallible>(handle(request, &egress, permit, tunnels).await) }
+    });
+    let served = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .max_buf_size(limits.max_header_bytes.max(8192))
+        .max_headers(128)
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades();
+    tokio::select! {
+        () = shutdown.cancelled() => {}
+        _ = served => {}
+    }
+}
+
+/// The destination a refusal or a log line names.
+struct Asked {
+    target: Target,
+    port: u16,
+    http: Option<(Method, String)>,
+}
+
+impl Asked {
+    fn request(&self) -> Request<'_> {
+        Request {
+            host: &self.target,
+            port: self.port,
+            http: self.http.as_ref().map(|(m, p)| (m.as_str(), p.as_str())),
+        }
+    }
+
+    fn destination(&self) -> String {
+        format!("{}:{}", self.target, self.port)
+    }
+}
+
+/// Allowed: the rule (none in an audit-only policy's would-be denial), and the addresses to dial.
+struct Allowed {
+    rule: Option<String>,
+    addresses: Vec<SocketAddr>,
+}
+
+struct Denied {
+    status: StatusCode,
+    reason: String,
+    /// A rule could allow it (the floor: no rule can).
+    rule_would_help: bool,
+}
+
+async fn handle(
+    request: HttpRequest<Incoming>,
+    egress: &Egress,
+    permit: Arc<OwnedSemaphorePermit>,
+    tunnels: CancellationToken,
+) -> Response<Body> {
+    let head: usize = request
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    if head > egress.limits.max_header_bytes {
+        let reason = format!("the request's headers exceed {} bytes", egress.limits.max_header_bytes);
+        return refusal(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "bad proxy request",
+            &reason,
+            None,
+            egress,
+        );
+    }
+    let asked = match asked(&request) {
+        Ok(asked) => asked,
+        Err(reason) => return refusal(StatusCode::BAD_REQUEST, "bad proxy request", &reason, None, egress),
+    };
+    let policy = egress.installed.borrow().clone();
+    let allowed = match decide(&asked, policy.as_deref(), egress).await {
+        Ok(allowed) => allowed,
+        Err(denied) => {
+            log(&asked, policy.as_deref(), "deny", None, &denied.reason);
+            let needed = Some((&asked, denied.rule_would_help));
+            return refusal(denied.status, "egress denied", &denied.reason, needed, egress);
+        }
+    };
+    let upstream = match dial(&allowed.addresses, egress.limits.connect_timeout).await {
+        Ok(upstream) => upstream,
+        Err(reason) => {
+            log(
+                &asked,
+                policy.as_deref(),
+                "unreachable",
+                allowed.rule.as_deref(),
+                &reason,
+            );
+            return refusal(
+                StatusCode::BAD_GATEWAY,
+                "upstream unreachable",
+                &reason,
+                Some((&asked, false)),
+                egress,
+            );
+        }
+    };
+    let verdict = if allowed.rule.is_some() { "allow" } else { "audit" };
+    log(&asked, policy.as_deref(), verdict, allowed.rule.as_deref(), "");
+    if request.method() == Method::CONNECT {
+        let installed = egress.installed.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            match hyper::upgrade::on(request).await {
+                Ok(upgraded) => tunnel(upgraded, upstream, asked, installed, tunnels).await,
+                Err(err) => warn!(error = %err, "egress tunnel: the client did not upgrade"),
+            }
+        });
+        return Response::new(empty());
+    }
+    forward(request, upstream, &asked, egress.limits.response_timeout).await
+}
+
+/// The destination of a proxy request, or why it is none.
+fn asked(request: &HttpRequest<Incoming>) -> Result<Asked, String> {
+    let uri = request.uri();
+    if request.method() == Method::CONNECT {
+        let authority = uri.authority().ok_or("CONNECT needs host:port")?;
+        let port = authority.port_u16().ok_or("CONNECT needs host:port")?;
+        let target = Target::parse(authority.host()).ok_or("CONNECT names no valid host")?;
+        if let Some(host) = request.headers().get(header::HOST)
+            && !host.as_bytes().eq_ignore_ascii_case(authority.as_str().as_bytes())
+        {
+            return Err("the Host header differs from the CONNECT target".into());
+        }
+        return Ok(Asked {
+            target,
+            port,
+            http: None,
+        });
+    }
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some(_) => return Err("only http:// requests are forwarded; use CONNECT for https://".into()),
+        None => return Err("this is a forward proxy: send an absolute http:// URL or CONNECT".into()),
+    }
+    let authority = uri.authority().ok_or("the URL names no host")?;
+    let target = Target::parse(authority.host()).ok_or("the URL names no valid host")?;
+    let path = uri.path().to_owned();
+    Ok(Asked {
+        target,
+        port: authority.port_u16().unwrap_or(80),
+        http: Some((request.method().clone(), path)),
+    })
+}
+
+/// The policy, then the floor on every address the destination resolves to.
+async fn decide(asked: &Asked, policy: Option<&Policy>, egress: &Egress) -> Result<Allowed, Denied> {
+    let denied = |reason: String, rule_would_help| Denied {
+        status: StatusCode::FORBIDDEN,
+        reason,
+        rule_would_help,
+    };
+    if let Target::Name(name) = &asked.target
+        && egress.floor.names_pool(name)
+    {
+        return Err(denied(
+            "the pool's own endpoints are never reachable from a workload".into(),
+            false,
+        ));
+    }
+    let Some(policy) = policy else {
+        return Err(denied(
+            "no egress policy is installed: every destination is denied".into(),
+            true,
+        ));
+    };
+    let request = asked.request();
+    let rule = match policy.decide(&request) {
+        Verdict::Allowed { rule } => Some(rule),
+        Verdict::Denied { enforced: true, reason } => return Err(denied(reason, true)),
+        Verdict::Denied { enforced: false, .. } => None,
+    };
+    let loopback_rule = policy.names_loopback(&request);
+    let resolved = resolve(&asked.target, asked.port, egress.limits.resolve_timeout)
+        .await
+        .map_err(|reason| Denied {
+            status: StatusCode::BAD_GATEWAY,
+            reason,
+            rule_would_help: false,
+        })?;
+    let mut refusals = Vec::new();
+    let addresses: Vec<SocketAddr> = resolved
+        .into_iter()
+        .filter(|address| match egress.floor.refuses(*address, loopback_rule) {
+            Some(why) => {
+                refusals.push(format!("{} ({why})", address.ip()));
+                false
+            }
+            None => true,
+        })
+        .collect();
+    if addresses.is_empty() {
+        let reason = format!(
+            "{} resolves only to addresses no policy opens: {}",
+            asked.target,
+            refusals.join(", ")
+        );
+        return Err(denied(reason, false));
+    }
+    Ok(Allowed { rule, addresses })
+}
+
+async fn resolve(target: &Target, port: u16, limit: Duration) -> Result<Vec<SocketAddr>, String> {
+    match target {
+        Target::Address(address) => Ok(vec![SocketAddr::new(*address, port)]),
+        Target::Name(name) => match timeout(limit, tokio::net::lookup_host((name.as_str(), port))).await {
+            Ok(Ok(addresses)) => Ok(addresses.take(16).collect()),
+            Ok(Err(err)) => Err(format!("cannot resolve {name}: {err}")),
+            Err(_) => Err(format!("resolving {name} took longer than {limit:?}")),
+        },
+    }
+}
+
+async fn dial(addresses: &[SocketAddr], limit: Duration) -> Result<TcpStream, String> {
+    let mut last = String::from("no address");
+    for address in addresses {
+        match timeout(limit, TcpStream::connect(address)).await {
+            Ok(Ok(stream)) => {
+                let _ = stream.set_nodelay(true);
+                return Ok(stream);
+            }
+            Ok(Err(err)) => last = format!("{address}: {err}"),
+            Err(_) => last = format!("{address}: no answer within {limit:?}"),
+        }
+    }
+    Err(last)
+}
+
+/// Copies both ways until either side ends, `tunnels` is cancelled, or an installed revision
+/// no longer allows the destination.
+async fn tunnel(
+    upgraded: hyper::upgrade::Upgraded,
+    mut upstream: TcpStream,
+    asked: Asked,
+    mut installed: Installed,
+    tunnels: CancellationToken,
+) {
+    let mut client = TokioIo::new(upgraded);
+    let revoked = async {
+        loop {
+            if installed.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+            let policy = installed.borrow_and_update().clone();
+            let still = policy
+                .as_deref()
+                .is_some_and(|p| !matches!(p.decide(&asked.request()), Verdict::Denied { enforced: true, .. }));
+            if !still {
+                return policy;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
+        () = tunnels.cancelled() => {}
+        policy = revoked => {
+            log(&asked, policy.as_deref(), "revoke", None, "the installed revision no longer allows this tunnel");
+        }
+    }
+}
+
+/// Hop-by-hop headers, never passed on (RFC 9110 §7.6.1), and the proxy's own.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("proxy-connection"),
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHORIZATION,
+    header::PROXY_AUTHENTICATE,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+];
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in HOP_BY_HOP.iter().chain(named.iter()) {
+        headers.remove(name);
+    }
+}
+
+async fn forward(
+    request: HttpRequest<Incoming>,
+    upstream: TcpStream,
+    asked: &Asked,
+    response_timeout: Duration,
+) -> Response<Body> {
+    let (mut parts, body) = request.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    let host = match asked.port {
+        80 => asked.target.to_string(),
+        port => format!("{}:{port}", asked.target),
+    };
+    if let Ok(host) = HeaderValue::from_str(&host) {
+        parts.headers.insert(header::HOST, host);
+    }
+    let origin = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
+    parts.uri = match origin.parse() {
+        Ok(uri) => uri,
+        Err(_) => return plain(StatusCode::BAD_REQUEST, json!({"error": "bad request target"})),
+    };
+    let (mut sender, link) = match hyper::client::conn::http1::handshake(TokioIo::new(upstream)).await {
+        Ok(handshake) => handshake,
+        Err(err) => {
+            return plain(
+                StatusCode::BAD_GATEWAY,
+                json!({"error": "upstream unreachable", "reason": err.to_string()}),
+            );
+        }
+    };
+    tokio::spawn(link);
+    match timeout(
+        response_timeout,
+        sender.send_request(HttpRequest::from_parts(parts, body)),
+    )
+    .await
+    {
+        Ok(Ok(response)) => {
+            let (mut parts, body) = response.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            Response::from_parts(parts, body.boxed())
+        }
+        Ok(Err(err)) => plain(
+            StatusCode::BAD_GATEWAY,
+            json!({"error": "upstream failed", "destination": asked.destination(), "reason": err.to_string()}),
+        ),
+        Err(_) => plain(
+            StatusCode::GATEWAY_TIMEOUT,
+            json!({"error": "upstream did not answer", "destination": asked.destination()}),
+        ),
+    }
+}
+
+/// A JSON refusal naming the destination (when there is one), the policy revision in force
+/// and, when a rule could allow it (not the floor), the rule that would be needed.
+fn refusal(
+    status: StatusCode,
+    error: &str,
+    reason: &str,
+    asked: Option<(&Asked, bool)>,
+    egress: &Egress,
+) -> Response<Body> {
+    let policy = egress.installed.borrow().clone();
+    let needed = asked.filter(|(_, needed)| *needed).map(|(asked, _)| {
+        let mut rule = json!({"host": asked.target.to_string(), "ports": [asked.port]});
+        if let Some((method, path)) = &asked.http {
+            rule["methods"] = json!([method.as_str()]);
+            rule["pathPrefixes"] = json!([path]);
+        }
+        rule
+    });
+    plain(
+        status,
+        json!({
+            "error": error,
+            "reason": reason,
+            "destination": asked.map(|(asked, _)| asked.destination()),
+            "policy": policy.as_ref().map(|p| p.name.clone()),
+            "revision": policy.as_ref().map(|p| p.revision),
+            "ruleNeeded": needed,
+        }),
+    )
+}
+
+fn plain(status: StatusCode, body: serde_json::Value) -> Response<Body> {
+    let mut response = Response::new(full(body.to_string()));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+fn full(text: String) -> Body {
+    Full::new(Bytes::from(text)).map_err(|never| match never {}).boxed()
+}
+
+fn empty() -> Body {
+    full(String::new())
+}
+
+fn log(asked: &Asked, policy: Option<&Policy>, decision: &str, rule: Option<&str>, reason: &str) {
+    let (method, path) = asked.http.as_ref().map_or(("", ""), |(m, p)| (m.as_str(), p.as_str()));
+    info!(
+        target: "egress",
+        destination = %asked.destination(),
+        method,
+        path = %plumbing::text::bounded(path, 256),
+        decision,
+        rule = rule.unwrap_or_default(),
+        policy = policy.map(|p| p.name.as_str()).unwrap_or_default(),
+        revision = policy.map_or(0, |p| p.revision),
+        reason,
+        "egress decision"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn connections_beyond_the_cap_are_answered_503_and_closed() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("addr");
+        let (_installed, receiver) = watch::channel(None);
+        let egress = Egress {
+            installed: receiver,
+            floor: Arc::new(Floor::default()),
+            limits: Limits {
+                max_connections: 2,
+                ..Limits::default()
+            },
+        };
+        let shutdown = CancellationToken::new();
+        let server = tokio::spawn(serve(listener, egress, shutdown.clone()));
+        // Two open connections, each proven accepted by an answer.
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let mut stream = TcpStream::connect(address).await.expect("connect");
+            stream
+                .write_all(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
+                .await
+                .expect("write");
+            let mut head = [0u8; 12];
+            stream.read_exact(&mut head).await.expect("an answer");
+            assert_eq!(&head, b"HTTP/1.1 403", "no policy: denied, the connection kept");
+            held.push(stream);
+        }
+        let mut third = TcpStream::connect(address).await.expect("connect");
+        let mut answer = String::new();
+        timeout(Duration::from_secs(10), third.read_to_string(&mut answer))
+            .await
+            .expect("answered at once")
+            .expect("read");
+        assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+        assert!(answer.contains("too many open connections"), "{answer}");
+        // One closes: the next one is served again.
+        held.pop();
+        let served = async {
+            loop {
+                let mut next = TcpStream::connect(address).await.expect("connect");
+                next.write_all(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+                    .await
+                    .expect("write");
+                let mut head = [0u8; 12];
+                if next.read_exact(&mut head).await.is_ok() && &head == b"HTTP/1.1 400" {
+                    return;
+                }
+                tokio::task::yield_now().await;
+            }
+        };
+        timeout(Duration::from_secs(10), served)
+            .await
+            .expect("a freed slot is used again");
+        shutdown.cancel();
+        timeout(Duration::from_secs(10), server)
+            .await
+            .expect("drains")
+            .expect("join");
+    }
+}
