@@ -152,36 +152,45 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
             }
         }
     });
+    // Egress is decided here from the revision in force, whatever the owner does meanwhile.
+    let (installed_tx, installed) = tokio::sync::watch::channel(state.policy.clone().map(Arc::new));
+    let serving = CancellationToken::new();
+    let (proxy, egress_view) = match cfg.egress_listen {
+        Some(listen) => {
+            let listener = tokio::net::TcpListener::bind(listen)
+                .await
+                .map_err(|err| Error::Egress(listen, err))?;
+            let recent = Arc::new(egress::Recent::default());
+            let egress = egress::Egress {
+                installed: installed.clone(),
+                floor: Arc::new(cfg.egress_floor().await),
+                limits: egress::Limits::default(),
+                recent: recent.clone(),
+            };
+            info!(%listen, policy = ?state.policy.as_ref().map(|p| (&p.name, p.revision)), "egress proxy listening");
+            let view = egress::View {
+                listen,
+                installed,
+                recent,
+            };
+            let proxy = tokio::spawn(egress::proxy::serve(listener, egress, serving.clone()));
+            (Some(proxy), Some(view))
+        }
+        None => (None, None),
+    };
     let (workload_tx, workload_rx) = mpsc::channel(64);
     let (workload_pid, pinned_pid) = tokio::sync::watch::channel(None);
-    let serving = CancellationToken::new();
     let server = tokio::spawn(workload::serve(
         listener,
         workload::Endpoint {
             engine: workload_tx,
             workload: pinned_pid,
             limits: cfg.workload_limits(),
+            egress: egress_view,
         },
         serving.clone(),
     ));
     let (link_tx, links) = mpsc::channel(256);
-    // Egress is decided here from the revision in force, whatever the owner does meanwhile.
-    let (installed_tx, installed) = tokio::sync::watch::channel(state.policy.clone().map(Arc::new));
-    let proxy = match cfg.egress_listen {
-        Some(listen) => {
-            let listener = tokio::net::TcpListener::bind(listen)
-                .await
-                .map_err(|err| Error::Egress(listen, err))?;
-            let egress = egress::Egress {
-                installed,
-                floor: Arc::new(cfg.egress_floor().await),
-                limits: egress::Limits::default(),
-            };
-            info!(%listen, policy = ?state.policy.as_ref().map(|p| (&p.name, p.revision)), "egress proxy listening");
-            Some(tokio::spawn(egress::proxy::serve(listener, egress, serving.clone())))
-        }
-        None => None,
-    };
 
     info!(%route, uid = %cfg.uid, fence = state.fence.activated, "sidecar started");
     let mut engine = Driver::new(

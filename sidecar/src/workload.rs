@@ -69,6 +69,8 @@ pub struct Endpoint {
     pub engine: mpsc::Sender<Inbound>,
     pub workload: watch::Receiver<Option<u32>>,
     pub limits: Limits,
+    /// The egress proxy's state, for `{"op":"policy"}` (`None`: no proxy).
+    pub egress: Option<crate::egress::View>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +91,15 @@ pub enum Op {
     Liveness,
 }
 
+/// What a request line asks for: an operation relayed to the owner, or something the sidecar
+/// answers itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ask {
+    Relay(Op),
+    /// The egress policy in force and the recent denials (answered without the owner).
+    Policy,
+}
+
 /// The answer to one request.
 #[derive(Debug)]
 pub enum Answer {
@@ -103,6 +114,8 @@ pub enum Answer {
         expires_at_ms: i64,
     },
     Alive,
+    /// The sidecar's own answer (`Ask::Policy`).
+    Local(Value),
     Refused(String),
 }
 
@@ -161,6 +174,7 @@ pub async fn serve(listener: UnixListener, endpoint: Endpoint, cancel: Cancellat
         engine,
         workload,
         limits,
+        egress,
     } = endpoint;
     let slots = Slots {
         admitted: Arc::new(Semaphore::new(limits.connections)),
@@ -195,10 +209,16 @@ pub async fn serve(listener: UnixListener, endpoint: Endpoint, cancel: Cancellat
         let engine = engine.clone();
         let cancel = cancel.clone();
         let slots = slots.clone();
+        let egress = egress.clone();
         tokio::spawn(async move {
+            let peer = Peer {
+                pid,
+                of_workload,
+                waiting,
+            };
             tokio::select! {
                 () = cancel.cancelled() => {}
-                () = connection(stream, pid, of_workload, waiting, &engine, &slots, limits) => {}
+                () = connection(stream, peer, &engine, &slots, limits, egress.as_ref()) => {}
             }
         });
     }
@@ -284,15 +304,26 @@ async fn admission(engine: &mpsc::Sender<Inbound>, pid: Option<u32>, peer_uid: O
     }
 }
 
-async fn connection(
-    stream: UnixStream,
+/// Who connected, and the admission slot it waits in (none for the pinned workload).
+struct Peer {
     pid: Option<u32>,
     of_workload: bool,
     waiting: Option<OwnedSemaphorePermit>,
+}
+
+async fn connection(
+    stream: UnixStream,
+    peer: Peer,
     engine: &mpsc::Sender<Inbound>,
     slots: &Slots,
     limits: Limits,
+    egress: Option<&crate::egress::View>,
 ) {
+    let Peer {
+        pid,
+        of_workload,
+        waiting,
+    } = peer;
     let peer_uid = stream.peer_cred().ok().map(|c| c.uid());
     let admitted = tokio::time::timeout(limits.admission, admission(engine, pid, peer_uid))
         .await
@@ -318,7 +349,8 @@ async fn connection(
         let (id, answer) = match line {
             Ok(line) if line.trim().is_empty() => continue,
             Ok(line) => match parse(&line) {
-                Ok((id, op)) => {
+                Ok((id, Ask::Policy)) => (id, Answer::Local(crate::egress::View::describe(egress))),
+                Ok((id, Ask::Relay(op))) => {
                     let (reply, answer) = oneshot::channel();
                     let answer = if engine.send(Inbound::Request(Request { op, reply })).await.is_ok() {
                         answer
@@ -372,12 +404,13 @@ enum OpLine {
     },
     Credential {},
     Liveness {},
+    Policy {},
 }
 
 /// Parses one request line: the optional `id` (echoed in the answer) and the operation.
-pub fn parse(line: &str) -> Result<(Option<Value>, Op), String> {
+pub fn parse(line: &str) -> Result<(Option<Value>, Ask), String> {
     let line: Line = serde_json::from_str(line).map_err(|e| {
-        format!("invalid request (expected {{\"op\":\"progress\"|\"credential\"|\"liveness\",...}}): {e}")
+        format!("invalid request (expected {{\"op\":\"progress\"|\"credential\"|\"liveness\"|\"policy\",...}}): {e}")
     })?;
     if let Some(id) = &line.id
         && !(id.is_string() || id.is_number())
@@ -388,9 +421,10 @@ pub fn parse(line: &str) -> Result<(Option<Value>, Op), String> {
         OpLine::Progress { note, .. } if note.len() > MAX_NOTE_BYTES => {
             return Err(format!("note longer than {MAX_NOTE_BYTES} bytes"));
         }
-        OpLine::Progress { value, note } => Op::Progress { value, note },
-        OpLine::Credential {} => Op::Credential,
-        OpLine::Liveness {} => Op::Liveness,
+        OpLine::Progress { value, note } => Ask::Relay(Op::Progress { value, note }),
+        OpLine::Credential {} => Ask::Relay(Op::Credential),
+        OpLine::Liveness {} => Ask::Relay(Op::Liveness),
+        OpLine::Policy {} => Ask::Policy,
     };
     Ok((line.id, op))
 }
@@ -405,6 +439,7 @@ pub fn render(id: Option<&Value>, answer: &Answer) -> String {
             json!({"ok": true, "op": "credential", "token": token.expose(), "expires_at_ms": expires_at_ms})
         }
         Answer::Alive => json!({"ok": true, "op": "liveness", "alive": true}),
+        Answer::Local(value) => value.clone(),
         Answer::Refused(error) => json!({"ok": false, "error": error}),
     };
     if let (Some(id), Some(object)) = (id, out.as_object_mut()) {
@@ -457,6 +492,7 @@ mod tests {
                 engine: engine_tx,
                 workload: pinned,
                 limits,
+                egress: None,
             };
             tokio::spawn(serve(listener, endpoint, cancel.clone()));
             Self {
@@ -601,19 +637,26 @@ mod tests {
     }
 
     #[test]
-    fn parses_the_three_operations_and_refuses_the_rest() {
+    fn parses_the_four_operations_and_refuses_the_rest() {
         assert_eq!(
             parse(r#"{"op":"progress","value":5,"note":"hi","id":1}"#).unwrap(),
             (
                 Some(json!(1)),
-                Op::Progress {
+                Ask::Relay(Op::Progress {
                     value: 5,
                     note: "hi".into()
-                }
+                })
             )
         );
-        assert_eq!(parse(r#"{"op":"credential"}"#).unwrap(), (None, Op::Credential));
-        assert_eq!(parse(r#"{"op":"liveness","id":"a"}"#).unwrap().1, Op::Liveness);
+        assert_eq!(
+            parse(r#"{"op":"credential"}"#).unwrap(),
+            (None, Ask::Relay(Op::Credential))
+        );
+        assert_eq!(
+            parse(r#"{"op":"liveness","id":"a"}"#).unwrap().1,
+            Ask::Relay(Op::Liveness)
+        );
+        assert_eq!(parse(r#"{"op":"policy"}"#).unwrap().1, Ask::Policy);
         for bad in [
             r#"{"op":"progress"}"#,
             r#"{"op":"progress","value":-1}"#,

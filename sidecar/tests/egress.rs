@@ -11,7 +11,8 @@ mod support;
 
 use proto::runtime::v1::{EgressPolicy, EgressRule, PolicyInstall, sidecar_message, supervisor_message};
 use serde_json::Value;
-use support::{Fixture, sleep_command, within};
+use serde_json::json;
+use support::{Fixture, WorkloadClient, agent_command, within};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -47,6 +48,15 @@ async fn upstream() -> u16 {
         }
     });
     port
+}
+
+/// Not a test: the workload process the sidecar starts in these tests (see `support`).
+#[test]
+#[ignore = "helper process started by the sidecar under test"]
+fn workload_agent() {
+    if let Ok(socket) = std::env::var("OPENSHELL_SIDECAR_SOCKET") {
+        support::agent_main(&socket);
+    }
 }
 
 fn free_port() -> u16 {
@@ -132,7 +142,7 @@ async fn the_proxy_decides_from_the_installed_revision_and_explains_refusals() {
     let allowed = upstream().await;
     let other = upstream().await;
     let proxy = free_port();
-    let mut fx = Fixture::new(sleep_command()).await;
+    let mut fx = Fixture::new(agent_command()).await;
     fx.config.egress_listen = Some(([127, 0, 0, 1], proxy).into());
     let member_port: u16 = fx
         .member
@@ -160,6 +170,16 @@ async fn the_proxy_decides_from_the_installed_revision_and_explains_refusals() {
         "{refused}"
     );
     assert_eq!(refused["destination"], format!("127.0.0.1:{allowed}"));
+    // The workload reads it on its socket too, before any owner answered it.
+    let mut agent = WorkloadClient::connect(&fx.agent_socket()).await;
+    let view = agent.call(json!({"op": "policy"})).await;
+    assert_eq!(view["proxy"], format!("http://127.0.0.1:{proxy}"), "{view}");
+    assert!(view["policy"].is_null(), "{view}");
+    assert_eq!(
+        view["recentDenials"][0]["destination"],
+        format!("127.0.0.1:{allowed}"),
+        "{view}"
+    );
 
     m1.take_over(&fx.signer, &fx.instance, 1, "m1", 0).await;
     let rules = vec![
@@ -200,6 +220,19 @@ async fn the_proxy_decides_from_the_installed_revision_and_explains_refusals() {
     assert_eq!(refused["policy"], "team-a-default");
     assert_eq!(refused["revision"], 1);
     assert_eq!(refused["ruleNeeded"]["ports"][0], other);
+    let view = agent.call(json!({"op": "policy", "id": 2})).await;
+    assert_eq!(
+        (view["policy"]["name"].as_str(), view["policy"]["revision"].as_u64()),
+        (Some("team-a-default"), Some(1))
+    );
+    assert_eq!(view["policy"]["rules"], json!(["upstream", "metadata", "the-pool"]));
+    let last = &view["recentDenials"][1];
+    assert_eq!(
+        (last["destination"].as_str(), last["revision"].as_u64()),
+        (Some(format!("127.0.0.1:{other}").as_str()), Some(1)),
+        "{view}"
+    );
+    assert_eq!(view["id"], 2);
     // The floor, whatever the rules say: metadata, the pool's own endpoint; no rule would help.
     for port_host in ["169.254.169.254:80".to_owned(), format!("127.0.0.1:{member_port}")] {
         let raw = format!("CONNECT {port_host} HTTP/1.1\r\nHost: {port_host}\r\n\r\n");

@@ -7,7 +7,44 @@
 pub mod floor;
 pub mod policy;
 pub mod proxy;
+pub mod recent;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
 
 pub use floor::Floor;
 pub use policy::Policy;
-pub use proxy::{Egress, Limits};
+pub use proxy::{Egress, Installed, Limits};
+pub use recent::Recent;
+use serde_json::{Value, json};
+
+/// What the workload may read of its egress (`{"op":"policy"}` on its socket): where the
+/// proxy is, the revision in force, and its recent denials, so an agent can explain a refusal.
+#[derive(Clone, Debug)]
+pub struct View {
+    pub listen: SocketAddr,
+    pub installed: Installed,
+    pub recent: Arc<Recent>,
+}
+
+impl View {
+    /// The answer to `{"op":"policy"}` (`view` `None`: this sidecar runs no proxy).
+    pub fn describe(view: Option<&View>) -> Value {
+        let Some(view) = view else {
+            return json!({"ok": true, "op": "policy", "proxy": null, "policy": null});
+        };
+        let policy = view.installed.borrow().clone();
+        json!({
+            "ok": true,
+            "op": "policy",
+            "proxy": format!("http://{}", view.listen),
+            "policy": policy.as_ref().map(|p| json!({
+                "name": p.name,
+                "revision": p.revision,
+                "enforcement": if p.audit_only { "audit" } else { "enforce" },
+                "rules": p.rules.iter().map(|r| &r.name).collect::<Vec<_>>(),
+            })),
+            "recentDenials": view.recent.list(),
+        })
+    }
+}

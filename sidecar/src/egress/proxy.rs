@@ -72,6 +72,8 @@ pub struct Egress {
     pub installed: Installed,
     pub floor: Arc<Floor>,
     pub limits: Limits,
+    /// Where denials are kept for the workload to read.
+    pub recent: Arc<super::Recent>,
 }
 
 /// Serves `listener` until `shutdown`; then every connection and tunnel is closed.
@@ -200,6 +202,7 @@ async fn handle(
         Ok(allowed) => allowed,
         Err(denied) => {
             log(&asked, policy.as_deref(), "deny", None, &denied.reason);
+            egress.recent.record(denial(&asked, policy.as_deref(), &denied.reason));
             let needed = Some((&asked, denied.rule_would_help));
             return refusal(denied.status, "egress denied", &denied.reason, needed, egress);
         }
@@ -513,6 +516,19 @@ fn empty() -> Body {
     full(String::new())
 }
 
+fn denial(asked: &Asked, policy: Option<&Policy>, reason: &str) -> super::recent::Denial {
+    let (method, path) = asked.http.as_ref().map_or(("", ""), |(m, p)| (m.as_str(), p.as_str()));
+    super::recent::Denial {
+        at_ms: proto::trust::unix_ms(std::time::SystemTime::now()),
+        destination: asked.destination(),
+        method: method.to_owned(),
+        path: plumbing::text::bounded(path, 256),
+        reason: plumbing::text::bounded(reason, 256),
+        policy: policy.map(|p| p.name.clone()).unwrap_or_default(),
+        revision: policy.map_or(0, |p| p.revision),
+    }
+}
+
 fn log(asked: &Asked, policy: Option<&Policy>, decision: &str, rule: Option<&str>, reason: &str) {
     let (method, path) = asked.http.as_ref().map_or(("", ""), |(m, p)| (m.as_str(), p.as_str()));
     info!(
@@ -547,6 +563,7 @@ mod tests {
                 max_connections: 2,
                 ..Limits::default()
             },
+            recent: Arc::default(),
         };
         let shutdown = CancellationToken::new();
         let server = tokio::spawn(serve(listener, egress, shutdown.clone()));
