@@ -224,7 +224,9 @@ async fn through(proxy: &str, port: u16) -> (u16, String) {
 
 /// The policy file as a real pool carries it: each member installs it in the sidecars it owns,
 /// stamped with its term; the sidecar's proxy decides from it — and goes on deciding from it,
-/// unchanged, while its owner is SIGKILLed and another member takes the instance over.
+/// unchanged, while its owner is SIGKILLed and another member takes the instance over. An edit
+/// of the file then reaches the sidecar through its new owner: the decisions turn and the
+/// tunnel the edit no longer allows is closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_local_policy_is_enforced_by_the_sidecar_through_an_owner_crash() {
     let root = tempfile::tempdir().unwrap();
@@ -235,7 +237,7 @@ async fn a_local_policy_is_enforced_by_the_sidecar_through_an_owner_crash() {
     );
     std::fs::write(&policy, document).unwrap();
     let mut config = config(root.path(), 1, 2, 1);
-    config.policy = Some(policy);
+    config.policy = Some(policy.clone());
     let mut pool = LocalPool::start(config).await.unwrap();
     let proxy = pool.sandboxes[0].egress.clone().expect("an egress proxy");
     let logs = pool.logs().display().to_string();
@@ -281,5 +283,28 @@ async fn a_local_policy_is_enforced_by_the_sidecar_through_an_owner_crash() {
         assert!(tokio::time::Instant::now() < deadline, "never moved; logs in {logs}");
     }
     assert!(asked > 0);
+
+    // A tunnel through the new owner's time, then the edit that revokes it.
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut tunnel = tokio::net::TcpStream::connect(&proxy).await.unwrap();
+    let connect = format!("CONNECT 127.0.0.1:{allowed} HTTP/1.1\r\nHost: 127.0.0.1:{allowed}\r\n\r\n");
+    tunnel.write_all(connect.as_bytes()).await.unwrap();
+    let mut head = [0u8; 12];
+    tunnel.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    let edited = format!(
+        "name: local-default\nrevision: 2\nrules:\n  - name: the-other\n    host: 127.0.0.1\n    ports: [{denied}]\n"
+    );
+    let t0 = tokio::time::Instant::now();
+    std::fs::write(&policy, edited).unwrap();
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), tunnel.read_to_end(&mut rest))
+        .await
+        .unwrap_or_else(|_| panic!("the revoked tunnel stayed open; logs in {logs}"))
+        .unwrap();
+    let revoked = t0.elapsed();
+    assert_eq!(through(&proxy, allowed).await.0, 403);
+    assert_eq!(through(&proxy, denied).await, (200, "upstream".into()));
+    eprintln!("policy edit to revoked tunnel: {} ms", revoked.as_millis());
     pool.stop().await;
 }

@@ -21,8 +21,7 @@ pub const TLS_KEY_ENV: &str = "OPENSHELL_SUPERVISOR_TLS_KEY";
 pub const TLS_CA_ENV: &str = "OPENSHELL_TLS_CA";
 pub const GATEWAY_TLS_NAME_ENV: &str = "OPENSHELL_GATEWAY_TLS_NAME";
 pub const EGRESS_POLICY_ENV: &str = "OPENSHELL_EGRESS_POLICY";
-/// Largest egress policy file read.
-const MAX_POLICY_BYTES: u64 = 1024 * 1024;
+use crate::policy::MAX_POLICY_BYTES;
 
 /// Settings of one pool member process.
 #[derive(Debug, Clone, Parser)]
@@ -189,8 +188,7 @@ impl Config {
         if text.len() as u64 > MAX_POLICY_BYTES {
             return Err(refused(format!("larger than {MAX_POLICY_BYTES} bytes")));
         }
-        let document: proto::egress::Document = serde_yaml_ng::from_str(&text).map_err(|e| refused(e.to_string()))?;
-        Ok(Some((&document).into()))
+        crate::policy::parse(&text).map(Some).map_err(refused)
     }
 
     pub fn runtime_address_for(&self, bound: SocketAddr) -> Result<String, ConfigError> {

@@ -18,6 +18,7 @@ pub mod config;
 mod gateway;
 pub mod health;
 mod member;
+mod policy;
 mod runtime;
 pub mod sessions;
 

@@ -168,7 +168,11 @@ pub async fn run_on(config: Config, listeners: Listeners, shutdown: Cancellation
         me,
         gateway,
         table,
-        policy: config.egress_policy()?.map(Arc::new),
+        policy: crate::policy::follow(
+            config.egress_policy.clone(),
+            config.egress_policy()?,
+            stop_runtime.clone(),
+        ),
     });
     let mut sessions = SessionSet::new(shared, identity.capacity, table_tx);
     let attachment = Attachment::new(

@@ -52,6 +52,7 @@ pub(super) struct Driver {
     gateway: Arc<Gateway>,
     /// For the recovery deadline of the latest snapshot.
     table: watch::Receiver<Arc<RouteTable>>,
+    policy: watch::Receiver<Option<Arc<proto::runtime::v1::EgressPolicy>>>,
     streams: BTreeMap<StreamId, SidecarStream>,
     call: Option<Call>,
     status: watch::Sender<InstanceStatus>,
@@ -79,6 +80,7 @@ impl Driver {
             machine,
             gateway: Arc::clone(&shared.gateway),
             table: shared.table.clone(),
+            policy: shared.policy.clone(),
             streams: BTreeMap::new(),
             call: None,
             status,
@@ -102,6 +104,7 @@ impl Driver {
                 stream = recv(&mut inbox.sidecars) => Wake::Sidecar(stream),
                 (id, message) = next_message(stream) => Wake::Message(id, message),
                 _ = heartbeat.tick() => Wake::Heartbeat,
+                Ok(()) = self.policy.changed() => Wake::Event(Event::Policy(self.policy.borrow_and_update().clone())),
                 () = sleep_until(silent_at) => Wake::Event(lost(held, "the sidecar went silent")),
                 event = finish_call(&mut self.call) => Wake::Event(event),
                 () = sleep_until(wake_at) => Wake::Event(Event::Tick),

@@ -53,6 +53,8 @@ pub(crate) enum Event {
     Activated(Result<ActivationProof, CallError>),
     /// The instant `Machine::next_wake` named (or a later one) has come.
     Tick,
+    /// The member's egress policy changed (its file was edited).
+    Policy(Option<std::sync::Arc<proto::runtime::v1::EgressPolicy>>),
     /// The member exits and abandons the session (nothing is stopped or released).
     Abandoned,
     /// Nobody can send to the session any more (its handle and route-table entries are gone).

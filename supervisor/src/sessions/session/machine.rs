@@ -143,6 +143,7 @@ impl Machine {
             Event::Granted(result) => self.on_granted(result),
             Event::Activated(result) => self.on_activated(result),
             Event::Tick => self.on_tick(),
+            Event::Policy(policy) => self.on_policy(policy),
             // A stopping session completes its stop whoever goes away.
             Event::Abandoned | Event::Orphaned if self.stop.is_some() => {}
             Event::Abandoned => {

@@ -73,8 +73,9 @@ pub(crate) struct Shared {
     pub gateway: Arc<Gateway>,
     /// For the recovery deadline of the latest snapshot.
     pub table: watch::Receiver<Arc<RouteTable>>,
-    /// Installed in every sidecar this member owns (`--egress-policy`).
-    pub policy: Option<Arc<proto::runtime::v1::EgressPolicy>>,
+    /// Installed in every sidecar this member owns (`--egress-policy`, read again when the
+    /// file changes).
+    pub policy: watch::Receiver<Option<Arc<proto::runtime::v1::EgressPolicy>>>,
 }
 
 /// What the member tells a session.
@@ -132,7 +133,7 @@ impl SessionHandle {
             route: route.to_owned(),
             instance,
             me: shared.me.clone(),
-            policy: shared.policy.clone(),
+            policy: shared.policy.borrow().clone(),
         };
         let (status_tx, status) = watch::channel(InstanceStatus::default());
         let machine = Machine::new(setup, assignment, driver::now(&shared.table));

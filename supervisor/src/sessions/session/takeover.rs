@@ -284,6 +284,15 @@ impl Machine {
         self.send(Kind::PolicyInstall(install));
     }
 
+    /// A new revision from the member: installed at once where the sidecar relays for this
+    /// session's term (elsewhere with the next attach or activation).
+    pub(super) fn on_policy(&mut self, policy: Option<std::sync::Arc<proto::runtime::v1::EgressPolicy>>) {
+        self.setup.policy = policy;
+        if self.sidecar.as_ref().is_some_and(|s| s.attached) && self.stop.is_none() {
+            self.install_policy();
+        }
+    }
+
     /// The sidecar's answer to an install.
     pub(super) fn on_policy_loaded(&mut self, loaded: &PolicyLoaded) {
         if loaded.error.is_empty() {

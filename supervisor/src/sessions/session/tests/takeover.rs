@@ -307,3 +307,30 @@ fn the_egress_policy_follows_every_attach_and_activation_stamped_with_the_term()
         ["drop 1", "send 2 Attached"]
     );
 }
+
+#[test]
+fn an_edited_policy_is_installed_where_the_sidecar_relays_and_later_elsewhere() {
+    use proto::runtime::v1::EgressPolicy;
+    let revision = |revision| {
+        Some(std::sync::Arc::new(EgressPolicy {
+            name: "p".into(),
+            revision,
+            ..EgressPolicy::default()
+        }))
+    };
+    let mut h = Harness::attached(3);
+    let effects = h.on(Event::Policy(revision(2)));
+    let Kind::PolicyInstall(install) = sent(&effects, 1) else {
+        panic!("an install: {effects:?}")
+    };
+    assert_eq!((install.term, install.policy.map(|p| p.revision)), (3, Some(2)));
+    // Not yet relaying (the grant is not even presented): nothing now, the edit with the
+    // activation.
+    let mut h = Harness::reserved(5);
+    h.connect(1, 0, false);
+    assert!(io(&h.on(Event::Policy(revision(7)))).is_empty());
+    h.on(granted(5));
+    h.message(1, receipt(5, "g"));
+    let effects = h.on(activated(5));
+    assert_eq!(io(&effects), ["send 1 ActivationConfirm", "send 1 PolicyInstall"]);
+}
