@@ -17,6 +17,7 @@ pub mod agent_log;
 pub mod chaos;
 pub mod cli;
 pub mod cluster;
+pub mod egress;
 pub mod flood;
 pub mod local;
 pub mod postgres;

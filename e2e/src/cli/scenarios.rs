@@ -72,6 +72,20 @@ pub enum Command {
         #[arg(long, conflicts_with = "database")]
         postgres: bool,
     },
+    /// The sidecar's egress proxy beside a direct connection, tinyproxy and Squid (when
+    /// installed): throughput over CONNECT, new-connection latency, many open tunnels, the
+    /// proxy's CPU per GiB and RSS.
+    Egress {
+        /// MiB of the download.
+        #[arg(long, default_value_t = 1024)]
+        mib: u64,
+        /// New connections timed one after another.
+        #[arg(long, default_value_t = 2000)]
+        samples: usize,
+        /// Tunnels open at once.
+        #[arg(long, default_value_t = 1000)]
+        connections: usize,
+    },
 }
 
 fn backend(postgres: bool, database: Option<String>) -> Backend {
@@ -120,6 +134,21 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             }
             let both = serde_json::json!({ "instances": reports, "sessions": busy });
             write_json(args.json.as_deref(), &both)
+        }
+        Some(Command::Egress {
+            mib,
+            samples,
+            connections,
+        }) => {
+            let settings = crate::egress::Settings {
+                root: args.dir.join("egress"),
+                bytes: mib << 20,
+                samples,
+                connections,
+            };
+            let rows = crate::egress::run(&settings).await?;
+            print!("{}", crate::egress::table(&rows));
+            write_json(args.json.as_deref(), &rows)
         }
         Some(Command::Chaos { trials, seed, postgres }) => {
             let backend = backend(postgres, args.database);

@@ -376,7 +376,7 @@ where
     }
 }
 
-fn percentile(sorted: &[f64], q: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
@@ -385,7 +385,7 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
 }
 
 /// User + system CPU ticks of process `pid`.
-fn cpu_ticks(pid: u32) -> Option<u64> {
+pub(crate) fn cpu_ticks(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command (which may hold spaces) start after the last ')'.
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
@@ -395,7 +395,7 @@ fn cpu_ticks(pid: u32) -> Option<u64> {
 }
 
 /// CPU `ticks` as seconds.
-fn ticks_as_seconds(ticks: u64) -> f64 {
+pub(crate) fn ticks_as_seconds(ticks: u64) -> f64 {
     let per_s = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
         .ok()
         .flatten()
@@ -403,7 +403,7 @@ fn ticks_as_seconds(ticks: u64) -> f64 {
     ticks as f64 / per_s
 }
 
-fn rss_kib(pid: u32) -> Option<u64> {
+pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()

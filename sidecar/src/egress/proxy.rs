@@ -21,6 +21,7 @@ use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Request as HttpRequest, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::json;
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
@@ -367,7 +368,6 @@ async fn tunnel(
     mut installed: Installed,
     tunnels: CancellationToken,
 ) {
-    let mut client = TokioIo::new(upgraded);
     let revoked = async {
         loop {
             if installed.changed().await.is_err() {
@@ -382,8 +382,24 @@ async fn tunnel(
             }
         }
     };
+    // The client's own socket again (hyper hands back what it had read past the request), so
+    // the bytes go socket to socket without hyper's buffering in between.
+    let carry = async {
+        match upgraded.downcast::<TokioIo<TcpStream>>() {
+            Ok(parts) => {
+                let mut client = parts.io.into_inner();
+                if !parts.read_buf.is_empty() && upstream.write_all(&parts.read_buf).await.is_err() {
+                    return;
+                }
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+            }
+            Err(upgraded) => {
+                let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(upgraded), &mut upstream).await;
+            }
+        }
+    };
     tokio::select! {
-        _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
+        () = carry => {}
         () = tunnels.cancelled() => {}
         policy = revoked => {
             log(&asked, policy.as_deref(), "revoke", None, "the installed revision no longer allows this tunnel");

@@ -1,0 +1,422 @@
+//! `scenarios egress`: the sidecar's egress proxy beside a direct connection and the peers a
+//! platform team would otherwise deploy (tinyproxy and Squid, when installed), all on loopback
+//! against the same upstream: throughput of one large download over CONNECT, new-connection
+//! latency (connect, CONNECT and its decision, one round trip), many tunnels open at once, and
+//! the proxy's CPU per GiB and RSS. The sidecar is a real one in a local pool, deciding from the
+//! policy its owner installed.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::local::{self, Config, LocalPool};
+use crate::scale::{cpu_ticks, percentile, rss_kib, ticks_as_seconds};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Pool(#[from] local::Error),
+    #[error("{0}")]
+    Bench(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub root: PathBuf,
+    /// Bytes of the download.
+    pub bytes: u64,
+    /// New connections timed, one after another.
+    pub samples: usize,
+    /// Tunnels open at once.
+    pub connections: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub path: String,
+    pub throughput_mib_s: f64,
+    /// CPU of the proxy (its processes) per GiB carried.
+    pub cpu_s_per_gib: Option<f64>,
+    pub connect_ms_p50: f64,
+    pub connect_ms_p99: f64,
+    /// Tunnels that were open at once (of `Settings::connections`).
+    pub open: usize,
+    pub rss_idle_mib: Option<f64>,
+    pub rss_open_mib: Option<f64>,
+}
+
+#[derive(Clone, Copy)]
+enum Via {
+    Direct,
+    Proxy(SocketAddr),
+}
+
+/// Runs every path there is (direct, the sidecar, then the peers found on `PATH`).
+pub async fn run(settings: &Settings) -> Result<Vec<Row>, Error> {
+    std::fs::create_dir_all(&settings.root)?;
+    let upstream = upstream().await?;
+    let mut rows = vec![measure("direct", Via::Direct, None, upstream, settings).await?];
+
+    let policy = settings.root.join("policy.yaml");
+    let document = format!(
+        "name: bench\nrevision: 1\nrules:\n  - name: upstream\n    host: 127.0.0.1\n    ports: [{}]\n",
+        upstream.port()
+    );
+    std::fs::write(&policy, document)?;
+    let pool = LocalPool::start(Config {
+        root: settings.root.join("pool"),
+        database_url: None,
+        gateways: 1,
+        members: 1,
+        sandboxes: 1,
+        lease_length_ms: 5000,
+        plaintext: false,
+        agent_interval_ms: 1000,
+        members_on_standby: false,
+        policy: Some(policy),
+    })
+    .await?;
+    let sidecar = pool
+        .sandboxes
+        .first()
+        .and_then(|s| Some((s.egress.clone()?, s.sidecar.pid()?)));
+    let result = match sidecar {
+        Some((proxy, pid)) => {
+            let proxy: SocketAddr = proxy.parse().map_err(|_| Error::Bench(format!("bad proxy {proxy}")))?;
+            ready(proxy, upstream, Duration::from_secs(60)).await?;
+            measure("sidecar", Via::Proxy(proxy), Some(pid), upstream, settings).await
+        }
+        None => Err(Error::Bench("the sandbox has no egress proxy".into())),
+    };
+    pool.stop().await;
+    rows.push(result?);
+
+    for peer in [Peer::Tinyproxy, Peer::Squid] {
+        match peer.start(settings, upstream).await {
+            Ok(Some((mut child, proxy))) => {
+                let pid = child.id();
+                let row = measure(peer.name(), Via::Proxy(proxy), pid, upstream, settings).await;
+                let _ = child.kill().await;
+                rows.push(row?);
+            }
+            Ok(None) => eprintln!("egress: {} is not installed; skipped", peer.name()),
+            Err(err) => eprintln!("egress: {} did not start: {err}; skipped", peer.name()),
+        }
+    }
+    Ok(rows)
+}
+
+async fn measure(
+    path: &str,
+    via: Via,
+    pid: Option<u32>,
+    upstream: SocketAddr,
+    settings: &Settings,
+) -> Result<Row, Error> {
+    eprintln!("egress: {path} ...");
+    // Throughput and the proxy's CPU for it.
+    let cpu_before = pid.and_then(tree_cpu_ticks);
+    let started = Instant::now();
+    let mut stream = open(via, upstream).await?;
+    stream
+        .write_all(format!("SEND {}\n", settings.bytes).as_bytes())
+        .await?;
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut left = settings.bytes;
+    while left > 0 {
+        let n = stream.read(&mut buf).await?;
+        if n == 0 {
+            return Err(Error::Bench(format!("{path}: the download ended {left} bytes short")));
+        }
+        left = left.saturating_sub(n as u64);
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    drop(stream);
+    let gib = settings.bytes as f64 / f64::from(1u32 << 30);
+    let cpu_s_per_gib = match (cpu_before, pid.and_then(tree_cpu_ticks)) {
+        (Some(before), Some(after)) => Some(ticks_as_seconds(after.saturating_sub(before)) / gib),
+        _ => None,
+    };
+
+    // New connections, one after another.
+    let mut samples = Vec::with_capacity(settings.samples);
+    for _ in 0..settings.samples {
+        let t0 = Instant::now();
+        let mut stream = open(via, upstream).await?;
+        ping(&mut stream).await?;
+        samples.push(t0.elapsed().as_secs_f64() * 1000.0);
+    }
+    samples.sort_by(f64::total_cmp);
+
+    // Many tunnels at once, opened in batches.
+    let rss_idle_mib = pid.and_then(tree_rss_kib).map(|k| k as f64 / 1024.0);
+    let mut held = Vec::with_capacity(settings.connections);
+    for batch in (0..settings.connections).collect::<Vec<_>>().chunks(100) {
+        let opened = open_many(batch.len(), via, upstream).await;
+        held.extend(opened);
+    }
+    let rss_open_mib = pid.and_then(tree_rss_kib).map(|k| k as f64 / 1024.0);
+    let open = held.len();
+    drop(held);
+    Ok(Row {
+        path: path.to_owned(),
+        throughput_mib_s: settings.bytes as f64 / f64::from(1u32 << 20) / seconds,
+        cpu_s_per_gib,
+        connect_ms_p50: percentile(&samples, 0.50),
+        connect_ms_p99: percentile(&samples, 0.99),
+        open,
+        rss_idle_mib,
+        rss_open_mib,
+    })
+}
+
+/// `n` tunnels opened at once; those that answered their ping.
+async fn open_many(n: usize, via: Via, upstream: SocketAddr) -> Vec<TcpStream> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        tasks.spawn(async move {
+            let mut stream = open(via, upstream).await.ok()?;
+            ping(&mut stream).await.ok()?;
+            Some(stream)
+        });
+    }
+    let mut open = Vec::with_capacity(n);
+    while let Some(joined) = tasks.join_next().await {
+        if let Ok(Some(stream)) = joined {
+            open.push(stream);
+        }
+    }
+    open
+}
+
+async fn ping(stream: &mut TcpStream) -> Result<(), Error> {
+    stream.write_all(b"PING\n").await?;
+    let mut byte = [0u8; 1];
+    stream.read_exact(&mut byte).await?;
+    Ok(())
+}
+
+/// A connection to the upstream, through `via`.
+async fn open(via: Via, upstream: SocketAddr) -> Result<TcpStream, Error> {
+    let limit = Duration::from_secs(10);
+    let proxy = match via {
+        Via::Direct => upstream,
+        Via::Proxy(proxy) => proxy,
+    };
+    let mut stream = tokio::time::timeout(limit, TcpStream::connect(proxy))
+        .await
+        .map_err(|_| Error::Bench(format!("connecting to {proxy} timed out")))??;
+    stream.set_nodelay(true)?;
+    if let Via::Proxy(_) = via {
+        let connect = format!("CONNECT {upstream} HTTP/1.1\r\nHost: {upstream}\r\n\r\n");
+        stream.write_all(connect.as_bytes()).await?;
+        let mut head = Vec::with_capacity(256);
+        let mut buf = [0u8; 512];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = tokio::time::timeout(limit, stream.read(&mut buf))
+                .await
+                .map_err(|_| Error::Bench("the proxy did not answer CONNECT".into()))??;
+            if n == 0 || head.len() > 8192 {
+                return Err(Error::Bench("the proxy closed before answering CONNECT".into()));
+            }
+            head.extend_from_slice(&buf[..n]);
+        }
+        let status = String::from_utf8_lossy(&head);
+        if !status.starts_with("HTTP/1.1 200") && !status.starts_with("HTTP/1.0 200") {
+            return Err(Error::Bench(format!(
+                "CONNECT refused: {}",
+                status.lines().next().unwrap_or_default()
+            )));
+        }
+    }
+    Ok(stream)
+}
+
+/// Until a CONNECT through `proxy` succeeds (the owner installed the policy).
+async fn ready(proxy: SocketAddr, upstream: SocketAddr, limit: Duration) -> Result<(), Error> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(mut stream) = open(Via::Proxy(proxy), upstream).await
+            && ping(&mut stream).await.is_ok()
+        {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Bench(format!("{proxy} never let a tunnel through")));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `SEND n` streams n bytes and closes; `PING` answers one byte and holds the connection.
+async fn upstream() -> Result<SocketAddr, Error> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let address = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let _ = stream.set_nodelay(true);
+                let mut line = Vec::new();
+                let mut byte = [0u8; 1];
+                while !line.ends_with(b"\n") && line.len() < 64 {
+                    match stream.read(&mut byte).await {
+                        Ok(1) => line.push(byte[0]),
+                        _ => return,
+                    }
+                }
+                let line = String::from_utf8_lossy(&line).trim().to_owned();
+                if let Some(n) = line.strip_prefix("SEND ").and_then(|n| n.parse::<u64>().ok()) {
+                    let chunk = vec![0x5au8; 256 * 1024];
+                    let mut left = n;
+                    while left > 0 {
+                        let take = usize::try_from(left.min(chunk.len() as u64)).unwrap_or(chunk.len());
+                        if stream.write_all(&chunk[..take]).await.is_err() {
+                            return;
+                        }
+                        left -= take as u64;
+                    }
+                } else if line == "PING" && stream.write_all(b"P").await.is_ok() {
+                    let mut rest = [0u8; 64];
+                    while matches!(stream.read(&mut rest).await, Ok(n) if n > 0) {}
+                }
+            });
+        }
+    });
+    Ok(address)
+}
+
+#[derive(Clone, Copy)]
+enum Peer {
+    Tinyproxy,
+    Squid,
+}
+
+impl Peer {
+    fn name(self) -> &'static str {
+        match self {
+            Peer::Tinyproxy => "tinyproxy",
+            Peer::Squid => "squid",
+        }
+    }
+
+    /// The peer on a free loopback port, allowed to CONNECT to the upstream's port; `None`
+    /// when it is not installed.
+    async fn start(
+        self,
+        settings: &Settings,
+        upstream: SocketAddr,
+    ) -> Result<Option<(tokio::process::Child, SocketAddr)>, Error> {
+        let binary = match self {
+            Peer::Tinyproxy => ["/usr/bin/tinyproxy", "/usr/sbin/tinyproxy"],
+            Peer::Squid => ["/usr/sbin/squid", "/usr/bin/squid"],
+        };
+        let Some(binary) = binary.into_iter().find(|b| std::path::Path::new(b).exists()) else {
+            return Ok(None);
+        };
+        let port = local::free_port()?;
+        let dir = settings.root.join(self.name());
+        std::fs::create_dir_all(&dir)?;
+        let conf = dir.join(format!("{}.conf", self.name()));
+        let (config, args) = match self {
+            Peer::Tinyproxy => (
+                format!(
+                    "Port {port}\nListen 127.0.0.1\nTimeout 600\nMaxClients {}\nAllow 127.0.0.1\nConnectPort {}\nLogLevel Error\n",
+                    settings.connections + 64,
+                    upstream.port()
+                ),
+                vec!["-d".to_owned(), "-c".to_owned(), conf.display().to_string()],
+            ),
+            Peer::Squid => {
+                // Squid drops to its own user: its files must be that user's.
+                let _ = std::process::Command::new("chown")
+                    .args(["-R", "proxy:proxy"])
+                    .arg(&dir)
+                    .status();
+                (
+                    format!(
+                        "http_port 127.0.0.1:{port}\nacl local src 127.0.0.1/32\nhttp_access allow local\nhttp_access deny all\n\
+                         cache deny all\naccess_log none\ncache_store_log none\ncache_log {d}/cache.log\npid_filename {d}/squid.pid\n\
+                         coredump_dir {d}\nmax_filedescriptors {}\nshutdown_lifetime 0 seconds\n",
+                        4 * settings.connections + 256,
+                        d = dir.display()
+                    ),
+                    vec!["-N".to_owned(), "-f".to_owned(), conf.display().to_string()],
+                )
+            }
+        };
+        std::fs::write(&conf, config)?;
+        let child = tokio::process::Command::new(binary)
+            .args(&args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.join("stderr.log"))?)
+            .kill_on_drop(true)
+            .spawn()?;
+        let proxy: SocketAddr = ([127, 0, 0, 1], port).into();
+        ready(proxy, upstream, Duration::from_secs(30)).await?;
+        Ok(Some((child, proxy)))
+    }
+}
+
+/// `pid` and its descendants.
+fn tree(pid: u32) -> Vec<u32> {
+    let mut parents: Vec<(u32, u32)> = Vec::new();
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for entry in entries.flatten() {
+            let Some(p) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            let ppid = std::fs::read_to_string(format!("/proc/{p}/stat")).ok().and_then(|s| {
+                s.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok())
+            });
+            if let Some(ppid) = ppid {
+                parents.push((p, ppid));
+            }
+        }
+    }
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() {
+        let parent = out[i];
+        out.extend(parents.iter().filter(|(_, pp)| *pp == parent).map(|(p, _)| *p));
+        i += 1;
+    }
+    out
+}
+
+fn tree_cpu_ticks(pid: u32) -> Option<u64> {
+    Some(tree(pid).into_iter().filter_map(cpu_ticks).sum())
+}
+
+fn tree_rss_kib(pid: u32) -> Option<u64> {
+    Some(tree(pid).into_iter().filter_map(rss_kib).sum())
+}
+
+/// The Markdown table of `rows`.
+pub fn table(rows: &[Row]) -> String {
+    let mut out = String::from(
+        "| path | throughput (MiB/s) | proxy CPU per GiB | new connection p50 / p99 (ms) | tunnels open at once | proxy RSS idle / with them open (MiB) |\n\
+         |---|---|---|---|---|---|\n",
+    );
+    let mib = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1}"));
+    for r in rows {
+        out.push_str(&format!(
+            "| {} | {:.0} | {} | {:.3} / {:.3} | {} | {} / {} |\n",
+            r.path,
+            r.throughput_mib_s,
+            r.cpu_s_per_gib.map_or("-".to_owned(), |s| format!("{s:.2} s")),
+            r.connect_ms_p50,
+            r.connect_ms_p99,
+            r.open,
+            mib(r.rss_idle_mib),
+            mib(r.rss_open_mib),
+        ));
+    }
+    out
+}
