@@ -567,6 +567,54 @@ mod tests {
 
     use super::*;
 
+    /// In a Pod (the floor's `local` off) a rule cannot open loopback, even by a name that
+    /// resolves to it: the sidecar resolves, checks every address, and refuses.
+    #[tokio::test]
+    async fn a_name_that_resolves_to_the_floor_is_refused_whatever_the_rule() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("addr");
+        let upstream = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = upstream.local_addr().expect("addr").port();
+        let policy = proto::runtime::v1::EgressPolicy {
+            name: "p".into(),
+            revision: 1,
+            rules: vec![proto::runtime::v1::EgressRule {
+                name: "local".into(),
+                host: "localhost".into(),
+                ports: vec![u32::from(port)],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let policy = Policy::try_from(&policy).expect("valid");
+        let (_installed, receiver) = watch::channel(Some(Arc::new(policy)));
+        let egress = Egress {
+            installed: receiver,
+            floor: Arc::new(Floor::default()),
+            limits: Limits::default(),
+            recent: Arc::default(),
+        };
+        let shutdown = CancellationToken::new();
+        tokio::spawn(serve(listener, egress, shutdown.clone()));
+        let mut stream = TcpStream::connect(address).await.expect("connect");
+        let ask = format!("CONNECT localhost:{port} HTTP/1.1\r\nHost: localhost:{port}\r\n\r\n");
+        stream.write_all(ask.as_bytes()).await.expect("write");
+        let mut answer = vec![0u8; 4096];
+        let n = timeout(Duration::from_secs(10), stream.read(&mut answer))
+            .await
+            .expect("answered")
+            .expect("read");
+        let answer = String::from_utf8_lossy(&answer[..n]);
+        assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+        assert!(
+            answer.contains("resolves only to addresses no policy opens"),
+            "{answer}"
+        );
+        assert!(answer.contains("(loopback)"), "{answer}");
+        assert!(answer.contains("\"ruleNeeded\":null"), "no rule can open it: {answer}");
+        shutdown.cancel();
+    }
+
     #[tokio::test]
     async fn connections_beyond_the_cap_are_answered_503_and_closed() {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
