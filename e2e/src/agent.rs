@@ -23,18 +23,27 @@ pub struct Args {
     /// Exit 0 after this many seconds (a Job's workload); without it, run until killed.
     #[arg(long)]
     for_seconds: Option<u64>,
+    /// Never talk to the socket (a workload that knows nothing of its supervision): only run.
+    #[arg(long)]
+    silent: bool,
 }
 
 /// Counts and reports through the sidecar's socket until killed (or for `--for-seconds`);
 /// reconnects whenever the socket goes away.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     println!("agent pid={} socket={}", std::process::id(), args.socket.display());
+    let work = async {
+        match args.silent {
+            true => std::future::pending().await,
+            false => count(&args).await,
+        }
+    };
     match args.for_seconds {
         Some(seconds) => {
-            let _ = tokio::time::timeout(Duration::from_secs(seconds), count(&args)).await;
+            let _ = tokio::time::timeout(Duration::from_secs(seconds), work).await;
             println!("agent finished after {seconds} s");
         }
-        None => count(&args).await,
+        None => work.await,
     }
     Ok(())
 }

@@ -1652,6 +1652,29 @@ impl Flow {
             format!("the finished Job's instance left the pool: {:?}", status.of(&ns))
         })?;
 
+        // A workload that never talks to the socket: identified as its container's main
+        // process, supervised with its PID.
+        let silent = lone_pod(&ns, "silent", &self.image)
+            .replace(r#""--interval-ms", "100"]"#, r#""--interval-ms", "100", "--silent"]"#);
+        self.kubectl.apply(&silent).await?;
+        let pid = wait_for("the silent workload supervised with its PID", 2 * MINUTE, || async {
+            let status = pool.status().await.ok()?;
+            let silent = status.of(&ns).into_iter().find(|i| i.name == "silent")?;
+            (silent.settled() && silent.workload_pid != 0).then_some(silent.workload_pid)
+        })
+        .await?;
+        let condition = wait_for("the silent Pod's Supervised condition True", MINUTE, || async {
+            let pod = kubectl.json(&["get", "pod", "silent", "-n", &ns]).await.ok()?;
+            let conditions = pod.pointer("/status/conditions")?.as_array()?.clone();
+            conditions
+                .into_iter()
+                .find(|c| c["type"] == "supervision.openshell.ai/Supervised" && c["status"] == "True")
+        })
+        .await?;
+        eprintln!("   silent: supervised as PID {pid} ({})", condition["reason"]);
+        self.kubectl
+            .run(&["delete", "pod", "silent", "-n", &ns, "--grace-period=1", "--wait=true"])
+            .await?;
         self.kubectl
             .run(&["delete", "pod", "as-root", "-n", &ns, "--grace-period=1", "--wait=true"])
             .await?;

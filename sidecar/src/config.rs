@@ -69,6 +69,12 @@ pub struct Config {
     #[arg(long, env = "OPENSHELL_WORKLOAD_RESTART_POLICY", default_value = "Always",
           value_parser = ["Always", "OnFailure", "Never"])]
     pub restart_policy: String,
+    /// In a Pod with a shared PID namespace (the webhook sets it): the workload is also
+    /// identified without its cooperation, as the one container main process of the Pod
+    /// besides the sidecar (a process whose parent is outside the namespace), so a workload
+    /// that never talks to the socket is supervised too.
+    #[arg(long, env = "OPENSHELL_WORKLOAD_FROM_PID_NAMESPACE", default_value_t = false, action = clap::ArgAction::Set)]
+    pub workload_from_pid_namespace: bool,
     /// Loopback address of the egress proxy the workload's HTTP clients use (`HTTP_PROXY`),
     /// e.g. `127.0.0.1:15001`; unset: no proxy. It denies every destination until the owner
     /// installs a policy revision.

@@ -43,32 +43,63 @@ pub async fn ticks_since_boot() -> u64 {
     (seconds * USER_HZ) as u64
 }
 
+/// Every process of the PID namespace but this one and PID 1, with its stat.
+async fn processes() -> Vec<(u32, Stat)> {
+    let own = std::process::id();
+    let mut found = Vec::new();
+    let Ok(mut dir) = tokio::fs::read_dir("/proc").await else {
+        return found;
+    };
+    while let Ok(Some(entry)) = dir.next_entry().await {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == own || pid == 1 {
+            continue;
+        }
+        let stat = tokio::fs::read_to_string(entry.path().join("stat")).await;
+        if let Some(stat) = stat.ok().and_then(|text| parse_stat(&text)) {
+            found.push((pid, stat));
+        }
+    }
+    found
+}
+
 /// Wait until a process other than this one, started after `since` (ticks since boot),
 /// runs in the PID namespace — the workload's container started again — and say `true`;
 /// `false` once `shutdown` is cancelled first.
 pub async fn wait_for_new_process(since: u64, shutdown: &tokio_util::sync::CancellationToken) -> bool {
-    let own = std::process::id();
     loop {
-        if let Ok(mut dir) = tokio::fs::read_dir("/proc").await {
-            while let Ok(Some(entry)) = dir.next_entry().await {
-                let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
-                    continue;
-                };
-                if pid == own || pid == 1 {
-                    continue;
-                }
-                let stat = tokio::fs::read_to_string(entry.path().join("stat")).await;
-                let started = stat.ok().and_then(|text| parse_stat(&text));
-                if started.is_some_and(|s| s.start_time_ticks > since && !s.is_gone()) {
-                    return true;
-                }
-            }
+        let started = processes().await;
+        if started.iter().any(|(_, s)| s.start_time_ticks > since && !s.is_gone()) {
+            return true;
         }
         tokio::select! {
             () = shutdown.cancelled() => return false,
             () = tokio::time::sleep(NEW_PROCESS_POLL) => {}
         }
     }
+}
+
+/// The main processes of the Pod's containers other than this one, in a shared PID
+/// namespace: running processes whose parent is outside the namespace (`ppid` 0), not PID 1
+/// (the Pod's pause process) and with an executable this process may read (not a kernel
+/// thread, not another UID's). A workload container's main process is the one such process
+/// when there is exactly one.
+pub async fn container_main_processes() -> Vec<u32> {
+    let mut found = Vec::new();
+    for (pid, stat) in processes().await {
+        if main_process(&stat) && tokio::fs::read_link(format!("/proc/{pid}/exe")).await.is_ok() {
+            found.push(pid);
+        }
+    }
+    found.sort_unstable();
+    found
+}
+
+/// See [`container_main_processes`] (PID 1 and this process are never among them).
+fn main_process(stat: &Stat) -> bool {
+    stat.ppid == 0 && !stat.is_gone()
 }
 
 /// The fields of `/proc/<pid>/stat` the sidecar uses.
@@ -156,6 +187,18 @@ pub fn descends_from(pid: u32, ancestor: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_container_main_process_has_its_parent_outside_the_namespace() {
+        let stat = |ppid, state| Stat {
+            state,
+            ppid,
+            start_time_ticks: 1,
+        };
+        assert!(main_process(&stat(0, 'S')));
+        assert!(!main_process(&stat(42, 'S')), "a child of a main process");
+        assert!(!main_process(&stat(0, 'Z')), "ended");
+    }
 
     #[tokio::test]
     async fn a_process_started_after_the_end_is_found_and_none_before_is() {

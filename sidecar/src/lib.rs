@@ -180,6 +180,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
     };
     let (workload_tx, workload_rx) = mpsc::channel(64);
     let (workload_pid, pinned_pid) = tokio::sync::watch::channel(None);
+    let finder = (cfg.workload_from_pid_namespace && pinned.is_none())
+        .then(|| tokio::spawn(find_workload(workload_tx.clone(), pinned_pid.clone())));
     let server = tokio::spawn(workload::serve(
         listener,
         workload::Endpoint {
@@ -210,6 +212,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
     };
     let (ending, exit) = engine.run(inputs, shutdown).await;
     renewal.abort();
+    if let Some(finder) = finder {
+        finder.abort();
+    }
     serving.cancel();
     let outcome = engine.finish(ending, exit, &registration).await;
     let _ = server.await;
@@ -219,6 +224,53 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
     let _ = std::fs::remove_file(&cfg.socket);
     info!(?outcome, "sidecar finished");
     Ok(outcome)
+}
+
+/// How often the Pod's PID namespace is looked at for the workload's main process.
+const FIND_POLL: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Until the workload is pinned: the one container main process of the Pod besides the
+/// sidecar is pinned, as if it had connected to the socket (a workload that never does is
+/// supervised too). Several (another app container, another sidecar): none is guessed at, and
+/// the workload is identified when it connects.
+async fn find_workload(engine: mpsc::Sender<workload::Inbound>, mut pinned: tokio::sync::watch::Receiver<Option<u32>>) {
+    let mut told = Vec::new();
+    loop {
+        if pinned.borrow_and_update().is_some() {
+            return;
+        }
+        let found = identity::container_main_processes().await;
+        if let [pid] = found.as_slice() {
+            let pid = *pid;
+            match tokio::task::spawn_blocking(move || identity::observe(pid)).await {
+                Ok(Ok(identity)) => {
+                    let (reply, answer) = oneshot::channel();
+                    if engine.send(workload::Inbound::Pin { identity, reply }).await.is_err() {
+                        return;
+                    }
+                    if matches!(answer.await, Ok(workload::Admission::Admitted)) {
+                        info!(
+                            pid,
+                            "workload identified in the Pod's PID namespace: its container's main process"
+                        );
+                        return;
+                    }
+                }
+                Ok(Err(err)) if told != found => {
+                    warn!(pid, error = %err, "cannot observe the Pod's workload process; it is identified when it connects to the socket");
+                    told = found;
+                }
+                _ => {}
+            }
+        } else if found.len() > 1 && told != found {
+            info!(processes = ?found, "several container main processes in the Pod: the workload is identified when it connects to the socket");
+            told = found;
+        }
+        tokio::select! {
+            changed = pinned.changed() => if changed.is_err() { return },
+            () = tokio::time::sleep(FIND_POLL) => {}
+        }
+    }
 }
 
 /// Half the time left until `expires_at_ms` (at least a second; an hour when unknown).

@@ -354,6 +354,9 @@ impl Injector {
             env_value("OPENSHELL_SIDECAR_SOCKET", SIDECAR_SOCKET),
             env_value("OPENSHELL_SIDECAR_STATE_DIR", STATE_DIR),
             env_value("OPENSHELL_LOG_FORMAT", "json"),
+            // The webhook shares the Pod's PID namespace: a workload that never connects to
+            // the socket is identified as its container's main process.
+            env_value("OPENSHELL_WORKLOAD_FROM_PID_NAMESPACE", "true"),
         ]);
 
         let mut limits = Map::new();

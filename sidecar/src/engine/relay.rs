@@ -45,10 +45,7 @@ impl<R: Reply> Machine<R> {
             self.out.push(admission);
             return;
         }
-        info!(
-            pid = identity.pid,
-            "workload process pinned from the socket's peer credentials"
-        );
+        info!(pid = identity.pid, "workload process pinned");
         self.state.workload = Some((&identity).into());
         self.persist();
         if let Mode::Recovering { episode } = &self.mode {
