@@ -8,6 +8,7 @@ pub mod floor;
 pub mod policy;
 pub mod proxy;
 pub mod recent;
+mod splice;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -383,15 +383,15 @@ async fn tunnel(
         }
     };
     // The client's own socket again (hyper hands back what it had read past the request), so
-    // the bytes go socket to socket without hyper's buffering in between.
+    // the bytes go socket to socket in the kernel.
     let carry = async {
         match upgraded.downcast::<TokioIo<TcpStream>>() {
             Ok(parts) => {
-                let mut client = parts.io.into_inner();
+                let client = parts.io.into_inner();
                 if !parts.read_buf.is_empty() && upstream.write_all(&parts.read_buf).await.is_err() {
                     return;
                 }
-                let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                let _ = super::splice::both_ways(&client, &upstream).await;
             }
             Err(upgraded) => {
                 let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(upgraded), &mut upstream).await;
