@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 
 /// Bound on one kubectl call.
@@ -131,6 +131,62 @@ impl Kubectl {
     /// `kubectl apply -f -` of `manifest`.
     pub async fn apply(&self, manifest: &str) -> Result<String, Error> {
         self.run_with(&["apply", "-f", "-"], Some(manifest)).await
+    }
+
+    /// `kubectl args…` left running with its input and output piped (an `exec -i`): killed
+    /// when dropped.
+    pub fn attach(&self, args: &[&str]) -> Result<Attached, Error> {
+        let mut child = Command::new("kubectl")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err(Error::Check("kubectl without pipes".into()));
+        };
+        Ok(Attached {
+            _child: child,
+            stdin,
+            lines: BufReader::new(stdout).lines(),
+            args: args.join(" "),
+        })
+    }
+}
+
+/// A running `kubectl` (see [`Kubectl::attach`]).
+pub struct Attached {
+    _child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    args: String,
+}
+
+impl Attached {
+    /// The next line of output that starts with `prefix`, within `limit`.
+    pub async fn line_starting(&mut self, prefix: &str, limit: Duration) -> Result<String, Error> {
+        let wanted = async {
+            while let Some(line) = self.lines.next_line().await? {
+                if line.starts_with(prefix) {
+                    return Ok(line);
+                }
+            }
+            Err(Error::Check(format!(
+                "kubectl {} ended before printing {prefix:?}",
+                self.args
+            )))
+        };
+        tokio::time::timeout(limit, wanted).await.map_err(|_| Error::GaveUp {
+            what: format!("{prefix:?} from kubectl {}", self.args),
+            after: limit,
+        })?
+    }
+
+    /// Write `line` (and a newline) to its input.
+    pub async fn send(&mut self, line: &str) -> Result<(), Error> {
+        self.stdin.write_all(format!("{line}\n").as_bytes()).await?;
+        Ok(self.stdin.flush().await?)
     }
 }
 

@@ -269,6 +269,80 @@ fn lone_pod(namespace: &str, name: &str, image: &str) -> String {
     format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {namespace}\nspec:\n{container}")
 }
 
+/// The egress step's upstream (a Pod of its own, not injected) behind three Services, and the
+/// namespace's default `SandboxPolicy`: one Service allowed on every method and path, one for
+/// GET under /docs/ only, one not at all.
+fn egress_fixture(namespace: &str, image: &str) -> String {
+    let services: String = ["allowed", "readonly", "denied"]
+        .iter()
+        .map(|name| {
+            format!(
+                "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: upstream-{name}\n  namespace: {namespace}\nspec:\n  selector:\n    app: upstream\n  ports:\n    - port: 8080\n      targetPort: 8080\n"
+            )
+        })
+        .collect();
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: upstream
+  namespace: {namespace}
+  labels:
+    app: upstream
+    supervision.openshell.ai/inject: disabled
+spec:
+  securityContext:
+    runAsNonRoot: true
+    runAsUser: 65532
+    seccompProfile:
+      type: RuntimeDefault
+  containers:
+    - name: upstream
+      image: {image}
+      imagePullPolicy: Never
+      command: ["/usr/local/bin/probe", "upstream", "--name", "in-cluster", "--listen", "0.0.0.0:8080"]
+      securityContext:
+        allowPrivilegeEscalation: false
+        readOnlyRootFilesystem: true
+        capabilities:
+          drop: ["ALL"]
+{services}---
+{policy}"#,
+        policy = egress_policy(namespace, true),
+    )
+}
+
+/// The namespace's default policy, with or without the rule for `upstream-allowed`.
+fn egress_policy(namespace: &str, with_allowed: bool) -> String {
+    let allowed = if with_allowed {
+        format!(
+            "    - name: upstream\n      host: upstream-allowed.{namespace}.svc.cluster.local\n      ports: [8080]\n"
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        r#"apiVersion: supervision.openshell.ai/v1alpha1
+kind: SandboxPolicy
+metadata:
+  name: default
+  namespace: {namespace}
+spec:
+  rules:
+{allowed}    - name: docs
+      host: upstream-readonly.{namespace}.svc.cluster.local
+      ports: [8080]
+      methods: [GET]
+      pathPrefixes: [/docs/]
+"#
+    )
+}
+
+/// Owned arguments as `kubectl` takes them.
+fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
 /// An agent container as seen at one moment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Agent {
@@ -333,6 +407,8 @@ async fn the_user_flow_on_a_real_cluster() {
     flow.step("a workload reaches for its sidecar", Flow::sidecar_unreachable)
         .await;
     flow.step("Pod shapes: a root Pod, a Job that finishes", Flow::pod_shapes)
+        .await;
+    flow.step("egress: a SandboxPolicy decides, through a handoff", Flow::egress)
         .await;
     flow.step("supervisor Pod force-deleted", Flow::supervisor_pod_deleted)
         .await;
@@ -1686,6 +1762,196 @@ impl Flow {
         check(left.trim() == format!("pod/{supervised}"), || {
             format!("the finished Job Pod is still there: {left}")
         })?;
+        self.kubectl.run(&["delete", "namespace", &ns, "--wait=false"]).await?;
+        Ok(())
+    }
+
+    /// A workload's egress goes through its sidecar's proxy and is decided by its namespace's
+    /// `SandboxPolicy`: allowed requests reach the in-cluster upstream, others get the 403 that
+    /// names the rule needed, the floor is refused whatever the policy; a tunnel stays open
+    /// while its owner's Pod is force-deleted, and an edit revoking its rule closes it; a Pod
+    /// naming a policy that does not exist runs deny-all.
+    async fn egress(&mut self) -> Result<(), Error> {
+        let ns = format!("{}-egress", self.namespace);
+        self.kubectl.run(&["create", "namespace", &ns]).await?;
+        self.kubectl.run(&["label", "namespace", &ns, LABEL]).await?;
+        self.secret_present_in(&ns, true).await?;
+        self.kubectl.apply(&egress_fixture(&ns, &self.image)).await?;
+        self.kubectl.apply(&lone_pod(&ns, "egress-agent", &self.image)).await?;
+        let missing = lone_pod(&ns, "egress-nameless", &self.image).replacen(
+            "  namespace: ",
+            "  annotations:\n    supervision.openshell.ai/policy: missing\n  namespace: ",
+            1,
+        );
+        self.kubectl.apply(&missing).await?;
+        let host = |service: &str| format!("upstream-{service}.{ns}.svc.cluster.local:8080");
+        let (allowed, readonly, denied) = (host("allowed"), host("readonly"), host("denied"));
+        let probe = |pod: &str, args: Vec<String>| {
+            let mut all: Vec<String> = [
+                "exec",
+                "-n",
+                &ns,
+                pod,
+                "-c",
+                "agent",
+                "--",
+                "/usr/local/bin/probe",
+                "egress",
+            ]
+            .iter()
+            .map(|a| (*a).to_owned())
+            .collect();
+            all.extend(args);
+            all
+        };
+        let answers = |out: &str| -> BTreeMap<String, String> {
+            out.lines()
+                .filter_map(|l| l.strip_prefix("probe egress target="))
+                .filter_map(|l| l.split_once(' '))
+                .map(|(t, rest)| (t.to_owned(), rest.to_owned()))
+                .collect()
+        };
+        let kubectl = self.kubectl.clone();
+        let first = probe("egress-agent", vec!["--get".into(), format!("http://{allowed}/first")]);
+        wait_for(
+            "the agent's policy loaded (the allowed upstream answers)",
+            2 * MINUTE,
+            || async {
+                let args: Vec<&str> = first.iter().map(String::as_str).collect();
+                let out = kubectl.run(&args).await.ok()?;
+                out.contains("status=200 body=upstream=in-cluster").then_some(())
+            },
+        )
+        .await?;
+
+        let service_ip = self
+            .kubectl
+            .run(&[
+                "get",
+                "service",
+                "upstream-allowed",
+                "-n",
+                &ns,
+                "-o",
+                "jsonpath={.spec.clusterIP}",
+            ])
+            .await?;
+        let gets = [
+            format!("http://{allowed}/any/path"),
+            format!("http://{readonly}/docs/intro"),
+            format!("http://{readonly}/admin"),
+            format!("http://{denied}/"),
+            format!("http://{}:8080/", service_ip.trim()),
+            "http://169.254.169.254/latest/meta-data/".to_owned(),
+            "http://127.0.0.1:9/".to_owned(),
+            "http://openshell-gateway.openshell-supervision.svc:8443/".to_owned(),
+        ];
+        let mut args: Vec<String> = gets.iter().flat_map(|g| ["--get".to_owned(), g.clone()]).collect();
+        args.extend([
+            "--connect".to_owned(),
+            allowed.clone(),
+            "--connect".to_owned(),
+            readonly.clone(),
+        ]);
+        let all = probe("egress-agent", args);
+        let out = self.kubectl.run(&strs(&all)).await?;
+        let got = answers(&out);
+        eprintln!(
+            "   {}",
+            out.lines()
+                .filter(|l| l.starts_with("probe egress target="))
+                .collect::<Vec<_>>()
+                .join("\n   ")
+        );
+        let says = |target: &str, status: &str, body: &[&str]| {
+            got.get(target).is_some_and(|rest| {
+                rest.starts_with(&format!("status={status} ")) && body.iter().all(|b| rest.contains(b))
+            })
+        };
+        let ruled = ["\"policy\":\"default\"", "\"ruleNeeded\""];
+        let expected: Vec<(String, &str, Vec<&str>)> = vec![
+            (gets[0].clone(), "200", vec!["path=/any/path"]),
+            (gets[1].clone(), "200", vec!["method=GET path=/docs/intro"]),
+            (gets[2].clone(), "403", ruled.to_vec()),
+            (gets[3].clone(), "403", ruled.to_vec()),
+            (gets[4].clone(), "403", ruled.to_vec()),
+            (gets[5].clone(), "403", vec!["\"error\""]),
+            (gets[6].clone(), "403", vec!["\"error\""]),
+            (gets[7].clone(), "403", vec!["\"error\""]),
+            (format!("connect:{allowed}"), "200", vec!["path=/tunnel"]),
+            (format!("connect:{readonly}"), "403", ruled.to_vec()),
+        ];
+        for (target, status, body) in &expected {
+            check(says(target, status, body), || {
+                format!("{target}: expected {status} with {body:?}, got {:?}", got.get(target))
+            })?;
+        }
+        let nameless = probe("egress-nameless", vec!["--get".into(), format!("http://{allowed}/")]);
+        let out = self.kubectl.run(&strs(&nameless)).await?;
+        check(
+            out.contains("status=403") && out.contains("\"policy\":\"<none>\""),
+            || format!("a Pod naming a missing policy runs deny-all: {out}"),
+        )?;
+
+        // A tunnel held while the owner's Pod is force-deleted.
+        let mut hold = probe("egress-agent", vec!["--hold".into(), allowed.clone()]);
+        hold.insert(1, "-i".to_owned());
+        let mut held = self.kubectl.attach(&strs(&hold))?;
+        held.line_starting("probe egress holding=", MINUTE).await?;
+        let status = self.pool.status().await?;
+        let owner = status
+            .of(&ns)
+            .into_iter()
+            .find(|i| i.name == "egress-agent")
+            .map(|i| i.owner.clone())
+            .ok_or_else(|| Error::Check("the egress agent has no owner".into()))?;
+        self.kubectl
+            .run(&[
+                "delete",
+                "pod",
+                &owner,
+                "-n",
+                &self.install,
+                "--grace-period=0",
+                "--force",
+            ])
+            .await?;
+        let pool = self.pool.clone();
+        let moved = wait_for("the egress agent active on another member", 2 * MINUTE, || async {
+            let status = pool.status().await.ok()?;
+            let agent = status.of(&ns).into_iter().find(|i| i.name == "egress-agent")?;
+            (agent.settled() && agent.owner != owner).then(|| agent.owner.clone())
+        })
+        .await?;
+        held.send("go").await?;
+        let after = held.line_starting("probe egress held=", MINUTE).await?;
+        eprintln!("   owner {owner} force-deleted, now {moved}: {after}");
+        check(after.contains("status=200") && after.contains("path=/held"), || {
+            format!("the tunnel held through the handoff: {after}")
+        })?;
+        self.rollout_status("openshell-supervisor", "120s").await?;
+
+        // An edit that revokes the rule closes the tunnel it allowed.
+        let mut held = self.kubectl.attach(&strs(&hold))?;
+        held.line_starting("probe egress holding=", MINUTE).await?;
+        let edited = Instant::now();
+        self.kubectl.apply(&egress_policy(&ns, false)).await?;
+        let closed = held.line_starting("probe egress held=", MINUTE).await?;
+        let seconds = edited.elapsed().as_secs_f64();
+        eprintln!("   revoking edit applied: {closed} ({seconds:.2} s after kubectl apply)");
+        check(closed.ends_with(" closed"), || {
+            format!("the revoked tunnel was closed: {closed}")
+        })?;
+        let out = self.kubectl.run(&strs(&first)).await?;
+        check(out.contains("status=403"), || {
+            format!("the revoked upstream is refused: {out}")
+        })?;
+        self.measured.push(Measured {
+            scenario: "SandboxPolicy edit → revoked tunnel closed",
+            seconds,
+            gap_ms: 0,
+            restarts: 0,
+        });
         self.kubectl.run(&["delete", "namespace", &ns, "--wait=false"]).await?;
         Ok(())
     }

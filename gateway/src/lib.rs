@@ -202,6 +202,7 @@ pub async fn run_with<C: kubernetes::Cluster + Clone>(
             default_limit: settings.namespace_instance_limit,
             namespaces: kubernetes.as_ref().map(|integration| integration.shared.clone()),
         },
+        policies: kubernetes.as_ref().map(|integration| integration.shared.clone()),
         recovery_deadline_ms: settings.recovery_deadline_ms,
         metrics,
         reports: Arc::default(),

@@ -396,6 +396,7 @@ impl View {
                     credentials: member_credentials(instance),
                     grant: String::new(),
                     grant_expires_at_ms: 0,
+                    egress_policy: None,
                 }),
                 _ => {}
             }

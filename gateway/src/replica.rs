@@ -31,6 +31,8 @@ pub struct Replica {
     pub keys: Arc<Keys>,
     /// Which namespaces may register instances, and how many.
     pub quota: crate::quota::Quota,
+    /// On Kubernetes: the egress policy each Pod runs, for the members' snapshots.
+    pub policies: Option<crate::kubernetes::Shared>,
     /// Recovery deadline offered to sidecars.
     pub recovery_deadline_ms: u64,
     /// The replica's metrics (served on the health port's `/metrics`).

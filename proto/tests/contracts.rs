@@ -67,6 +67,11 @@ fn host_snapshot_round_trips() -> TestResult {
                 credentials: b"{\"material\":true}".to_vec(),
                 grant: "eyJ.eyJ.sig".into(),
                 grant_expires_at_ms: 1_700_000_030_000,
+                egress_policy: Some(proto::runtime::v1::EgressPolicy {
+                    name: "default".into(),
+                    revision: 1_767_225_600_000_002,
+                    ..Default::default()
+                }),
             }],
             stop_routes: vec!["team-a/old".into()],
             keep_routes: vec!["team-a/pending".into()],

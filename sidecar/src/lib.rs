@@ -31,7 +31,7 @@ use proto::registration::{Binding, Material};
 use proto::registry::v1::RegisterRequest;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 pub use config::Config;
 use engine::{Driver, Inputs, Pinned};
@@ -155,11 +155,20 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
     // Egress is decided here from the revision in force, whatever the owner does meanwhile.
     let (installed_tx, installed) = tokio::sync::watch::channel(state.policy.clone().map(Arc::new));
     let serving = CancellationToken::new();
-    let (proxy, egress_view) = match cfg.egress_listen {
-        Some(listen) => {
-            let listener = tokio::net::TcpListener::bind(listen)
-                .await
-                .map_err(|err| Error::Egress(listen, err))?;
+    // A port the workload holds already leaves it without the proxy (its clients reach its
+    // own listener, not the world); supervision goes on.
+    let bound = match cfg.egress_listen {
+        Some(listen) => match tokio::net::TcpListener::bind(listen).await {
+            Ok(listener) => Some((listen, listener)),
+            Err(err) => {
+                error!(error = %Error::Egress(listen, err), "egress proxy not started");
+                None
+            }
+        },
+        None => None,
+    };
+    let (proxy, egress_view) = match bound {
+        Some((listen, listener)) => {
             let recent = Arc::new(egress::Recent::default());
             let egress = egress::Egress {
                 installed: installed.clone(),

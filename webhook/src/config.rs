@@ -149,6 +149,13 @@ pub struct Config {
     #[arg(long, env = "OPENSHELL_WEBHOOK_SIDECAR_RUN_AS_USER")]
     pub sidecar_run_as_user: Option<i64>,
 
+    /// Loopback port of the sidecar's egress proxy: the sidecar listens on 127.0.0.1:PORT
+    /// and every workload container gets HTTP_PROXY, HTTPS_PROXY and NO_PROXY (both cases)
+    /// pointing at it, unless the Pod's annotation supervision.openshell.ai/egress-proxy is
+    /// `disabled` or the container sets them itself. 0 injects no proxy.
+    #[arg(long, env = "OPENSHELL_WEBHOOK_EGRESS_PORT", default_value_t = 15001)]
+    pub egress_port: u16,
+
     /// Largest accepted request body, in bytes.
     #[arg(long, env = "OPENSHELL_WEBHOOK_MAX_BODY_BYTES", default_value_t = 3 * 1024 * 1024)]
     pub max_body_bytes: usize,
@@ -201,6 +208,7 @@ impl Config {
                 memory_limit: self.sidecar_memory_limit.clone(),
             },
             run_as_user: self.sidecar_run_as_user,
+            egress_port: (self.egress_port != 0).then_some(self.egress_port),
             token_audience: self.token_audience.clone(),
             token_expiration_seconds: self.token_expiration_seconds,
             version: env!("CARGO_PKG_VERSION").into(),

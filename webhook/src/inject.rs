@@ -358,6 +358,9 @@ impl Injector {
             // the socket is identified as its container's main process.
             env_value("OPENSHELL_WORKLOAD_FROM_PID_NAMESPACE", "true"),
         ]);
+        if let Some(port) = config.egress_port {
+            env.push(env_value("OPENSHELL_EGRESS_LISTEN", &format!("127.0.0.1:{port}")));
+        }
 
         let mut limits = Map::new();
         if let Some(cpu) = &config.resources.cpu_limit {
@@ -432,10 +435,19 @@ impl Injector {
                 "emptyDir": { "sizeLimit": STATE_VOLUME_SIZE },
             }),
         ];
-        let workload_env = vec![
+        let mut workload_env = vec![
             env_value("OPENSHELL_SUPERVISOR_ROUTE", &config.supervisor_route),
             env_value("OPENSHELL_SIDECAR_SOCKET", SIDECAR_SOCKET),
         ];
+        if let Some(port) = config.egress_port {
+            let proxy = format!("http://127.0.0.1:{port}");
+            workload_env.extend(PROXY_VARIABLES.iter().map(|name| env_value(name, &proxy)));
+            workload_env.extend(
+                NO_PROXY_VARIABLES
+                    .iter()
+                    .map(|name| env_value(name, "localhost,127.0.0.1,::1")),
+            );
+        }
         let workload_mount = json!({ "name": SOCKET_VOLUME, "mountPath": SOCKET_DIR });
         Self {
             config,
@@ -625,6 +637,7 @@ impl Injector {
 
         // 2. On every workload container: the supervisor route and the socket path (never
         //    overriding a variable the container sets), and the socket directory.
+        let no_proxy = string_at(annotations, EGRESS_PROXY_ANNOTATION) == Some("disabled");
         let mut env_containers = Vec::with_capacity(containers.len());
         let mut mount_containers = Vec::with_capacity(containers.len());
         let mut missing = Vec::with_capacity(self.workload_env.len());
@@ -641,7 +654,8 @@ impl Injector {
                     .iter()
                     .filter(|var| {
                         let var_name = var.value().get("name").and_then(Value::as_str).unwrap_or("");
-                        env.is_none_or(|existing| !has_named_in(existing, var_name))
+                        let proxy = PROXY_VARIABLES.contains(&var_name) || NO_PROXY_VARIABLES.contains(&var_name);
+                        !(proxy && no_proxy) && env.is_none_or(|existing| !has_named_in(existing, var_name))
                     })
                     .map(Fragment::json),
             );

@@ -50,7 +50,16 @@ fn env_names(container: &Value) -> Vec<String> {
 }
 
 /// The variables the webhook adds to workload containers.
-const WORKLOAD_ENV: [&str; 2] = ["OPENSHELL_SUPERVISOR_ROUTE", "OPENSHELL_SIDECAR_SOCKET"];
+const WORKLOAD_ENV: [&str; 8] = [
+    "OPENSHELL_SUPERVISOR_ROUTE",
+    "OPENSHELL_SIDECAR_SOCKET",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "NO_PROXY",
+    "no_proxy",
+];
 
 fn mount_names(container: &Value) -> Vec<String> {
     container["volumeMounts"]
@@ -391,17 +400,11 @@ fn existing_init_containers_run_after_the_native_sidecar() {
     assert_eq!(containers.len(), 2);
     assert_eq!(
         env_names(&containers[0]),
-        [
-            "LOG_LEVEL",
-            "POD_NAME",
-            "SETTING",
-            "OPENSHELL_SUPERVISOR_ROUTE",
-            "OPENSHELL_SIDECAR_SOCKET"
-        ]
+        [["LOG_LEVEL", "POD_NAME", "SETTING"].as_slice(), &WORKLOAD_ENV].concat()
     );
     assert_eq!(
         env_names(&containers[1]),
-        ["SIDECAR_MODE", "OPENSHELL_SUPERVISOR_ROUTE", "OPENSHELL_SIDECAR_SOCKET"]
+        [["SIDECAR_MODE"].as_slice(), &WORKLOAD_ENV].concat()
     );
     // Existing mounts are intact and first; the socket directory is appended.
     assert_eq!(
@@ -1252,4 +1255,56 @@ fn supervisor_tls_name_reaches_the_sidecar_only_and_only_when_configured() {
             .iter()
             .all(|e| e["name"] != "OPENSHELL_SUPERVISOR_TLS_NAME")
     );
+}
+
+#[test]
+fn workload_containers_are_pointed_at_the_sidecars_proxy_unless_the_pod_opts_out() {
+    let injected = |pod: Value| {
+        let Ok(webhook::inject::Decision::Inject(injection)) = injector().mutate_pod(&pod, "team-a") else {
+            panic!("expected an injection");
+        };
+        let patch: Value = serde_json::from_slice(injection.patch.as_bytes()).unwrap();
+        apply(&pod, &patch).unwrap()
+    };
+    let env_of = |pod: &Value, container: usize, name: &str| {
+        pod["spec"]["containers"][container]["env"]
+            .as_array()
+            .and_then(|env| env.iter().find(|v| v["name"] == name))
+            .map(|v| v["value"].as_str().unwrap_or_default().to_owned())
+    };
+    let pod = json!({ "spec": { "containers": [
+        { "name": "app" },
+        { "name": "own", "env": [ { "name": "HTTPS_PROXY", "value": "http://corp:3128" } ] },
+    ] } });
+    let patched = injected(pod.clone());
+    for name in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+        assert_eq!(
+            env_of(&patched, 0, name).as_deref(),
+            Some("http://127.0.0.1:15001"),
+            "{name}"
+        );
+    }
+    assert_eq!(
+        env_of(&patched, 0, "NO_PROXY").as_deref(),
+        Some("localhost,127.0.0.1,::1")
+    );
+    assert_eq!(
+        env_of(&patched, 1, "HTTPS_PROXY").as_deref(),
+        Some("http://corp:3128"),
+        "a container's own variable is never overridden"
+    );
+    let sidecar = &patched["spec"]["initContainers"][0];
+    let listen = sidecar["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "OPENSHELL_EGRESS_LISTEN");
+    assert_eq!(listen.map(|v| &v["value"]), Some(&json!("127.0.0.1:15001")));
+
+    let mut opted_out = pod;
+    opted_out["metadata"] = json!({ "annotations": { "supervision.openshell.ai/egress-proxy": "disabled" } });
+    let patched = injected(opted_out);
+    assert_eq!(env_of(&patched, 0, "HTTP_PROXY"), None);
+    assert_eq!(env_of(&patched, 0, "NO_PROXY"), None);
+    assert!(env_of(&patched, 0, "OPENSHELL_SIDECAR_SOCKET").is_some());
 }

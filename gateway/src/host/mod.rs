@@ -27,6 +27,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use crate::kubernetes;
 use crate::replica::Replica;
 use crate::store::{MemberRecord, MemberUpdate, Report};
 use admission::{Admission, RecordCheck, Superseded, check_record};
@@ -256,6 +257,8 @@ impl Session {
         // The snapshot input revision last built from: unchanged input, no rebuild.
         let mut built: Option<u64> = None;
         view.mark_changed();
+        // A Pod's egress policy changed: the snapshot is built again from the same view.
+        let mut policies = replica.policies.as_ref().map(kubernetes::Shared::egress_changes);
 
         let end = loop {
             tokio::select! {
@@ -311,7 +314,10 @@ impl Session {
                         continue;
                     }
                     built = Some(current.snapshot_revision);
-                    let body = current.snapshot_for(&self.identity.member, &self.identity.process_id, replica.recovery_deadline_ms);
+                    let mut body = current.snapshot_for(&self.identity.member, &self.identity.process_id, replica.recovery_deadline_ms);
+                    if let Some(shared) = &replica.policies {
+                        with_policies(&mut body, shared);
+                    }
                     if let Some(snapshot) = protocol.next_snapshot(body, current.directory()) {
                         let snapshot = proto::host::v1::Snapshot { gateway_replica: replica.name.clone(), ..snapshot };
                         replica.metrics.snapshot_sent(snapshot.encoded_len());
@@ -319,6 +325,15 @@ impl Session {
                             break End::Silent;
                         }
                     }
+                }
+                Ok(()) = async {
+                    match policies.as_mut() {
+                        Some(changes) => changes.changed().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    built = None;
+                    view.mark_changed();
                 }
                 _ = refresh.tick() => {
                     if silence.deadline() <= Instant::now() {
@@ -538,3 +553,13 @@ fn until(at_ms: i64) -> Duration {
 
 #[cfg(test)]
 mod tests;
+
+/// Each instance's egress policy, where this replica knows it.
+fn with_policies(snapshot: &mut proto::host::v1::Snapshot, shared: &kubernetes::Shared) {
+    shared.with(|index| {
+        for owned in &mut snapshot.instances {
+            let uid = owned.instance.as_ref().map_or("", |i| i.uid.as_str());
+            owned.egress_policy = index.egress().policy_for(uid).map(|p| p.as_ref().clone());
+        }
+    });
+}

@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::egress::Egress;
 use super::pool_operation::OperationObject;
 
 /// A supervised Pod, as much of it as the gateway needs.
@@ -119,6 +120,9 @@ pub struct Index {
     /// The `SupervisorPoolOperation` objects of the install namespace by name. Their changes
     /// do not bump `version`: the operation writer looks every second on its own.
     operation_objects: BTreeMap<String, OperationObject>,
+    /// The egress policies and the supervised Pods' choice among them. Their changes do not
+    /// bump `version`: they reach the members' snapshots, not the writer.
+    egress: Egress,
     /// Bumped on every change, so the writer can tell whether to look again.
     version: u64,
 }
@@ -434,6 +438,14 @@ impl Index {
 
     pub fn version(&self) -> u64 {
         self.version
+    }
+
+    pub fn egress(&self) -> &Egress {
+        &self.egress
+    }
+
+    pub fn egress_mut(&mut self) -> &mut Egress {
+        &mut self.egress
     }
 }
 

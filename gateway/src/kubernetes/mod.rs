@@ -11,6 +11,7 @@
 //! | `watch` | the namespace, Pod, supervisor Pod and token Secret watches that feed the index |
 //! | `plan` | which Secrets to write or remove, which instances to withdraw (Pod gone or finished) |
 //! | `notice` | which Events a change of the pool view makes |
+//! | `egress` | the `SandboxPolicy` objects and which one each supervised Pod runs; plain data |
 //! | `supervised` | the Pod condition `supervision.openshell.ai/Supervised` each Pod should carry |
 //! | `cluster` | the API calls (kube-rs) and a recording stand-in for tests |
 //! | `writer` | carries out the plan while the lease is held |
@@ -21,6 +22,7 @@
 //! | `operation_writer` | carries that out while the lease is held, once a second |
 
 pub mod cluster;
+pub mod egress;
 pub mod index;
 pub mod notice;
 pub mod operation_reconcile;
@@ -84,6 +86,7 @@ impl Integration<Kube> {
                 shutdown.clone(),
             )),
             tokio::spawn(watch::secrets(client.clone(), shared.clone(), shutdown.clone())),
+            tokio::spawn(watch::policies(client.clone(), shared.clone(), shutdown.clone())),
             tokio::spawn(watch::member_pods(
                 client.clone(),
                 scope.install_namespace.clone(),

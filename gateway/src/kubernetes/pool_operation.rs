@@ -10,7 +10,7 @@ use kube::api::{ApiResource, DynamicObject};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::pool_status::{Condition, GROUP, VERSION};
+use super::pool_status::{Condition, GROUP, VERSION, custom_resource};
 
 /// Kind of the operation resource.
 pub const KIND: &str = "SupervisorPoolOperation";
@@ -29,13 +29,7 @@ pub const MAX_SPEC_TEXT: usize = 254;
 
 /// The operation resource for the dynamic API.
 pub fn resource() -> ApiResource {
-    ApiResource {
-        group: GROUP.to_owned(),
-        version: VERSION.to_owned(),
-        api_version: format!("{GROUP}/{VERSION}"),
-        kind: KIND.to_owned(),
-        plural: PLURAL.to_owned(),
-    }
+    custom_resource(KIND, PLURAL)
 }
 
 /// `.spec`, as written by the user (validated by the reconcile, not here).

@@ -21,6 +21,17 @@ use proto::pool::v1::MemberState;
 pub const GROUP: &str = "supervision.openshell.ai";
 /// Their version.
 pub const VERSION: &str = "v1alpha1";
+
+/// A custom resource of this API group and version, for the dynamic API.
+pub fn custom_resource(kind: &str, plural: &str) -> kube::api::ApiResource {
+    kube::api::ApiResource {
+        group: GROUP.to_owned(),
+        version: VERSION.to_owned(),
+        api_version: format!("{GROUP}/{VERSION}"),
+        kind: kind.to_owned(),
+        plural: plural.to_owned(),
+    }
+}
 /// Kind of the pool resource.
 pub const KIND: &str = "SupervisorPool";
 /// Its plural (the resource name in URLs and RBAC).

@@ -22,6 +22,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use super::egress::{self, Choice, POLICY_ANNOTATION};
 use super::index::{self, Index, LIMIT_ANNOTATION, parse_limit};
 use super::plan::NAMESPACE_SECRET;
 use super::pool_operation;
@@ -34,26 +35,49 @@ use proto::kubernetes::NOT_SUPERVISED_KEY;
 /// The webhook marks the Pods it injected with this label (value `true`).
 pub use proto::kubernetes::SUPERVISED_LABEL;
 
-/// Shared between the watches (writers) and the coordinator's writer (reader).
-#[derive(Debug, Clone, Default)]
+/// Shared between the watches (writers) and the coordinator's writer and the member streams
+/// (readers).
+#[derive(Debug, Clone)]
 pub struct Shared {
     index: Arc<Mutex<Index>>,
     /// Wakes the writer after a change.
     pub changed: Arc<Notify>,
+    /// The egress version ([`egress::Egress::version`]) after every change of it: the member
+    /// streams send new snapshots.
+    egress: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Self {
+            index: Arc::default(),
+            changed: Arc::default(),
+            egress: Arc::new(tokio::sync::watch::Sender::new(0)),
+        }
+    }
 }
 
 impl Shared {
     /// Run `f` on the index (never held across an await).
     pub fn with<T>(&self, f: impl FnOnce(&mut Index) -> T) -> T {
         let mut guard = self.index.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let before = guard.version();
+        let (before, egress_before) = (guard.version(), guard.egress().version());
         let out = f(&mut guard);
         let changed = guard.version() != before;
+        let egress = guard.egress().version();
         drop(guard);
         if changed {
             self.changed.notify_one();
         }
+        if egress != egress_before {
+            self.egress.send_replace(egress);
+        }
         out
+    }
+
+    /// Changes whenever a Pod's egress policy may have.
+    pub fn egress_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.egress.subscribe()
     }
 }
 
@@ -175,7 +199,8 @@ pub async fn operation_objects(client: Client, namespace: String, shared: Shared
     .await;
 }
 
-/// Follow the supervised Pods of every namespace (their metadata) until `shutdown`.
+/// Follow the supervised Pods of every namespace (their metadata, with the egress policy each
+/// names) until `shutdown`.
 pub async fn pods(client: Client, shared: Shared, shutdown: CancellationToken) {
     let events = pod_metadata(client, &format!("{SUPERVISED_LABEL}=true"), None);
     let into = PodSet {
@@ -184,9 +209,44 @@ pub async fn pods(client: Client, shared: Shared, shutdown: CancellationToken) {
         delete: Index::delete_pod,
         reset: |index, pods| index.reset_pods(pods),
     };
+    let choices = PodSet {
+        of: choice_of,
+        apply: |index, choice| index.egress_mut().apply_pod(choice),
+        delete: |index, uid| index.egress_mut().delete_pod(uid),
+        reset: |index, choices| index.egress_mut().reset_pods(choices),
+    };
     follow(events, shared, shutdown, "pods", move |index, event| {
-        into.change(index, event)
+        choices.change_by_ref(index, &event);
+        into.change(index, event);
     })
+    .await;
+}
+
+/// Follow the `SandboxPolicy` objects of every namespace until `shutdown`.
+pub async fn policies(client: Client, shared: Shared, shutdown: CancellationToken) {
+    let api = Api::<DynamicObject>::all_with(client, &egress::resource());
+    let events = watcher(api, watcher::Config::default()).default_backoff();
+    follow(
+        events,
+        shared,
+        shutdown,
+        "sandbox policies",
+        |index, event| match event {
+            Change::Apply(object) => {
+                if let Some((namespace, policy)) = egress::policy_of(&object) {
+                    index.egress_mut().apply_policy(namespace, policy);
+                }
+            }
+            Change::Delete(object) => {
+                if let (Some(namespace), Some(name)) = (object.namespace(), object.metadata.name.as_deref()) {
+                    index.egress_mut().delete_policy(&namespace, name);
+                }
+            }
+            Change::Reset(all) => index
+                .egress_mut()
+                .reset_policies(all.iter().filter_map(egress::policy_of)),
+        },
+    )
     .await;
 }
 
@@ -237,9 +297,13 @@ struct PodSet<T> {
 
 impl<T> PodSet<T> {
     fn change(&self, index: &mut Index, event: Change<PartialObjectMeta<Pod>>) {
+        self.change_by_ref(index, &event);
+    }
+
+    fn change_by_ref(&self, index: &mut Index, event: &Change<PartialObjectMeta<Pod>>) {
         match event {
             Change::Apply(pod) => {
-                if let Some(pod) = (self.of)(&pod) {
+                if let Some(pod) = (self.of)(pod) {
                     (self.apply)(index, pod);
                 }
             }
@@ -272,6 +336,15 @@ pub fn pod_of(pod: &PartialObjectMeta<Pod>) -> Option<index::Pod> {
         namespace: pod.namespace()?,
         name: pod.metadata.name.clone()?,
         uid: pod.uid()?,
+    })
+}
+
+/// Which egress policy a supervised Pod names (its annotation), if any.
+pub fn choice_of(pod: &PartialObjectMeta<Pod>) -> Option<Choice> {
+    Some(Choice {
+        uid: pod.uid()?,
+        namespace: pod.namespace()?,
+        policy: pod.annotations().get(POLICY_ANNOTATION).cloned(),
     })
 }
 

@@ -896,3 +896,96 @@ pub async fn the_pool_status_is_kept_by_the_coordinator_alone(db: &TestDb) {
     drop(member);
     standby.stop().await;
 }
+
+/// A member's snapshot carries the egress policy of each Pod it owns, resolved from the
+/// watched `SandboxPolicy` objects: nothing before they were listed, deny-all without one,
+/// the namespace's `default`, then each edit — without any change of ownership.
+pub async fn each_owned_pod_carries_its_sandbox_policy_in_the_snapshots(db: &TestDb) {
+    use gateway::kubernetes::egress::{Choice, DENY_ALL, policy_of};
+    let shared = Shared::default();
+    let (replica, _, _calls) = replica_with(db, "gw-k", Scope::new(INSTALL), &shared).await;
+    shared.with(|index| index.reset_namespaces(["default".to_owned()]));
+    let mut member = attach_supervisor_0(&replica.endpoint()).await;
+    register(&replica.endpoint(), &pod_token("agent-0"), "agent-0")
+        .await
+        .expect("the Pod's token is accepted");
+    let pod = Pod {
+        namespace: "default".into(),
+        name: "agent-0".into(),
+        uid: "uid-agent-0".into(),
+    };
+    shared.with(|index| index.reset_pods([pod]));
+    let carried = |snapshot: &proto::host::v1::Snapshot| {
+        snapshot
+            .instances
+            .iter()
+            .find(|i| i.route == "default/agent-0")
+            .map(|i| {
+                i.egress_policy
+                    .as_ref()
+                    .map(|p| (p.name.clone(), p.revision, p.rules.len()))
+            })
+    };
+    let first = member.wait_snapshot("agent-0 owned", |s| carried(s).is_some()).await;
+    assert_eq!(carried(&first), Some(None), "nothing before the policies are listed");
+
+    shared.with(|index| {
+        index.egress_mut().reset_pods([Choice {
+            uid: "uid-agent-0".into(),
+            namespace: "default".into(),
+            policy: None,
+        }]);
+        index.egress_mut().reset_policies([]);
+    });
+    member
+        .wait_snapshot("deny-all", |s| carried(s) == Some(Some((DENY_ALL.to_owned(), 1, 0))))
+        .await;
+
+    let object = |generation: i64, hosts: &[&str]| {
+        let rules: Vec<_> = hosts
+            .iter()
+            .map(|h| serde_json::json!({"name": "r", "host": h, "ports": [443]}))
+            .collect();
+        let object: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "supervision.openshell.ai/v1alpha1", "kind": "SandboxPolicy",
+            "metadata": {"name": "default", "namespace": "default", "generation": generation,
+                         "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"rules": rules},
+        }))
+        .expect("an object");
+        policy_of(&object).expect("a policy")
+    };
+    let (ns, policy) = object(1, &["api.example.com"]);
+    let revision = policy.revision;
+    shared.with(|index| index.egress_mut().apply_policy(ns, policy));
+    member
+        .wait_snapshot("the default policy", |s| {
+            carried(s) == Some(Some(("default".to_owned(), revision, 1)))
+        })
+        .await;
+    let (ns, edited) = object(2, &["api.example.com", "docs.example.com"]);
+    let term_before: Vec<_> = db
+        .store
+        .list_assignments()
+        .await
+        .expect("assignments")
+        .into_iter()
+        .map(|a| (a.route, a.term))
+        .collect();
+    shared.with(|index| index.egress_mut().apply_policy(ns, edited));
+    member
+        .wait_snapshot("the edit", |s| {
+            carried(s) == Some(Some(("default".to_owned(), revision + 1, 2)))
+        })
+        .await;
+    let term_after: Vec<_> = db
+        .store
+        .list_assignments()
+        .await
+        .expect("assignments")
+        .into_iter()
+        .map(|a| (a.route, a.term))
+        .collect();
+    assert_eq!(term_before, term_after, "an edit changes no ownership");
+    replica.stop().await;
+}

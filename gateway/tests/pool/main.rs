@@ -57,6 +57,7 @@ mod with_kubernetes {
         the_pool_status_is_kept_by_the_coordinator_alone,
         finished_and_unsupervised_pods_are_told_apart_from_supervised_ones,
         the_supervised_condition_follows_each_pod,
+        each_owned_pod_carries_its_sandbox_policy_in_the_snapshots,
     );
 }
 

@@ -80,6 +80,11 @@ impl SessionSet {
         for action in plan::apply(&held, snapshot) {
             self.execute(action);
         }
+        for owned in &snapshot.instances {
+            if let (Some(policy), Some(session)) = (&owned.egress_policy, self.live.get(&owned.route)) {
+                session.assign_policy(policy);
+            }
+        }
         self.publish_table();
     }
 

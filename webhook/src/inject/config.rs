@@ -11,6 +11,13 @@ pub const SIDECAR_NAME: &str = "openshell-sidecar";
 pub const INJECTED_ANNOTATION: &str = "supervision.openshell.ai/injected";
 /// Per-Pod override of the sidecar mode: `native` or `container`.
 pub const SIDECAR_MODE_ANNOTATION: &str = "supervision.openshell.ai/sidecar-mode";
+/// Per-Pod opt-out of the proxy variables (`supervision.openshell.ai/egress-proxy=disabled`):
+/// the sidecar still listens, the Pod's clients are not pointed at it.
+pub const EGRESS_PROXY_ANNOTATION: &str = "supervision.openshell.ai/egress-proxy";
+/// The proxy variables the workload containers get, in both cases as clients read them.
+pub const PROXY_VARIABLES: [&str; 4] = ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"];
+/// …and what goes around the proxy: the Pod's own loopback only.
+pub const NO_PROXY_VARIABLES: [&str; 2] = ["NO_PROXY", "no_proxy"];
 /// Per-Pod opt-out label (`supervision.openshell.ai/inject=disabled`).
 pub const INJECT_LABEL: &str = "supervision.openshell.ai/inject";
 /// Value of [`INJECT_LABEL`] that opts a Pod out.
@@ -124,6 +131,9 @@ pub struct InjectConfig {
     /// (so the sidecar runs as the workload's user and may signal it) or to the image's
     /// numeric `USER`.
     pub run_as_user: Option<i64>,
+    /// Loopback port of the sidecar's egress proxy (`OPENSHELL_EGRESS_LISTEN`), which the
+    /// workload containers' proxy variables name; `None` injects no proxy.
+    pub egress_port: Option<u16>,
     /// Audience of the sidecar's projected ServiceAccount token (the gateway's).
     pub token_audience: String,
     /// Lifetime of that token in seconds.
@@ -144,6 +154,7 @@ impl Default for InjectConfig {
             install_namespace: "openshell-supervision".into(),
             resources: SidecarResources::default(),
             run_as_user: None,
+            egress_port: Some(15001),
             token_audience: proto::trust::KUBERNETES_AUDIENCE.into(),
             token_expiration_seconds: 3600,
             version: env!("CARGO_PKG_VERSION").into(),

@@ -52,7 +52,10 @@ pub(super) struct Driver {
     gateway: Arc<Gateway>,
     /// For the recovery deadline of the latest snapshot.
     table: watch::Receiver<Arc<RouteTable>>,
+    /// The member's file…
     policy: watch::Receiver<Option<Arc<proto::runtime::v1::EgressPolicy>>>,
+    /// …unless the snapshots assign this instance one.
+    assigned: watch::Receiver<Option<Arc<proto::runtime::v1::EgressPolicy>>>,
     streams: BTreeMap<StreamId, SidecarStream>,
     call: Option<Call>,
     status: watch::Sender<InstanceStatus>,
@@ -70,9 +73,16 @@ enum Wake {
 }
 
 impl Driver {
+    /// The policy to install: the one assigned, else the member's file.
+    fn effective_policy(&mut self) -> Option<Arc<proto::runtime::v1::EgressPolicy>> {
+        let file = self.policy.borrow_and_update().clone();
+        self.assigned.borrow_and_update().clone().or(file)
+    }
+
     pub(super) fn new(
         machine: Machine,
         shared: &Shared,
+        assigned: watch::Receiver<Option<Arc<proto::runtime::v1::EgressPolicy>>>,
         status: watch::Sender<InstanceStatus>,
         changed: Arc<Notify>,
     ) -> Self {
@@ -81,6 +91,7 @@ impl Driver {
             gateway: Arc::clone(&shared.gateway),
             table: shared.table.clone(),
             policy: shared.policy.clone(),
+            assigned,
             streams: BTreeMap::new(),
             call: None,
             status,
@@ -104,7 +115,8 @@ impl Driver {
                 stream = recv(&mut inbox.sidecars) => Wake::Sidecar(stream),
                 (id, message) = next_message(stream) => Wake::Message(id, message),
                 _ = heartbeat.tick() => Wake::Heartbeat,
-                Ok(()) = self.policy.changed() => Wake::Event(Event::Policy(self.policy.borrow_and_update().clone())),
+                Ok(()) = self.policy.changed() => Wake::Event(Event::Policy(self.effective_policy())),
+                Ok(()) = self.assigned.changed() => Wake::Event(Event::Policy(self.effective_policy())),
                 () = sleep_until(silent_at) => Wake::Event(lost(held, "the sidecar went silent")),
                 event = finish_call(&mut self.call) => Wake::Event(event),
                 () = sleep_until(wake_at) => Wake::Event(Event::Tick),

@@ -102,6 +102,9 @@ pub(crate) struct SessionHandle {
     sidecars: Sidecars,
     cancel: CancellationToken,
     status: watch::Receiver<InstanceStatus>,
+    /// The egress policy the snapshots assign this instance (on Kubernetes); it wins over the
+    /// member's file.
+    assigned: watch::Sender<Option<Arc<proto::runtime::v1::EgressPolicy>>>,
     task: JoinHandle<()>,
 }
 
@@ -137,7 +140,8 @@ impl SessionHandle {
         };
         let (status_tx, status) = watch::channel(InstanceStatus::default());
         let machine = Machine::new(setup, assignment, driver::now(&shared.table));
-        let mut driver = Driver::new(machine, &shared, status_tx, changed);
+        let (assigned, assigned_rx) = watch::channel(None);
+        let mut driver = Driver::new(machine, &shared, assigned_rx, status_tx, changed);
         span.in_scope(|| driver.handle(Event::Started));
         let (events, member) = mpsc::channel(MEMBER_INBOX);
         let (sidecars, streams) = mpsc::channel(SIDECAR_INBOX);
@@ -154,8 +158,21 @@ impl SessionHandle {
             sidecars,
             cancel,
             status,
+            assigned,
             task,
         }
+    }
+
+    /// The egress policy the latest snapshot assigns: installed in the sidecar when it differs
+    /// from the one assigned before.
+    pub(crate) fn assign_policy(&self, policy: &proto::runtime::v1::EgressPolicy) {
+        self.assigned.send_if_modified(|current| {
+            if current.as_deref() == Some(policy) {
+                return false;
+            }
+            *current = Some(Arc::new(policy.clone()));
+            true
+        });
     }
 
     pub(crate) fn held(&self) -> &Held {

@@ -1,0 +1,202 @@
+//! `probe upstream` and `probe egress`: the two ends of the cluster test's egress step.
+//!
+//! - `probe upstream --listen 0.0.0.0:8080 --name NAME`: an HTTP server that answers every
+//!   request with `200` and the body `upstream=NAME method=M path=P`, one request per
+//!   connection; a connection that sends nothing is held open.
+//! - `probe egress`, inside a workload container: asks the proxy its `HTTP_PROXY` names for
+//!   each `--get URL` (plain HTTP, absolute form) and each `--connect HOST:PORT` (a tunnel,
+//!   then a request through it), and prints one line each,
+//!   `probe egress target=<…> status=<code|error> body=<first line of the body>`. With
+//!   `--hold HOST:PORT` it opens a tunnel (`probe egress holding=<…>`) and waits for a line on
+//!   its standard input, then asks for `/held` through the tunnel
+//!   (`probe egress held=<…> status=<…> body=<…>`) — or, if the tunnel closes first,
+//!   `probe egress held=<…> closed`.
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::timeout;
+
+/// How long any one exchange may take.
+const EXCHANGE: Duration = Duration::from_secs(10);
+/// Largest response read.
+const MAX_RESPONSE: u64 = 64 * 1024;
+
+#[derive(Debug, clap::Args)]
+pub struct UpstreamArgs {
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    listen: std::net::SocketAddr,
+    /// Named in every answer, so a client can tell which upstream it reached.
+    #[arg(long)]
+    name: String,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct EgressArgs {
+    /// A plain-HTTP URL asked of the proxy.
+    #[arg(long)]
+    get: Vec<String>,
+    /// A HOST:PORT tunnelled to through the proxy (CONNECT), then asked for `/tunnel`.
+    #[arg(long)]
+    connect: Vec<String>,
+    /// A HOST:PORT tunnelled to and held until a line on stdin or the tunnel's end.
+    #[arg(long)]
+    hold: Option<String>,
+}
+
+pub async fn upstream(args: UpstreamArgs) -> anyhow::Result<()> {
+    let listener = TcpListener::bind(args.listen).await?;
+    println!("probe upstream: listening on {}", args.listen);
+    loop {
+        let (mut stream, _) = listener.accept().await?;
+        let name = args.name.clone();
+        tokio::spawn(async move {
+            let Ok(head) = read_head(&mut stream).await else { return };
+            let mut words = head.split_whitespace();
+            let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+            let body = format!("upstream={name} method={method} path={path}\n");
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(answer.as_bytes()).await;
+            let _ = stream.shutdown().await;
+        });
+    }
+}
+
+pub async fn egress(args: EgressArgs) -> anyhow::Result<()> {
+    let proxy = proxy_address()?;
+    println!("probe egress proxy={proxy}");
+    for url in &args.get {
+        let line = match get(&proxy, url).await {
+            Ok((status, body)) => format!("status={status} body={}", first_line(&body)),
+            Err(err) => format!("status=error body={}", first_line(&format!("{err:#}"))),
+        };
+        println!("probe egress target={url} {line}");
+    }
+    for target in &args.connect {
+        let line = match connect(&proxy, target).await {
+            Ok((status, body)) => format!("status={status} body={}", first_line(&body)),
+            Err(err) => format!("status=error body={}", first_line(&format!("{err:#}"))),
+        };
+        println!("probe egress target=connect:{target} {line}");
+    }
+    if let Some(target) = &args.hold {
+        hold(&proxy, target).await?;
+    }
+    Ok(())
+}
+
+async fn hold(proxy: &str, target: &str) -> anyhow::Result<()> {
+    let (mut stream, status, body) = tunnel(proxy, target).await?;
+    if status != 200 {
+        bail!("the tunnel to {target} was refused: {status} {}", first_line(&body));
+    }
+    println!("probe egress holding={target}");
+    let mut stdin = tokio::io::BufReader::new(tokio::io::stdin());
+    let mut line = String::new();
+    let mut byte = [0u8; 1];
+    tokio::select! {
+        _ = tokio::io::AsyncBufReadExt::read_line(&mut stdin, &mut line) => {
+            let request = format!("GET /held HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n");
+            let answer = match stream.write_all(request.as_bytes()).await {
+                Ok(()) => read_all(&mut stream).await.and_then(|r| parse(&r)),
+                Err(err) => Err(err.into()),
+            };
+            match answer {
+                Ok((status, body)) => println!("probe egress held={target} status={status} body={}", first_line(&body)),
+                Err(err) => println!("probe egress held={target} status=error body={}", first_line(&format!("{err:#}"))),
+            }
+        }
+        _ = stream.read(&mut byte) => println!("probe egress held={target} closed"),
+    }
+    Ok(())
+}
+
+/// `host:port` of `HTTP_PROXY` (or `http_proxy`).
+fn proxy_address() -> anyhow::Result<String> {
+    let url = std::env::var("HTTP_PROXY")
+        .or_else(|_| std::env::var("http_proxy"))
+        .context("HTTP_PROXY is not set")?;
+    let rest = url
+        .strip_prefix("http://")
+        .context("HTTP_PROXY is not an http:// URL")?;
+    Ok(rest.trim_end_matches('/').to_owned())
+}
+
+async fn get(proxy: &str, url: &str) -> anyhow::Result<(u16, String)> {
+    let authority = url
+        .strip_prefix("http://")
+        .and_then(|rest| rest.split('/').next())
+        .context("not an http:// URL")?;
+    let mut stream = timeout(EXCHANGE, TcpStream::connect(proxy)).await??;
+    let request = format!("GET {url} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let response = read_all(&mut stream).await?;
+    parse(&response)
+}
+
+async fn connect(proxy: &str, target: &str) -> anyhow::Result<(u16, String)> {
+    let (mut stream, status, body) = tunnel(proxy, target).await?;
+    if status != 200 {
+        return Ok((status, body));
+    }
+    let request = format!("GET /tunnel HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let response = read_all(&mut stream).await?;
+    parse(&response)
+}
+
+/// A CONNECT: the stream, the proxy's status and, when it refused, its body.
+async fn tunnel(proxy: &str, target: &str) -> anyhow::Result<(TcpStream, u16, String)> {
+    let mut stream = timeout(EXCHANGE, TcpStream::connect(proxy)).await??;
+    let request = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let head = timeout(EXCHANGE, read_head(&mut stream)).await??;
+    let status = status_of(&head)?;
+    if status == 200 {
+        return Ok((stream, status, String::new()));
+    }
+    let rest = read_all(&mut stream).await.unwrap_or_default();
+    Ok((stream, status, String::from_utf8_lossy(&rest).into_owned()))
+}
+
+/// Up to the end of the head (`\r\n\r\n`), byte by byte so nothing after it is taken.
+async fn read_head(stream: &mut TcpStream) -> anyhow::Result<String> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if head.len() > 16 * 1024 || stream.read(&mut byte).await? == 0 {
+            bail!("no complete head");
+        }
+        head.push(byte[0]);
+    }
+    Ok(String::from_utf8_lossy(&head).into_owned())
+}
+
+async fn read_all(stream: &mut TcpStream) -> anyhow::Result<Vec<u8>> {
+    let mut response = Vec::new();
+    timeout(EXCHANGE, stream.take(MAX_RESPONSE).read_to_end(&mut response)).await??;
+    Ok(response)
+}
+
+fn status_of(head: &str) -> anyhow::Result<u16> {
+    head.split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .context("no status line")
+}
+
+fn parse(response: &[u8]) -> anyhow::Result<(u16, String)> {
+    let text = String::from_utf8_lossy(response);
+    let status = status_of(&text)?;
+    let body = text.split_once("\r\n\r\n").map(|(_, body)| body).unwrap_or("");
+    Ok((status, body.to_owned()))
+}
+
+fn first_line(text: &str) -> String {
+    text.lines().next().unwrap_or("").to_owned()
+}

@@ -1,0 +1,285 @@
+//! Which egress policy each supervised Pod runs: the `SandboxPolicy` objects of every
+//! namespace (`manifests/sandboxpolicy-crd.yaml`) and the Pods' choice among them, as plain
+//! data fed by the watches. A Pod runs the policy its annotation [`POLICY_ANNOTATION`] names,
+//! else its namespace's policy named [`DEFAULT_POLICY`], else none: [`deny_all`]. A named
+//! policy that does not exist is deny-all too, never "no policy".
+//!
+//! Until both the policies and the Pods have been listed, and for a Pod not seen yet, there is
+//! no answer ([`Egress::policy_for`] is `None`): the owner then keeps what its sidecar has
+//! installed, so a replica that just started never revokes what a policy allows.
+//!
+//! Revisions only move forward within a name: an object's revision is its creation second ×
+//! 10⁶ + its `metadata.generation`, so an edit (generation + 1) and a policy deleted and made
+//! again under the same name (a later creation) both move it forward.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, LazyLock};
+
+use kube::ResourceExt;
+use kube::api::{ApiResource, DynamicObject};
+use proto::egress::{Document, Mode, Rule};
+use proto::runtime::v1::EgressPolicy;
+use serde::Deserialize;
+
+use super::pool_status::custom_resource;
+
+/// A Pod names its policy with this annotation.
+pub const POLICY_ANNOTATION: &str = "supervision.openshell.ai/policy";
+/// The policy a Pod of the namespace runs when its annotation names none.
+pub const DEFAULT_POLICY: &str = "default";
+/// The name of the policy a Pod runs when none applies: no rules, enforced. Not a valid
+/// object name, so no `SandboxPolicy` is ever taken for it.
+pub const DENY_ALL: &str = "<none>";
+/// Kind of the policy resource.
+pub const KIND: &str = "SandboxPolicy";
+/// Its plural (the resource name in URLs and RBAC).
+pub const PLURAL: &str = "sandboxpolicies";
+/// Generations kept apart within one creation second (see the module doc).
+const GENERATIONS: u64 = 1_000_000;
+
+/// The policy resource for the dynamic API.
+pub fn resource() -> ApiResource {
+    custom_resource(KIND, PLURAL)
+}
+
+/// The policy of a Pod that has none.
+pub fn deny_all() -> Arc<EgressPolicy> {
+    static DENY: LazyLock<Arc<EgressPolicy>> = LazyLock::new(|| {
+        Arc::new(EgressPolicy {
+            name: DENY_ALL.to_owned(),
+            revision: 1,
+            ..EgressPolicy::default()
+        })
+    });
+    Arc::clone(&DENY)
+}
+
+/// A supervised Pod's choice, as the Pod watch reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Choice {
+    pub uid: String,
+    pub namespace: String,
+    /// The annotation's value, if any.
+    pub policy: Option<String>,
+}
+
+/// `.spec` of a `SandboxPolicy` (its schema already held it to these fields).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Spec {
+    #[serde(default)]
+    enforcement: Mode,
+    #[serde(default)]
+    rules: Vec<Rule>,
+}
+
+/// A `SandboxPolicy` object as its namespace, name and the revision its owners install.
+/// A spec that does not read (only an object the API server did not validate) is a policy
+/// without rules: it allows nothing.
+pub fn policy_of(object: &DynamicObject) -> Option<(String, Arc<EgressPolicy>)> {
+    let namespace = object.namespace()?;
+    let name = object.metadata.name.clone()?;
+    let created = object
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or(0, |t| u64::try_from(t.0.as_second()).unwrap_or(0));
+    let generation = object
+        .metadata
+        .generation
+        .and_then(|g| u64::try_from(g).ok())
+        .unwrap_or(1)
+        .clamp(1, GENERATIONS - 1);
+    let spec = object
+        .data
+        .get("spec")
+        .and_then(|spec| Spec::deserialize(spec).ok())
+        .unwrap_or(Spec {
+            enforcement: Mode::Enforce,
+            rules: Vec::new(),
+        });
+    let document = Document {
+        name,
+        revision: created.saturating_mul(GENERATIONS).saturating_add(generation),
+        enforcement: spec.enforcement,
+        rules: spec.rules,
+    };
+    Some((namespace, Arc::new(EgressPolicy::from(&document))))
+}
+
+/// The policies and the Pods' choices, and whether each was listed.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Egress {
+    /// By namespace and name.
+    policies: BTreeMap<(String, String), Arc<EgressPolicy>>,
+    policies_listed: bool,
+    /// By Pod UID.
+    choices: BTreeMap<String, Choice>,
+    choices_listed: bool,
+    version: u64,
+}
+
+// A policy holds no floating-point field: equality is total.
+impl Eq for Egress {}
+
+impl Egress {
+    /// Moves with every change of what [`Egress::policy_for`] answers.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    pub fn apply_policy(&mut self, namespace: String, policy: Arc<EgressPolicy>) {
+        let key = (namespace, policy.name.clone());
+        if self.policies.get(&key) != Some(&policy) {
+            self.policies.insert(key, policy);
+            self.version += 1;
+        }
+    }
+
+    pub fn delete_policy(&mut self, namespace: &str, name: &str) {
+        if self.policies.remove(&(namespace.to_owned(), name.to_owned())).is_some() {
+            self.version += 1;
+        }
+    }
+
+    pub fn reset_policies(&mut self, all: impl IntoIterator<Item = (String, Arc<EgressPolicy>)>) {
+        self.policies = all.into_iter().map(|(ns, p)| ((ns, p.name.clone()), p)).collect();
+        self.policies_listed = true;
+        self.version += 1;
+    }
+
+    pub fn apply_pod(&mut self, choice: Choice) {
+        if self.choices.get(&choice.uid) != Some(&choice) {
+            self.choices.insert(choice.uid.clone(), choice);
+            self.version += 1;
+        }
+    }
+
+    pub fn delete_pod(&mut self, uid: &str) {
+        if self.choices.remove(uid).is_some() {
+            self.version += 1;
+        }
+    }
+
+    pub fn reset_pods(&mut self, all: impl IntoIterator<Item = Choice>) {
+        self.choices = all.into_iter().map(|c| (c.uid.clone(), c)).collect();
+        self.choices_listed = true;
+        self.version += 1;
+    }
+
+    /// The policy the Pod with `uid` runs; `None` before both lists and for a Pod not seen.
+    pub fn policy_for(&self, uid: &str) -> Option<Arc<EgressPolicy>> {
+        if !(self.policies_listed && self.choices_listed) {
+            return None;
+        }
+        let choice = self.choices.get(uid)?;
+        let name = choice.policy.as_deref().unwrap_or(DEFAULT_POLICY);
+        let policy = self.policies.get(&(choice.namespace.clone(), name.to_owned()));
+        Some(policy.cloned().unwrap_or_else(deny_all))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(json: serde_json::Value) -> DynamicObject {
+        serde_json::from_value(json).expect("an object")
+    }
+
+    fn policy(namespace: &str, name: &str, created: &str, generation: i64, hosts: &[&str]) -> DynamicObject {
+        let rules: Vec<_> = hosts
+            .iter()
+            .map(|h| serde_json::json!({"name": h.replace('.', "-"), "host": h, "ports": [443]}))
+            .collect();
+        object(serde_json::json!({
+            "apiVersion": "supervision.openshell.ai/v1alpha1", "kind": "SandboxPolicy",
+            "metadata": {"name": name, "namespace": namespace, "generation": generation,
+                         "creationTimestamp": created},
+            "spec": {"enforcement": "enforce", "rules": rules},
+        }))
+    }
+
+    fn pod(uid: &str, namespace: &str, policy: Option<&str>) -> Choice {
+        Choice {
+            uid: uid.to_owned(),
+            namespace: namespace.to_owned(),
+            policy: policy.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn a_pod_runs_its_annotated_policy_else_the_default_else_deny_all() {
+        let mut egress = Egress::default();
+        egress.reset_pods([pod("a", "team-a", Some("models")), pod("b", "team-a", None)]);
+        assert_eq!(egress.policy_for("a"), None, "no answer before the policies are listed");
+        egress.reset_policies(
+            [policy_of(&policy(
+                "team-a",
+                "models",
+                "2026-01-01T00:00:00Z",
+                1,
+                &["api.example.com"],
+            ))]
+            .into_iter()
+            .flatten(),
+        );
+        let models = egress.policy_for("a").expect("listed");
+        assert_eq!(
+            (models.name.as_str(), models.rules[0].host.as_str()),
+            ("models", "api.example.com")
+        );
+        assert_eq!(
+            egress.policy_for("b").map(|p| p.name.clone()).as_deref(),
+            Some(DENY_ALL)
+        );
+        assert_eq!(
+            egress.policy_for("unseen"),
+            None,
+            "a Pod not seen yet keeps what it has"
+        );
+
+        let (ns, default) = policy_of(&policy("team-a", "default", "2026-01-01T00:00:00Z", 1, &[])).expect("valid");
+        egress.apply_policy(ns, default);
+        assert_eq!(
+            egress.policy_for("b").map(|p| p.name.clone()).as_deref(),
+            Some("default")
+        );
+        // Another namespace's policy of the same name is not this namespace's.
+        egress.apply_pod(pod("c", "team-b", Some("models")));
+        assert_eq!(
+            egress.policy_for("c").map(|p| p.name.clone()).as_deref(),
+            Some(DENY_ALL)
+        );
+        egress.delete_policy("team-a", "models");
+        assert_eq!(
+            egress.policy_for("a").map(|p| p.name.clone()).as_deref(),
+            Some(DENY_ALL)
+        );
+    }
+
+    #[test]
+    fn revisions_move_forward_through_edits_and_a_policy_made_again() {
+        let revision = |created: &str, generation: i64| {
+            policy_of(&policy("ns", "p", created, generation, &["a.example"]))
+                .expect("valid")
+                .1
+                .revision
+        };
+        let first = revision("2026-01-01T00:00:00Z", 1);
+        let edited = revision("2026-01-01T00:00:00Z", 2);
+        let made_again = revision("2026-01-01T00:00:01Z", 1);
+        assert!(first < edited && edited < made_again, "{first} {edited} {made_again}");
+    }
+
+    #[test]
+    fn a_change_moves_the_version_and_a_repeat_does_not() {
+        let mut egress = Egress::default();
+        egress.reset_pods([]);
+        let before = egress.version();
+        egress.apply_pod(pod("a", "ns", None));
+        let after = egress.version();
+        egress.apply_pod(pod("a", "ns", None));
+        assert!(before < after && after == egress.version());
+    }
+}
