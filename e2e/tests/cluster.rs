@@ -1,7 +1,8 @@
 //! The whole user flow on a real cluster, as `kustomize/README.md` walks it: install with
 //! `kubectl apply -k`, certificates with `kustomize/pool-certs.sh`, label a namespace, run
 //! counting agents (a Deployment and a StatefulSet) that get injected and supervised, show
-//! that a Pod of another namespace cannot act for them, then
+//! that a Pod of another namespace cannot act for them, that a `SandboxPolicy` decides an
+//! agent's egress through its sidecar (and that a held tunnel outlives its owner's Pod), then
 //! show that no workload container reaches its sidecar's token, fence or memory, that a root
 //! Pod is admitted unsupervised with a warning and a Job's instance leaves the pool when it
 //! finishes, then
