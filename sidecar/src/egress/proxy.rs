@@ -291,6 +291,16 @@ async fn decide(asked: &Asked, policy: Option<&Policy>, egress: &Egress) -> Resu
             false,
         ));
     }
+    // An address no rule could open (refused even with a rule naming it) is refused as such
+    // before any rule is looked at, so the refusal never suggests a rule that would not help.
+    if let Target::Address(address) = &asked.target
+        && let Some(why) = egress.floor.refuses(SocketAddr::new(*address, asked.port), true)
+    {
+        return Err(denied(
+            format!("{address} is never reachable from a workload: {why}"),
+            false,
+        ));
+    }
     let Some(policy) = policy else {
         return Err(denied(
             "no egress policy is installed: every destination is denied".into(),
@@ -567,20 +577,16 @@ mod tests {
 
     use super::*;
 
-    /// In a Pod (the floor's `local` off) a rule cannot open loopback, even by a name that
-    /// resolves to it: the sidecar resolves, checks every address, and refuses.
-    #[tokio::test]
-    async fn a_name_that_resolves_to_the_floor_is_refused_whatever_the_rule() {
+    /// A proxy in a Pod's floor (`local` off) with one rule, `host:port`; stops with the token.
+    async fn proxy_with_rule(host: &str, port: u16, shutdown: &CancellationToken) -> SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let address = listener.local_addr().expect("addr");
-        let upstream = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let port = upstream.local_addr().expect("addr").port();
         let policy = proto::runtime::v1::EgressPolicy {
             name: "p".into(),
             revision: 1,
             rules: vec![proto::runtime::v1::EgressRule {
-                name: "local".into(),
-                host: "localhost".into(),
+                name: "only".into(),
+                host: host.into(),
                 ports: vec![u32::from(port)],
                 ..Default::default()
             }],
@@ -594,17 +600,35 @@ mod tests {
             limits: Limits::default(),
             recent: Arc::default(),
         };
-        let shutdown = CancellationToken::new();
         tokio::spawn(serve(listener, egress, shutdown.clone()));
-        let mut stream = TcpStream::connect(address).await.expect("connect");
-        let ask = format!("CONNECT localhost:{port} HTTP/1.1\r\nHost: localhost:{port}\r\n\r\n");
-        stream.write_all(ask.as_bytes()).await.expect("write");
+        address
+    }
+
+    /// The proxy's answer to `request`.
+    async fn ask(proxy: SocketAddr, request: &str) -> String {
+        let mut stream = TcpStream::connect(proxy).await.expect("connect");
+        stream.write_all(request.as_bytes()).await.expect("write");
         let mut answer = vec![0u8; 4096];
         let n = timeout(Duration::from_secs(10), stream.read(&mut answer))
             .await
             .expect("answered")
             .expect("read");
-        let answer = String::from_utf8_lossy(&answer[..n]);
+        String::from_utf8_lossy(&answer[..n]).into_owned()
+    }
+
+    /// In a Pod (the floor's `local` off) a rule cannot open loopback, even by a name that
+    /// resolves to it: the sidecar resolves, checks every address, and refuses.
+    #[tokio::test]
+    async fn a_name_that_resolves_to_the_floor_is_refused_whatever_the_rule() {
+        let upstream = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = upstream.local_addr().expect("addr").port();
+        let shutdown = CancellationToken::new();
+        let proxy = proxy_with_rule("localhost", port, &shutdown).await;
+        let answer = ask(
+            proxy,
+            &format!("CONNECT localhost:{port} HTTP/1.1\r\nHost: localhost:{port}\r\n\r\n"),
+        )
+        .await;
         assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
         assert!(
             answer.contains("resolves only to addresses no policy opens"),
@@ -612,6 +636,26 @@ mod tests {
         );
         assert!(answer.contains("(loopback)"), "{answer}");
         assert!(answer.contains("\"ruleNeeded\":null"), "no rule can open it: {answer}");
+        shutdown.cancel();
+    }
+
+    /// An address of the floor that no rule names is refused as the floor, not as "no rule
+    /// allows it": the refusal must not suggest a rule that could not open it (seen on the
+    /// cluster, where the metadata address was answered with a `ruleNeeded`).
+    #[tokio::test]
+    async fn a_floor_address_no_rule_names_is_refused_without_a_rule_to_add() {
+        let shutdown = CancellationToken::new();
+        let proxy = proxy_with_rule("api.example.com", 443, &shutdown).await;
+        for target in ["169.254.169.254:80", "127.0.0.1:9", "[::1]:9", "100.100.100.200:80"] {
+            let answer = ask(
+                proxy,
+                &format!("GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\n\r\n"),
+            )
+            .await;
+            assert!(answer.starts_with("HTTP/1.1 403"), "{target}: {answer}");
+            assert!(answer.contains("never reachable from a workload"), "{target}: {answer}");
+            assert!(answer.contains("\"ruleNeeded\":null"), "{target}: {answer}");
+        }
         shutdown.cancel();
     }
 
