@@ -51,12 +51,29 @@ impl Floor {
         }
     }
 
-    /// A host name of the pool's own endpoints.
-    pub fn names_pool(&self, name: &str) -> bool {
-        let name = name.strip_suffix('.').unwrap_or(name);
-        self.pool_names.iter().any(|n| n.eq_ignore_ascii_case(name))
+    /// Why a host name is refused before it is resolved, or `None`: a name of the pool's own
+    /// endpoints, a cloud metadata service's well-known name, or (in a Pod) `localhost` and
+    /// the names below it. Any other name is resolved and each address checked.
+    pub fn refuses_name(&self, name: &str) -> Option<&'static str> {
+        let name = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
+        if self.pool_names.iter().any(|n| n.eq_ignore_ascii_case(&name)) {
+            return Some("the pool's own endpoints");
+        }
+        if METADATA_NAMES.contains(&name.as_str()) {
+            return Some("a cloud metadata name");
+        }
+        let loopback = name == "localhost" || name.ends_with(".localhost");
+        (loopback && !self.local).then_some("loopback")
     }
 }
+
+/// Names of metadata services (GCP, AWS) that resolve into the floor.
+const METADATA_NAMES: [&str; 4] = [
+    "metadata.google.internal",
+    "metadata.goog",
+    "instance-data",
+    "instance-data.ec2.internal",
+];
 
 /// IPv4-mapped and -compatible IPv6 addresses are their IPv4 address.
 fn canonical(address: IpAddr) -> IpAddr {
@@ -109,8 +126,22 @@ mod tests {
             None,
             "the pool is its endpoints, not whole hosts"
         );
-        assert!(floor.names_pool("OpenShell-Gateway.openshell-supervision.svc."));
-        assert!(!floor.names_pool("gateway.example.com"));
+        assert_eq!(
+            floor.refuses_name("OpenShell-Gateway.openshell-supervision.svc."),
+            Some("the pool's own endpoints")
+        );
+        assert_eq!(floor.refuses_name("gateway.example.com"), None);
+        assert_eq!(
+            floor.refuses_name("Metadata.Google.Internal"),
+            Some("a cloud metadata name")
+        );
+        assert_eq!(floor.refuses_name("localhost"), Some("loopback"));
+        assert_eq!(floor.refuses_name("api.localhost."), Some("loopback"));
+        let local = Floor {
+            local: true,
+            ..floor.clone()
+        };
+        assert_eq!(local.refuses_name("localhost"), None, "locally a rule may name it");
     }
 
     #[test]

@@ -284,10 +284,10 @@ async fn decide(asked: &Asked, policy: Option<&Policy>, egress: &Egress) -> Resu
         rule_would_help,
     };
     if let Target::Name(name) = &asked.target
-        && egress.floor.names_pool(name)
+        && let Some(why) = egress.floor.refuses_name(name)
     {
         return Err(denied(
-            "the pool's own endpoints are never reachable from a workload".into(),
+            format!("{name} is never reachable from a workload: {why}"),
             false,
         ));
     }
@@ -577,8 +577,8 @@ mod tests {
 
     use super::*;
 
-    /// A proxy in a Pod's floor (`local` off) with one rule, `host:port`; stops with the token.
-    async fn proxy_with_rule(host: &str, port: u16, shutdown: &CancellationToken) -> SocketAddr {
+    /// A proxy deciding with `floor` and one rule, `host:port`; stops with the token.
+    async fn proxy_with_rule(floor: Floor, host: &str, port: u16, shutdown: &CancellationToken) -> SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let address = listener.local_addr().expect("addr");
         let policy = proto::runtime::v1::EgressPolicy {
@@ -596,7 +596,7 @@ mod tests {
         let (_installed, receiver) = watch::channel(Some(Arc::new(policy)));
         let egress = Egress {
             installed: receiver,
-            floor: Arc::new(Floor::default()),
+            floor: Arc::new(floor),
             limits: Limits::default(),
             recent: Arc::default(),
         };
@@ -616,14 +616,20 @@ mod tests {
         String::from_utf8_lossy(&answer[..n]).into_owned()
     }
 
-    /// In a Pod (the floor's `local` off) a rule cannot open loopback, even by a name that
-    /// resolves to it: the sidecar resolves, checks every address, and refuses.
+    /// A name is resolved and every address checked: a rule naming `localhost` (which a local
+    /// sidecar honours) does not open the pool's own endpoint it resolves to.
     #[tokio::test]
     async fn a_name_that_resolves_to_the_floor_is_refused_whatever_the_rule() {
         let upstream = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let port = upstream.local_addr().expect("addr").port();
+        let endpoint = upstream.local_addr().expect("addr");
         let shutdown = CancellationToken::new();
-        let proxy = proxy_with_rule("localhost", port, &shutdown).await;
+        let floor = Floor {
+            pool_endpoints: vec![endpoint],
+            local: true,
+            ..Floor::default()
+        };
+        let port = endpoint.port();
+        let proxy = proxy_with_rule(floor, "localhost", port, &shutdown).await;
         let answer = ask(
             proxy,
             &format!("CONNECT localhost:{port} HTTP/1.1\r\nHost: localhost:{port}\r\n\r\n"),
@@ -634,7 +640,7 @@ mod tests {
             answer.contains("resolves only to addresses no policy opens"),
             "{answer}"
         );
-        assert!(answer.contains("(loopback)"), "{answer}");
+        assert!(answer.contains("(the pool's own endpoints)"), "{answer}");
         assert!(answer.contains("\"ruleNeeded\":null"), "no rule can open it: {answer}");
         shutdown.cancel();
     }
@@ -645,8 +651,15 @@ mod tests {
     #[tokio::test]
     async fn a_floor_address_no_rule_names_is_refused_without_a_rule_to_add() {
         let shutdown = CancellationToken::new();
-        let proxy = proxy_with_rule("api.example.com", 443, &shutdown).await;
-        for target in ["169.254.169.254:80", "127.0.0.1:9", "[::1]:9", "100.100.100.200:80"] {
+        let proxy = proxy_with_rule(Floor::default(), "api.example.com", 443, &shutdown).await;
+        for target in [
+            "169.254.169.254:80",
+            "127.0.0.1:9",
+            "[::1]:9",
+            "100.100.100.200:80",
+            "metadata.google.internal:80",
+            "localhost:9",
+        ] {
             let answer = ask(
                 proxy,
                 &format!("GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\n\r\n"),
