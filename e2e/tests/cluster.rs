@@ -1796,6 +1796,23 @@ impl Flow {
         self.kubectl.run(&["label", "namespace", &ns, LABEL]).await?;
         self.secret_present_in(&ns, true).await?;
         self.kubectl.apply(&egress_fixture(&ns, &self.image)).await?;
+        // A rule the sidecar could not read is refused when it is written, not ignored later.
+        let misspelt = egress_policy(&ns, true)
+            .replace("name: default", "name: misspelt")
+            .replace(
+                &format!("host: upstream-allowed.{ns}.svc.cluster.local"),
+                "host: https://api.example.com/v1",
+            );
+        let refused = self.kubectl.apply(&misspelt).await;
+        check(
+            matches!(&refused, Err(Error::Failed { stderr, .. }) if stderr.contains("spec.rules[0].host")),
+            || format!("kubectl apply refuses a host that is a URL: {refused:?}"),
+        )?;
+        let explained = self.kubectl.run(&["explain", "sandboxpolicy.spec.rules"]).await?;
+        check(
+            explained.contains("pathPrefixes") && explained.contains("ports"),
+            || format!("kubectl explain describes the rules: {explained}"),
+        )?;
         self.kubectl.apply(&lone_pod(&ns, "egress-agent", &self.image)).await?;
         let missing = lone_pod(&ns, "egress-nameless", &self.image).replacen(
             "  namespace: ",

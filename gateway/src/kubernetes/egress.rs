@@ -90,14 +90,20 @@ pub fn policy_of(object: &DynamicObject) -> Option<(String, Arc<EgressPolicy>)> 
         .and_then(|g| u64::try_from(g).ok())
         .unwrap_or(1)
         .clamp(1, GENERATIONS - 1);
-    let spec = object
-        .data
-        .get("spec")
-        .and_then(|spec| Spec::deserialize(spec).ok())
-        .unwrap_or(Spec {
-            enforcement: Mode::Enforce,
-            rules: Vec::new(),
-        });
+    let spec = match object.data.get("spec").map(Spec::deserialize) {
+        Some(Ok(spec)) => spec,
+        unread => {
+            let error = match unread {
+                Some(Err(err)) => err.to_string(),
+                _ => "no spec".to_owned(),
+            };
+            tracing::warn!(%namespace, %name, %error, "SandboxPolicy unreadable: it allows nothing");
+            Spec {
+                enforcement: Mode::Enforce,
+                rules: Vec::new(),
+            }
+        }
+    };
     let document = Document {
         name,
         revision: created.saturating_mul(GENERATIONS).saturating_add(generation),
