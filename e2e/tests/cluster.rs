@@ -1935,10 +1935,13 @@ impl Flow {
             || format!("a Pod naming a missing policy runs deny-all: {out}"),
         )?;
 
-        // A tunnel held while the owner's Pod is force-deleted.
+        // 100 tunnels held while the owner's Pod is force-deleted, then while every member is
+        // replaced by a rollout restart: each still carries a request afterwards.
         let mut hold = probe("egress-agent", vec!["--hold".into(), allowed.clone()]);
         hold.insert(1, "-i".to_owned());
-        let mut held = self.kubectl.attach(&strs(&hold))?;
+        let mut many = hold.clone();
+        many.extend(["--count".to_owned(), "100".to_owned()]);
+        let mut held = self.kubectl.attach(&strs(&many))?;
         held.line_starting("probe egress holding=", MINUTE).await?;
         let status = self.pool.status().await?;
         let owner = status
@@ -1968,10 +1971,36 @@ impl Flow {
         held.send("go").await?;
         let after = held.line_starting("probe egress held=", MINUTE).await?;
         eprintln!("   owner {owner} force-deleted, now {moved}: {after}");
-        check(after.contains("status=200") && after.contains("path=/held"), || {
-            format!("the tunnel held through the handoff: {after}")
+        check(after.contains(" ok=100 of=100 "), || {
+            format!("every tunnel held through the handoff: {after}")
         })?;
         self.rollout_status("openshell-supervisor", "120s").await?;
+
+        let mut held = self.kubectl.attach(&strs(&many))?;
+        held.line_starting("probe egress holding=", MINUTE).await?;
+        self.kubectl
+            .run(&[
+                "rollout",
+                "restart",
+                "deployment/openshell-supervisor",
+                "-n",
+                &self.install,
+            ])
+            .await?;
+        self.rollout_status("openshell-supervisor", "180s").await?;
+        let replaced = self.pool.clone();
+        wait_for("the egress agent active on a new member", 2 * MINUTE, || async {
+            let status = replaced.status().await.ok()?;
+            let agent = status.of(&ns).into_iter().find(|i| i.name == "egress-agent")?;
+            (agent.settled() && agent.owner != moved).then_some(())
+        })
+        .await?;
+        held.send("go").await?;
+        let after = held.line_starting("probe egress held=", MINUTE).await?;
+        eprintln!("   rollout restart of the members: {after}");
+        check(after.contains(" ok=100 of=100 "), || {
+            format!("every tunnel held through the rollout: {after}")
+        })?;
 
         // An edit that revokes the rule closes the tunnel it allowed.
         let mut held = self.kubectl.attach(&strs(&hold))?;

@@ -7,10 +7,10 @@
 //!   each `--get URL` (plain HTTP, absolute form) and each `--connect HOST:PORT` (a tunnel,
 //!   then a request through it), and prints one line each,
 //!   `probe egress target=<…> status=<code|error> body=<first line of the body>`. With
-//!   `--hold HOST:PORT` it opens a tunnel (`probe egress holding=<…>`) and waits for a line on
-//!   its standard input, then asks for `/held` through the tunnel
-//!   (`probe egress held=<…> status=<…> body=<…>`) — or, if the tunnel closes first,
-//!   `probe egress held=<…> closed`.
+//!   `--hold HOST:PORT [--count N]` it opens N tunnels (`probe egress holding=<…> count=N`)
+//!   and waits for a line on its standard input, then asks for `/held` through each
+//!   (`probe egress held=<…> ok=<answered> of=N first_failure=<…|none>`) — or, if a tunnel
+//!   closes first, `probe egress held=<…> closed`.
 
 use std::time::Duration;
 
@@ -44,6 +44,9 @@ pub struct EgressArgs {
     /// A HOST:PORT tunnelled to and held until a line on stdin or the tunnel's end.
     #[arg(long)]
     hold: Option<String>,
+    /// How many tunnels `--hold` opens.
+    #[arg(long, default_value_t = 1)]
+    count: usize,
 }
 
 pub async fn upstream(args: UpstreamArgs) -> anyhow::Result<()> {
@@ -85,34 +88,59 @@ pub async fn egress(args: EgressArgs) -> anyhow::Result<()> {
         println!("probe egress target=connect:{target} {line}");
     }
     if let Some(target) = &args.hold {
-        hold(&proxy, target).await?;
+        hold(&proxy, target, args.count.clamp(1, 1000)).await?;
     }
     Ok(())
 }
 
-async fn hold(proxy: &str, target: &str) -> anyhow::Result<()> {
-    let (mut stream, status, body) = tunnel(proxy, target).await?;
-    if status != 200 {
-        bail!("the tunnel to {target} was refused: {status} {}", first_line(&body));
+async fn hold(proxy: &str, target: &str, count: usize) -> anyhow::Result<()> {
+    let mut streams = Vec::with_capacity(count);
+    for _ in 0..count {
+        let (stream, status, body) = tunnel(proxy, target).await?;
+        if status != 200 {
+            bail!("the tunnel to {target} was refused: {status} {}", first_line(&body));
+        }
+        streams.push(stream);
     }
-    println!("probe egress holding={target}");
+    println!("probe egress holding={target} count={count}");
     let mut stdin = tokio::io::BufReader::new(tokio::io::stdin());
     let mut line = String::new();
-    let mut byte = [0u8; 1];
+    // The first tunnel to end before the line comes.
+    let first_closed = futures::future::select_all(streams.iter_mut().map(|stream| {
+        Box::pin(async move {
+            let mut byte = [0u8; 1];
+            let _ = stream.read(&mut byte).await;
+        })
+    }));
     tokio::select! {
-        _ = tokio::io::AsyncBufReadExt::read_line(&mut stdin, &mut line) => {
-            let request = format!("GET /held HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n");
-            let answer = match stream.write_all(request.as_bytes()).await {
-                Ok(()) => read_all(&mut stream).await.and_then(|r| parse(&r)),
-                Err(err) => Err(err.into()),
-            };
-            match answer {
-                Ok((status, body)) => println!("probe egress held={target} status={status} body={}", first_line(&body)),
-                Err(err) => println!("probe egress held={target} status=error body={}", first_line(&format!("{err:#}"))),
-            }
+        _ = tokio::io::AsyncBufReadExt::read_line(&mut stdin, &mut line) => {}
+        _ = first_closed => {
+            println!("probe egress held={target} closed");
+            return Ok(());
         }
-        _ = stream.read(&mut byte) => println!("probe egress held={target} closed"),
     }
+    let answers = futures::future::join_all(streams.iter_mut().map(|stream| async move {
+        let request = format!("GET /held HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await?;
+        parse(&read_all(stream).await?)
+    }))
+    .await;
+    let ok = answers
+        .iter()
+        .filter(|a| {
+            a.as_ref()
+                .is_ok_and(|(status, body)| *status == 200 && body.contains("path=/held"))
+        })
+        .count();
+    let failure = answers.iter().find_map(|a| match a {
+        Ok((200, _)) => None,
+        Ok((status, body)) => Some(format!("{status} {}", first_line(body))),
+        Err(err) => Some(first_line(&format!("{err:#}"))),
+    });
+    println!(
+        "probe egress held={target} ok={ok} of={count} first_failure={}",
+        failure.unwrap_or_else(|| "none".to_owned())
+    );
     Ok(())
 }
 
