@@ -903,7 +903,12 @@ pub async fn the_pool_status_is_kept_by_the_coordinator_alone(db: &TestDb) {
 pub async fn each_owned_pod_carries_its_sandbox_policy_in_the_snapshots(db: &TestDb) {
     use gateway::kubernetes::egress::{Choice, DENY_ALL, policy_of};
     let shared = Shared::default();
-    let (replica, _, _calls) = replica_with(db, "gw-k", Scope::new(INSTALL), &shared).await;
+    let (replica, _, mut calls) = replica_with(db, "gw-k", Scope::new(INSTALL), &shared).await;
+    // Its first Secret is written once the coordinator has made its signing keys.
+    next_call(&mut calls, "the supervisor Secret", |c| {
+        applied(c, INSTALL, SUPERVISOR_SECRET).is_some()
+    })
+    .await;
     shared.with(|index| index.reset_namespaces(["default".to_owned()]));
     let mut member = attach_supervisor_0(&replica.endpoint()).await;
     register(&replica.endpoint(), &pod_token("agent-0"), "agent-0")
