@@ -188,7 +188,9 @@ async fn tunnel(proxy: &str, target: &str) -> anyhow::Result<(TcpStream, u16, St
     if status == 200 {
         return Ok((stream, status, String::new()));
     }
-    let rest = read_all(&mut stream).await.unwrap_or_default();
+    let rest = read_all(&mut stream)
+        .await
+        .with_context(|| format!("the {status} refusal did not end"))?;
     Ok((stream, status, String::from_utf8_lossy(&rest).into_owned()))
 }
 

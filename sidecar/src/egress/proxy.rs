@@ -124,7 +124,18 @@ async fn connection(stream: TcpStream, egress: Egress, permit: Arc<OwnedSemaphor
         let egress = egress.clone();
         let permit = permit.clone();
         let tunnels = tunnels.clone();
-        async move { Ok::<_, Infallible>(handle(request, &egress, permit, tunnels).await) }
+        async move {
+            let connect = request.method() == Method::CONNECT;
+            let mut response = handle(request, &egress, permit, tunnels).await;
+            // A refused tunnel ends the connection: hyper would keep it for a next request that
+            // a CONNECT client never sends, and one reading the refusal to its end would wait.
+            if connect && !response.status().is_success() {
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            Ok::<_, Infallible>(response)
+        }
     });
     let served = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
@@ -672,6 +683,31 @@ mod tests {
         shutdown.cancel();
     }
 
+    /// A refused CONNECT ends its connection after the answer: a client that reads the refusal
+    /// to its end (as the cluster test's probe did) is not left waiting for a tunnel that will
+    /// never come (hyper keeps an HTTP/1.1 connection after a non-2xx CONNECT answer otherwise).
+    #[tokio::test]
+    async fn a_refused_connect_is_answered_and_closed() {
+        let shutdown = CancellationToken::new();
+        let proxy = proxy_with_rule(Floor::default(), "api.example.com", 443, &shutdown).await;
+        for request in [
+            "CONNECT other.example.com:443 HTTP/1.1\r\nHost: other.example.com:443\r\n\r\n",
+            "CONNECT 169.254.169.254:80 HTTP/1.1\r\nHost: 169.254.169.254:80\r\n\r\n",
+            "CONNECT nonsense HTTP/1.1\r\nHost: nonsense\r\n\r\n",
+        ] {
+            let mut stream = TcpStream::connect(proxy).await.expect("connect");
+            stream.write_all(request.as_bytes()).await.expect("write");
+            let mut answer = String::new();
+            timeout(Duration::from_secs(10), stream.read_to_string(&mut answer))
+                .await
+                .expect("the refusal ends the connection")
+                .expect("read");
+            assert!(answer.starts_with("HTTP/1.1 4"), "{request}: {answer}");
+            assert!(answer.ends_with('}'), "{request}: the whole body: {answer}");
+        }
+        shutdown.cancel();
+    }
+
     #[tokio::test]
     async fn connections_beyond_the_cap_are_answered_503_and_closed() {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -693,7 +729,7 @@ mod tests {
         for _ in 0..2 {
             let mut stream = TcpStream::connect(address).await.expect("connect");
             stream
-                .write_all(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
+                .write_all(b"GET http://example.com/ HTTP/1.1\r\nHost: example.com\r\n\r\n")
                 .await
                 .expect("write");
             let mut head = [0u8; 12];
