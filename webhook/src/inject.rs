@@ -122,8 +122,8 @@ pub enum InjectError {
 #[derive(Clone, Debug)]
 pub struct Injector {
     config: InjectConfig,
-    sidecar_native: Fragment,
-    sidecar_container: Fragment,
+    /// The sidecar container per mode (native, container) and egress proxy (off, on).
+    sidecars: [[Fragment; 2]; 2],
     volumes: Vec<Fragment>,
     workload_env: Vec<Fragment>,
     workload_mount: Fragment,
@@ -143,6 +143,10 @@ struct InjectedRecord<'a> {
     env: Vec<&'a str>,
     /// Workload containers that got the socket mount.
     mounts: Vec<&'a str>,
+    /// Where the sidecar's egress proxy listens, or why it does not (absent: turned off in
+    /// the webhook's configuration).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    egress: Option<String>,
 }
 
 fn env_value(name: &str, value: &str) -> Value {
@@ -309,6 +313,22 @@ fn pod_view(spec: &Map<String, Value>, scope: Scope) -> Result<PodView<'_>, Inje
     Ok(view)
 }
 
+/// The first container (app or init) that declares `port` as a container port.
+fn port_holder(spec: &Map<String, Value>, port: u16) -> Option<String> {
+    ["containers", "initContainers"]
+        .iter()
+        .filter_map(|list| spec.get(*list).and_then(Value::as_array))
+        .flatten()
+        .find(|container| {
+            container.get("ports").and_then(Value::as_array).is_some_and(|ports| {
+                ports
+                    .iter()
+                    .any(|p| p.get("containerPort").and_then(Value::as_u64) == Some(u64::from(port)))
+            })
+        })
+        .map(|container| container.get("name").and_then(Value::as_str).unwrap_or("").to_owned())
+}
+
 /// The same directory, ignoring trailing slashes (`/a/b/` and `/a/b`).
 fn same_dir(a: &str, b: &str) -> bool {
     a.trim_end_matches('/') == b.trim_end_matches('/')
@@ -358,10 +378,6 @@ impl Injector {
             // the socket is identified as its container's main process.
             env_value("OPENSHELL_WORKLOAD_FROM_PID_NAMESPACE", "true"),
         ]);
-        if let Some(port) = config.egress_port {
-            env.push(env_value("OPENSHELL_EGRESS_LISTEN", &format!("127.0.0.1:{port}")));
-        }
-
         let mut limits = Map::new();
         if let Some(cpu) = &config.resources.cpu_limit {
             limits.insert("cpu".into(), Value::String(cpu.clone()));
@@ -404,6 +420,17 @@ impl Injector {
         if let Some(map) = sidecar_native.as_object_mut() {
             map.insert("restartPolicy".into(), Value::from("Always"));
         }
+        let with_proxy = |sidecar: &Value| {
+            let mut sidecar = sidecar.clone();
+            if let (Some(port), Some(env)) = (config.egress_port, sidecar["env"].as_array_mut()) {
+                env.push(env_value("OPENSHELL_EGRESS_LISTEN", &format!("127.0.0.1:{port}")));
+            }
+            Fragment::new(sidecar)
+        };
+        let sidecars = [
+            [with_proxy(&sidecar_native), Fragment::new(sidecar_native)],
+            [with_proxy(&sidecar_container), Fragment::new(sidecar_container)],
+        ];
 
         let volumes = vec![
             // World-readable inside the Pod: the sidecar runs as the workload's user (or the
@@ -451,8 +478,7 @@ impl Injector {
         let workload_mount = json!({ "name": SOCKET_VOLUME, "mountPath": SOCKET_DIR });
         Self {
             config,
-            sidecar_native: Fragment::new(sidecar_native),
-            sidecar_container: Fragment::new(sidecar_container),
+            sidecars,
             volumes: volumes.iter().cloned().map(Fragment::new).collect(),
             workload_env: workload_env.iter().cloned().map(Fragment::new).collect(),
             workload_mount: Fragment::new(workload_mount),
@@ -465,16 +491,19 @@ impl Injector {
         &self.config
     }
 
-    /// The sidecar container this injector adds in `mode`.
+    /// The sidecar container this injector adds in `mode` (with its egress proxy when the
+    /// configuration has one).
     pub fn sidecar(&self, mode: SidecarMode) -> &Value {
-        self.sidecar_fragment(mode).value()
+        self.sidecar_fragment(mode, true).value()
     }
 
-    fn sidecar_fragment(&self, mode: SidecarMode) -> &Fragment {
-        match mode {
-            SidecarMode::Native => &self.sidecar_native,
-            SidecarMode::Container => &self.sidecar_container,
-        }
+    /// The sidecar in `mode`, with the egress proxy (if configured) or without it.
+    fn sidecar_fragment(&self, mode: SidecarMode, proxy: bool) -> &Fragment {
+        let by_proxy = match mode {
+            SidecarMode::Native => &self.sidecars[0],
+            SidecarMode::Container => &self.sidecars[1],
+        };
+        &by_proxy[usize::from(!proxy)]
     }
 
     /// The volumes this injector adds (token Secret, socket and state `emptyDir`s), each
@@ -601,10 +630,23 @@ impl Injector {
             },
         };
 
+        // The egress proxy, on the loopback port the Pod's containers share — unless one of
+        // them declares that port itself (a proxy there would not be ours).
+        let egress = self.config.egress_port.map(|port| match port_holder(spec, port) {
+            Some(holder) => {
+                let reason = format!(
+                    "container {holder:?} declares port {port}, where the sidecar's egress proxy listens: the Pod runs supervised without the proxy (no HTTP_PROXY is set)"
+                );
+                warnings.push(reason.clone());
+                Err(reason)
+            }
+            None => Ok(format!("127.0.0.1:{port}")),
+        });
+
         let mut patch = PatchWriter::with_capacity(4096);
 
         // 1. The sidecar.
-        let sidecar = self.sidecar_fragment(mode).json();
+        let sidecar = self.sidecar_fragment(mode, matches!(egress, Some(Ok(_)))).json();
         match mode {
             SidecarMode::Native => match init_containers {
                 // Before the Pod's own init containers, so it runs while they run.
@@ -636,8 +678,10 @@ impl Injector {
         }
 
         // 2. On every workload container: the supervisor route and the socket path (never
-        //    overriding a variable the container sets), and the socket directory.
-        let no_proxy = string_at(annotations, EGRESS_PROXY_ANNOTATION) == Some("disabled");
+        //    overriding a variable the container sets), and the socket directory; the proxy
+        //    variables when the proxy runs and the Pod did not opt out.
+        let opted_out = string_at(annotations, EGRESS_PROXY_ANNOTATION) == Some("disabled");
+        let no_proxy = opted_out || !matches!(egress, Some(Ok(_)));
         let mut env_containers = Vec::with_capacity(containers.len());
         let mut mount_containers = Vec::with_capacity(containers.len());
         let mut missing = Vec::with_capacity(self.workload_env.len());
@@ -716,6 +760,11 @@ impl Injector {
             volumes: [TOKEN_VOLUME, SOCKET_VOLUME, STATE_VOLUME],
             env: env_containers,
             mounts: mount_containers,
+            egress: egress.map(|egress| match egress {
+                Ok(listen) if opted_out => format!("{listen} (the Pod opted out of the proxy variables)"),
+                Ok(listen) => listen,
+                Err(reason) => format!("off: {reason}"),
+            }),
         };
         let record = serde_json::to_string(&record).unwrap_or_default();
         match metadata {

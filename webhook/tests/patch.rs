@@ -1308,3 +1308,51 @@ fn workload_containers_are_pointed_at_the_sidecars_proxy_unless_the_pod_opts_out
     assert_eq!(env_of(&patched, 0, "NO_PROXY"), None);
     assert!(env_of(&patched, 0, "OPENSHELL_SIDECAR_SOCKET").is_some());
 }
+
+/// A container that declares the proxy's port would own the loopback port the sidecar's proxy
+/// listens on: pointing the workload's HTTP clients there would send them to the workload's
+/// own server. The Pod is supervised without the proxy, and says so.
+#[test]
+fn a_pod_that_declares_the_proxy_port_runs_without_the_proxy_and_is_told_why() {
+    for list in ["containers", "initContainers"] {
+        let mut pod = json!({ "spec": { "containers": [ { "name": "app" } ] } });
+        pod["spec"][list] = json!([{ "name": "listener", "ports": [ { "containerPort": 15001 } ] }]);
+        if list == "initContainers" {
+            pod["spec"]["containers"] = json!([{ "name": "app" }]);
+        }
+        let Ok(webhook::inject::Decision::Inject(injection)) = injector().mutate_pod(&pod, "team-a") else {
+            panic!("{list}: expected an injection");
+        };
+        assert_eq!(injection.warnings.len(), 1, "{list}: {:?}", injection.warnings);
+        assert!(
+            injection.warnings[0].contains("\"listener\" declares port 15001"),
+            "{list}: {:?}",
+            injection.warnings
+        );
+        let patch: Value = serde_json::from_slice(injection.patch.as_bytes()).unwrap();
+        let patched = apply(&pod, &patch).unwrap();
+        let all_env: Vec<&Value> = ["containers", "initContainers"]
+            .iter()
+            .filter_map(|l| patched["spec"][*l].as_array())
+            .flatten()
+            .filter_map(|c| c["env"].as_array())
+            .flatten()
+            .collect();
+        for name in ["HTTP_PROXY", "https_proxy", "NO_PROXY", "OPENSHELL_EGRESS_LISTEN"] {
+            assert!(all_env.iter().all(|v| v["name"] != name), "{list}: {name} set");
+        }
+        let record: Value = serde_json::from_str(
+            patched["metadata"]["annotations"]["supervision.openshell.ai/injected"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        assert!(
+            record["egress"]
+                .as_str()
+                .unwrap()
+                .starts_with("off: container \"listener\""),
+            "{list}: {record}"
+        );
+    }
+}
