@@ -609,6 +609,7 @@ mod tests {
                 progress: 0,
                 reported_by: "gw".into(),
                 updated_at_ms: 0,
+                policy: None,
             },
         );
         assert_eq!(settle(&v, &op).map(|o| o.phase), Some(OperationPhase::Succeeded));

@@ -322,6 +322,7 @@ mod tests {
             progress: 0,
             reported_by: "gw".into(),
             updated_at_ms: 0,
+            policy: None,
         };
         view.reports = BTreeMap::from([("r1".to_owned(), hosting)]).into();
         assert!(!awaits_writes(&view), "its owner reports hosting it: settled");

@@ -125,6 +125,7 @@ mod tests {
             progress,
             reported_by: "gw".into(),
             updated_at_ms: 0,
+            policy: None,
         }
     }
 

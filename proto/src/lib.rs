@@ -149,6 +149,10 @@ pub const MAX_ROUTE_BYTES: usize = 256;
 /// Longest `host.v1.InstanceStatus.message` in bytes.
 pub const MAX_STATUS_MESSAGE_BYTES: usize = 512;
 
+/// Maximum length of an egress policy's name (runtime.v1.EgressPolicy.name): a Kubernetes
+/// object name.
+pub const MAX_POLICY_NAME_BYTES: usize = 253;
+
 // ---------------------------------------------------------------------------------------------
 // Authentication metadata
 // ---------------------------------------------------------------------------------------------

@@ -471,6 +471,7 @@ impl Session {
                             progress: i64::try_from(c.status.progress).unwrap_or(i64::MAX),
                             reported_by: replica.name.clone(),
                             updated_at_ms: 0,
+                            policy: c.status.policy,
                         })
                         .collect();
                     replica.reports.submit(self.stream_id, records, urgent);

@@ -9,7 +9,7 @@ use proto::common::v1::RouteDirectoryEntry;
 use proto::host::v1::{Snapshot, StatusReport};
 
 use crate::pool::Directory;
-use crate::store::ReportPhase;
+use crate::store::{LoadedPolicy, ReportPhase};
 
 /// Why a member message was dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +34,8 @@ pub struct Attributed {
     pub message: String,
     pub workload_pid: u32,
     pub progress: u64,
+    /// The sidecar's answer to this term's policy install, as the owner relayed it.
+    pub policy: Option<LoadedPolicy>,
 }
 
 #[derive(Debug, Default)]
@@ -159,6 +161,11 @@ impl HostProtocol {
             message: plumbing::text::prefix(&s.message, proto::MAX_STATUS_MESSAGE_BYTES).to_owned(),
             workload_pid: s.workload_pid,
             progress: s.counters.as_ref().map_or(0, |c| c.last_progress_value),
+            policy: s.egress_policy.as_ref().map(|p| LoadedPolicy {
+                name: plumbing::text::bounded(&p.name, proto::MAX_POLICY_NAME_BYTES),
+                revision: i64::try_from(p.revision).unwrap_or(i64::MAX),
+                error: plumbing::text::bounded(&p.error, proto::MAX_STATUS_MESSAGE_BYTES),
+            }),
         };
         if report.partial {
             return Ok(report
@@ -189,6 +196,7 @@ impl HostProtocol {
                     message: "the owner acknowledged the assignment but does not host it".into(),
                     workload_pid: 0,
                     progress: 0,
+                    policy: None,
                 },
             });
         }

@@ -16,9 +16,11 @@ use plumbing::tls::CA_FILE;
 use proto::trust::{TOKEN_FILE, TRUST_BUNDLE_FILE};
 use tokio::sync::mpsc;
 
+use super::egress;
 use super::index::Pod;
 use super::notice::{Notice, Regarding};
 use super::operation_reconcile::OperationNotice;
+use super::policy_status::PolicyStatus;
 use super::pool_operation::{self, OperationStatus};
 use super::pool_status::{self, PoolStatus};
 use super::supervised::{self, Supervised};
@@ -87,6 +89,14 @@ pub trait Cluster: Send + Sync + 'static {
         namespace: &str,
         name: &str,
         status: &PoolStatus,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+    /// Server-side apply the status of the `SandboxPolicy` `name` in `namespace`; one that
+    /// no longer exists counts as done.
+    fn apply_policy_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        status: &PolicyStatus,
     ) -> impl Future<Output = Result<(), Error>> + Send;
     /// Set the finalizers of the `SupervisorPoolOperation` `name`, only if it is still at
     /// `resource_version` (409 otherwise). One already gone counts as done.
@@ -316,6 +326,21 @@ impl Cluster for Kube {
         }
     }
 
+    async fn apply_policy_status(&self, namespace: &str, name: &str, status: &PolicyStatus) -> Result<(), Error> {
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &egress::resource());
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let body = serde_json::json!({
+            "apiVersion": egress::resource().api_version,
+            "kind": egress::KIND,
+            "metadata": { "name": name, "namespace": namespace },
+            "status": status,
+        });
+        match bounded(api.patch_status(name, &params, &Patch::Apply(&body))).await {
+            Err(Error::Api(kube::Error::Api(refused))) if refused.code == 404 => Ok(()),
+            other => other.map(|_| ()),
+        }
+    }
+
     async fn apply_operation_status(&self, namespace: &str, name: &str, status: &OperationStatus) -> Result<(), Error> {
         let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &pool_operation::resource());
         let params = PatchParams::apply(FIELD_MANAGER).force();
@@ -426,6 +451,11 @@ pub enum Call {
         namespace: String,
         name: String,
         status: Box<PoolStatus>,
+    },
+    ApplyPolicyStatus {
+        namespace: String,
+        name: String,
+        status: PolicyStatus,
     },
     SetOperationFinalizers {
         name: String,
@@ -539,6 +569,15 @@ impl Cluster for Recording {
         self.refuses(namespace)?;
         self.set_pool_status(status.clone());
         Ok(())
+    }
+
+    async fn apply_policy_status(&self, namespace: &str, name: &str, status: &PolicyStatus) -> Result<(), Error> {
+        self.send(Call::ApplyPolicyStatus {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            status: status.clone(),
+        });
+        self.refuses(namespace)
     }
 
     async fn read_pool_status(&self, _namespace: &str, _name: &str) -> Result<Option<(String, PoolStatus)>, Error> {

@@ -173,15 +173,31 @@ impl Egress {
         self.version += 1;
     }
 
+    /// Whether both the policies and the Pods have been listed.
+    pub fn listed(&self) -> bool {
+        self.policies_listed && self.choices_listed
+    }
+
     /// The policy the Pod with `uid` runs; `None` before both lists and for a Pod not seen.
     pub fn policy_for(&self, uid: &str) -> Option<Arc<EgressPolicy>> {
-        if !(self.policies_listed && self.choices_listed) {
+        let (namespace, name) = self.chosen(uid)?;
+        let policy = self.policies.get(&(namespace.to_owned(), name.to_owned()));
+        Some(policy.cloned().unwrap_or_else(deny_all))
+    }
+
+    /// The namespace and name of the policy the Pod with `uid` chose (one that may not
+    /// exist); `None` before both lists and for a Pod not seen.
+    pub fn chosen(&self, uid: &str) -> Option<(&str, &str)> {
+        if !self.listed() {
             return None;
         }
         let choice = self.choices.get(uid)?;
-        let name = choice.policy.as_deref().unwrap_or(DEFAULT_POLICY);
-        let policy = self.policies.get(&(choice.namespace.clone(), name.to_owned()));
-        Some(policy.cloned().unwrap_or_else(deny_all))
+        Some((&choice.namespace, choice.policy.as_deref().unwrap_or(DEFAULT_POLICY)))
+    }
+
+    /// Every policy, by namespace and name.
+    pub fn policies(&self) -> impl Iterator<Item = (&(String, String), &Arc<EgressPolicy>)> {
+        self.policies.iter()
     }
 }
 

@@ -17,6 +17,8 @@
 //! | `writer` | carries out the plan while the lease is held |
 //! | `pool_status` | the `SupervisorPool` object's status: coordinator, members, counts, operations, conditions |
 //! | `pool_writer` | applies that status while the lease is held, at most once a second and only when it changed |
+//! | `policy_status` | each `SandboxPolicy`'s status: its revision, the Pods that run it, loaded per revision, refusals |
+//! | `policy_writer` | applies those statuses while the lease is held, each only when it changed |
 //! | `pool_operation` | the `SupervisorPoolOperation` object as plain data, its status shape |
 //! | `operation_reconcile` | pure: what to do about those objects (start, cancel on deletion, finalizer, status, Events) |
 //! | `operation_writer` | carries that out while the lease is held, once a second |
@@ -28,6 +30,8 @@ pub mod notice;
 pub mod operation_reconcile;
 pub mod operation_writer;
 pub mod plan;
+pub mod policy_status;
+pub mod policy_writer;
 pub mod pool_operation;
 pub mod pool_status;
 pub mod pool_writer;
@@ -114,7 +118,8 @@ impl Integration<Kube> {
 
 impl<C: Cluster + Clone> Integration<C> {
     /// Spawn the writers (token Secrets, Events and withdrawals; the `SupervisorPool`
-    /// status; the `SupervisorPoolOperation` objects): they act while `lease` is held. The handle ends when both did.
+    /// status; the `SupervisorPoolOperation` objects; the `SandboxPolicy` statuses): they act
+    /// while `lease` is held. The handle ends when all did.
     pub fn spawn_writer(
         self,
         replica: Arc<Replica>,
@@ -135,6 +140,12 @@ impl<C: Cluster + Clone> Integration<C> {
             namespace: self.scope.install_namespace.clone(),
         };
         let operations = tokio::spawn(operations.run(lease.clone(), shutdown.clone()));
+        let policies = policy_writer::PolicyWriter {
+            cluster: self.cluster.clone(),
+            replica: replica.clone(),
+            shared: self.shared.clone(),
+        };
+        let policies = tokio::spawn(policies.run(lease.clone(), shutdown.clone()));
         let writer = writer::Writer {
             cluster: self.cluster,
             shared: self.shared,
@@ -146,6 +157,7 @@ impl<C: Cluster + Clone> Integration<C> {
             let _ = writer.await;
             let _ = pool.await;
             let _ = operations.await;
+            let _ = policies.await;
         })
     }
 }

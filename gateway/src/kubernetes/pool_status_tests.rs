@@ -79,6 +79,7 @@ fn report(v: &mut View, route: &str, phase: ReportPhase) {
             progress: 0,
             reported_by: "gw".into(),
             updated_at_ms: 0,
+            policy: None,
         },
     );
 }

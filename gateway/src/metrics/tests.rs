@@ -62,6 +62,7 @@ fn report(route: &str, member: &str, term: i64, phase: ReportPhase) -> Report {
         progress: 0,
         reported_by: String::new(),
         updated_at_ms: 0,
+        policy: None,
     }
 }
 

@@ -9,7 +9,7 @@ use sqlx::encode::IsNull;
 use sqlx::error::BoxDynError;
 use sqlx::{Decode, Encode, Type};
 
-use super::{Error, WithdrawnKind, WithdrawnReason};
+use super::{Error, LoadedPolicy, WithdrawnKind, WithdrawnReason};
 
 /// A text column holds a value its enum does not know.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -47,6 +47,24 @@ impl From<WithdrawnColumns> for Option<WithdrawnReason> {
                 owner: c.withdrawn_owner,
                 term: c.withdrawn_term,
             },
+        })
+    }
+}
+
+/// `instance_reports.policy_*`: all NULL when no answer was reported.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct PolicyColumns {
+    policy_name: Option<String>,
+    policy_revision: Option<i64>,
+    policy_error: Option<String>,
+}
+
+impl From<PolicyColumns> for Option<LoadedPolicy> {
+    fn from(c: PolicyColumns) -> Self {
+        c.policy_name.map(|name| LoadedPolicy {
+            name,
+            revision: c.policy_revision.unwrap_or(0),
+            error: c.policy_error.unwrap_or_default(),
         })
     }
 }

@@ -271,12 +271,14 @@ impl Store {
 
     async fn record_reports_now(&self, reports: &[Report]) -> Result<()> {
         let sql = format!(
-            "INSERT INTO instance_reports (route, term, member, process_id, phase, message, workload_pid, reported_by, progress, updated_at_ms) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, ({})) \
+            "INSERT INTO instance_reports (route, term, member, process_id, phase, message, workload_pid, reported_by, progress, \
+               policy_name, policy_revision, policy_error, updated_at_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, ({})) \
              ON CONFLICT (route) DO UPDATE SET term = excluded.term, member = excluded.member, \
                process_id = excluded.process_id, phase = excluded.phase, message = excluded.message, \
                workload_pid = excluded.workload_pid, reported_by = excluded.reported_by, progress = excluded.progress, \
-               updated_at_ms = excluded.updated_at_ms \
+               policy_name = excluded.policy_name, policy_revision = excluded.policy_revision, \
+               policy_error = excluded.policy_error, updated_at_ms = excluded.updated_at_ms \
              WHERE instance_reports.term <= excluded.term",
             self.backend.clock_expr()
         );
@@ -292,6 +294,9 @@ impl Store {
                 .bind(r.workload_pid)
                 .bind(&r.reported_by)
                 .bind(r.progress)
+                .bind(r.policy.as_ref().map(|p| p.name.clone()))
+                .bind(r.policy.as_ref().map(|p| p.revision))
+                .bind(r.policy.as_ref().map(|p| p.error.clone()))
                 .execute(&mut *tx)
                 .await?;
         }
@@ -301,8 +306,8 @@ impl Store {
 
     pub async fn list_reports(&self) -> Result<Vec<Report>> {
         sqlx::query_as(
-            "SELECT route, term, member, process_id, phase, message, workload_pid, reported_by, progress, updated_at_ms \
-             FROM instance_reports ORDER BY route",
+            "SELECT route, term, member, process_id, phase, message, workload_pid, reported_by, progress, updated_at_ms, \
+             policy_name, policy_revision, policy_error FROM instance_reports ORDER BY route",
         )
         .fetch_all(&self.pool)
         .await

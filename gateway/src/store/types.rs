@@ -8,7 +8,7 @@ use std::str::FromStr;
 
 use proto::common::v1::InstancePhase;
 
-use super::columns::{Flag, UnknownText, WithdrawnColumns};
+use super::columns::{Flag, PolicyColumns, UnknownText, WithdrawnColumns};
 
 /// A coordinator lease as its holder knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -276,6 +276,19 @@ pub struct Report {
     pub reported_by: String,
     /// Set by the store from the database clock.
     pub updated_at_ms: i64,
+    /// The egress policy the owner's sidecar last said it enforces in this term.
+    #[sqlx(flatten, try_from = "PolicyColumns")]
+    pub policy: Option<LoadedPolicy>,
+}
+
+/// The sidecar's answer to the owner's policy install (runtime.v1.PolicyLoaded).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadedPolicy {
+    /// The policy in force (empty: none, every destination denied).
+    pub name: String,
+    pub revision: i64,
+    /// Why the last install was not loaded (empty: it was).
+    pub error: String,
 }
 
 /// What an owner's latest report says of its instance: a wire phase (an unspecified or

@@ -992,5 +992,60 @@ pub async fn each_owned_pod_carries_its_sandbox_policy_in_the_snapshots(db: &Tes
         .map(|a| (a.route, a.term))
         .collect();
     assert_eq!(term_before, term_after, "an edit changes no ownership");
+
+    // The policy's status: the Pod counted, then its sidecar's answer (relayed by the owner
+    // in its status report) shown as the current revision loaded.
+    let status_of = |c: &Call| match c {
+        Call::ApplyPolicyStatus {
+            namespace,
+            name,
+            status,
+        } if namespace == "default" && name == "default" => Some(status.clone()),
+        _ => None,
+    };
+    let current = i64::try_from(revision + 1).expect("fits");
+    next_call(&mut calls, "the policy's status with its Pod", |c| {
+        status_of(c).is_some_and(|s| s.revision == current && s.pods == 1 && s.loaded == 0)
+    })
+    .await;
+    let snapshot = member.wait_snapshot("the edit", |s| carried(s).is_some()).await;
+    let owned = snapshot
+        .instances
+        .iter()
+        .find(|i| i.route == "default/agent-0")
+        .expect("owned");
+    let answer = |error: &str| proto::host::v1::InstanceStatus {
+        route: owned.route.clone(),
+        instance: owned.instance.clone(),
+        term: owned.term,
+        phase: proto::common::v1::InstancePhase::Active as i32,
+        egress_policy: Some(proto::runtime::v1::PolicyLoaded {
+            term: owned.term,
+            name: "default".into(),
+            revision: revision + 1,
+            error: error.into(),
+        }),
+        ..Default::default()
+    };
+    let report = |error: &str| {
+        MemberKind::StatusReport(proto::host::v1::StatusReport {
+            instances: vec![answer(error)],
+            applied_revision: snapshot.revision,
+            partial: false,
+        })
+    };
+    member.send(report("")).await;
+    next_call(&mut calls, "the revision shown loaded", |c| {
+        status_of(c).is_some_and(|s| s.loaded == 1 && s.failed == 0 && s.revisions.len() == 1)
+    })
+    .await;
+    member.send(report("the sidecar's state directory is full")).await;
+    let refused = next_call(&mut calls, "the refusal shown", |c| {
+        status_of(c).is_some_and(|s| s.failed == 1)
+    })
+    .await;
+    let refused = status_of(&refused).expect("matched");
+    assert_eq!(refused.failures[0].pod, "agent-0");
+    assert_eq!(refused.failures[0].reason, "the sidecar's state directory is full");
     replica.stop().await;
 }

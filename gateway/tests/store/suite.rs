@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use gateway::store::{
     self, Acquire, Activation, Assignment, AssignmentPhase, Checkpoint, Error, Fence, FencedWrite, GrantRecord, Lease,
-    MemberUpdate, Operation, OperationKind, OperationPhase, Registered, Registration, Report, ReportPhase, SecretBytes,
-    SigningKey, Store, WithdrawnReason,
+    LoadedPolicy, MemberUpdate, Operation, OperationKind, OperationPhase, Registered, Registration, Report,
+    ReportPhase, SecretBytes, SigningKey, Store, WithdrawnReason,
 };
 use tokio::sync::Mutex;
 
@@ -43,6 +43,7 @@ pub fn active_report(route: &str) -> Report {
         progress: 0,
         reported_by: "gw-a".into(),
         updated_at_ms: 0,
+        policy: None,
     }
 }
 
@@ -1560,6 +1561,7 @@ pub async fn reports_never_regress_in_term(db: &TestDb) {
         progress: 7,
         reported_by: "gw-a".into(),
         updated_at_ms: 0,
+        policy: None,
     };
     db.store.record_report(&report(2, ReportPhase::Starting)).await.unwrap();
     db.store.record_report(&report(2, ReportPhase::Active)).await.unwrap();
@@ -1573,6 +1575,29 @@ pub async fn reports_never_regress_in_term(db: &TestDb) {
     assert_eq!(reports[0].progress, 7);
     db.store.record_report(&report(3, ReportPhase::Starting)).await.unwrap();
     assert_eq!(db.store.list_reports().await.unwrap()[0].term, 3);
+    // The sidecar's answer to the policy install is kept with the report, and replaced by the
+    // next one (absent again: nothing reported in that term yet).
+    let loaded = LoadedPolicy {
+        name: "default".into(),
+        revision: 1_700_000_000_000_003,
+        error: "a rule's host is not a DNS name".into(),
+    };
+    let writes = db.store.pool_writes().await.unwrap();
+    db.store
+        .record_report(&Report {
+            policy: Some(loaded.clone()),
+            ..report(3, ReportPhase::Starting)
+        })
+        .await
+        .unwrap();
+    assert_eq!(db.store.list_reports().await.unwrap()[0].policy, Some(loaded));
+    assert_ne!(
+        db.store.pool_writes().await.unwrap(),
+        writes,
+        "a new answer is a change of the pool"
+    );
+    db.store.record_report(&report(4, ReportPhase::Starting)).await.unwrap();
+    assert_eq!(db.store.list_reports().await.unwrap()[0].policy, None);
 }
 
 pub async fn migrations_are_idempotent_across_replicas(db: &TestDb) {

@@ -85,6 +85,7 @@ fn only_changes_reach_the_writer_and_new_phases_are_urgent() {
         message: String::new(),
         workload_pid: 7,
         progress,
+        policy: None,
     };
     let first = s.changes(vec![status(1, ReportPhase::Starting, 0)]);
     assert_eq!(first.len(), 1);
@@ -98,6 +99,18 @@ fn only_changes_reach_the_writer_and_new_phases_are_urgent() {
     assert!(!counted[0].urgent, "progress only");
     assert!(s.changes(vec![status(1, ReportPhase::Active, 5)])[0].urgent);
     assert!(s.changes(vec![status(2, ReportPhase::Active, 5)])[0].urgent);
+    let loaded = Attributed {
+        policy: Some(crate::store::LoadedPolicy {
+            name: "default".into(),
+            revision: 3,
+            error: String::new(),
+        }),
+        ..status(2, ReportPhase::Active, 5)
+    };
+    let answered = s.changes(vec![loaded.clone()]);
+    assert_eq!(answered.len(), 1, "the sidecar's answer to a policy install is written");
+    assert!(!answered[0].urgent, "and can wait for the next batch");
+    assert!(s.changes(vec![loaded]).is_empty());
 }
 
 #[test]

@@ -82,6 +82,8 @@ pub(crate) struct Machine {
     pub(super) ended: Option<(InstancePhase, String)>,
     pub(super) counters: InstanceCounters,
     pub(super) workload_pid: u32,
+    /// The sidecar's last answer to this term's policy install.
+    pub(super) egress_loaded: Option<proto::runtime::v1::PolicyLoaded>,
     /// The status last published.
     pub(super) published: InstanceStatus,
     counters_announced: Instant,
@@ -111,6 +113,7 @@ impl Machine {
             ended: None,
             counters: InstanceCounters::default(),
             workload_pid: 0,
+            egress_loaded: None,
             published: InstanceStatus::default(),
             counters_announced: now.at,
             counters_pending: false,
@@ -444,8 +447,19 @@ impl Machine {
     fn publish(&mut self) {
         let (phase, message) = self.phase();
         let last = &self.published;
-        let changed = (last.term, last.phase, last.workload_pid, last.message.as_str())
-            != (self.term, phase as i32, self.workload_pid, message.as_str());
+        let changed = (
+            last.term,
+            last.phase,
+            last.workload_pid,
+            last.message.as_str(),
+            last.egress_policy.as_ref(),
+        ) != (
+            self.term,
+            phase as i32,
+            self.workload_pid,
+            message.as_str(),
+            self.egress_loaded.as_ref(),
+        );
         if changed {
             self.published = InstanceStatus {
                 route: self.setup.route.clone(),
@@ -456,6 +470,7 @@ impl Machine {
                 message,
                 counters: Some(self.counters),
                 observed_at_ms: self.now.unix_ms,
+                egress_policy: self.egress_loaded.clone(),
             };
         } else if last.counters != Some(self.counters) {
             self.published.counters = Some(self.counters);

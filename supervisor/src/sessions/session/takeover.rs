@@ -293,8 +293,17 @@ impl Machine {
         }
     }
 
-    /// The sidecar's answer to an install.
+    /// The sidecar's answer to an install (one for another term is not this session's).
     pub(super) fn on_policy_loaded(&mut self, loaded: &PolicyLoaded) {
+        if loaded.term != self.term {
+            return;
+        }
+        self.egress_loaded = Some(PolicyLoaded {
+            term: loaded.term,
+            name: plumbing::text::bounded(&loaded.name, proto::MAX_POLICY_NAME_BYTES),
+            revision: loaded.revision,
+            error: plumbing::text::bounded(&loaded.error, 256),
+        });
         if loaded.error.is_empty() {
             info!(policy = %loaded.name, revision = loaded.revision, "egress policy loaded by the sidecar");
         } else {

@@ -283,15 +283,28 @@ fn the_egress_policy_follows_every_attach_and_activation_stamped_with_the_term()
     let effects = h.connect(1, 3, false);
     assert_eq!(io(&effects), ["send 1 Attached", "send 1 PolicyInstall"]);
     assert_eq!(installs(&effects), [(3, 4)]);
-    // The sidecar's answer changes nothing in the session, loaded or not.
+    // The sidecar's answer changes nothing in the session, loaded or not; it is reported in
+    // the status (for the SandboxPolicy's), and only for this term.
     let loaded = PolicyLoaded {
         term: 3,
         name: "p".into(),
         revision: 4,
         error: "refused".into(),
     };
-    assert!(io(&h.message(1, sidecar_message::Kind::PolicyLoaded(loaded))).is_empty());
+    let stale = PolicyLoaded {
+        term: 2,
+        error: String::new(),
+        ..loaded.clone()
+    };
+    assert!(io(&h.message(1, sidecar_message::Kind::PolicyLoaded(loaded.clone()))).is_empty());
     assert_eq!(h.phase(), (InstancePhase::Active, String::new()));
+    assert_eq!(h.m.published.egress_policy.as_ref(), Some(&loaded));
+    assert!(io(&h.message(1, sidecar_message::Kind::PolicyLoaded(stale))).is_empty());
+    assert_eq!(
+        h.m.published.egress_policy.as_ref(),
+        Some(&loaded),
+        "another term's answer is ignored"
+    );
 
     // A takeover: ActivationConfirm, then the install at the new term.
     let mut h = Harness::with_policy(assignment(5, TermPhase::Reserved, material()), Some(policy));
