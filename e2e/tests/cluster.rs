@@ -1859,6 +1859,12 @@ impl Flow {
             },
         )
         .await?;
+        // The policy's status shows its one Pod (the nameless one runs deny-all) enforcing it.
+        let loaded = self.policy_loaded(&ns, None).await?;
+        let listed = self.kubectl.run(&["get", "sandboxpolicies", "-n", &ns]).await?;
+        check(listed.contains("LOADED") && listed.contains("PODS"), || {
+            format!("kubectl get sandboxpolicies shows where the policy is loaded: {listed}")
+        })?;
 
         let service_ip = self
             .kubectl
@@ -1961,13 +1967,7 @@ impl Flow {
                 "--force",
             ])
             .await?;
-        let pool = self.pool.clone();
-        let moved = wait_for("the egress agent active on another member", 2 * MINUTE, || async {
-            let status = pool.status().await.ok()?;
-            let agent = status.of(&ns).into_iter().find(|i| i.name == "egress-agent")?;
-            (agent.settled() && agent.owner != owner).then(|| agent.owner.clone())
-        })
-        .await?;
+        let moved = self.settled_elsewhere(&ns, "egress-agent", &owner).await?;
         held.send("go").await?;
         let after = held.line_starting("probe egress held=", MINUTE).await?;
         eprintln!("   owner {owner} force-deleted, now {moved}: {after}");
@@ -1988,13 +1988,7 @@ impl Flow {
             ])
             .await?;
         self.rollout_status("openshell-supervisor", "180s").await?;
-        let replaced = self.pool.clone();
-        wait_for("the egress agent active on a new member", 2 * MINUTE, || async {
-            let status = replaced.status().await.ok()?;
-            let agent = status.of(&ns).into_iter().find(|i| i.name == "egress-agent")?;
-            (agent.settled() && agent.owner != moved).then_some(())
-        })
-        .await?;
+        self.settled_elsewhere(&ns, "egress-agent", &moved).await?;
         held.send("go").await?;
         let after = held.line_starting("probe egress held=", MINUTE).await?;
         eprintln!("   rollout restart of the members: {after}");
@@ -2017,6 +2011,7 @@ impl Flow {
         check(out.contains("status=403"), || {
             format!("the revoked upstream is refused: {out}")
         })?;
+        self.policy_loaded(&ns, Some(loaded)).await?;
         self.measured.push(Measured {
             scenario: "SandboxPolicy edit → revoked tunnel closed",
             seconds,
@@ -2025,6 +2020,47 @@ impl Flow {
         });
         self.kubectl.run(&["delete", "namespace", &ns, "--wait=false"]).await?;
         Ok(())
+    }
+
+    /// The owner of `name` in `namespace` once it is settled on a member other than `from`.
+    async fn settled_elsewhere(&self, namespace: &str, name: &str, from: &str) -> Result<String, Error> {
+        let pool = self.pool.clone();
+        let what = format!("{namespace}/{name} active on a member other than {from}");
+        wait_for(&what, 2 * MINUTE, || async {
+            let status = pool.status().await.ok()?;
+            let instance = status.of(namespace).into_iter().find(|i| i.name == name)?;
+            (instance.settled() && instance.owner != from).then(|| instance.owner.clone())
+        })
+        .await
+    }
+
+    /// The revision of `namespace`'s `default` SandboxPolicy once its status shows it loaded
+    /// by its one Pod's sidecar (and no other revision), newer than `after`.
+    async fn policy_loaded(&self, namespace: &str, after: Option<i64>) -> Result<i64, Error> {
+        let kubectl = self.kubectl.clone();
+        let last = std::sync::Mutex::new(Value::Null);
+        let loaded = wait_for(
+            "the SandboxPolicy's status shows its revision loaded",
+            MINUTE,
+            || async {
+                let policy = kubectl
+                    .json(&["get", "sandboxpolicy", "default", "-n", namespace])
+                    .await
+                    .ok()?;
+                let status = policy.get("status")?.clone();
+                *last.lock().unwrap() = status.clone();
+                let revision = status["revision"].as_i64()?;
+                let only = status["revisions"].as_array().is_some_and(|r| r.len() == 1);
+                let holds = status["pods"] == 1
+                    && status["loaded"] == 1
+                    && status["failed"] == 0
+                    && only
+                    && after.is_none_or(|a| revision > a);
+                holds.then_some(revision)
+            },
+        )
+        .await;
+        loaded.map_err(|err| Error::Check(format!("{err}; the last status: {}", last.lock().unwrap())))
     }
 
     /// The `SupervisorPool` status once its `Degraded` reason is `reason` and `also` holds.
