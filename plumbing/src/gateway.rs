@@ -53,6 +53,7 @@ impl GatewayArgs {
         ClientTls {
             ca,
             server_name: self.gateway_tls_name.clone(),
+            dialer: None,
         }
     }
 

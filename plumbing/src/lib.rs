@@ -10,6 +10,7 @@
 //! | [`tls`] | reloading serving certificates, CA-pinned client endpoints |
 //! | [`bundle`] | the trust bundle file, cached and read again when it changes |
 //! | [`token`] | the bearer token: one bounded reader, one redacted type, one `authorization` header |
+//! | [`dialer`] | under egress redirection, the one process whose connections leave the Pod, and its client |
 //! | [`gateway`] | dialing the gateway replicas: endpoint rotation and jittered backoff |
 //! | [`cmdline`] | what a command line must not carry (a URL with a password) |
 //! | [`validate`] | http(s) addresses, routes, member names |
@@ -17,6 +18,7 @@
 
 pub mod bundle;
 pub mod cmdline;
+pub mod dialer;
 pub mod file;
 pub mod gateway;
 pub mod listener;

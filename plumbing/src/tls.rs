@@ -313,6 +313,8 @@ pub fn check_server_name(name: &str) -> Result<(), String> {
 pub struct ClientTls {
     pub ca: Option<PathBuf>,
     pub server_name: Option<String>,
+    /// Under egress redirection, connections are opened by the Pod's dialer.
+    pub dialer: Option<crate::dialer::Dialer>,
 }
 
 /// Why [`ClientTls::connect`] failed.
@@ -336,7 +338,11 @@ impl ClientTls {
     pub async fn connect(&self, url: &str, limit: Duration) -> Result<Channel, ConnectError> {
         let attempt = async {
             let endpoint = self.endpoint(url).await?.connect_timeout(limit);
-            endpoint.connect().await.map_err(|err| ConnectError::Transport {
+            let connected = match &self.dialer {
+                Some(dialer) => endpoint.connect_with_connector(dialer.connector(limit)).await,
+                None => endpoint.connect().await,
+            };
+            connected.map_err(|err| ConnectError::Transport {
                 url: url.to_owned(),
                 reason: error_chain(&err),
             })

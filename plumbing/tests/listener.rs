@@ -92,6 +92,7 @@ async fn call(addr: SocketAddr, ca: &Path) -> Result<String, String> {
     let tls = ClientTls {
         ca: Some(ca.to_path_buf()),
         server_name: Some("localhost".to_owned()),
+        dialer: None,
     };
     let channel = tls
         .connect(&format!("https://{addr}"), proto::timing::CONNECT_TIMEOUT)

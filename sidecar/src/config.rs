@@ -80,6 +80,16 @@ pub struct Config {
     /// installs a policy revision.
     #[arg(long, env = "OPENSHELL_EGRESS_LISTEN")]
     pub egress_listen: Option<std::net::SocketAddr>,
+    /// Under egress redirection (the Pod's network rules send every TCP connection of the
+    /// workload here): the loopback address where those connections are decided, e.g.
+    /// `127.0.0.1:15002`.
+    #[arg(long, env = "OPENSHELL_EGRESS_REDIRECT_LISTEN")]
+    pub egress_redirect_listen: Option<std::net::SocketAddr>,
+    /// Under egress redirection: the socket of the Pod's dialer (`egress dialer`), which opens
+    /// the connections of this process that leave the Pod — the network rules let only its
+    /// connections out.
+    #[arg(long, env = "OPENSHELL_EGRESS_DIALER")]
+    pub egress_dialer: Option<PathBuf>,
     /// `--log-format` (`OPENSHELL_LOG_FORMAT`): text or json.
     #[command(flatten)]
     pub log: plumbing::logging::LogArgs,
@@ -99,7 +109,9 @@ pub enum Error {
     Address(&'static str, String),
     #[error("{0}: {1}")]
     TlsName(&'static str, String),
-    #[error("OPENSHELL_EGRESS_LISTEN must be a loopback address (the proxy is the workload's only): {0}")]
+    #[error(
+        "OPENSHELL_EGRESS_LISTEN and OPENSHELL_EGRESS_REDIRECT_LISTEN must be loopback addresses (the proxy is the workload's only): {0}"
+    )]
     EgressListen(std::net::SocketAddr),
 }
 
@@ -164,7 +176,11 @@ impl Config {
                 return Err(Error::Address(env, bad.clone()));
             }
         }
-        if let Some(listen) = self.egress_listen.filter(|l| !l.ip().is_loopback()) {
+        if let Some(listen) = [self.egress_listen, self.egress_redirect_listen]
+            .into_iter()
+            .flatten()
+            .find(|l| !l.ip().is_loopback())
+        {
             return Err(Error::EgressListen(listen));
         }
         let names = [
@@ -193,12 +209,22 @@ impl Config {
         ClientTls {
             ca: Some(self.tls_ca()),
             server_name: self.supervisor_tls_name.clone(),
+            dialer: self.dialer(),
         }
     }
 
     /// How gateway endpoints are verified.
     pub fn gateway_tls(&self) -> ClientTls {
-        self.gateway.tls_with(Some(self.tls_ca()))
+        ClientTls {
+            dialer: self.dialer(),
+            ..self.gateway.tls_with(Some(self.tls_ca()))
+        }
+    }
+
+    /// Under egress redirection: the Pod's dialer, which opens every connection of this
+    /// process that leaves the Pod.
+    pub fn dialer(&self) -> Option<plumbing::dialer::Dialer> {
+        self.egress_dialer.as_ref().map(plumbing::dialer::Dialer::new)
     }
 
     /// The non-empty supervisor route addresses.

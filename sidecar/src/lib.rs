@@ -156,36 +156,45 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
     let (installed_tx, installed) = tokio::sync::watch::channel(state.policy.clone().map(Arc::new));
     let serving = CancellationToken::new();
     // A port the workload holds already leaves it without the proxy (its clients reach its
-    // own listener, not the world); supervision goes on.
-    let bound = match cfg.egress_listen {
-        Some(listen) => match tokio::net::TcpListener::bind(listen).await {
-            Ok(listener) => Some((listen, listener)),
-            Err(err) => {
-                error!(error = %Error::Egress(listen, err), "egress proxy not started");
-                None
-            }
-        },
-        None => None,
-    };
-    let (proxy, egress_view) = match bound {
-        Some((listen, listener)) => {
-            let recent = Arc::new(egress::Recent::default());
-            let egress = egress::Egress {
-                installed: installed.clone(),
-                floor: Arc::new(cfg.egress_floor().await),
-                limits: egress::Limits::default(),
-                recent: recent.clone(),
-            };
-            info!(%listen, policy = ?state.policy.as_ref().map(|p| (&p.name, p.revision)), "egress proxy listening");
-            let view = egress::View {
-                listen,
-                installed,
-                recent,
-            };
-            let proxy = tokio::spawn(egress::proxy::serve(listener, egress, serving.clone()));
-            (Some(proxy), Some(view))
+    // own listener, not the world); supervision goes on. Under redirection a listener that
+    // cannot bind leaves the workload's connections refused: no sidecar, no egress.
+    let proxy_listener = bind_egress(cfg.egress_listen, "egress proxy").await;
+    let redirect_listener = bind_egress(cfg.egress_redirect_listen, "egress redirect").await;
+    let mut egress_tasks = Vec::new();
+    let egress_view = if proxy_listener.is_some() || redirect_listener.is_some() {
+        let recent = Arc::new(egress::Recent::default());
+        let egress = egress::Egress {
+            installed: installed.clone(),
+            floor: Arc::new(cfg.egress_floor().await),
+            limits: egress::Limits::default(),
+            recent: recent.clone(),
+            dialer: cfg.dialer(),
+        };
+        let policy = state.policy.as_ref().map(|p| (&p.name, p.revision));
+        let mut listen = None;
+        if let Some((address, listener)) = redirect_listener {
+            info!(%address, ?policy, dialer = ?cfg.egress_dialer, "egress redirect listening");
+            let original: egress::redirect::Original = Arc::new(egress::redirect::original_destination);
+            egress_tasks.push(tokio::spawn(egress::redirect::serve(
+                listener,
+                egress.clone(),
+                original,
+                serving.clone(),
+            )));
+            listen = Some(address);
         }
-        None => (None, None),
+        if let Some((address, listener)) = proxy_listener {
+            info!(%address, ?policy, "egress proxy listening");
+            egress_tasks.push(tokio::spawn(egress::proxy::serve(listener, egress, serving.clone())));
+            listen = Some(address);
+        }
+        listen.map(|listen| egress::View {
+            listen,
+            installed,
+            recent,
+        })
+    } else {
+        None
     };
     let (workload_tx, workload_rx) = mpsc::channel(64);
     let (workload_pid, pinned_pid) = tokio::sync::watch::channel(None);
@@ -227,12 +236,27 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
     serving.cancel();
     let outcome = engine.finish(ending, exit, &registration).await;
     let _ = server.await;
-    if let Some(proxy) = proxy {
-        let _ = proxy.await;
+    for task in egress_tasks {
+        let _ = task.await;
     }
     let _ = std::fs::remove_file(&cfg.socket);
     info!(?outcome, "sidecar finished");
     Ok(outcome)
+}
+
+/// A loopback listener for the workload's egress at `address`, when configured and free.
+async fn bind_egress(
+    address: Option<std::net::SocketAddr>,
+    what: &'static str,
+) -> Option<(std::net::SocketAddr, tokio::net::TcpListener)> {
+    let address = address?;
+    match tokio::net::TcpListener::bind(address).await {
+        Ok(listener) => Some((address, listener)),
+        Err(err) => {
+            error!(error = %Error::Egress(address, err), "{what} not started");
+            None
+        }
+    }
 }
 
 /// How often the Pod's PID namespace is looked at for the workload's main process.

@@ -331,6 +331,7 @@ mod tests {
         let expected = plumbing::tls::ClientTls {
             ca: Some("/ca.crt".into()),
             server_name: Some(name.to_owned()),
+            dialer: None,
         };
         assert_eq!(config.gateway_tls(), expected);
         let config = parse(&[&https[..], &["--tls-ca", "/ca.crt", "--gateway-tls-name", "not a name"]].concat());

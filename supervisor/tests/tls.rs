@@ -62,6 +62,7 @@ async fn the_runtime_port_serves_only_tls_clients_that_trust_the_pool_ca_and_its
     let trusted = ClientTls {
         ca: Some(pool.ca.clone()),
         server_name: Some(SUPERVISOR_NAME.to_owned()),
+        dialer: None,
     };
     let status = runtime_call(&trusted, &url).await.unwrap();
     assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
@@ -174,6 +175,7 @@ async fn the_runtime_port_answers_health_and_reflection_without_a_token() {
     let tls = ClientTls {
         ca: Some(pool.ca.clone()),
         server_name: Some(SUPERVISOR_NAME.to_owned()),
+        dialer: None,
     };
     let channel = tls.connect(&url, LIMIT).await.unwrap();
 

@@ -173,6 +173,7 @@ impl LocalPool {
         ClientTls {
             ca: self.tls.as_ref().map(|tls| tls.ca.clone()),
             server_name: None,
+            dialer: None,
         }
     }
 

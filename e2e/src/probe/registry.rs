@@ -53,6 +53,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let tls = ClientTls {
         ca: Some(args.dir.join(plumbing::tls::CA_FILE)),
         server_name: None,
+        dialer: None,
     };
     let channel = tls.connect(&args.gateway, Duration::from_secs(10)).await?;
     let mut registry = InstanceRegistryClient::new(channel);

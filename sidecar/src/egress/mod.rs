@@ -1,5 +1,6 @@
 //! Egress: the sidecar is the workload's way out. [`policy`] is the installed revision and its
-//! decisions, [`floor`] what no revision opens, [`proxy`] the forward proxy that applies both.
+//! decisions, [`floor`] what no revision opens, [`proxy`] the forward proxy that applies both,
+//! [`redirect`] the same decisions for connections the Pod's network rules redirect here.
 //! The revision comes from the activated owner (`PolicyInstall` on the runtime stream, fenced
 //! by the term like every control message) and is kept in the sidecar's persisted state, so
 //! decisions go on unchanged while the owner changes.
@@ -8,6 +9,8 @@ pub mod floor;
 pub mod policy;
 pub mod proxy;
 pub mod recent;
+pub mod redirect;
+pub mod rules;
 mod splice;
 
 use std::net::SocketAddr;

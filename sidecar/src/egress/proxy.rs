@@ -75,11 +75,35 @@ pub struct Egress {
     pub limits: Limits,
     /// Where denials are kept for the workload to read.
     pub recent: Arc<super::Recent>,
+    /// Under egress redirection, the Pod's dialer opens every upstream connection (only its
+    /// connections leave the Pod); otherwise this process dials.
+    pub dialer: Option<plumbing::dialer::Dialer>,
 }
 
 /// Serves `listener` until `shutdown`; then every connection and tunnel is closed.
 pub async fn serve(listener: TcpListener, egress: Egress, shutdown: CancellationToken) {
-    let permits = Arc::new(Semaphore::new(egress.limits.max_connections));
+    let max = egress.limits.max_connections;
+    accept_each(listener, max, shutdown.clone(), move |stream, permit| {
+        let egress = egress.clone();
+        let shutdown = shutdown.clone();
+        async move {
+            match permit {
+                Some(permit) => connection(stream, egress, Arc::new(permit), shutdown).await,
+                None => refuse_busy(stream).await,
+            }
+        }
+    })
+    .await;
+}
+
+/// Accepts on `listener` until `shutdown`, running `each` on every connection as a task with
+/// one of `max` permits (`None` beyond the cap, to be refused); then ends every task.
+pub(super) async fn accept_each<F, Fut>(listener: TcpListener, max: usize, shutdown: CancellationToken, each: F)
+where
+    F: Fn(TcpStream, Option<OwnedSemaphorePermit>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let permits = Arc::new(Semaphore::new(max));
     let mut connections = JoinSet::new();
     loop {
         let accepted = tokio::select! {
@@ -87,21 +111,16 @@ pub async fn serve(listener: TcpListener, egress: Egress, shutdown: Cancellation
             accepted = listener.accept() => accepted,
             Some(_) = connections.join_next(), if !connections.is_empty() => continue,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
-            Err(err) => {
-                warn!(error = %err, "egress proxy: accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
+        match accepted {
+            Ok((stream, _)) => {
+                let permit = permits.clone().try_acquire_owned().ok();
+                connections.spawn(each(stream, permit));
             }
-        };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            connections.spawn(refuse_busy(stream));
-            continue;
-        };
-        let egress = egress.clone();
-        let shutdown = shutdown.clone();
-        connections.spawn(async move { connection(stream, egress, Arc::new(permit), shutdown).await });
+            Err(err) => {
+                warn!(error = %err, "egress: accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
     }
     connections.shutdown().await;
 }
@@ -117,6 +136,18 @@ async fn refuse_busy(mut stream: TcpStream) {
 }
 
 async fn connection(stream: TcpStream, egress: Egress, permit: Arc<OwnedSemaphorePermit>, shutdown: CancellationToken) {
+    http_connection(stream, egress, permit, shutdown, |request| request).await;
+}
+
+/// Serves one client connection with `rewrite` applied to each request before it is decided
+/// (the redirected connections' origin-form requests are given the absolute form here).
+pub(super) async fn http_connection(
+    stream: TcpStream,
+    egress: Egress,
+    permit: Arc<OwnedSemaphorePermit>,
+    shutdown: CancellationToken,
+    rewrite: impl Fn(HttpRequest<Incoming>) -> HttpRequest<Incoming> + Clone + Send + Sync + 'static,
+) {
     let _ = stream.set_nodelay(true);
     let limits = egress.limits;
     let tunnels = shutdown.child_token();
@@ -124,6 +155,7 @@ async fn connection(stream: TcpStream, egress: Egress, permit: Arc<OwnedSemaphor
         let egress = egress.clone();
         let permit = permit.clone();
         let tunnels = tunnels.clone();
+        let request = rewrite(request);
         async move {
             let connect = request.method() == Method::CONNECT;
             let mut response = handle(request, &egress, permit, tunnels).await;
@@ -151,14 +183,14 @@ async fn connection(stream: TcpStream, egress: Egress, permit: Arc<OwnedSemaphor
 }
 
 /// The destination a refusal or a log line names.
-struct Asked {
-    target: Target,
-    port: u16,
-    http: Option<(Method, String)>,
+pub(super) struct Asked {
+    pub(super) target: Target,
+    pub(super) port: u16,
+    pub(super) http: Option<(Method, String)>,
 }
 
 impl Asked {
-    fn request(&self) -> Request<'_> {
+    pub(super) fn request(&self) -> Request<'_> {
         Request {
             host: &self.target,
             port: self.port,
@@ -166,20 +198,20 @@ impl Asked {
         }
     }
 
-    fn destination(&self) -> String {
+    pub(super) fn destination(&self) -> String {
         format!("{}:{}", self.target, self.port)
     }
 }
 
 /// Allowed: the rule (none in an audit-only policy's would-be denial), and the addresses to dial.
-struct Allowed {
-    rule: Option<String>,
-    addresses: Vec<SocketAddr>,
+pub(super) struct Allowed {
+    pub(super) rule: Option<String>,
+    pub(super) addresses: Vec<SocketAddr>,
 }
 
-struct Denied {
+pub(super) struct Denied {
     status: StatusCode,
-    reason: String,
+    pub(super) reason: String,
     /// A rule could allow it (the floor: no rule can).
     rule_would_help: bool,
 }
@@ -219,7 +251,7 @@ async fn handle(
             return refusal(denied.status, "egress denied", &denied.reason, needed, egress);
         }
     };
-    let upstream = match dial(&allowed.addresses, egress.limits.connect_timeout).await {
+    let upstream = match dial(&allowed.addresses, egress).await {
         Ok(upstream) => upstream,
         Err(reason) => {
             log(
@@ -288,7 +320,7 @@ fn asked(request: &HttpRequest<Incoming>) -> Result<Asked, String> {
 }
 
 /// The policy, then the floor on every address the destination resolves to.
-async fn decide(asked: &Asked, policy: Option<&Policy>, egress: &Egress) -> Result<Allowed, Denied> {
+pub(super) async fn decide(asked: &Asked, policy: Option<&Policy>, egress: &Egress) -> Result<Allowed, Denied> {
     let denied = |reason: String, rule_would_help| Denied {
         status: StatusCode::FORBIDDEN,
         reason,
@@ -365,27 +397,84 @@ async fn resolve(target: &Target, port: u16, limit: Duration) -> Result<Vec<Sock
     }
 }
 
-async fn dial(addresses: &[SocketAddr], limit: Duration) -> Result<TcpStream, String> {
+/// The first of `addresses` that accepts, each within the connect limit: opened by the Pod's
+/// dialer when there is one.
+pub(super) async fn dial(addresses: &[SocketAddr], egress: &Egress) -> Result<TcpStream, String> {
+    let limit = egress.limits.connect_timeout;
     let mut last = String::from("no address");
     for address in addresses {
-        match timeout(limit, TcpStream::connect(address)).await {
-            Ok(Ok(stream)) => {
+        let connected = match &egress.dialer {
+            Some(dialer) => dialer.connect(*address, limit).await.map_err(|err| err.to_string()),
+            None => match timeout(limit, TcpStream::connect(address)).await {
+                Ok(Ok(stream)) => Ok(stream),
+                Ok(Err(err)) => Err(format!("{address}: {err}")),
+                Err(_) => Err(format!("{address}: no answer within {limit:?}")),
+            },
+        };
+        match connected {
+            Ok(stream) => {
                 let _ = stream.set_nodelay(true);
                 return Ok(stream);
             }
-            Ok(Err(err)) => last = format!("{address}: {err}"),
-            Err(_) => last = format!("{address}: no answer within {limit:?}"),
+            Err(reason) => last = reason,
         }
     }
     Err(last)
 }
 
-/// Copies both ways until either side ends, `tunnels` is cancelled, or an installed revision
-/// no longer allows the destination.
+/// Carries an upgraded CONNECT as [`hold`] does.
 async fn tunnel(
     upgraded: hyper::upgrade::Upgraded,
     mut upstream: TcpStream,
     asked: Asked,
+    installed: Installed,
+    tunnels: CancellationToken,
+) {
+    // The client's own socket again (hyper hands back what it had read past the request), so
+    // the bytes go socket to socket in the kernel.
+    match upgraded.downcast::<TokioIo<TcpStream>>() {
+        Ok(parts) => {
+            hold(
+                parts.io.into_inner(),
+                &parts.read_buf,
+                upstream,
+                asked,
+                installed,
+                tunnels,
+            )
+            .await
+        }
+        Err(upgraded) => {
+            let carry = async {
+                let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(upgraded), &mut upstream).await;
+            };
+            watch_revocation(carry, &asked, installed, tunnels).await;
+        }
+    }
+}
+
+/// Copies both ways (after `sent`, what the client sent already) until either side ends,
+/// `tunnels` is cancelled, or an installed revision no longer allows the destination.
+pub(super) async fn hold(
+    client: TcpStream,
+    sent: &[u8],
+    mut upstream: TcpStream,
+    asked: Asked,
+    installed: Installed,
+    tunnels: CancellationToken,
+) {
+    let carry = async {
+        if !sent.is_empty() && upstream.write_all(sent).await.is_err() {
+            return;
+        }
+        let _ = super::splice::both_ways(&client, &upstream).await;
+    };
+    watch_revocation(carry, &asked, installed, tunnels).await;
+}
+
+async fn watch_revocation(
+    carry: impl std::future::Future<Output = ()>,
+    asked: &Asked,
     mut installed: Installed,
     tunnels: CancellationToken,
 ) {
@@ -403,27 +492,11 @@ async fn tunnel(
             }
         }
     };
-    // The client's own socket again (hyper hands back what it had read past the request), so
-    // the bytes go socket to socket in the kernel.
-    let carry = async {
-        match upgraded.downcast::<TokioIo<TcpStream>>() {
-            Ok(parts) => {
-                let client = parts.io.into_inner();
-                if !parts.read_buf.is_empty() && upstream.write_all(&parts.read_buf).await.is_err() {
-                    return;
-                }
-                let _ = super::splice::both_ways(&client, &upstream).await;
-            }
-            Err(upgraded) => {
-                let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(upgraded), &mut upstream).await;
-            }
-        }
-    };
     tokio::select! {
         () = carry => {}
         () = tunnels.cancelled() => {}
         policy = revoked => {
-            log(&asked, policy.as_deref(), "revoke", None, "the installed revision no longer allows this tunnel");
+            log(asked, policy.as_deref(), "revoke", None, "the installed revision no longer allows this tunnel");
         }
     }
 }
@@ -553,7 +626,7 @@ fn empty() -> Body {
     full(String::new())
 }
 
-fn denial(asked: &Asked, policy: Option<&Policy>, reason: &str) -> super::recent::Denial {
+pub(super) fn denial(asked: &Asked, policy: Option<&Policy>, reason: &str) -> super::recent::Denial {
     let (method, path) = asked.http.as_ref().map_or(("", ""), |(m, p)| (m.as_str(), p.as_str()));
     super::recent::Denial {
         at_ms: proto::trust::unix_ms(std::time::SystemTime::now()),
@@ -566,7 +639,7 @@ fn denial(asked: &Asked, policy: Option<&Policy>, reason: &str) -> super::recent
     }
 }
 
-fn log(asked: &Asked, policy: Option<&Policy>, decision: &str, rule: Option<&str>, reason: &str) {
+pub(super) fn log(asked: &Asked, policy: Option<&Policy>, decision: &str, rule: Option<&str>, reason: &str) {
     let (method, path) = asked.http.as_ref().map_or(("", ""), |(m, p)| (m.as_str(), p.as_str()));
     info!(
         target: "egress",
@@ -610,6 +683,7 @@ mod tests {
             floor: Arc::new(floor),
             limits: Limits::default(),
             recent: Arc::default(),
+            dialer: None,
         };
         tokio::spawn(serve(listener, egress, shutdown.clone()));
         address
@@ -721,6 +795,7 @@ mod tests {
                 ..Limits::default()
             },
             recent: Arc::default(),
+            dialer: None,
         };
         let shutdown = CancellationToken::new();
         let server = tokio::spawn(serve(listener, egress, shutdown.clone()));

@@ -434,6 +434,8 @@ impl Fixture {
             idle_timeout_seconds: 300,
             restart_policy: "Always".into(),
             egress_listen: None,
+            egress_redirect_listen: None,
+            egress_dialer: None,
             workload_from_pid_namespace: false,
             log: LogArgs {
                 log_format: LogFormat::Text,
