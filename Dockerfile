@@ -32,7 +32,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo build --release --locked \
  && mkdir -p /out \
  && cp target/release/gateway target/release/poolctl target/release/supervisor target/release/sidecar \
-       target/release/webhook target/release/agent /out/
+       target/release/webhook target/release/agent target/release/egress /out/
 
 FROM ${RUNTIME_IMAGE} AS runtime
 USER 65532:65532
@@ -50,11 +50,22 @@ COPY --from=build /out/supervisor /usr/local/bin/supervisor
 EXPOSE 7443 9090
 ENTRYPOINT ["/usr/local/bin/supervisor"]
 
+# nft and the libraries it needs beyond the runtime's glibc, for egress redirection's init
+# container (egress install-rules).
+FROM debian:bookworm-slim AS nft
+RUN apt-get update && apt-get install -y --no-install-recommends nftables \
+ && mkdir -p /out/usr/sbin && cp /usr/sbin/nft /out/usr/sbin/nft \
+ && ldd /usr/sbin/nft | grep -o '/[^ ]*' | grep -v -E '/(libc|libm|ld-linux[^/]*)\.so' \
+    | while read -r lib; do mkdir -p "/out$(dirname "$lib")" && cp -L "$lib" "/out$lib"; done
+
 FROM runtime AS sidecar
 # Execute-only (and root's): a process that runs a file it cannot read is non-dumpable from
 # execve on, so no workload process of its UID can read its memory or files through /proc
 # (sidecar/src/conceal.rs).
 COPY --from=build --chown=0:0 --chmod=0111 /out/sidecar /usr/local/bin/sidecar
+# Egress redirection: the Pod's network rules (init container) and its dialer.
+COPY --from=build /out/egress /usr/local/bin/egress
+COPY --from=nft /out/ /
 ENTRYPOINT ["/usr/local/bin/sidecar"]
 
 FROM runtime AS webhook

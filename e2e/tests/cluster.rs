@@ -411,6 +411,11 @@ async fn the_user_flow_on_a_real_cluster() {
         .await;
     flow.step("egress: a SandboxPolicy decides, through a handoff", Flow::egress)
         .await;
+    flow.step(
+        "egress redirection: a process that ignores the proxy",
+        Flow::egress_redirected,
+    )
+    .await;
     flow.step("supervisor Pod force-deleted", Flow::supervisor_pod_deleted)
         .await;
     if node_local() {
@@ -2018,6 +2023,167 @@ impl Flow {
             gap_ms: 0,
             restarts: 0,
         });
+        self.kubectl.run(&["delete", "namespace", &ns, "--wait=false"]).await?;
+        Ok(())
+    }
+
+    /// In a namespace labelled `supervision.openshell.ai/egress=redirect`, a process that
+    /// ignores the proxy variables is decided as one that uses them: straight to an allowed
+    /// name it gets through, straight to a denied name, a Service IP or the pool's own
+    /// gateway it gets the 403, bytes of no known protocol to a Pod IP are closed, UDP is
+    /// refused; with its sidecar SIGKILLed it reaches nothing, and once the sidecar is back the
+    /// allowed name answers again.
+    async fn egress_redirected(&mut self) -> Result<(), Error> {
+        let ns = format!("{}-redirect", self.namespace);
+        self.kubectl.run(&["create", "namespace", &ns]).await?;
+        self.kubectl
+            .run(&[
+                "label",
+                "namespace",
+                &ns,
+                LABEL,
+                "supervision.openshell.ai/egress=redirect",
+            ])
+            .await?;
+        self.secret_present_in(&ns, true).await?;
+        self.kubectl.apply(&egress_fixture(&ns, &self.image)).await?;
+        let (_, warnings) = self
+            .kubectl
+            .apply_warned(&lone_pod(&ns, "redirected", &self.image))
+            .await?;
+        check(!warnings.contains("redirection may not hold"), || {
+            format!("a hardened Pod is redirected without a warning: {warnings}")
+        })?;
+        let pod = self.kubectl.json(&["get", "pod", "redirected", "-n", &ns]).await?;
+        let init: Vec<&str> = pod["spec"]["initContainers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["name"].as_str())
+            .collect();
+        check(
+            init == ["openshell-egress-init", "openshell-egress-dialer", "openshell-sidecar"],
+            || format!("the rules, the dialer, then the sidecar: {init:?}"),
+        )?;
+        let host = |service: &str| format!("upstream-{service}.{ns}.svc.cluster.local:8080");
+        let (allowed, denied) = (host("allowed"), host("denied"));
+        let exec = |args: Vec<String>| {
+            let mut all: Vec<String> = [
+                "exec",
+                "-n",
+                &ns,
+                "redirected",
+                "-c",
+                "agent",
+                "--",
+                "/usr/local/bin/probe",
+                "egress",
+            ]
+            .iter()
+            .map(|a| (*a).to_owned())
+            .collect();
+            all.extend(args);
+            all
+        };
+        let kubectl = self.kubectl.clone();
+        let straight = exec(vec!["--direct".into(), format!("http://{allowed}/direct")]);
+        let through = || async {
+            let out = kubectl.run(&strs(&straight)).await.ok()?;
+            out.contains("status=200 body=upstream=in-cluster").then_some(())
+        };
+        wait_for(
+            "a direct request to the allowed upstream goes through the sidecar",
+            2 * MINUTE,
+            through,
+        )
+        .await?;
+        let jsonpath = |kind: &'static str, name: &'static str, path: &'static str| {
+            let kubectl = self.kubectl.clone();
+            let ns = ns.clone();
+            async move {
+                let out = kubectl
+                    .run(&["get", kind, name, "-n", &ns, "-o", &format!("jsonpath={path}")])
+                    .await?;
+                Ok::<_, Error>(out.trim().to_owned())
+            }
+        };
+        let service_ip = jsonpath("service", "upstream-allowed", "{.spec.clusterIP}").await?;
+        let pod_ip = jsonpath("pod", "upstream", "{.status.podIP}").await?;
+        let gateway = "http://openshell-gateway.openshell-supervision.svc:8443/".to_owned();
+        let directs = [
+            format!("http://{allowed}/direct"),
+            format!("http://{denied}/"),
+            format!("http://{service_ip}:8080/"),
+            gateway.clone(),
+        ];
+        let mut args: Vec<String> = directs
+            .iter()
+            .flat_map(|d| ["--direct".to_owned(), d.clone()])
+            .collect();
+        args.extend([
+            "--raw".to_owned(),
+            format!("{pod_ip}:8080"),
+            "--udp".to_owned(),
+            format!("{pod_ip}:8080"),
+            "--get".to_owned(),
+            format!("http://{allowed}/proxied"),
+        ]);
+        let out = self.kubectl.run(&strs(&exec(args))).await?;
+        eprintln!(
+            "   {}",
+            out.lines()
+                .filter(|l| l.starts_with("probe egress target="))
+                .collect::<Vec<_>>()
+                .join("\n   ")
+        );
+        let line = |target: &str| {
+            out.lines()
+                .find_map(|l| l.strip_prefix(&format!("probe egress target={target} ")))
+                .unwrap_or("")
+                .to_owned()
+        };
+        let expected: Vec<(String, Vec<&str>)> = vec![
+            (format!("direct:{}", directs[0]), vec!["status=200", "path=/direct"]),
+            (format!("direct:{}", directs[1]), vec!["status=403", "\"ruleNeeded\":{"]),
+            (format!("direct:{}", directs[2]), vec!["status=403", "\"ruleNeeded\":{"]),
+            (
+                format!("direct:{gateway}"),
+                vec!["status=403", "never reachable from a workload"],
+            ),
+            (format!("raw:{pod_ip}:8080"), vec!["status=closed"]),
+            (format!("udp:{pod_ip}:8080"), vec!["status=refused"]),
+            (format!("http://{allowed}/proxied"), vec!["status=200", "path=/proxied"]),
+        ];
+        for (target, parts) in &expected {
+            let got = line(target);
+            check(parts.iter().all(|p| got.contains(p)), || {
+                format!("{target}: expected {parts:?}, got {got:?}")
+            })?;
+        }
+
+        // The sidecar killed by the workload (same UID): nothing leaves meanwhile.
+        let args = vec![
+            "--kill-sidecar".to_owned(),
+            "--direct".to_owned(),
+            format!("http://{denied}/"),
+            "--raw".to_owned(),
+            format!("{pod_ip}:8080"),
+        ];
+        let out = self.kubectl.run(&strs(&exec(args))).await?;
+        eprintln!("   {}", out.lines().collect::<Vec<_>>().join("\n   "));
+        check(out.contains("probe egress killed="), || {
+            format!("the sidecar was killed: {out}")
+        })?;
+        check(!out.contains("upstream=in-cluster"), || {
+            format!("nothing reached the upstream while the sidecar was down: {out}")
+        })?;
+        check(!out.contains("status=answered"), || format!("no raw answer: {out}"))?;
+        wait_for(
+            "the sidecar back, the allowed upstream answers a direct request again",
+            2 * MINUTE,
+            through,
+        )
+        .await?;
         self.kubectl.run(&["delete", "namespace", &ns, "--wait=false"]).await?;
         Ok(())
     }

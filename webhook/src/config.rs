@@ -156,6 +156,18 @@ pub struct Config {
     #[arg(long, env = "OPENSHELL_WEBHOOK_EGRESS_PORT", default_value_t = 15001)]
     pub egress_port: u16,
 
+    /// Under egress redirection (namespaces labelled supervision.openshell.ai/egress=redirect):
+    /// the loopback port of the sidecar's redirect listener, where the Pod's network rules send
+    /// every TCP connection.
+    #[arg(long, env = "OPENSHELL_WEBHOOK_EGRESS_REDIRECT_PORT", default_value_t = 15002)]
+    pub egress_redirect_port: u16,
+
+    /// Under egress redirection: the UID and GID of the Pod's dialer, whose connections alone
+    /// leave the Pod. A workload container that runs as it is not redirected (with a warning).
+    #[arg(long, env = "OPENSHELL_WEBHOOK_EGRESS_DIALER_UID", default_value_t = 15999,
+          value_parser = clap::value_parser!(i64).range(1..=i64::from(u32::MAX)))]
+    pub egress_dialer_uid: i64,
+
     /// Largest accepted request body, in bytes.
     #[arg(long, env = "OPENSHELL_WEBHOOK_MAX_BODY_BYTES", default_value_t = 3 * 1024 * 1024)]
     pub max_body_bytes: usize,
@@ -209,9 +221,18 @@ impl Config {
             },
             run_as_user: self.sidecar_run_as_user,
             egress_port: (self.egress_port != 0).then_some(self.egress_port),
+            egress_redirect: crate::inject::Redirect::Off,
             token_audience: self.token_audience.clone(),
             token_expiration_seconds: self.token_expiration_seconds,
             version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+
+    /// The injection for namespaces that turned egress redirection on.
+    pub fn redirection(&self) -> crate::inject::Redirection {
+        crate::inject::Redirection {
+            port: self.egress_redirect_port,
+            dialer_uid: self.egress_dialer_uid,
         }
     }
 

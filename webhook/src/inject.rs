@@ -16,6 +16,7 @@ use crate::patch::{Fragment, PatchWriter};
 pub use crate::patch::{JsonPatch, escape_pointer_token};
 
 mod config;
+mod redirect;
 pub mod refuse;
 pub mod shape;
 
@@ -130,6 +131,20 @@ pub struct Injector {
     /// `workload_env`'s values, for callers that read them as a slice.
     workload_env_values: Vec<Value>,
     volume_values: Vec<Value>,
+    /// Under egress redirection, what it adds.
+    redirected: Option<Redirected>,
+}
+
+/// What egress redirection adds to a Pod ([`redirect`]), built once.
+#[derive(Clone, Debug)]
+struct Redirected {
+    redirection: Redirection,
+    init: Fragment,
+    /// The dialer per mode (native, container).
+    dialer: [Fragment; 2],
+    volume: Fragment,
+    sidecar_env: [Fragment; 2],
+    sidecar_mount: Fragment,
 }
 
 #[derive(Serialize)]
@@ -138,7 +153,7 @@ struct InjectedRecord<'a> {
     mode: &'static str,
     sidecar: &'a str,
     image: &'a str,
-    volumes: [&'static str; 3],
+    volumes: Vec<&'static str>,
     /// Workload containers that got at least one env var.
     env: Vec<&'a str>,
     /// Workload containers that got the socket mount.
@@ -147,6 +162,10 @@ struct InjectedRecord<'a> {
     /// the webhook's configuration).
     #[serde(skip_serializing_if = "Option::is_none")]
     egress: Option<String>,
+    /// Under egress redirection (asked for by the namespace): where the Pod's connections go
+    /// and who opens them, or why they are not redirected.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    redirect: Option<String>,
 }
 
 fn env_value(name: &str, value: &str) -> Value {
@@ -476,7 +495,19 @@ impl Injector {
             );
         }
         let workload_mount = json!({ "name": SOCKET_VOLUME, "mountPath": SOCKET_DIR });
+        let redirected = match config.egress_redirect {
+            Redirect::On(redirection) => Some(Redirected {
+                redirection,
+                init: Fragment::new(redirect::init_container(&config, redirection)),
+                dialer: [true, false].map(|native| Fragment::new(redirect::dialer(&config, redirection, native))),
+                volume: Fragment::new(redirect::volume()),
+                sidecar_env: redirect::sidecar_env(redirection).map(Fragment::new),
+                sidecar_mount: Fragment::new(redirect::sidecar_mount()),
+            }),
+            Redirect::Off | Redirect::Blocked => None,
+        };
         Self {
+            redirected,
             config,
             sidecars,
             volumes: volumes.iter().cloned().map(Fragment::new).collect(),
@@ -593,14 +624,16 @@ impl Injector {
         // A Pod this webhook injected carries the sidecar's volumes and is refused above (a
         // copy of one must drop them): one that only carries the injection record or a
         // container of the sidecar's name looks supervised and is not.
+        let ours = [SIDECAR_NAME, DIALER_NAME, EGRESS_INIT_NAME];
         if annotation_map.is_some_and(|m| m.contains_key(INJECTED_ANNOTATION))
-            || has_named(spec.get("containers"), SIDECAR_NAME)
-            || has_named(spec.get("initContainers"), SIDECAR_NAME)
+            || ours
+                .iter()
+                .any(|name| has_named(spec.get("containers"), name) || has_named(spec.get("initContainers"), name))
         {
             let unsupervised = Unsupervised {
                 reason: SkipReason::ForgedMarker,
                 message: format!(
-                    "the Pod carries the annotation {INJECTED_ANNOTATION} or a container named {SIDECAR_NAME} without the sidecar the webhook injects; remove the annotation and rename the container to supervise it"
+                    "the Pod carries the annotation {INJECTED_ANNOTATION} or a container named {SIDECAR_NAME}, {DIALER_NAME} or {EGRESS_INIT_NAME} without the sidecar the webhook injects; remove the annotation and rename the container to supervise it"
                 ),
             };
             return Ok(not_supervised(metadata, label_map, annotation_map, unsupervised));
@@ -611,8 +644,8 @@ impl Injector {
             Err(unsupervised) => return Ok(not_supervised(metadata, label_map, annotation_map, unsupervised)),
         };
 
-        // No volume of the Pod has one of our names (refused above): all three are added.
-        let new_volumes: Vec<&str> = self.volumes.iter().map(Fragment::json).collect();
+        // No volume of the Pod has one of our names (refused above): all are added.
+        let mut new_volumes: Vec<&str> = self.volumes.iter().map(Fragment::json).collect();
 
         let mut warnings = Vec::new();
         let mode = match string_at(annotations, SIDECAR_MODE_ANNOTATION) {
@@ -643,23 +676,80 @@ impl Injector {
             None => Ok(format!("127.0.0.1:{port}")),
         });
 
+        // Egress redirection, when the namespace asked for it and it can hold for this Pod.
+        let (redirected, redirect_record) = match (self.config.egress_redirect, &self.redirected) {
+            (Redirect::On(_), Some(redirected)) => match redirect::assess(spec, redirected.redirection) {
+                Ok(weak) => {
+                    warnings.extend(weak);
+                    let record = format!(
+                        "127.0.0.1:{} (dialer UID {})",
+                        redirected.redirection.port, redirected.redirection.dialer_uid
+                    );
+                    (Some(redirected), Some(record))
+                }
+                Err(reason) => {
+                    warnings.push(reason.clone());
+                    (None, Some(format!("off: {reason}")))
+                }
+            },
+            (Redirect::Blocked, _) => {
+                let reason = format!(
+                    "the namespace asks for egress redirection ({EGRESS_MODE_LABEL}=redirect) but enforces Pod Security level baseline or restricted, which refuses the NET_ADMIN of its init container: egress goes through the proxy variables only; label the namespace pod-security.kubernetes.io/enforce=privileged to redirect"
+                );
+                warnings.push(reason.clone());
+                (None, Some(format!("off: {reason}")))
+            }
+            _ => (None, None),
+        };
+
         let mut patch = PatchWriter::with_capacity(4096);
 
-        // 1. The sidecar.
+        // 1. The sidecar (under redirection after the rules' init container and the dialer).
         let sidecar = self.sidecar_fragment(mode, matches!(egress, Some(Ok(_)))).json();
-        match mode {
-            SidecarMode::Native => match init_containers {
-                // Before the Pod's own init containers, so it runs while they run.
-                Some(_) => patch.add_json(format_args!("/spec/initContainers/0"), sidecar),
-                None => patch.add_array(format_args!("/spec/initContainers"), [sidecar]),
-            },
+        let mode_index = usize::from(mode == SidecarMode::Container);
+        let sidecar_at = match (mode, redirected) {
+            (SidecarMode::Native, None) => {
+                match init_containers {
+                    // Before the Pod's own init containers, so it runs while they run.
+                    Some(_) => patch.add_json(format_args!("/spec/initContainers/0"), sidecar),
+                    None => patch.add_array(format_args!("/spec/initContainers"), [sidecar]),
+                }
+                "/spec/initContainers/0".to_owned()
+            }
+            (SidecarMode::Native, Some(r)) => {
+                let ours = [r.init.json(), r.dialer[mode_index].json(), sidecar];
+                match init_containers {
+                    Some(_) => {
+                        for container in ours.iter().rev() {
+                            patch.add_json(format_args!("/spec/initContainers/0"), container);
+                        }
+                    }
+                    None => patch.add_array(format_args!("/spec/initContainers"), ours),
+                }
+                "/spec/initContainers/2".to_owned()
+            }
             // After the workload's containers, so the Pod's default container is unchanged.
-            SidecarMode::Container => patch.add_json(format_args!("/spec/containers/-"), sidecar),
-        }
-        let sidecar_at = match mode {
-            SidecarMode::Native => "/spec/initContainers/0".to_owned(),
-            SidecarMode::Container => format!("/spec/containers/{}", containers.len()),
+            (SidecarMode::Container, redirected) => {
+                patch.add_json(format_args!("/spec/containers/-"), sidecar);
+                if let Some(r) = redirected {
+                    patch.add_json(format_args!("/spec/containers/-"), r.dialer[mode_index].json());
+                    match init_containers {
+                        Some(_) => patch.add_json(format_args!("/spec/initContainers/0"), r.init.json()),
+                        None => patch.add_array(format_args!("/spec/initContainers"), [r.init.json()]),
+                    }
+                }
+                format!("/spec/containers/{}", containers.len())
+            }
         };
+        if let Some(r) = redirected {
+            let env: Vec<&str> = r.sidecar_env.iter().map(Fragment::json).collect();
+            patch.push_all(format_args!("{sidecar_at}/env"), true, &env);
+            patch.push_all(
+                format_args!("{sidecar_at}/volumeMounts"),
+                true,
+                &[r.sidecar_mount.json()],
+            );
+        }
         if let Some(uid) = fit.sidecar_uid {
             // The workload's UID, which the sidecar needs to follow it (shape::assess).
             patch.add_value(format_args!("{sidecar_at}/securityContext/runAsUser"), &uid);
@@ -743,6 +833,9 @@ impl Injector {
         }
 
         // 3. The volumes.
+        if let Some(r) = redirected {
+            new_volumes.push(r.volume.json());
+        }
         patch.push_all(format_args!("/spec/volumes"), volumes.is_some(), &new_volumes);
 
         // 4. A shared process namespace so the sidecar can see and stop the workload.
@@ -757,7 +850,10 @@ impl Injector {
             mode: mode.as_str(),
             sidecar: SIDECAR_NAME,
             image: &self.config.sidecar_image,
-            volumes: [TOKEN_VOLUME, SOCKET_VOLUME, STATE_VOLUME],
+            volumes: [TOKEN_VOLUME, SOCKET_VOLUME, STATE_VOLUME]
+                .into_iter()
+                .chain(redirected.map(|_| DIALER_VOLUME))
+                .collect(),
             env: env_containers,
             mounts: mount_containers,
             egress: egress.map(|egress| match egress {
@@ -765,6 +861,7 @@ impl Injector {
                 Ok(listen) => listen,
                 Err(reason) => format!("off: {reason}"),
             }),
+            redirect: redirect_record,
         };
         let record = serde_json::to_string(&record).unwrap_or_default();
         match metadata {

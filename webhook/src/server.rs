@@ -21,7 +21,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::config::Config;
-use crate::inject::Injector;
+use crate::inject::{InjectConfig, Injector, Redirect};
 use crate::metrics::Metrics;
 use crate::review::{self, FailReason, Outcome, Reviewed};
 use crate::tls::{self, CertStore, TlsError};
@@ -65,7 +65,12 @@ pub fn shutdown_channel() -> (ShutdownTrigger, ShutdownSignal) {
 /// Everything a handler needs.
 #[derive(Debug)]
 pub struct AppState {
+    /// `/mutate`: the proxy variables only.
     pub injector: Injector,
+    /// `/mutate/redirect`: namespaces that turned egress redirection on.
+    pub redirect: Injector,
+    /// `/mutate/redirect-blocked`: they did, but their Pod Security level refuses it.
+    pub redirect_blocked: Injector,
     pub metrics: Arc<Metrics>,
     pub store: Arc<CertStore>,
     bound: AtomicBool,
@@ -78,6 +83,14 @@ impl AppState {
     pub fn new(config: &Config, metrics: Arc<Metrics>, store: Arc<CertStore>) -> Self {
         Self {
             injector: Injector::new(config.inject_config()),
+            redirect: Injector::new(InjectConfig {
+                egress_redirect: Redirect::On(config.redirection()),
+                ..config.inject_config()
+            }),
+            redirect_blocked: Injector::new(InjectConfig {
+                egress_redirect: Redirect::Blocked,
+                ..config.inject_config()
+            }),
             metrics,
             store,
             bound: AtomicBool::new(false),
@@ -103,7 +116,20 @@ impl AppState {
 
 /// The HTTPS routes.
 pub fn webhook_router(state: Arc<AppState>) -> Router {
-    Router::new().route("/mutate", post(mutate_handler)).with_state(state)
+    Router::new()
+        .route(
+            "/mutate",
+            post(|state, body| mutate_handler(state, body, |s| &s.injector)),
+        )
+        .route(
+            "/mutate/redirect",
+            post(|state, body| mutate_handler(state, body, |s| &s.redirect)),
+        )
+        .route(
+            "/mutate/redirect-blocked",
+            post(|state, body| mutate_handler(state, body, |s| &s.redirect_blocked)),
+        )
+        .with_state(state)
 }
 
 /// The plain-HTTP routes.
@@ -165,11 +191,15 @@ async fn read_body(body: Body, limit: usize, timeout: Duration) -> Result<Vec<u8
     }
 }
 
-async fn mutate_handler(State(state): State<Arc<AppState>>, body: Body) -> Response {
+async fn mutate_handler(
+    State(state): State<Arc<AppState>>,
+    body: Body,
+    injector: impl Fn(&AppState) -> &Injector,
+) -> Response {
     let started = Instant::now();
     state.metrics.requests.inc();
     let reviewed = match read_body(body, state.max_body_bytes, state.request_timeout).await {
-        Ok(bytes) => review::mutate_bytes(&bytes, &state.injector),
+        Ok(bytes) => review::mutate_bytes(&bytes, injector(&state)),
         Err(failed) => failed,
     };
     let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;

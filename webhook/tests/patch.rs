@@ -11,9 +11,10 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 use webhook::inject::refuse::RefuseReason;
 use webhook::inject::{
-    INJECT_LABEL, INJECTED_ANNOTATION, InjectConfig, Injector, NOT_SUPERVISED_ANNOTATION, NOT_SUPERVISED_LABEL,
-    SIDECAR_MODE_ANNOTATION, SIDECAR_NAME, SIDECAR_SOCKET, SOCKET_DIR, SOCKET_VOLUME, STATE_DIR, STATE_VOLUME,
-    SUPERVISED_LABEL, SUPERVISION_DIR, SidecarMode, SkipReason, TOKEN_SECRET, TOKEN_VOLUME,
+    DIALER_NAME, DIALER_VOLUME, EGRESS_INIT_NAME, INJECT_LABEL, INJECTED_ANNOTATION, InjectConfig, Injector,
+    NOT_SUPERVISED_ANNOTATION, NOT_SUPERVISED_LABEL, Redirect, Redirection, SIDECAR_MODE_ANNOTATION, SIDECAR_NAME,
+    SIDECAR_SOCKET, SOCKET_DIR, SOCKET_VOLUME, STATE_DIR, STATE_VOLUME, SUPERVISED_LABEL, SUPERVISION_DIR, SidecarMode,
+    SkipReason, TOKEN_SECRET, TOKEN_VOLUME,
 };
 use webhook::review::{FailReason, Outcome, mutate, mutate_bytes};
 
@@ -1355,4 +1356,118 @@ fn a_pod_that_declares_the_proxy_port_runs_without_the_proxy_and_is_told_why() {
             "{list}: {record}"
         );
     }
+}
+
+fn injector_redirect(mode: SidecarMode) -> Injector {
+    Injector::new(InjectConfig {
+        default_mode: mode,
+        egress_redirect: Redirect::On(Redirection::default()),
+        ..InjectConfig::default()
+    })
+}
+
+/// Under egress redirection every fixture (with and without init containers of its own, in
+/// both modes) gets the rules' init container first, the dialer before the sidecar (native) or
+/// after it (container), the dialer's volume mounted in the dialer and the sidecar only, and a
+/// sidecar the sidecar binary accepts with its redirect listener and dialer.
+#[test]
+fn under_redirection_the_rules_run_first_and_only_the_dialer_and_sidecar_share_its_socket() {
+    for mode in [SidecarMode::Native, SidecarMode::Container] {
+        let injector = injector_redirect(mode);
+        for name in POD_FIXTURES {
+            let (object, _patch, patched) = inject_fixture(name, &injector);
+            let pod: Pod = serde_json::from_value(patched.clone()).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let spec = pod.spec.as_ref().unwrap();
+            let init = spec.init_containers.as_ref().unwrap();
+            assert_eq!(
+                init[0].name, EGRESS_INIT_NAME,
+                "{name} {mode:?}: the rules before anything else"
+            );
+            let caps = init[0]
+                .security_context
+                .as_ref()
+                .unwrap()
+                .capabilities
+                .as_ref()
+                .unwrap();
+            assert_eq!(caps.add.as_deref(), Some(["NET_ADMIN".to_owned()].as_slice()));
+            let (dialer, sidecar) = match mode {
+                SidecarMode::Native => {
+                    assert_eq!(init[1].name, DIALER_NAME, "{name}");
+                    assert_eq!(init[1].restart_policy.as_deref(), Some("Always"));
+                    assert_eq!(init[2].name, SIDECAR_NAME, "{name}");
+                    (&init[1], &init[2])
+                }
+                SidecarMode::Container => {
+                    let n = spec.containers.len();
+                    assert_eq!(spec.containers[n - 1].name, DIALER_NAME, "{name}");
+                    assert_eq!(spec.containers[n - 2].name, SIDECAR_NAME, "{name}");
+                    (&spec.containers[n - 1], &spec.containers[n - 2])
+                }
+            };
+            // The Pod's own init containers keep their order, after ours.
+            let own = object["spec"]["initContainers"].as_array().map_or(0, Vec::len);
+            let ours = if mode == SidecarMode::Native { 3 } else { 1 };
+            assert_eq!(init.len(), own + ours, "{name} {mode:?}");
+            let security = dialer.security_context.as_ref().unwrap();
+            assert_eq!(security.run_as_user, Some(15999));
+            assert_eq!(security.run_as_group, Some(15999));
+            assert_eq!(security.allow_privilege_escalation, Some(false));
+            // Only the dialer and the sidecar mount the dialer's socket.
+            let mounting: Vec<&str> = spec
+                .containers
+                .iter()
+                .chain(init.iter())
+                .filter(|c| c.volume_mounts.iter().flatten().any(|m| m.name == DIALER_VOLUME))
+                .map(|c| c.name.as_str())
+                .collect();
+            let mut expected = vec![SIDECAR_NAME, DIALER_NAME];
+            expected.sort_unstable();
+            let mut mounting = mounting;
+            mounting.sort_unstable();
+            assert_eq!(mounting, expected, "{name} {mode:?}");
+            let env: Vec<&str> = sidecar.env.iter().flatten().map(|e| e.name.as_str()).collect();
+            assert!(env.contains(&"OPENSHELL_EGRESS_REDIRECT_LISTEN"), "{name}: {env:?}");
+            assert!(env.contains(&"OPENSHELL_EGRESS_DIALER"), "{name}: {env:?}");
+            assert_sidecar_accepts(sidecar, &pod);
+            let record: Value =
+                serde_json::from_str(pod.metadata.annotations.as_ref().unwrap()[INJECTED_ANNOTATION].as_str()).unwrap();
+            assert_eq!(record["redirect"], "127.0.0.1:15002 (dialer UID 15999)", "{name}");
+        }
+    }
+}
+
+/// A namespace that asks for redirection but enforces a Pod Security level that refuses it
+/// gets the proxy only, with a warning and the reason in the record: never a Pod the API
+/// server refuses because of us.
+#[test]
+fn redirection_blocked_by_pod_security_is_the_proxy_with_a_warning() {
+    let injector = Injector::new(InjectConfig {
+        egress_redirect: Redirect::Blocked,
+        ..InjectConfig::default()
+    });
+    let review = fixture("pod-create-kubectl-run.json");
+    let reviewed = mutate(&review, &injector);
+    assert!(
+        reviewed
+            .response
+            .warnings
+            .iter()
+            .any(|w| w.contains("pod-security.kubernetes.io/enforce=privileged"))
+    );
+    let (_, _, patched) = inject_fixture("pod-create-kubectl-run.json", &injector);
+    let names: Vec<&str> = patched["spec"]["initContainers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, [SIDECAR_NAME]);
+    let record: Value = serde_json::from_str(
+        patched["metadata"]["annotations"][INJECTED_ANNOTATION]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(record["redirect"].as_str().unwrap().starts_with("off: "), "{record}");
 }

@@ -11,6 +11,12 @@
 //!   and waits for a line on its standard input, then asks for `/held` through each
 //!   (`probe egress held=<…> ok=<answered> of=N first_failure=<…|none>`) — or, if a tunnel
 //!   closes first, `probe egress held=<…> closed`.
+//! - What a process that ignores the proxy variables does (egress redirection): `--direct URL`
+//!   sends the plain-HTTP request straight to the URL's host (`target=direct:<URL>`);
+//!   `--raw HOST:PORT` connects straight and sends bytes that are no HTTP or TLS
+//!   (`target=raw:<…> status=closed|answered|error`); `--udp HOST:PORT` sends a datagram
+//!   (`target=udp:<…> status=sent|refused`); `--kill-sidecar` first SIGKILLs the Pod's sidecar
+//!   (`probe egress killed=<pid>`), which runs as the workload's UID.
 
 use std::time::Duration;
 
@@ -47,6 +53,18 @@ pub struct EgressArgs {
     /// How many tunnels `--hold` opens.
     #[arg(long, default_value_t = 1)]
     count: usize,
+    /// A plain-HTTP URL asked of its host directly, ignoring the proxy variables.
+    #[arg(long)]
+    direct: Vec<String>,
+    /// A HOST:PORT connected to directly, sent bytes of no known protocol.
+    #[arg(long)]
+    raw: Vec<String>,
+    /// A HOST:PORT sent a UDP datagram.
+    #[arg(long)]
+    udp: Vec<String>,
+    /// SIGKILL the Pod's sidecar first.
+    #[arg(long)]
+    kill_sidecar: bool,
 }
 
 pub async fn upstream(args: UpstreamArgs) -> anyhow::Result<()> {
@@ -71,6 +89,28 @@ pub async fn upstream(args: UpstreamArgs) -> anyhow::Result<()> {
 }
 
 pub async fn egress(args: EgressArgs) -> anyhow::Result<()> {
+    if args.kill_sidecar {
+        let pid = sidecar_pid().context("no sidecar process in the Pod's PID namespace")?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
+            .with_context(|| format!("killing the sidecar ({pid})"))?;
+        println!("probe egress killed={pid}");
+    }
+    for url in &args.direct {
+        let line = match direct(url).await {
+            Ok((status, body)) => format!("status={status} body={}", first_line(&body)),
+            Err(err) => format!("status=error body={}", first_line(&format!("{err:#}"))),
+        };
+        println!("probe egress target=direct:{url} {line}");
+    }
+    for target in &args.raw {
+        println!("probe egress target=raw:{target} {}", raw(target).await);
+    }
+    for target in &args.udp {
+        println!("probe egress target=udp:{target} {}", udp(target).await);
+    }
+    if args.get.is_empty() && args.connect.is_empty() && args.hold.is_none() {
+        return Ok(());
+    }
     let proxy = proxy_address()?;
     println!("probe egress proxy={proxy}");
     for url in &args.get {
@@ -142,6 +182,64 @@ async fn hold(proxy: &str, target: &str, count: usize) -> anyhow::Result<()> {
         failure.unwrap_or_else(|| "none".to_owned())
     );
     Ok(())
+}
+
+/// The PID of the process named `sidecar` in this PID namespace.
+fn sidecar_pid() -> Option<i32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+        stat.contains("(sidecar)").then_some(pid)
+    })
+}
+
+/// `GET` straight to the URL's host, as a client that ignores the proxy variables.
+async fn direct(url: &str) -> anyhow::Result<(u16, String)> {
+    let rest = url.strip_prefix("http://").context("not an http:// URL")?;
+    let (authority, path) = rest
+        .split_once('/')
+        .map_or((rest, "/".to_owned()), |(a, p)| (a, format!("/{p}")));
+    let address = if authority.contains(':') {
+        authority.to_owned()
+    } else {
+        format!("{authority}:80")
+    };
+    let mut stream = timeout(EXCHANGE, TcpStream::connect(&address)).await??;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let response = read_all(&mut stream).await?;
+    parse(&response)
+}
+
+/// Bytes of no known protocol straight to `target`: whether anything answered.
+async fn raw(target: &str) -> String {
+    let exchange = async {
+        let mut stream = TcpStream::connect(target).await?;
+        stream.write_all(b"\x00\x01 not http, not tls\r\n\r\n").await?;
+        let mut answer = vec![0u8; 1024];
+        let n = stream.read(&mut answer).await?;
+        anyhow::Ok(String::from_utf8_lossy(&answer[..n]).into_owned())
+    };
+    match timeout(EXCHANGE, exchange).await {
+        Ok(Ok(answer)) if answer.is_empty() => "status=closed body=".to_owned(),
+        Ok(Ok(answer)) => format!("status=answered body={}", first_line(&answer)),
+        Ok(Err(err)) => format!("status=error body={}", first_line(&format!("{err:#}"))),
+        Err(_) => "status=error body=no answer and not closed".to_owned(),
+    }
+}
+
+/// A UDP datagram to `target` (a packet the Pod's rules reject fails the send itself).
+async fn udp(target: &str) -> String {
+    let sent = async {
+        let socket = tokio::net::UdpSocket::bind("0.0.0.0:0").await?;
+        socket.connect(target).await?;
+        socket.send(b"probe").await?;
+        anyhow::Ok(())
+    };
+    match sent.await {
+        Ok(()) => "status=sent body=".to_owned(),
+        Err(err) => format!("status=refused body={}", first_line(&format!("{err:#}"))),
+    }
 }
 
 /// `host:port` of `HTTP_PROXY` (or `http_proxy`).

@@ -46,6 +46,22 @@ pub const STATE_VOLUME: &str = "openshell-sidecar-state";
 pub const STATE_DIR: &str = "/var/run/openshell/sidecar-state";
 /// Size limit of [`STATE_VOLUME`] (it holds one small JSON file).
 pub const STATE_VOLUME_SIZE: &str = "1Mi";
+/// Namespace label by which a platform team turns egress redirection on for a labelled
+/// namespace (`supervision.openshell.ai/egress=redirect`); the webhook configuration selects
+/// such namespaces into `/mutate/redirect`.
+pub const EGRESS_MODE_LABEL: &str = "supervision.openshell.ai/egress";
+/// Name of the init container that installs the Pod's network rules (`NET_ADMIN`, exits).
+pub const EGRESS_INIT_NAME: &str = "openshell-egress-init";
+/// Name of the Pod's dialer container (its own UID; the only connections that leave the Pod).
+pub const DIALER_NAME: &str = "openshell-egress-dialer";
+/// Name of the in-memory `emptyDir` holding the dialer's socket; mounted in the dialer and the
+/// sidecar only.
+pub const DIALER_VOLUME: &str = "openshell-egress-dialer";
+/// Where [`DIALER_VOLUME`] is mounted.
+pub const DIALER_DIR: &str = "/var/run/openshell/egress";
+/// The dialer's socket (`OPENSHELL_EGRESS_DIALER`).
+pub const DIALER_SOCKET: &str = "/var/run/openshell/egress/dialer.sock";
+
 /// Default supervisor route: the pool's Service in the default install namespace, over TLS.
 pub const DEFAULT_SUPERVISOR_ROUTE: &str = "https://openshell-supervisor.openshell-supervision.svc:7443";
 /// Default gateway endpoint: the gateway's Service in the default install namespace, over TLS.
@@ -134,6 +150,8 @@ pub struct InjectConfig {
     /// Loopback port of the sidecar's egress proxy (`OPENSHELL_EGRESS_LISTEN`), which the
     /// workload containers' proxy variables name; `None` injects no proxy.
     pub egress_port: Option<u16>,
+    /// Egress redirection for the Pods this injector serves.
+    pub egress_redirect: Redirect,
     /// Audience of the sidecar's projected ServiceAccount token (the gateway's).
     pub token_audience: String,
     /// Lifetime of that token in seconds.
@@ -155,9 +173,43 @@ impl Default for InjectConfig {
             resources: SidecarResources::default(),
             run_as_user: None,
             egress_port: Some(15001),
+            egress_redirect: Redirect::Off,
             token_audience: proto::trust::KUBERNETES_AUDIENCE.into(),
             token_expiration_seconds: 3600,
             version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+}
+
+/// Egress redirection, chosen per namespace by [`EGRESS_MODE_LABEL`] (the webhook
+/// configuration sends such namespaces' Pods to `/mutate/redirect`, or to
+/// `/mutate/redirect-blocked` where the namespace enforces a Pod Security level that refuses
+/// the init container's `NET_ADMIN`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Redirect {
+    /// The proxy variables only (cooperative clients).
+    #[default]
+    Off,
+    /// Every TCP connection of the Pod goes to the sidecar.
+    On(Redirection),
+    /// Asked for, but the namespace's Pod Security level would refuse the Pod: proxy only.
+    Blocked,
+}
+
+/// Where redirected connections go and who may leave the Pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Redirection {
+    /// The sidecar's redirect listener on 127.0.0.1.
+    pub port: u16,
+    /// The dialer's UID (and GID): no workload container may run as it.
+    pub dialer_uid: i64,
+}
+
+impl Default for Redirection {
+    fn default() -> Self {
+        Self {
+            port: 15002,
+            dialer_uid: 15999,
         }
     }
 }

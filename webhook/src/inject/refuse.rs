@@ -23,7 +23,7 @@
 
 use std::fmt;
 
-use super::{SOCKET_VOLUME, STATE_VOLUME, TOKEN_VOLUME};
+use super::{DIALER_VOLUME, SOCKET_VOLUME, STATE_VOLUME, TOKEN_VOLUME};
 
 /// Capabilities a container may add under the Pod Security Standards' "baseline" profile
 /// (<https://kubernetes.io/docs/concepts/security/pod-security-standards/>), without `CAP_`.
@@ -44,12 +44,16 @@ pub const BASELINE_CAPABILITIES: [&str; 13] = [
 ];
 
 /// Every volume the webhook injects.
-pub const INJECTED_VOLUMES: [&str; 3] = [TOKEN_VOLUME, SOCKET_VOLUME, STATE_VOLUME];
+pub const INJECTED_VOLUMES: [&str; 4] = [TOKEN_VOLUME, SOCKET_VOLUME, STATE_VOLUME, DIALER_VOLUME];
 
 /// The injected volumes only the sidecar mounts, and what each holds.
-pub const SIDECAR_VOLUMES: [(&str, &str); 2] = [
+pub const SIDECAR_VOLUMES: [(&str, &str); 3] = [
     (TOKEN_VOLUME, "gateway-audience ServiceAccount token"),
     (STATE_VOLUME, "fence state and receipt key"),
+    (
+        DIALER_VOLUME,
+        "egress dialer's socket, which opens connections that leave the Pod",
+    ),
 ];
 
 /// Longest Pod-supplied name quoted in a refusal (the API server validates names only after
