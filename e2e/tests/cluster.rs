@@ -2127,6 +2127,8 @@ impl Flow {
             format!("{pod_ip}:8080"),
             "--get".to_owned(),
             format!("http://{allowed}/proxied"),
+            "--through-dialer".to_owned(),
+            format!("{pod_ip}:8080"),
         ]);
         let out = self.kubectl.run(&strs(&exec(args))).await?;
         eprintln!(
@@ -2160,6 +2162,14 @@ impl Flow {
                 format!("{target}: expected {parts:?}, got {got:?}")
             })?;
         }
+        // The dialer's socket is out of the workload's reach, also through /proc.
+        let dialer = out
+            .lines()
+            .find(|l| l.starts_with("probe egress dialer="))
+            .unwrap_or("");
+        check(dialer.starts_with("probe egress dialer=unreachable /proc/"), || {
+            format!("the workload cannot reach the dialer: {dialer:?}")
+        })?;
 
         // The sidecar killed by the workload (same UID): nothing leaves meanwhile.
         let args = vec![

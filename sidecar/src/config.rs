@@ -183,6 +183,10 @@ impl Config {
         {
             return Err(Error::EgressListen(listen));
         }
+        // Redirected, this process's own connections would come back to it without the dialer.
+        if self.egress_redirect_listen.is_some() && self.egress_dialer.is_none() {
+            return Err(Error::Missing("the dialer's socket", "OPENSHELL_EGRESS_DIALER"));
+        }
         let names = [
             (&self.supervisor_tls_name, "OPENSHELL_SUPERVISOR_TLS_NAME"),
             (&self.gateway.gateway_tls_name, "OPENSHELL_GATEWAY_TLS_NAME"),

@@ -171,7 +171,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
             dialer: cfg.dialer(),
         };
         let policy = state.policy.as_ref().map(|p| (&p.name, p.revision));
-        let mut listen = None;
+        let (mut proxy, mut redirect) = (None, None);
         if let Some((address, listener)) = redirect_listener {
             info!(%address, ?policy, dialer = ?cfg.egress_dialer, "egress redirect listening");
             let original: egress::redirect::Original = Arc::new(egress::redirect::original_destination);
@@ -181,15 +181,16 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
                 original,
                 serving.clone(),
             )));
-            listen = Some(address);
+            redirect = Some(address);
         }
         if let Some((address, listener)) = proxy_listener {
             info!(%address, ?policy, "egress proxy listening");
             egress_tasks.push(tokio::spawn(egress::proxy::serve(listener, egress, serving.clone())));
-            listen = Some(address);
+            proxy = Some(address);
         }
-        listen.map(|listen| egress::View {
-            listen,
+        Some(egress::View {
+            proxy,
+            redirect,
             installed,
             recent,
         })

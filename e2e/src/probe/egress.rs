@@ -65,6 +65,10 @@ pub struct EgressArgs {
     /// SIGKILL the Pod's sidecar first.
     #[arg(long)]
     kill_sidecar: bool,
+    /// Ask the Pod's dialer, reached through `/proc/<pid>/root` of the dialer or the sidecar,
+    /// to open a connection to this HOST:PORT (`probe egress dialer=unreachable|reached …`).
+    #[arg(long)]
+    through_dialer: Option<String>,
 }
 
 pub async fn upstream(args: UpstreamArgs) -> anyhow::Result<()> {
@@ -108,7 +112,11 @@ pub async fn egress(args: EgressArgs) -> anyhow::Result<()> {
     for target in &args.udp {
         println!("probe egress target=udp:{target} {}", udp(target).await);
     }
+    if let Some(target) = &args.through_dialer {
+        println!("probe egress dialer={}", through_dialer(target).await);
+    }
     if args.get.is_empty() && args.connect.is_empty() && args.hold.is_none() {
+        // Only what ignores the proxy was asked for.
         return Ok(());
     }
     let proxy = proxy_address()?;
@@ -184,13 +192,54 @@ async fn hold(proxy: &str, target: &str, count: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The PID of the process named `sidecar` in this PID namespace.
+/// The PIDs of the processes named `name` in this PID namespace.
+fn pids_named(name: &str) -> Vec<i32> {
+    let comm = format!("({name})");
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            stat.contains(&comm).then_some(pid)
+        })
+        .collect()
+}
+
+/// The PID of the Pod's sidecar.
 fn sidecar_pid() -> Option<i32> {
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
-        let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
-        let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-        stat.contains("(sidecar)").then_some(pid)
-    })
+    pids_named("sidecar").first().copied()
+}
+
+/// The dialer's socket through `/proc/<pid>/root` of the dialer and of the sidecar: the
+/// first that accepts a connection, and what the dialer answered for `target`.
+async fn through_dialer(target: &str) -> String {
+    let mut tried = Vec::new();
+    for pid in pids_named("egress").into_iter().chain(pids_named("sidecar")) {
+        let path = format!("/proc/{pid}/root/var/run/openshell/egress/dialer.sock");
+        match tokio::net::UnixStream::connect(&path).await {
+            Ok(mut stream) => {
+                let _ = stream.write_all(format!("{target} 2000\n").as_bytes()).await;
+                let mut answer = vec![0u8; 256];
+                let n = timeout(EXCHANGE, stream.read(&mut answer))
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .unwrap_or(0);
+                return format!(
+                    "reached {path} answer={}",
+                    first_line(&String::from_utf8_lossy(&answer[..n]))
+                );
+            }
+            Err(err) => tried.push(format!("{path}: {err}")),
+        }
+    }
+    if tried.is_empty() {
+        return "unreachable no dialer or sidecar process seen".to_owned();
+    }
+    format!("unreachable {}", tried.join("; "))
 }
 
 /// `GET` straight to the URL's host, as a client that ignores the proxy variables.

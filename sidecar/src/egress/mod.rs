@@ -26,7 +26,11 @@ use serde_json::{Value, json};
 /// proxy is, the revision in force, and its recent denials, so an agent can explain a refusal.
 #[derive(Clone, Debug)]
 pub struct View {
-    pub listen: SocketAddr,
+    /// The proxy's address (`None`: the Pod's connections reach the sidecar only by
+    /// redirection).
+    pub proxy: Option<SocketAddr>,
+    /// The redirect listener's address, under egress redirection.
+    pub redirect: Option<SocketAddr>,
     pub installed: Installed,
     pub recent: Arc<Recent>,
 }
@@ -41,7 +45,8 @@ impl View {
         json!({
             "ok": true,
             "op": "policy",
-            "proxy": format!("http://{}", view.listen),
+            "proxy": view.proxy.map(|p| format!("http://{p}")),
+            "redirect": view.redirect.map(|r| r.to_string()),
             "policy": policy.as_ref().map(|p| json!({
                 "name": p.name,
                 "revision": p.revision,
@@ -51,4 +56,21 @@ impl View {
             "recentDenials": view.recent.list(),
         })
     }
+}
+
+/// A policy of one rule, `host` on `port` (tests).
+#[cfg(test)]
+pub(crate) fn one_rule(host: &str, port: u16) -> Policy {
+    let policy = proto::runtime::v1::EgressPolicy {
+        name: "p".into(),
+        revision: 1,
+        rules: vec![proto::runtime::v1::EgressRule {
+            name: "only".into(),
+            host: host.into(),
+            ports: vec![u32::from(port)],
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    Policy::try_from(&policy).expect("valid")
 }

@@ -276,7 +276,7 @@ mod tests {
     use tokio::sync::watch;
 
     use super::*;
-    use crate::egress::{Floor, Limits, Policy};
+    use crate::egress::{Floor, Limits};
 
     /// A redirect listener whose every connection "was dialed" to `dialed`, deciding with one
     /// rule for `host` on `port`.
@@ -288,18 +288,7 @@ mod tests {
     ) -> (SocketAddr, Egress) {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let address = listener.local_addr().expect("addr");
-        let policy = proto::runtime::v1::EgressPolicy {
-            name: "p".into(),
-            revision: 1,
-            rules: vec![proto::runtime::v1::EgressRule {
-                name: "only".into(),
-                host: host.into(),
-                ports: vec![u32::from(port)],
-                ..Default::default()
-            }],
-            ..Default::default()
-        };
-        let policy = Policy::try_from(&policy).expect("valid");
+        let policy = crate::egress::one_rule(host, port);
         let (_installed, receiver) = watch::channel(Some(Arc::new(policy)));
         let egress = Egress {
             installed: receiver,
