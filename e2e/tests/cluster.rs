@@ -315,9 +315,14 @@ spec:
 
 /// The namespace's default policy, with or without the rule for `upstream-allowed`.
 fn egress_policy(namespace: &str, with_allowed: bool) -> String {
+    egress_policy_for(namespace, namespace, with_allowed)
+}
+
+/// `namespace`'s default policy for the upstream's Services in `upstream`.
+fn egress_policy_for(namespace: &str, upstream: &str, with_allowed: bool) -> String {
     let allowed = if with_allowed {
         format!(
-            "    - name: upstream\n      host: upstream-allowed.{namespace}.svc.cluster.local\n      ports: [8080]\n"
+            "    - name: upstream\n      host: upstream-allowed.{upstream}.svc.cluster.local\n      ports: [8080]\n"
         )
     } else {
         String::new()
@@ -331,7 +336,7 @@ metadata:
 spec:
   rules:
 {allowed}    - name: docs
-      host: upstream-readonly.{namespace}.svc.cluster.local
+      host: upstream-readonly.{upstream}.svc.cluster.local
       ports: [8080]
       methods: [GET]
       pathPrefixes: [/docs/]
@@ -2046,7 +2051,17 @@ impl Flow {
             ])
             .await?;
         self.secret_present_in(&ns, true).await?;
-        self.kubectl.apply(&egress_fixture(&ns, &self.image)).await?;
+        // The upstream runs unsupervised in a namespace of its own: here, a Pod that opts out
+        // is refused, as an unchecked way out.
+        let up = format!("{ns}-up");
+        self.kubectl.run(&["create", "namespace", &up]).await?;
+        self.kubectl.apply(&egress_fixture(&up, &self.image)).await?;
+        self.kubectl.apply(&egress_policy_for(&ns, &up, true)).await?;
+        let opted_out = self.kubectl.apply(&egress_fixture(&ns, &self.image)).await;
+        check(
+            matches!(&opted_out, Err(Error::Failed { stderr, .. }) if stderr.contains("egress redirection is on for this namespace")),
+            || format!("an opted-out Pod is refused where redirection is on: {opted_out:?}"),
+        )?;
         let (_, warnings) = self
             .kubectl
             .apply_warned(&lone_pod(&ns, "redirected", &self.image))
@@ -2065,7 +2080,7 @@ impl Flow {
             init == ["openshell-egress-init", "openshell-egress-dialer", "openshell-sidecar"],
             || format!("the rules, the dialer, then the sidecar: {init:?}"),
         )?;
-        let host = |service: &str| format!("upstream-{service}.{ns}.svc.cluster.local:8080");
+        let host = |service: &str| format!("upstream-{service}.{up}.svc.cluster.local:8080");
         let (allowed, denied) = (host("allowed"), host("denied"));
         let exec = |args: Vec<String>| {
             let mut all: Vec<String> = [
@@ -2099,10 +2114,10 @@ impl Flow {
         .await?;
         let jsonpath = |kind: &'static str, name: &'static str, path: &'static str| {
             let kubectl = self.kubectl.clone();
-            let ns = ns.clone();
+            let up = up.clone();
             async move {
                 let out = kubectl
-                    .run(&["get", kind, name, "-n", &ns, "-o", &format!("jsonpath={path}")])
+                    .run(&["get", kind, name, "-n", &up, "-o", &format!("jsonpath={path}")])
                     .await?;
                 Ok::<_, Error>(out.trim().to_owned())
             }
@@ -2194,7 +2209,11 @@ impl Flow {
             through,
         )
         .await?;
-        self.kubectl.run(&["delete", "namespace", &ns, "--wait=false"]).await?;
+        for namespace in [&ns, &up] {
+            self.kubectl
+                .run(&["delete", "namespace", namespace, "--wait=false"])
+                .await?;
+        }
         Ok(())
     }
 

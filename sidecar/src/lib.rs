@@ -156,10 +156,19 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
     let (installed_tx, installed) = tokio::sync::watch::channel(state.policy.clone().map(Arc::new));
     let serving = CancellationToken::new();
     // A port the workload holds already leaves it without the proxy (its clients reach its
-    // own listener, not the world); supervision goes on. Under redirection a listener that
-    // cannot bind leaves the workload's connections refused: no sidecar, no egress.
+    // own listener, not the world); supervision goes on.
     let proxy_listener = bind_egress(cfg.egress_listen, "egress proxy").await;
-    let redirect_listener = bind_egress(cfg.egress_redirect_listen, "egress redirect").await;
+    // The redirect listener is the Pod's only way out: a sidecar that cannot take it (a
+    // workload process took the port while it restarted) exits, and the kubelet starts it again.
+    let redirect_listener = match cfg.egress_redirect_listen {
+        Some(address) => Some((
+            address,
+            tokio::net::TcpListener::bind(address)
+                .await
+                .map_err(|err| Error::Egress(address, err))?,
+        )),
+        None => None,
+    };
     let mut egress_tasks = Vec::new();
     let egress_view = if proxy_listener.is_some() || redirect_listener.is_some() {
         let recent = Arc::new(egress::Recent::default());
@@ -245,7 +254,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
     Ok(outcome)
 }
 
-/// A loopback listener for the workload's egress at `address`, when configured and free.
+/// A loopback listener for the workload's egress proxy at `address`, when configured and free.
 async fn bind_egress(
     address: Option<std::net::SocketAddr>,
     what: &'static str,

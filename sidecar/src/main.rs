@@ -20,6 +20,13 @@ fn main() -> anyhow::Result<()> {
 
 async fn serve(config: Config) -> anyhow::Result<()> {
     plumbing::logging::init(config.log.log_format, "info");
+    // Under egress redirection a workload process that opened this one's root during a
+    // dumpable window could reach the dialer's socket later: no such window is allowed.
+    if config.egress_dialer.is_some() && !sidecar::conceal::sealed_from_exec() {
+        anyhow::bail!(
+            "under egress redirection the sidecar must be non-dumpable from exec: install it execute-only (mode 0111), as the images do"
+        );
+    }
     if sidecar::conceal::sealed_from_exec() {
         tracing::info!("non-dumpable from exec (execute-only binary): workload processes cannot read this process");
     } else if config.command.is_empty() {

@@ -579,16 +579,52 @@ impl Injector {
         if let Some(reason) = self.namespace_excluded(namespace) {
             return Ok(Decision::Skip(reason));
         }
-        Ok(match self.refusal(pod, Scope::EphemeralContainers)? {
-            Some(refusal) => Decision::Refuse(refusal),
-            None => Decision::Skip(SkipReason::EphemeralContainers),
-        })
+        if let Some(refusal) = self.refusal(pod, Scope::EphemeralContainers)? {
+            return Ok(Decision::Refuse(refusal));
+        }
+        // Under redirection a debug container as the dialer's UID would leave the Pod unchecked.
+        if let Redirect::On(redirection) = self.config.egress_redirect {
+            let as_dialer = pod
+                .pointer("/spec/ephemeralContainers")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .find(|c| {
+                    c.pointer("/securityContext/runAsUser").and_then(Value::as_i64) == Some(redirection.dialer_uid)
+                });
+            if let Some(container) = as_dialer {
+                let name = container.get("name").and_then(Value::as_str).unwrap_or("");
+                let reason = format!(
+                    "ephemeral container {name:?} runs as UID {}, the egress dialer's; run it as another UID",
+                    redirection.dialer_uid
+                );
+                return Ok(Decision::Refuse(Refusal::NotRedirected { reason }));
+            }
+        }
+        Ok(Decision::Skip(SkipReason::EphemeralContainers))
     }
 
     /// Decide about one Pod (the raw `request.object`) in `namespace` and build its patch.
     /// The rules of [`refuse`] come first: neither the opt-out label nor any other reason to
-    /// leave a Pod alone lets one past them.
+    /// leave a Pod alone lets one past them. Where the namespace turned egress redirection on,
+    /// a Pod that would run without it (opted out, or a shape the sidecar cannot supervise) is
+    /// refused with the reason: there, an unsupervised Pod would be an unchecked way out.
     pub fn mutate_pod(&self, pod: &Value, namespace: &str) -> Result<Decision, InjectError> {
+        let decision = self.decide_pod(pod, namespace)?;
+        if !matches!(self.config.egress_redirect, Redirect::On(_)) {
+            return Ok(decision);
+        }
+        let not_redirected = |reason: String| Decision::Refuse(Refusal::NotRedirected { reason });
+        Ok(match decision {
+            Decision::NotSupervised(unsupervised) => not_redirected(unsupervised.message),
+            Decision::Skip(SkipReason::OptedOut) => not_redirected(format!(
+                "it opts out of supervision ({INJECT_LABEL}={INJECT_DISABLED}); remove the label"
+            )),
+            decision => decision,
+        })
+    }
+
+    fn decide_pod(&self, pod: &Value, namespace: &str) -> Result<Decision, InjectError> {
         if let Some(reason) = self.namespace_excluded(namespace) {
             return Ok(Decision::Skip(reason));
         }
@@ -687,10 +723,7 @@ impl Injector {
                     );
                     (Some(redirected), Some(record))
                 }
-                Err(reason) => {
-                    warnings.push(reason.clone());
-                    (None, Some(format!("off: {reason}")))
-                }
+                Err(reason) => return Ok(Decision::Refuse(Refusal::NotRedirected { reason })),
             },
             (Redirect::Blocked, _) => {
                 let reason = format!(

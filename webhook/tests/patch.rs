@@ -1471,3 +1471,48 @@ fn redirection_blocked_by_pod_security_is_the_proxy_with_a_warning() {
     .unwrap();
     assert!(record["redirect"].as_str().unwrap().starts_with("off: "), "{record}");
 }
+
+/// Where the namespace turned redirection on, a Pod that would run without it is refused with
+/// the reason: opted out, a shape the sidecar cannot supervise, a container (init containers
+/// too) running as the dialer's UID or declaring the redirect port.
+#[test]
+fn under_redirection_a_pod_that_would_escape_it_is_refused_with_the_reason() {
+    let redirecting = injector_redirect(SidecarMode::Native);
+    type Edit = fn(&mut Value);
+    let edits: [(&str, Edit); 5] = [
+        ("opts out", |pod| {
+            pod["metadata"]["labels"][INJECT_LABEL] = json!("disabled");
+        }),
+        ("runs as root", |pod| {
+            pod["spec"]["securityContext"] = json!({ "runAsUser": 0 });
+        }),
+        ("UID 15999", |pod| {
+            pod["spec"]["initContainers"] =
+                json!([{ "name": "setup", "image": "x", "securityContext": { "runAsUser": 15999 } }]);
+        }),
+        ("port 15002", |pod| {
+            pod["spec"]["containers"][0]["ports"] = json!([{ "containerPort": 15002 }]);
+        }),
+        ("hostNetwork", |pod| {
+            pod["spec"]["hostNetwork"] = json!(true);
+        }),
+    ];
+    for (what, edit) in edits {
+        let mut review = fixture("pod-create-plain.json");
+        edit(&mut review["request"]["object"]);
+        let reviewed = mutate(&review, &redirecting);
+        assert_eq!(
+            reviewed.outcome,
+            Outcome::Refused(RefuseReason::NotRedirected),
+            "{what}"
+        );
+        assert!(!reviewed.response.allowed, "{what}");
+        let message = &reviewed.response.status.as_ref().unwrap().message;
+        assert!(
+            message.contains("egress redirection is on for this namespace"),
+            "{what}: {message}"
+        );
+        // The same Pod where redirection is off is admitted (unsupervised or skipped).
+        assert!(mutate(&review, &injector()).response.allowed, "{what}");
+    }
+}

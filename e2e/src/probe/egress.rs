@@ -14,7 +14,7 @@
 //! - What a process that ignores the proxy variables does (egress redirection): `--direct URL`
 //!   sends the plain-HTTP request straight to the URL's host (`target=direct:<URL>`);
 //!   `--raw HOST:PORT` connects straight and sends bytes that are no HTTP or TLS
-//!   (`target=raw:<…> status=closed|answered|error`); `--udp HOST:PORT` sends a datagram
+//!   (`target=raw:<…> status=closed|answered|error`; a reset is `closed`); `--udp HOST:PORT` sends a datagram
 //!   (`target=udp:<…> status=sent|refused`); `--kill-sidecar` first SIGKILLs the Pod's sidecar
 //!   (`probe egress killed=<pid>`), which runs as the workload's UID.
 
@@ -272,6 +272,14 @@ async fn raw(target: &str) -> String {
     match timeout(EXCHANGE, exchange).await {
         Ok(Ok(answer)) if answer.is_empty() => "status=closed body=".to_owned(),
         Ok(Ok(answer)) => format!("status=answered body={}", first_line(&answer)),
+        // Closed with what was sent unread: the kernel resets the connection.
+        Ok(Err(err))
+            if err
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset) =>
+        {
+            "status=closed body=reset".to_owned()
+        }
         Ok(Err(err)) => format!("status=error body={}", first_line(&format!("{err:#}"))),
         Err(_) => "status=error body=no answer and not closed".to_owned(),
     }

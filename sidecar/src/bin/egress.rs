@@ -62,7 +62,9 @@ async fn main() -> anyhow::Result<()> {
             nft,
             resolv_conf,
         } => {
-            let resolv = tokio::fs::read_to_string(&resolv_conf).await.unwrap_or_default();
+            let resolv = tokio::fs::read_to_string(&resolv_conf)
+                .await
+                .with_context(|| format!("reading the Pod's nameservers from {}", resolv_conf.display()))?;
             let rules = Rules {
                 dialer_uid,
                 redirect_port,

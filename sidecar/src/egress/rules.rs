@@ -7,7 +7,8 @@
 //! - DNS to the Pod's nameservers goes out as it is (names must resolve for the proxy's
 //!   clients and the sidecar alike);
 //! - everything else the Pod would send first (UDP, ICMP, IPv6 TCP, raw sockets of the IP
-//!   layer) is rejected at once — never a silent hang;
+//!   layer) is rejected at once — never a silent hang — but IPv6 neighbour discovery, without
+//!   which no IPv6 address answers;
 //! - the one exception is the Pod's dialer (`egress dialer`, its own UID), which opens the
 //!   connections the sidecar decided and the sidecar's own: its sockets leave as they are.
 //!
@@ -48,13 +49,15 @@ impl Rules {
             .filter(|ip| ip.is_ipv6())
             .map(ToString::to_string)
             .collect();
-        let mut dns = String::new();
+        let (mut dns, mut dns_tcp) = (String::new(), String::new());
         for (family, list) in [("ip", &v4), ("ip6", &v6)] {
             if !list.is_empty() {
                 let set = list.join(", ");
                 dns.push_str(&format!(
                     "\t\t{family} daddr {{ {set} }} udp dport 53 accept\n\t\t{family} daddr {{ {set} }} tcp dport 53 accept\n"
                 ));
+                // DNS over TCP (truncated answers) goes to the nameserver, not the sidecar.
+                dns_tcp.push_str(&format!("\t\t{family} daddr {{ {set} }} tcp dport 53 return\n"));
             }
         }
         format!(
@@ -65,6 +68,7 @@ impl Rules {
              \t\ttype nat hook output priority -100; policy accept;\n\
              \t\tmeta skuid {dialer_uid} return\n\
              \t\toifname \"lo\" return\n\
+             {dns_tcp}\
              \t\tmeta nfproto ipv4 meta l4proto tcp redirect to :{redirect_port}\n\
              \t}}\n\
              \tchain leave {{\n\
@@ -74,6 +78,7 @@ impl Rules {
              \t\tip daddr 127.0.0.1 tcp dport {redirect_port} accept\n\
              \t\tct state established,related accept\n\
              {dns}\
+             \t\ticmpv6 type {{ nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit, mld2-listener-report }} accept\n\
              \t\tmeta l4proto tcp reject with tcp reset\n\
              \t\treject with icmpx admin-prohibited\n\
              \t}}\n\
@@ -110,6 +115,8 @@ mod tests {
         // Redirected, a connection leaves through the filter hook before it is routed to lo.
         assert!(text.contains("ip daddr 127.0.0.1 tcp dport 15002 accept\n"));
         assert!(text.contains("ip daddr { 10.96.0.10 } udp dport 53 accept\n"));
+        // DNS over TCP is not redirected.
+        assert!(text.find("ip daddr { 10.96.0.10 } tcp dport 53 return") < text.find("redirect to"));
         assert!(text.contains("ip6 daddr { fe80::1 } udp dport 53 accept\n"));
         assert!(text.contains("type filter hook output priority filter; policy drop;"));
         // The dialer's exemption comes before anything is redirected or dropped.

@@ -6,7 +6,8 @@
 //! must allow Pod Security level `privileged`) and exits before any other container starts;
 //! [`DIALER_NAME`] (`egress dialer`, its own UID) opens the connections the sidecar decided,
 //! the only ones the rules let out. The rules hold against a workload process as long as it
-//! cannot become the dialer's UID: [`assess`] says when a container could.
+//! cannot become the dialer's UID: [`assess`] says when a container could, and when the Pod
+//! cannot be redirected at all (it is then refused: [`super::Refusal::NotRedirected`]).
 
 use serde_json::{Map, Value, json};
 
@@ -97,12 +98,12 @@ pub(super) fn sidecar_mount() -> Value {
 }
 
 /// Whether redirection holds for the Pod `spec`: `Err` with the reason when it cannot be set
-/// up (the Pod runs with the proxy only), else the warnings for containers it may not hold
-/// against.
+/// up (the Pod is refused), else the warnings for containers it may not hold against (its
+/// init containers included).
 pub(super) fn assess(spec: &Map<String, Value>, redirection: Redirection) -> Result<Vec<String>, String> {
     if let Some(holder) = super::port_holder(spec, redirection.port) {
         return Err(format!(
-            "container {holder:?} declares port {}, where the sidecar's redirect listener goes: egress is not redirected (the proxy variables still are set)",
+            "container {holder:?} declares port {}, where the sidecar's redirect listener goes; use another port",
             redirection.port
         ));
     }
@@ -115,13 +116,16 @@ pub(super) fn assess(spec: &Map<String, Value>, redirection: Redirection) -> Res
             .cloned()
     };
     let mut warnings = Vec::new();
-    let containers = spec.get("containers").and_then(Value::as_array).into_iter().flatten();
+    let containers = ["initContainers", "containers"]
+        .iter()
+        .filter_map(|list| spec.get(*list).and_then(Value::as_array))
+        .flatten();
     for container in containers {
         let name = container.get("name").and_then(Value::as_str).unwrap_or("");
         let uid = field(container, "runAsUser").and_then(|v| v.as_i64());
         if uid == Some(redirection.dialer_uid) {
             return Err(format!(
-                "container {name:?} runs as UID {}, the egress dialer's, whose connections leave the Pod undecided: egress is not redirected; run it as another UID",
+                "container {name:?} runs as UID {}, the egress dialer's, whose connections leave the Pod undecided; run it as another UID",
                 redirection.dialer_uid
             ));
         }
@@ -176,6 +180,17 @@ mod tests {
             warnings[0].contains("allowPrivilegeEscalation: false and runAsNonRoot"),
             "{warnings:?}"
         );
+    }
+
+    #[test]
+    fn an_init_container_is_assessed_too() {
+        let pod = spec(json!({
+            "securityContext": { "runAsNonRoot": true },
+            "initContainers": [{ "name": "setup", "securityContext": { "runAsUser": 15999 } }],
+            "containers": [{ "name": "app", "securityContext": { "allowPrivilegeEscalation": false } }],
+        }));
+        let reason = assess(&pod, Redirection::default()).expect_err("refused");
+        assert!(reason.contains("\"setup\""), "{reason}");
     }
 
     #[test]

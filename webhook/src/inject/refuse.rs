@@ -149,11 +149,12 @@ pub enum RefuseReason {
     HostProcess,
     Privileged,
     Capabilities,
+    NotRedirected,
 }
 
 impl RefuseReason {
     /// Every reason (each metric label starts at 0).
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         RefuseReason::VolumeDeclared,
         RefuseReason::VolumeMounted,
         RefuseReason::GatewayToken,
@@ -161,6 +162,7 @@ impl RefuseReason {
         RefuseReason::HostProcess,
         RefuseReason::Privileged,
         RefuseReason::Capabilities,
+        RefuseReason::NotRedirected,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -172,6 +174,7 @@ impl RefuseReason {
             RefuseReason::HostProcess => "host_process",
             RefuseReason::Privileged => "privileged",
             RefuseReason::Capabilities => "capabilities",
+            RefuseReason::NotRedirected => "not_redirected",
         }
     }
 }
@@ -229,6 +232,11 @@ pub enum Refusal {
         container: ContainerRef,
         capability: String,
     },
+    #[error(
+        "egress redirection is on for this namespace (supervision.openshell.ai/egress=redirect) \
+         and this Pod would run without it: {reason}"
+    )]
+    NotRedirected { reason: String },
 }
 
 impl Refusal {
@@ -241,6 +249,7 @@ impl Refusal {
             Refusal::HostProcess { .. } => RefuseReason::HostProcess,
             Refusal::Privileged { .. } => RefuseReason::Privileged,
             Refusal::Capability { .. } => RefuseReason::Capabilities,
+            Refusal::NotRedirected { .. } => RefuseReason::NotRedirected,
         }
     }
 }
