@@ -51,17 +51,38 @@ pub struct Row {
     pub rss_open_mib: Option<f64>,
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 enum Via {
     Direct,
     Proxy(SocketAddr),
+    /// Opened by the Pod's dialer (egress redirection) and handed over.
+    Dialer(plumbing::dialer::Dialer),
 }
 
 /// Runs every path there is (direct, the sidecar, then the peers found on `PATH`).
 pub async fn run(settings: &Settings) -> Result<Vec<Row>, Error> {
     std::fs::create_dir_all(&settings.root)?;
-    let upstream = upstream().await?;
+    let upstream = upstream_on(std::net::Ipv4Addr::LOCALHOST.into()).await?;
     let mut rows = vec![measure("direct", Via::Direct, None, upstream, settings).await?];
+
+    // What egress redirection adds to a connection: the dialer opens it and hands it over. It
+    // refuses loopback, so this upstream listens on the host's own address.
+    match own_address() {
+        Some(ip) => {
+            let far = upstream_on(ip).await?;
+            let socket = settings.root.join("dialer.sock");
+            let shutdown = tokio_util::sync::CancellationToken::new();
+            tokio::spawn(plumbing::dialer::serve(
+                plumbing::dialer::bind(&socket)?,
+                shutdown.clone(),
+            ));
+            let via = Via::Dialer(plumbing::dialer::Dialer::new(&socket));
+            let row = measure("direct, opened by the Pod's dialer", via, None, far, settings).await;
+            shutdown.cancel();
+            rows.push(row?);
+        }
+        None => eprintln!("egress: this host has no address but loopback; the dialer's row is skipped"),
+    }
 
     let policy = settings.root.join("policy.yaml");
     let document = format!(
@@ -123,7 +144,7 @@ async fn measure(
     // Throughput and the proxy's CPU for it.
     let cpu_before = pid.and_then(tree_cpu_ticks);
     let started = Instant::now();
-    let mut stream = open(via, upstream).await?;
+    let mut stream = open(&via, upstream).await?;
     stream
         .write_all(format!("SEND {}\n", settings.bytes).as_bytes())
         .await?;
@@ -148,7 +169,7 @@ async fn measure(
     let mut samples = Vec::with_capacity(settings.samples);
     for _ in 0..settings.samples {
         let t0 = Instant::now();
-        let mut stream = open(via, upstream).await?;
+        let mut stream = open(&via, upstream).await?;
         ping(&mut stream).await?;
         samples.push(t0.elapsed().as_secs_f64() * 1000.0);
     }
@@ -158,7 +179,7 @@ async fn measure(
     let rss_idle_mib = pid.and_then(tree_rss_kib).map(|k| k as f64 / 1024.0);
     let mut held = Vec::with_capacity(settings.connections);
     for batch in (0..settings.connections).collect::<Vec<_>>().chunks(100) {
-        let opened = open_many(batch.len(), via, upstream).await;
+        let opened = open_many(batch.len(), &via, upstream).await;
         held.extend(opened);
     }
     let rss_open_mib = pid.and_then(tree_rss_kib).map(|k| k as f64 / 1024.0);
@@ -177,11 +198,12 @@ async fn measure(
 }
 
 /// `n` tunnels opened at once; those that answered their ping.
-async fn open_many(n: usize, via: Via, upstream: SocketAddr) -> Vec<TcpStream> {
+async fn open_many(n: usize, via: &Via, upstream: SocketAddr) -> Vec<TcpStream> {
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..n {
+        let via = via.clone();
         tasks.spawn(async move {
-            let mut stream = open(via, upstream).await.ok()?;
+            let mut stream = open(&via, upstream).await.ok()?;
             ping(&mut stream).await.ok()?;
             Some(stream)
         });
@@ -203,11 +225,19 @@ async fn ping(stream: &mut TcpStream) -> Result<(), Error> {
 }
 
 /// A connection to the upstream, through `via`.
-async fn open(via: Via, upstream: SocketAddr) -> Result<TcpStream, Error> {
+async fn open(via: &Via, upstream: SocketAddr) -> Result<TcpStream, Error> {
     let limit = Duration::from_secs(10);
     let proxy = match via {
         Via::Direct => upstream,
-        Via::Proxy(proxy) => proxy,
+        Via::Proxy(proxy) => *proxy,
+        Via::Dialer(dialer) => {
+            let stream = dialer
+                .connect(upstream, limit)
+                .await
+                .map_err(|err| Error::Bench(err.to_string()))?;
+            stream.set_nodelay(true)?;
+            return Ok(stream);
+        }
     };
     let mut stream = tokio::time::timeout(limit, TcpStream::connect(proxy))
         .await
@@ -242,7 +272,7 @@ async fn open(via: Via, upstream: SocketAddr) -> Result<TcpStream, Error> {
 async fn ready(proxy: SocketAddr, upstream: SocketAddr, limit: Duration) -> Result<(), Error> {
     let deadline = Instant::now() + limit;
     loop {
-        if let Ok(mut stream) = open(Via::Proxy(proxy), upstream).await
+        if let Ok(mut stream) = open(&Via::Proxy(proxy), upstream).await
             && ping(&mut stream).await.is_ok()
         {
             return Ok(());
@@ -255,8 +285,16 @@ async fn ready(proxy: SocketAddr, upstream: SocketAddr, limit: Duration) -> Resu
 }
 
 /// `SEND n` streams n bytes and closes; `PING` answers one byte and holds the connection.
-async fn upstream() -> Result<SocketAddr, Error> {
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
+/// The address a connection to a private address would leave from (no packet is sent).
+fn own_address() -> Option<std::net::IpAddr> {
+    let probe = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    probe.connect("10.255.255.1:9").ok()?;
+    let ip = probe.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+async fn upstream_on(ip: std::net::IpAddr) -> Result<SocketAddr, Error> {
+    let listener = TcpListener::bind((ip, 0)).await?;
     let address = listener.local_addr()?;
     tokio::spawn(async move {
         while let Ok((mut stream, _)) = listener.accept().await {

@@ -2057,7 +2057,12 @@ impl Flow {
         self.kubectl.run(&["create", "namespace", &up]).await?;
         self.kubectl.apply(&egress_fixture(&up, &self.image)).await?;
         self.kubectl.apply(&egress_policy_for(&ns, &up, true)).await?;
-        let opted_out = self.kubectl.apply(&egress_fixture(&ns, &self.image)).await;
+        let opted_out = lone_pod(&ns, "opted-out", &self.image).replacen(
+            "  namespace: ",
+            "  labels:\n    supervision.openshell.ai/inject: disabled\n  namespace: ",
+            1,
+        );
+        let opted_out = self.kubectl.apply(&opted_out).await;
         check(
             matches!(&opted_out, Err(Error::Failed { stderr, .. }) if stderr.contains("egress redirection is on for this namespace")),
             || format!("an opted-out Pod is refused where redirection is on: {opted_out:?}"),

@@ -41,7 +41,7 @@ pub const MAX_CONNECT: Duration = Duration::from_secs(30);
 /// For a request to arrive once a client connected.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// Requests served at once; more wait in the listen backlog.
-const MAX_IN_FLIGHT: usize = 256;
+pub const MAX_IN_FLIGHT: usize = 256;
 
 /// A connection the dialer refused or could not open.
 #[derive(Debug, thiserror::Error)]
@@ -72,14 +72,38 @@ impl From<Error> for io::Error {
 }
 
 /// The client: where the dialer listens.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Dialer {
     socket: PathBuf,
+    /// Connects this client may have in flight at once ([`Dialer::bounded`]).
+    in_flight: Option<std::sync::Arc<tokio::sync::Semaphore>>,
 }
+
+/// Two clients of the same dialer are the same, whatever their bounds.
+impl PartialEq for Dialer {
+    fn eq(&self, other: &Self) -> bool {
+        self.socket == other.socket
+    }
+}
+
+impl Eq for Dialer {}
 
 impl Dialer {
     pub fn new(socket: impl Into<PathBuf>) -> Self {
-        Self { socket: socket.into() }
+        Self {
+            socket: socket.into(),
+            in_flight: None,
+        }
+    }
+
+    /// At most `max` connects of this client (and its clones) in flight at once, so that the
+    /// workload's connections, which an unanswering destination holds for the whole connect
+    /// time-out, leave the dialer's other [`MAX_IN_FLIGHT`] slots to the sidecar's own.
+    pub fn bounded(self, max: usize) -> Self {
+        Self {
+            in_flight: Some(std::sync::Arc::new(tokio::sync::Semaphore::new(max))),
+            ..self
+        }
     }
 
     pub fn socket(&self) -> &Path {
@@ -89,6 +113,13 @@ impl Dialer {
     /// A TCP connection to `address`, opened by the dialer, within `limit`.
     pub async fn connect(&self, address: SocketAddr, limit: Duration) -> Result<TcpStream, Error> {
         let exchange = async {
+            let _permit = match &self.in_flight {
+                Some(in_flight) => Some(in_flight.acquire().await.map_err(|_| Error::Refused {
+                    address,
+                    reason: "the client is closed".into(),
+                })?),
+                None => None,
+            };
             let unreachable = |source| Error::Unreachable {
                 socket: self.socket.clone(),
                 source,

@@ -177,7 +177,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
             floor: Arc::new(cfg.egress_floor().await),
             limits: egress::Limits::default(),
             recent: recent.clone(),
-            dialer: cfg.dialer(),
+            // Half the dialer's slots at most for the workload's connections.
+            dialer: cfg.dialer().map(|d| d.bounded(plumbing::dialer::MAX_IN_FLIGHT / 2)),
         };
         let policy = state.policy.as_ref().map(|p| (&p.name, p.revision));
         let (mut proxy, mut redirect) = (None, None);
