@@ -162,11 +162,12 @@ pub struct Config {
     #[arg(long, env = "OPENSHELL_WEBHOOK_EGRESS_REDIRECT_PORT", default_value_t = 15002)]
     pub egress_redirect_port: u16,
 
-    /// Under egress redirection: the UID and GID of the Pod's dialer, whose connections alone
-    /// leave the Pod. A workload container that runs as it is not redirected (with a warning).
-    #[arg(long, env = "OPENSHELL_WEBHOOK_EGRESS_DIALER_UID", default_value_t = 15999,
-          value_parser = clap::value_parser!(i64).range(1..=i64::from(u32::MAX)))]
-    pub egress_dialer_uid: i64,
+    /// Under egress redirection: the UID and GID of every Pod's dialer, whose connections
+    /// alone leave the Pod. Unset (the default): a UID drawn per Pod from
+    /// 1,000,000,000..2,000,000,000, which no image can be built to run as beforehand.
+    #[arg(long, env = "OPENSHELL_WEBHOOK_EGRESS_DIALER_UID",
+          value_parser = clap::value_parser!(i64).range(1..=2_147_483_647))]
+    pub egress_dialer_uid: Option<i64>,
 
     /// Largest accepted request body, in bytes.
     #[arg(long, env = "OPENSHELL_WEBHOOK_MAX_BODY_BYTES", default_value_t = 3 * 1024 * 1024)]

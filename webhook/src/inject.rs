@@ -139,9 +139,6 @@ pub struct Injector {
 #[derive(Clone, Debug)]
 struct Redirected {
     redirection: Redirection,
-    init: Fragment,
-    /// The dialer per mode (native, container).
-    dialer: [Fragment; 2],
     volume: Fragment,
     sidecar_env: [Fragment; 2],
     sidecar_mount: Fragment,
@@ -498,8 +495,6 @@ impl Injector {
         let redirected = match config.egress_redirect {
             Redirect::On(redirection) => Some(Redirected {
                 redirection,
-                init: Fragment::new(redirect::init_container(&config, redirection)),
-                dialer: [true, false].map(|native| Fragment::new(redirect::dialer(&config, redirection, native))),
                 volume: Fragment::new(redirect::volume()),
                 sidecar_env: redirect::sidecar_env(redirection).map(Fragment::new),
                 sidecar_mount: Fragment::new(redirect::sidecar_mount()),
@@ -583,23 +578,8 @@ impl Injector {
             return Ok(Decision::Refuse(refusal));
         }
         // Under redirection a debug container as the dialer's UID would leave the Pod unchecked.
-        if let Redirect::On(redirection) = self.config.egress_redirect {
-            let as_dialer = pod
-                .pointer("/spec/ephemeralContainers")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .find(|c| {
-                    c.pointer("/securityContext/runAsUser").and_then(Value::as_i64) == Some(redirection.dialer_uid)
-                });
-            if let Some(container) = as_dialer {
-                let name = container.get("name").and_then(Value::as_str).unwrap_or("");
-                let reason = format!(
-                    "ephemeral container {name:?} runs as UID {}, the egress dialer's; run it as another UID",
-                    redirection.dialer_uid
-                );
-                return Ok(Decision::Refuse(Refusal::NotRedirected { reason }));
-            }
+        if let (Redirect::On(_), Some(reason)) = (self.config.egress_redirect, redirect::debug_as_dialer(pod)) {
+            return Ok(Decision::Refuse(Refusal::NotRedirected { reason }));
         }
         Ok(Decision::Skip(SkipReason::EphemeralContainers))
     }
@@ -714,17 +694,20 @@ impl Injector {
 
         // Egress redirection, when the namespace asked for it and it can hold for this Pod.
         let (redirected, redirect_record) = match (self.config.egress_redirect, &self.redirected) {
-            (Redirect::On(_), Some(redirected)) => match redirect::assess(spec, redirected.redirection) {
-                Ok(weak) => {
-                    warnings.extend(weak);
-                    let record = format!(
-                        "127.0.0.1:{} (dialer UID {})",
-                        redirected.redirection.port, redirected.redirection.dialer_uid
-                    );
-                    (Some(redirected), Some(record))
+            (Redirect::On(_), Some(redirected)) => {
+                let port = redirected.redirection.port;
+                let uid = redirected.redirection.dialer_uid_for_pod();
+                match redirect::assess(spec, port, uid) {
+                    Ok(weak) => {
+                        warnings.extend(weak);
+                        let record = format!("127.0.0.1:{port} (dialer UID {uid})");
+                        let init = Fragment::new(redirect::init_container(&self.config, port, uid));
+                        let dialer = Fragment::new(redirect::dialer(&self.config, uid, mode == SidecarMode::Native));
+                        (Some((redirected, init, dialer)), Some(record))
+                    }
+                    Err(reason) => return Ok(Decision::Refuse(Refusal::NotRedirected { reason })),
                 }
-                Err(reason) => return Ok(Decision::Refuse(Refusal::NotRedirected { reason })),
-            },
+            }
             (Redirect::Blocked, _) => {
                 let reason = format!(
                     "the namespace asks for egress redirection ({EGRESS_MODE_LABEL}=redirect) but enforces Pod Security level baseline or restricted, which refuses the NET_ADMIN of its init container: egress goes through the proxy variables only; label the namespace pod-security.kubernetes.io/enforce=privileged to redirect"
@@ -739,8 +722,7 @@ impl Injector {
 
         // 1. The sidecar (under redirection after the rules' init container and the dialer).
         let sidecar = self.sidecar_fragment(mode, matches!(egress, Some(Ok(_)))).json();
-        let mode_index = usize::from(mode == SidecarMode::Container);
-        let sidecar_at = match (mode, redirected) {
+        let sidecar_at = match (mode, &redirected) {
             (SidecarMode::Native, None) => {
                 match init_containers {
                     // Before the Pod's own init containers, so it runs while they run.
@@ -749,8 +731,8 @@ impl Injector {
                 }
                 "/spec/initContainers/0".to_owned()
             }
-            (SidecarMode::Native, Some(r)) => {
-                let ours = [r.init.json(), r.dialer[mode_index].json(), sidecar];
+            (SidecarMode::Native, Some((_, init, dialer))) => {
+                let ours = [init.json(), dialer.json(), sidecar];
                 match init_containers {
                     Some(_) => {
                         for container in ours.iter().rev() {
@@ -764,16 +746,17 @@ impl Injector {
             // After the workload's containers, so the Pod's default container is unchanged.
             (SidecarMode::Container, redirected) => {
                 patch.add_json(format_args!("/spec/containers/-"), sidecar);
-                if let Some(r) = redirected {
-                    patch.add_json(format_args!("/spec/containers/-"), r.dialer[mode_index].json());
+                if let Some((_, init, dialer)) = redirected {
+                    patch.add_json(format_args!("/spec/containers/-"), dialer.json());
                     match init_containers {
-                        Some(_) => patch.add_json(format_args!("/spec/initContainers/0"), r.init.json()),
-                        None => patch.add_array(format_args!("/spec/initContainers"), [r.init.json()]),
+                        Some(_) => patch.add_json(format_args!("/spec/initContainers/0"), init.json()),
+                        None => patch.add_array(format_args!("/spec/initContainers"), [init.json()]),
                     }
                 }
                 format!("/spec/containers/{}", containers.len())
             }
         };
+        let redirected = redirected.map(|(r, _, _)| r);
         if let Some(r) = redirected {
             let env: Vec<&str> = r.sidecar_env.iter().map(Fragment::json).collect();
             patch.push_all(format_args!("{sidecar_at}/env"), true, &env);

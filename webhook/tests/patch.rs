@@ -11,10 +11,10 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 use webhook::inject::refuse::RefuseReason;
 use webhook::inject::{
-    DIALER_NAME, DIALER_VOLUME, EGRESS_INIT_NAME, INJECT_LABEL, INJECTED_ANNOTATION, InjectConfig, Injector,
-    NOT_SUPERVISED_ANNOTATION, NOT_SUPERVISED_LABEL, Redirect, Redirection, SIDECAR_MODE_ANNOTATION, SIDECAR_NAME,
-    SIDECAR_SOCKET, SOCKET_DIR, SOCKET_VOLUME, STATE_DIR, STATE_VOLUME, SUPERVISED_LABEL, SUPERVISION_DIR, SidecarMode,
-    SkipReason, TOKEN_SECRET, TOKEN_VOLUME,
+    DIALER_NAME, DIALER_UIDS, DIALER_VOLUME, EGRESS_INIT_NAME, INJECT_LABEL, INJECTED_ANNOTATION, InjectConfig,
+    Injector, NOT_SUPERVISED_ANNOTATION, NOT_SUPERVISED_LABEL, Redirect, Redirection, SIDECAR_MODE_ANNOTATION,
+    SIDECAR_NAME, SIDECAR_SOCKET, SOCKET_DIR, SOCKET_VOLUME, STATE_DIR, STATE_VOLUME, SUPERVISED_LABEL,
+    SUPERVISION_DIR, SidecarMode, SkipReason, TOKEN_SECRET, TOKEN_VOLUME,
 };
 use webhook::review::{FailReason, Outcome, mutate, mutate_bytes};
 
@@ -1409,10 +1409,18 @@ fn under_redirection_the_rules_run_first_and_only_the_dialer_and_sidecar_share_i
             let own = object["spec"]["initContainers"].as_array().map_or(0, Vec::len);
             let ours = if mode == SidecarMode::Native { 3 } else { 1 };
             assert_eq!(init.len(), own + ours, "{name} {mode:?}");
+            // A dialer UID of its own per Pod, which the rules exempt and the record names.
             let security = dialer.security_context.as_ref().unwrap();
-            assert_eq!(security.run_as_user, Some(15999));
-            assert_eq!(security.run_as_group, Some(15999));
+            let uid = security.run_as_user.unwrap();
+            assert!(DIALER_UIDS.contains(&uid), "{uid}");
+            assert_eq!(security.run_as_group, Some(uid));
             assert_eq!(security.allow_privilege_escalation, Some(false));
+            let rules_uid = init[0]
+                .env
+                .iter()
+                .flatten()
+                .find(|e| e.name == "OPENSHELL_EGRESS_DIALER_UID");
+            assert_eq!(rules_uid.and_then(|e| e.value.clone()), Some(uid.to_string()));
             // Only the dialer and the sidecar mount the dialer's socket.
             let mounting: Vec<&str> = spec
                 .containers
@@ -1432,7 +1440,11 @@ fn under_redirection_the_rules_run_first_and_only_the_dialer_and_sidecar_share_i
             assert_sidecar_accepts(sidecar, &pod);
             let record: Value =
                 serde_json::from_str(pod.metadata.annotations.as_ref().unwrap()[INJECTED_ANNOTATION].as_str()).unwrap();
-            assert_eq!(record["redirect"], "127.0.0.1:15002 (dialer UID 15999)", "{name}");
+            assert_eq!(
+                record["redirect"],
+                format!("127.0.0.1:15002 (dialer UID {uid})"),
+                "{name}"
+            );
         }
     }
 }
@@ -1477,7 +1489,13 @@ fn redirection_blocked_by_pod_security_is_the_proxy_with_a_warning() {
 /// too) running as the dialer's UID or declaring the redirect port.
 #[test]
 fn under_redirection_a_pod_that_would_escape_it_is_refused_with_the_reason() {
-    let redirecting = injector_redirect(SidecarMode::Native);
+    let redirecting = Injector::new(InjectConfig {
+        egress_redirect: Redirect::On(Redirection {
+            dialer_uid: Some(15999),
+            ..Redirection::default()
+        }),
+        ..InjectConfig::default()
+    });
     type Edit = fn(&mut Value);
     let edits: [(&str, Edit); 5] = [
         ("opts out", |pod| {

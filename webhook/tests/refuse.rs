@@ -45,9 +45,14 @@ async fn serve(tweak: impl FnOnce(&mut Config)) -> Served {
 impl Served {
     /// POST one AdmissionReview; its `response`.
     async fn review(&mut self, review: &Value) -> Value {
+        self.review_at("/mutate", review).await
+    }
+
+    /// POST one AdmissionReview to `path`; its `response`.
+    async fn review_at(&mut self, path: &str, review: &Value) -> Value {
         let (status, body) = self
             .client
-            .post("/mutate", serde_json::to_vec(review).unwrap())
+            .post(path, serde_json::to_vec(review).unwrap())
             .await
             .unwrap();
         assert_eq!(status, 200);
@@ -409,5 +414,60 @@ async fn ordinary_pods_are_still_injected() {
         let counted = format!("openshell_webhook_admission_refused_total{{reason=\"{reason}\"}}");
         assert_eq!(metric(served.server.health, &counted).await, Some(0.0), "{counted}");
     }
+    served.stop().await;
+}
+
+/// The three entries of the webhook configuration: `/mutate/redirect` injects the rules' init
+/// container and the dialer, `/mutate/redirect-blocked` the proxy only with a warning; there a
+/// `kubectl debug` container running as the Pod's dialer UID is refused, another admitted.
+#[tokio::test]
+async fn redirect_paths_inject_the_dialer_and_refuse_a_debug_container_as_it() {
+    let mut served = serve(|_| {}).await;
+    let review = fixture("pod-create-plain.json");
+    let injected = served.review_at("/mutate/redirect", &review).await;
+    assert_injected(&injected);
+    let patch = base64::engine::general_purpose::STANDARD
+        .decode(injected["patch"].as_str().unwrap())
+        .unwrap();
+    let patch: json_patch::Patch = serde_json::from_slice(&patch).unwrap();
+    let mut pod = review["request"]["object"].clone();
+    json_patch::patch(&mut pod, &patch).unwrap();
+    let init = pod["spec"]["initContainers"].as_array().unwrap();
+    assert_eq!(init[0]["name"], "openshell-egress-init");
+    assert_eq!(init[1]["name"], "openshell-egress-dialer");
+    let uid = init[1]["securityContext"]["runAsUser"].as_i64().unwrap();
+
+    let blocked = served.review_at("/mutate/redirect-blocked", &review).await;
+    assert_injected(&blocked);
+    assert!(
+        blocked["warnings"]
+            .to_string()
+            .contains("pod-security.kubernetes.io/enforce=privileged"),
+        "{blocked}"
+    );
+
+    // kubectl debug on the redirected Pod.
+    let debug = |security: Value| {
+        let mut update =
+            ephemeral_update(json!({ "name": "debugger", "image": "busybox", "securityContext": security }));
+        for key in ["object", "oldObject"] {
+            let list = update["request"][key]["spec"]["ephemeralContainers"].clone();
+            update["request"][key] = pod.clone();
+            update["request"][key]["metadata"]["uid"] = json!("6b1c4c3e-1f0e-4d59-9d3c-2a0f3f1e9b11");
+            if key == "object" {
+                update["request"][key]["spec"]["ephemeralContainers"] = list;
+            }
+        }
+        update
+    };
+    let as_dialer = served
+        .review_at("/mutate/redirect", &debug(json!({ "runAsUser": uid })))
+        .await;
+    assert_refused(&as_dialer, &["\"debugger\"", &uid.to_string(), "egress dialer"]);
+    assert_untouched(
+        &served
+            .review_at("/mutate/redirect", &debug(json!({ "runAsUser": 1000 })))
+            .await,
+    );
     served.stop().await;
 }

@@ -201,15 +201,27 @@ pub enum Redirect {
 pub struct Redirection {
     /// The sidecar's redirect listener on 127.0.0.1.
     pub port: u16,
-    /// The dialer's UID (and GID): no workload container may run as it.
-    pub dialer_uid: i64,
+    /// The dialer's UID (and GID), whose connections leave the Pod undecided. `None` (the
+    /// default): a UID drawn per Pod from [`DIALER_UIDS`], which no image can be built to run
+    /// as beforehand.
+    pub dialer_uid: Option<i64>,
+}
+
+/// The UIDs a Pod's dialer is drawn from.
+pub const DIALER_UIDS: std::ops::Range<i64> = 1_000_000_000..2_000_000_000;
+
+impl Redirection {
+    /// The dialer's UID for one Pod.
+    pub fn dialer_uid_for_pod(&self) -> i64 {
+        self.dialer_uid.unwrap_or_else(|| rand::random_range(DIALER_UIDS))
+    }
 }
 
 impl Default for Redirection {
     fn default() -> Self {
         Self {
             port: 15002,
-            dialer_uid: 15999,
+            dialer_uid: None,
         }
     }
 }

@@ -16,15 +16,15 @@ use super::{
 };
 
 /// The init container that installs the network rules.
-pub(super) fn init_container(config: &InjectConfig, redirection: Redirection) -> Value {
+pub(super) fn init_container(config: &InjectConfig, port: u16, dialer_uid: i64) -> Value {
     json!({
         "name": EGRESS_INIT_NAME,
         "image": config.sidecar_image,
         "imagePullPolicy": config.image_pull_policy,
         "command": ["/usr/local/bin/egress", "install-rules"],
         "env": [
-            env_value("OPENSHELL_EGRESS_DIALER_UID", &redirection.dialer_uid.to_string()),
-            env_value("OPENSHELL_EGRESS_REDIRECT_PORT", &redirection.port.to_string()),
+            env_value("OPENSHELL_EGRESS_DIALER_UID", &dialer_uid.to_string()),
+            env_value("OPENSHELL_EGRESS_REDIRECT_PORT", &port.to_string()),
             env_value("OPENSHELL_LOG_FORMAT", "json"),
         ],
         "resources": {
@@ -45,7 +45,7 @@ pub(super) fn init_container(config: &InjectConfig, redirection: Redirection) ->
 }
 
 /// The dialer, as a native sidecar (`native`) or a container.
-pub(super) fn dialer(config: &InjectConfig, redirection: Redirection, native: bool) -> Value {
+pub(super) fn dialer(config: &InjectConfig, dialer_uid: i64, native: bool) -> Value {
     let mut dialer = json!({
         "name": DIALER_NAME,
         "image": config.sidecar_image,
@@ -60,8 +60,8 @@ pub(super) fn dialer(config: &InjectConfig, redirection: Redirection, native: bo
             "limits": { "memory": "32Mi" },
         },
         "securityContext": {
-            "runAsUser": redirection.dialer_uid,
-            "runAsGroup": redirection.dialer_uid,
+            "runAsUser": dialer_uid,
+            "runAsGroup": dialer_uid,
             "runAsNonRoot": true,
             "allowPrivilegeEscalation": false,
             "readOnlyRootFilesystem": true,
@@ -100,11 +100,10 @@ pub(super) fn sidecar_mount() -> Value {
 /// Whether redirection holds for the Pod `spec`: `Err` with the reason when it cannot be set
 /// up (the Pod is refused), else the warnings for containers it may not hold against (its
 /// init containers included).
-pub(super) fn assess(spec: &Map<String, Value>, redirection: Redirection) -> Result<Vec<String>, String> {
-    if let Some(holder) = super::port_holder(spec, redirection.port) {
+pub(super) fn assess(spec: &Map<String, Value>, port: u16, dialer_uid: i64) -> Result<Vec<String>, String> {
+    if let Some(holder) = super::port_holder(spec, port) {
         return Err(format!(
-            "container {holder:?} declares port {}, where the sidecar's redirect listener goes; use another port",
-            redirection.port
+            "container {holder:?} declares port {port}, where the sidecar's redirect listener goes; use another port"
         ));
     }
     let pod = spec.get("securityContext");
@@ -123,10 +122,9 @@ pub(super) fn assess(spec: &Map<String, Value>, redirection: Redirection) -> Res
     for container in containers {
         let name = container.get("name").and_then(Value::as_str).unwrap_or("");
         let uid = field(container, "runAsUser").and_then(|v| v.as_i64());
-        if uid == Some(redirection.dialer_uid) {
+        if uid == Some(dialer_uid) {
             return Err(format!(
-                "container {name:?} runs as UID {}, the egress dialer's, whose connections leave the Pod undecided; run it as another UID",
-                redirection.dialer_uid
+                "container {name:?} runs as UID {dialer_uid}, the egress dialer's, whose connections leave the Pod undecided; run it as another UID"
             ));
         }
         let no_escalation = container
@@ -153,6 +151,27 @@ pub(super) fn assess(spec: &Map<String, Value>, redirection: Redirection) -> Res
     Ok(warnings)
 }
 
+/// Why a `kubectl debug` container of the injected `pod` would leave it undecided: it runs as
+/// the UID of the Pod's dialer.
+pub(super) fn debug_as_dialer(pod: &Value) -> Option<String> {
+    let containers = |list: &str| {
+        pod.pointer(&format!("/spec/{list}"))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+    };
+    let uid = |c: &Value| c.pointer("/securityContext/runAsUser").and_then(Value::as_i64);
+    let dialer_uid = containers("initContainers")
+        .chain(containers("containers"))
+        .find(|c| c.get("name").and_then(Value::as_str) == Some(DIALER_NAME))
+        .and_then(uid)?;
+    let debug = containers("ephemeralContainers").find(|c| uid(c) == Some(dialer_uid))?;
+    let name = debug.get("name").and_then(Value::as_str).unwrap_or("");
+    Some(format!(
+        "ephemeral container {name:?} runs as UID {dialer_uid}, the egress dialer's; run it as another UID"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,13 +186,13 @@ mod tests {
             "securityContext": { "runAsUser": 1000, "runAsNonRoot": true },
             "containers": [{ "name": "app", "securityContext": { "allowPrivilegeEscalation": false } }],
         }));
-        assert_eq!(assess(&pod, Redirection::default()), Ok(vec![]));
+        assert_eq!(assess(&pod, 15002, 15999), Ok(vec![]));
     }
 
     #[test]
     fn a_container_that_could_take_the_dialers_uid_is_warned_about() {
         let pod = spec(json!({ "containers": [{ "name": "app" }] }));
-        let warnings = assess(&pod, Redirection::default()).expect("redirected");
+        let warnings = assess(&pod, 15002, 15999).expect("redirected");
         assert_eq!(warnings.len(), 1);
         assert!(warnings[0].contains("\"app\""), "{warnings:?}");
         assert!(
@@ -189,17 +208,17 @@ mod tests {
             "initContainers": [{ "name": "setup", "securityContext": { "runAsUser": 15999 } }],
             "containers": [{ "name": "app", "securityContext": { "allowPrivilegeEscalation": false } }],
         }));
-        let reason = assess(&pod, Redirection::default()).expect_err("refused");
+        let reason = assess(&pod, 15002, 15999).expect_err("refused");
         assert!(reason.contains("\"setup\""), "{reason}");
     }
 
     #[test]
     fn a_container_running_as_the_dialer_or_holding_the_port_is_not_redirected() {
         let as_dialer = spec(json!({ "containers": [{ "name": "app", "securityContext": { "runAsUser": 15999 } }] }));
-        let reason = assess(&as_dialer, Redirection::default()).expect_err("not redirected");
+        let reason = assess(&as_dialer, 15002, 15999).expect_err("not redirected");
         assert!(reason.contains("UID 15999"), "{reason}");
         let port = spec(json!({ "containers": [{ "name": "app", "ports": [{ "containerPort": 15002 }] }] }));
-        let reason = assess(&port, Redirection::default()).expect_err("not redirected");
+        let reason = assess(&port, 15002, 15999).expect_err("not redirected");
         assert!(reason.contains("port 15002"), "{reason}");
     }
 }
