@@ -344,6 +344,26 @@ spec:
     )
 }
 
+/// `kubectl` arguments that run `probe egress ARGS` in the agent container of `pod`.
+fn probe_egress(namespace: &str, pod: &str, args: Vec<String>) -> Vec<String> {
+    let mut all: Vec<String> = [
+        "exec",
+        "-n",
+        namespace,
+        pod,
+        "-c",
+        "agent",
+        "--",
+        "/usr/local/bin/probe",
+        "egress",
+    ]
+    .iter()
+    .map(|a| (*a).to_owned())
+    .collect();
+    all.extend(args);
+    all
+}
+
 /// Owned arguments as `kubectl` takes them.
 fn strs(args: &[String]) -> Vec<&str> {
     args.iter().map(String::as_str).collect()
@@ -1832,24 +1852,7 @@ impl Flow {
         self.kubectl.apply(&missing).await?;
         let host = |service: &str| format!("upstream-{service}.{ns}.svc.cluster.local:8080");
         let (allowed, readonly, denied) = (host("allowed"), host("readonly"), host("denied"));
-        let probe = |pod: &str, args: Vec<String>| {
-            let mut all: Vec<String> = [
-                "exec",
-                "-n",
-                &ns,
-                pod,
-                "-c",
-                "agent",
-                "--",
-                "/usr/local/bin/probe",
-                "egress",
-            ]
-            .iter()
-            .map(|a| (*a).to_owned())
-            .collect();
-            all.extend(args);
-            all
-        };
+        let probe = |pod: &str, args: Vec<String>| probe_egress(&ns, pod, args);
         let answers = |out: &str| -> BTreeMap<String, String> {
             out.lines()
                 .filter_map(|l| l.strip_prefix("probe egress target="))
@@ -2087,24 +2090,7 @@ impl Flow {
         )?;
         let host = |service: &str| format!("upstream-{service}.{up}.svc.cluster.local:8080");
         let (allowed, denied) = (host("allowed"), host("denied"));
-        let exec = |args: Vec<String>| {
-            let mut all: Vec<String> = [
-                "exec",
-                "-n",
-                &ns,
-                "redirected",
-                "-c",
-                "agent",
-                "--",
-                "/usr/local/bin/probe",
-                "egress",
-            ]
-            .iter()
-            .map(|a| (*a).to_owned())
-            .collect();
-            all.extend(args);
-            all
-        };
+        let exec = |args: Vec<String>| probe_egress(&ns, "redirected", args);
         let kubectl = self.kubectl.clone();
         let straight = exec(vec!["--direct".into(), format!("http://{allowed}/direct")]);
         let through = || async {
