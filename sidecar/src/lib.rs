@@ -157,7 +157,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
     let serving = CancellationToken::new();
     // A port the workload holds already leaves it without the proxy (its clients reach its
     // own listener, not the world); supervision goes on.
-    let proxy_listener = bind_egress(cfg.egress_listen, "egress proxy").await;
+    let proxy_listener = bind_proxy(cfg.egress_listen).await;
     // The redirect listener is the Pod's only way out: a sidecar that cannot take it (a
     // workload process took the port while it restarted) exits, and the kubelet starts it again.
     let redirect_listener = match cfg.egress_redirect_listen {
@@ -256,15 +256,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
 }
 
 /// A loopback listener for the workload's egress proxy at `address`, when configured and free.
-async fn bind_egress(
-    address: Option<std::net::SocketAddr>,
-    what: &'static str,
-) -> Option<(std::net::SocketAddr, tokio::net::TcpListener)> {
+async fn bind_proxy(address: Option<std::net::SocketAddr>) -> Option<(std::net::SocketAddr, tokio::net::TcpListener)> {
     let address = address?;
     match tokio::net::TcpListener::bind(address).await {
         Ok(listener) => Some((address, listener)),
         Err(err) => {
-            error!(error = %Error::Egress(address, err), "{what} not started");
+            error!(error = %Error::Egress(address, err), "egress proxy not started");
             None
         }
     }

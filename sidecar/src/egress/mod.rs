@@ -58,9 +58,10 @@ impl View {
     }
 }
 
-/// A policy of one rule, `host` on `port` (tests).
+/// What the proxy and the redirect listener decide with in tests: one rule, `host` on `port`,
+/// with `floor` and `limits`, and no dialer.
 #[cfg(test)]
-pub(crate) fn one_rule(host: &str, port: u16) -> Policy {
+pub(crate) fn one_rule(host: &str, port: u16, floor: Floor, limits: Limits) -> Egress {
     let policy = proto::runtime::v1::EgressPolicy {
         name: "p".into(),
         revision: 1,
@@ -72,5 +73,14 @@ pub(crate) fn one_rule(host: &str, port: u16) -> Policy {
         }],
         ..Default::default()
     };
-    Policy::try_from(&policy).expect("valid")
+    let policy = Policy::try_from(&policy).expect("valid");
+    // The sender is dropped: the revision never changes.
+    let (_installed, installed) = tokio::sync::watch::channel(Some(Arc::new(policy)));
+    Egress {
+        installed,
+        floor: Arc::new(floor),
+        limits,
+        recent: Arc::default(),
+        dialer: None,
+    }
 }

@@ -665,15 +665,7 @@ mod tests {
     async fn proxy_with_rule(floor: Floor, host: &str, port: u16, shutdown: &CancellationToken) -> SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let address = listener.local_addr().expect("addr");
-        let policy = crate::egress::one_rule(host, port);
-        let (_installed, receiver) = watch::channel(Some(Arc::new(policy)));
-        let egress = Egress {
-            installed: receiver,
-            floor: Arc::new(floor),
-            limits: Limits::default(),
-            recent: Arc::default(),
-            dialer: None,
-        };
+        let egress = crate::egress::one_rule(host, port, floor, Limits::default());
         tokio::spawn(serve(listener, egress, shutdown.clone()));
         address
     }

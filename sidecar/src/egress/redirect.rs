@@ -273,7 +273,6 @@ async fn client_hello(client: &TcpStream, limit: Duration) -> (Vec<u8>, Option<S
 #[cfg(test)]
 mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::sync::watch;
 
     use super::*;
     use crate::egress::{Floor, Limits};
@@ -288,21 +287,15 @@ mod tests {
     ) -> (SocketAddr, Egress) {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let address = listener.local_addr().expect("addr");
-        let policy = crate::egress::one_rule(host, port);
-        let (_installed, receiver) = watch::channel(Some(Arc::new(policy)));
-        let egress = Egress {
-            installed: receiver,
-            floor: Arc::new(Floor {
-                local: true,
-                ..Floor::default()
-            }),
-            limits: Limits {
-                header_timeout: Duration::from_secs(2),
-                ..Limits::default()
-            },
-            recent: Arc::default(),
-            dialer: None,
+        let floor = Floor {
+            local: true,
+            ..Floor::default()
         };
+        let limits = Limits {
+            header_timeout: Duration::from_secs(2),
+            ..Limits::default()
+        };
+        let egress = crate::egress::one_rule(host, port, floor, limits);
         let original: Original = Arc::new(move |_: &TcpStream| Ok(dialed));
         tokio::spawn(serve(listener, egress.clone(), original, shutdown.clone()));
         (address, egress)
@@ -327,6 +320,11 @@ mod tests {
             }
         });
         address
+    }
+
+    /// Whether a denial of a destination starting with `prefix` is kept for `{"op":"policy"}`.
+    fn kept_denial(egress: &Egress, prefix: &str) -> bool {
+        egress.recent.list().iter().any(|d| d.destination.starts_with(prefix))
     }
 
     async fn exchange(at: SocketAddr, bytes: &[u8]) -> String {
@@ -381,13 +379,7 @@ mod tests {
             denied.contains("\"ruleNeeded\":{\"host\":\"other.example\""),
             "{denied}"
         );
-        assert!(
-            egress
-                .recent
-                .list()
-                .iter()
-                .any(|d| d.destination.starts_with("other.example:"))
-        );
+        assert!(kept_denial(&egress, "other.example:"));
         shutdown.cancel();
     }
 
@@ -404,13 +396,7 @@ mod tests {
 
         let denied = exchange(at, &client_hello_for("other.example")).await;
         assert!(denied.is_empty(), "a refused TLS connection is closed: {denied}");
-        assert!(
-            egress
-                .recent
-                .list()
-                .iter()
-                .any(|d| d.destination.starts_with("other.example:"))
-        );
+        assert!(kept_denial(&egress, "other.example:"));
         shutdown.cancel();
     }
 
@@ -420,7 +406,7 @@ mod tests {
         let (dialed, at, egress) = fixture(&shutdown).await;
         let closed = exchange(at, b"\x00\x01binary protocol").await;
         assert!(closed.is_empty(), "{closed}");
-        assert!(egress.recent.list().iter().any(|d| d.destination == dialed.to_string()));
+        assert!(kept_denial(&egress, &dialed.to_string()));
         shutdown.cancel();
     }
 
