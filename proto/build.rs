@@ -23,6 +23,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut config = tonic_prost_build::Config::new();
     config.protoc_executable(protoc);
+    // Holds a credential's value: its Debug (in `egress.rs`) never shows it.
+    config.skip_debug([".openshell.supervisor.runtime.v1.CredentialBinding"]);
 
     let files: Vec<PathBuf> = PROTOS.iter().map(|p| proto_root.join(p)).collect();
     let includes = [proto_root.clone(), well_known];

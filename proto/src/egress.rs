@@ -15,11 +15,42 @@
 //!     ports: [80]
 //!     methods: [GET]          # plain http:// only
 //!     pathPrefixes: [/v1/]
+//!   - name: models-api
+//!     host: models.example.com
+//!     ports: [443]
+//!     credential: models-key  # the workload sends http://models.example.com:443/ with the
+//!     originateTls: true      # placeholder; the sidecar puts the key in and speaks TLS
+//! credentials:
+//!   - name: models-key        # placeholder: openshell-placeholder-models-key
+//!     env: MODELS_API_KEY     # set to the placeholder in every workload container
+//!     secretKeyRef: {name: models, key: token}
 //! ```
 
 use serde::{Deserialize, Serialize};
 
-use crate::runtime::v1::{EgressPolicy, EgressRule, Enforcement};
+use crate::runtime::v1::{CredentialBinding, EgressPolicy, EgressRule, Enforcement};
+
+/// The answer to a workload asking for a credential (runtime.v1.FetchCredential, the socket's
+/// `{"op":"credential"}`): it holds none.
+pub const NO_CREDENTIAL: &str = "a workload holds no credential: the egress policy binds credentials to destinations and the sidecar puts them into requests; use the placeholders {\"op\":\"policy\"} lists";
+
+/// What the workload sees instead of the credential `name`'s value.
+pub fn placeholder(name: &str) -> String {
+    format!("openshell-placeholder-{name}")
+}
+
+impl std::fmt::Debug for CredentialBinding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CredentialBinding")
+            .field("name", &self.name)
+            .field("env", &self.env)
+            .field("secret", &self.secret)
+            .field("key", &self.key)
+            .field("value", &format_args!("<{} bytes>", self.value.len()))
+            .field("error", &self.error)
+            .finish()
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -31,6 +62,26 @@ pub struct Document {
     pub enforcement: Mode,
     #[serde(default)]
     pub rules: Vec<Rule>,
+    #[serde(default)]
+    pub credentials: Vec<Credential>,
+}
+
+/// A credential rules may bind (`runtime.v1.CredentialBinding`); its value is never in the
+/// document.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Credential {
+    pub name: String,
+    #[serde(default)]
+    pub env: String,
+    pub secret_key_ref: SecretKeyRef,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretKeyRef {
+    pub name: String,
+    pub key: String,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -51,6 +102,12 @@ pub struct Rule {
     pub methods: Vec<String>,
     #[serde(default)]
     pub path_prefixes: Vec<String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub credential: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub originate_tls: bool,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub ca_bundle: String,
 }
 
 impl From<&Document> for EgressPolicy {
@@ -72,6 +129,20 @@ impl From<&Document> for EgressPolicy {
                     ports: rule.ports.clone(),
                     methods: rule.methods.clone(),
                     path_prefixes: rule.path_prefixes.clone(),
+                    credential: rule.credential.clone(),
+                    originate_tls: rule.originate_tls,
+                    ca_bundle: rule.ca_bundle.clone(),
+                })
+                .collect(),
+            credentials: document
+                .credentials
+                .iter()
+                .map(|credential| CredentialBinding {
+                    name: credential.name.clone(),
+                    env: credential.env.clone(),
+                    secret: credential.secret_key_ref.name.clone(),
+                    key: credential.secret_key_ref.key.clone(),
+                    ..CredentialBinding::default()
                 })
                 .collect(),
         }
@@ -91,6 +162,20 @@ mod tests {
         assert_eq!((policy.name.as_str(), policy.revision), ("p", 3));
         assert_eq!(policy.enforcement(), Enforcement::Audit);
         assert_eq!(policy.rules[0].path_prefixes, ["/v1/"]);
+        let bound = r#"{"name":"p","credentials":[{"name":"k","env":"K","secretKeyRef":{"name":"s","key":"t"}}],
+            "rules":[{"name":"r","host":"a","ports":[443],"credential":"k","originateTls":true}]}"#;
+        let bound = EgressPolicy::from(&serde_json::from_str::<Document>(bound).expect("a document"));
+        assert_eq!(
+            (bound.credentials[0].secret.as_str(), bound.credentials[0].key.as_str()),
+            ("s", "t")
+        );
+        assert!(bound.rules[0].originate_tls && bound.rules[0].credential == "k");
+        let mut held = bound.credentials[0].clone();
+        held.value = b"sk-very-secret".to_vec();
+        assert!(
+            !format!("{held:?}").contains("very-secret"),
+            "a value is never in Debug"
+        );
         let unknown = r#"{"name":"p","rules":[{"name":"r","host":"a","ports":[1],"port":2}]}"#;
         assert!(
             serde_json::from_str::<Document>(unknown).is_err(),

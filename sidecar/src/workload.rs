@@ -19,7 +19,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::identity;
-use crate::supervision::Token;
 
 /// Longest request line (bytes, newline excluded).
 pub const MAX_LINE_BYTES: usize = 16 * 1024;
@@ -87,7 +86,6 @@ pub enum Error {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
     Progress { value: u64, note: String },
-    Credential,
     Liveness,
 }
 
@@ -98,6 +96,8 @@ pub enum Ask {
     Relay(Op),
     /// The egress policy in force and the recent denials (answered without the owner).
     Policy,
+    /// The retired `{"op":"credential"}`: a workload holds no credential, only placeholders.
+    Credential,
 }
 
 /// The answer to one request.
@@ -108,10 +108,6 @@ pub enum Answer {
         value: u64,
         term: u64,
         member: String,
-    },
-    Credential {
-        token: Token,
-        expires_at_ms: i64,
     },
     Alive,
     /// The sidecar's own answer (`Ask::Policy`).
@@ -350,6 +346,10 @@ async fn connection(
             Ok(line) if line.trim().is_empty() => continue,
             Ok(line) => match parse(&line) {
                 Ok((id, Ask::Policy)) => (id, Answer::Local(crate::egress::View::describe(egress))),
+                Ok((id, Ask::Credential)) => (
+                    id,
+                    Answer::Local(json!({"ok": false, "op": "credential", "error": proto::egress::NO_CREDENTIAL})),
+                ),
                 Ok((id, Ask::Relay(op))) => {
                     let (reply, answer) = oneshot::channel();
                     let answer = if engine.send(Inbound::Request(Request { op, reply })).await.is_ok() {
@@ -422,7 +422,7 @@ pub fn parse(line: &str) -> Result<(Option<Value>, Ask), String> {
             return Err(format!("note longer than {MAX_NOTE_BYTES} bytes"));
         }
         OpLine::Progress { value, note } => Ask::Relay(Op::Progress { value, note }),
-        OpLine::Credential {} => Ask::Relay(Op::Credential),
+        OpLine::Credential {} => Ask::Credential,
         OpLine::Liveness {} => Ask::Relay(Op::Liveness),
         OpLine::Policy {} => Ask::Policy,
     };
@@ -434,9 +434,6 @@ pub fn render(id: Option<&Value>, answer: &Answer) -> String {
     let mut out = match answer {
         Answer::Progress { value, term, member } => {
             json!({"ok": true, "op": "progress", "value": value, "term": term, "member": member})
-        }
-        Answer::Credential { token, expires_at_ms } => {
-            json!({"ok": true, "op": "credential", "token": token.expose(), "expires_at_ms": expires_at_ms})
         }
         Answer::Alive => json!({"ok": true, "op": "liveness", "alive": true}),
         Answer::Local(value) => value.clone(),
@@ -648,10 +645,7 @@ mod tests {
                 })
             )
         );
-        assert_eq!(
-            parse(r#"{"op":"credential"}"#).unwrap(),
-            (None, Ask::Relay(Op::Credential))
-        );
+        assert_eq!(parse(r#"{"op":"credential"}"#).unwrap(), (None, Ask::Credential));
         assert_eq!(
             parse(r#"{"op":"liveness","id":"a"}"#).unwrap().1,
             Ask::Relay(Op::Liveness)
@@ -690,11 +684,5 @@ mod tests {
         );
         let v: Value = serde_json::from_str(&render(None, &Answer::Refused("no".into()))).unwrap();
         assert_eq!(v, json!({"ok": false, "error": "no"}));
-        let credential = Answer::Credential {
-            token: Token::new("t0k"),
-            expires_at_ms: 9,
-        };
-        assert!(!format!("{credential:?}").contains("t0k"), "Debug hides the credential");
-        assert!(render(None, &credential).contains("t0k"));
     }
 }

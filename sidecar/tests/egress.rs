@@ -280,3 +280,175 @@ async fn the_proxy_decides_from_the_installed_revision_and_explains_refusals() {
     shutdown.cancel();
     within("run to end", run).await.expect("join").expect("sidecar");
 }
+
+/// An HTTPS upstream on loopback with a certificate for `localhost` from a throwaway CA:
+/// (port, the CA's PEM, how many requests it read).
+async fn tls_upstream() -> (u16, String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().expect("key")).expect("ca");
+    let key = KeyPair::generate().expect("key");
+    let leaf = CertificateParams::new(vec!["localhost".to_owned()])
+        .expect("params")
+        .signed_by(&key, &ca)
+        .expect("leaf");
+    let config = rustls::ServerConfig::builder_with_provider(plumbing::tls::provider())
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone()],
+            rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).expect("key"),
+        )
+        .expect("config");
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let requests = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = requests.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (acceptor, counted) = (acceptor.clone(), counted.clone());
+            tokio::spawn(async move {
+                let Ok(mut stream) = acceptor.accept(stream).await else {
+                    return;
+                };
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !seen.ends_with(b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => seen.extend_from_slice(&buf[..n]),
+                    }
+                }
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    seen.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+                let _ = stream.write_all(&seen).await;
+                let _ = stream.shutdown().await;
+            });
+        }
+    });
+    (port, ca.pem(), requests)
+}
+
+#[tokio::test]
+async fn a_credential_goes_only_to_its_bound_destination_over_tls_the_sidecar_verifies() {
+    use proto::runtime::v1::CredentialBinding;
+    use std::sync::atomic::Ordering;
+
+    let (models, ca_pem, requests) = tls_upstream().await;
+    let other = upstream().await;
+    let proxy = free_port();
+    let mut fx = Fixture::new(agent_command()).await;
+    fx.config.egress_listen = Some(([127, 0, 0, 1], proxy).into());
+    let (run, shutdown) = fx.start();
+    fx.registered().await;
+    let mut m1 = fx.member.accept().await;
+    let sidecar_message::Kind::Attach(_) = m1.recv().await else {
+        panic!("expected Attach")
+    };
+    m1.take_over(&fx.signer, &fx.instance, 1, "m1", 0).await;
+    let policy = |revision: u64, value: &str, ca_bundle: &str| {
+        let mut bound = rule("models", "localhost", models);
+        bound.credential = "models".into();
+        bound.originate_tls = true;
+        bound.ca_bundle = ca_bundle.into();
+        supervisor_message::Kind::PolicyInstall(PolicyInstall {
+            term: 1,
+            policy: Some(EgressPolicy {
+                name: "team-a-default".into(),
+                revision,
+                rules: vec![bound, rule("other", "127.0.0.1", other)],
+                credentials: vec![CredentialBinding {
+                    name: "models".into(),
+                    env: "MODELS_API_KEY".into(),
+                    secret: "models".into(),
+                    key: "token".into(),
+                    value: value.as_bytes().to_vec(),
+                    error: String::new(),
+                }],
+                ..EgressPolicy::default()
+            }),
+        })
+    };
+    m1.send(policy(1, "sk-live-1", &ca_pem)).await;
+    assert_eq!(loaded(&mut m1).await, ("team-a-default".into(), 1, String::new()));
+
+    // The bound destination: the placeholder is replaced, over TLS the sidecar opened.
+    let placeholder = proto::egress::placeholder("models");
+    let to = |port: u16, host: &str| {
+        format!(
+            "GET http://{host}:{port}/v1/chat HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {placeholder}\r\n\r\n"
+        )
+    };
+    let (status, _, seen, _) = ask(proxy, &to(models, "localhost")).await;
+    assert_eq!(status, 200, "{seen}");
+    assert!(seen.starts_with("GET /v1/chat HTTP/1.1\r\n"), "{seen}");
+    assert!(
+        seen.to_ascii_lowercase()
+            .contains("authorization: bearer sk-live-1\r\n"),
+        "{seen}"
+    );
+    // Anywhere else the placeholder goes out as it is.
+    let (status, _, seen, _) = ask(proxy, &to(other, "127.0.0.1")).await;
+    assert_eq!(status, 200, "{seen}");
+    assert!(seen.contains(&placeholder) && !seen.contains("sk-live"), "{seen}");
+    // A tunnel would hide the request: refused, and the refusal says what to send instead.
+    let connect = format!("CONNECT localhost:{models} HTTP/1.1\r\nHost: localhost:{models}\r\n\r\n");
+    let (status, _, body, _) = ask(proxy, &connect).await;
+    assert_eq!(status, 403);
+    assert!(body.contains("http://localhost"), "{body}");
+
+    // The workload learns the placeholder and whether the credential is held, never the value.
+    let mut agent = WorkloadClient::connect(&fx.agent_socket()).await;
+    let view = agent.call(json!({"op": "policy"})).await;
+    let credential = &view["policy"]["credentials"][0];
+    assert_eq!(
+        (
+            credential["placeholder"].as_str(),
+            credential["held"].as_bool(),
+            credential["env"].as_str()
+        ),
+        (Some(placeholder.as_str()), Some(true), Some("MODELS_API_KEY")),
+        "{view}"
+    );
+    assert_eq!(credential["boundTo"], json!(["models"]));
+    assert!(!view.to_string().contains("sk-live"), "{view}");
+
+    // A rotated value under the same revision replaces the one held.
+    m1.send(policy(1, "sk-live-2", &ca_pem)).await;
+    loaded(&mut m1).await;
+    let (_, _, seen, _) = ask(proxy, &to(models, "localhost")).await;
+    assert!(
+        seen.to_ascii_lowercase()
+            .contains("authorization: bearer sk-live-2\r\n"),
+        "{seen}"
+    );
+
+    // An upstream whose certificate does not verify (the CA is no longer trusted) gets nothing.
+    m1.send(policy(2, "sk-live-2", "")).await;
+    assert_eq!(loaded(&mut m1).await.1, 2);
+    let before = requests.load(Ordering::SeqCst);
+    let (status, _, body, _) = ask(proxy, &to(models, "localhost")).await;
+    assert_eq!(status, 502, "{body}");
+    assert!(json(&body)["error"] == "upstream TLS failed", "{body}");
+    assert_eq!(requests.load(Ordering::SeqCst), before, "nothing reached the upstream");
+
+    // A value the owner could not resolve: the request is not sent at all.
+    m1.send(policy(3, "", &ca_pem)).await;
+    assert_eq!(loaded(&mut m1).await.1, 3);
+    let (status, _, body, _) = ask(proxy, &to(models, "localhost")).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(requests.load(Ordering::SeqCst), before, "nothing reached the upstream");
+
+    shutdown.cancel();
+    within("the sidecar to stop", run)
+        .await
+        .expect("joined")
+        .expect("clean stop");
+}

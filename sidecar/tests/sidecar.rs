@@ -6,7 +6,7 @@
 mod support;
 
 use proto::runtime::v1::{
-    Alive, Attached, Credential, ProgressAccepted, Redirect, Rejected, Release, WorkloadResponse, sidecar_message,
+    Alive, Attached, ProgressAccepted, Redirect, Rejected, Release, WorkloadResponse, sidecar_message,
     supervisor_message, workload_request, workload_response,
 };
 use serde_json::json;
@@ -106,22 +106,12 @@ async fn first_placement_receipt_activation_and_relay() {
         json!({"ok": true, "op": "progress", "value": 1, "term": 1, "member": "m1", "id": "a"})
     );
 
+    // A workload holds no credential: the sidecar answers itself and asks no owner.
     agent.send(json!({"op": "credential"})).await;
-    let (id, kind) = expect_request(&mut conn).await;
-    assert_eq!(
-        (id, kind),
-        (2, workload_request::Kind::FetchCredential(Default::default()))
-    );
-    let credential = Credential {
-        token: "workload-credential".into(),
-        expires_at_ms: 99,
-    };
-    conn.send(respond(id, workload_response::Kind::Credential(credential)))
-        .await;
     let answer = agent.answer().await;
     assert_eq!(
-        (answer["token"].as_str(), answer["expires_at_ms"].as_i64()),
-        (Some("workload-credential"), Some(99))
+        (answer["ok"].as_bool(), answer["error"].as_str()),
+        (Some(false), Some(proto::egress::NO_CREDENTIAL))
     );
 
     agent.send(json!({"op": "liveness"})).await;

@@ -21,7 +21,7 @@ pub const TLS_KEY_ENV: &str = "OPENSHELL_SUPERVISOR_TLS_KEY";
 pub const TLS_CA_ENV: &str = "OPENSHELL_TLS_CA";
 pub const GATEWAY_TLS_NAME_ENV: &str = "OPENSHELL_GATEWAY_TLS_NAME";
 pub const EGRESS_POLICY_ENV: &str = "OPENSHELL_EGRESS_POLICY";
-use crate::policy::MAX_POLICY_BYTES;
+pub const EGRESS_SECRETS_ENV: &str = "OPENSHELL_EGRESS_SECRETS";
 
 /// Settings of one pool member process.
 #[derive(Debug, Clone, Parser)]
@@ -80,6 +80,13 @@ pub struct Config {
     /// Unset: none is installed, and sidecars with an egress proxy deny every destination.
     #[arg(long, env = EGRESS_POLICY_ENV)]
     pub egress_policy: Option<PathBuf>,
+
+    /// Where the credentials of the egress policy file are, laid out as Kubernetes mounts
+    /// Secrets: the value of key K of Secret S is the file `DIR/S/K`. Read again with the
+    /// policy file, so a rotated value reaches the sidecars without a new revision. Unset:
+    /// no credential is available (requests needing one are answered 503).
+    #[arg(long, env = EGRESS_SECRETS_ENV, requires = "egress_policy")]
+    pub egress_secrets: Option<PathBuf>,
 
     /// Connection limits of the runtime and health ports.
     #[command(flatten)]
@@ -174,23 +181,6 @@ impl Config {
 
     /// The runtime address published in Hello: the configured one, or derived from the bound
     /// runtime listener.
-    /// The egress policy file's revision, if one is configured.
-    pub fn egress_policy(&self) -> Result<Option<proto::runtime::v1::EgressPolicy>, ConfigError> {
-        use std::io::Read;
-        let Some(path) = &self.egress_policy else {
-            return Ok(None);
-        };
-        let refused = |why: String| ConfigError::EgressPolicy(path.display().to_string(), why);
-        let mut text = String::new();
-        std::fs::File::open(path)
-            .and_then(|f| f.take(MAX_POLICY_BYTES + 1).read_to_string(&mut text))
-            .map_err(|e| refused(e.to_string()))?;
-        if text.len() as u64 > MAX_POLICY_BYTES {
-            return Err(refused(format!("larger than {MAX_POLICY_BYTES} bytes")));
-        }
-        crate::policy::parse(&text).map(Some).map_err(refused)
-    }
-
     pub fn runtime_address_for(&self, bound: SocketAddr) -> Result<String, ConfigError> {
         if let Some(address) = &self.runtime_address {
             self.check_runtime_address(address)?;

@@ -170,7 +170,8 @@ pub async fn run_on(config: Config, listeners: Listeners, shutdown: Cancellation
         table,
         policy: crate::policy::follow(
             config.egress_policy.clone(),
-            config.egress_policy()?,
+            config.egress_secrets.clone(),
+            crate::policy::first(&config).await?,
             stop_runtime.clone(),
         ),
     });

@@ -218,12 +218,11 @@ async fn first_placement_takes_over_end_to_end_and_relays() {
         request(&mut sidecar, 1, Request::ReportProgress(progress)).await,
         Response::ProgressAccepted(a) if a.value == 41
     ));
-    let Response::Credential(credential) = request(&mut sidecar, 2, Request::FetchCredential(FetchCredential {})).await
-    else {
-        panic!("expected the credential")
-    };
-    assert_eq!(credential.token, format!("token-{ROUTE}"));
-    assert!(credential.expires_at_ms > support::recovery::unix_s() * 1000);
+    // A workload holds no credential: the owner refuses to hand one out.
+    assert!(matches!(
+        request(&mut sidecar, 2, Request::FetchCredential(FetchCredential {})).await,
+        Response::Rejected(r) if r.reason == proto::egress::NO_CREDENTIAL
+    ));
     assert!(matches!(
         request(&mut sidecar, 3, Request::Liveness(Liveness {})).await,
         Response::Alive(_)
@@ -236,7 +235,7 @@ async fn first_placement_takes_over_end_to_end_and_relays() {
     let counters = status(&report, ROUTE).unwrap().counters.unwrap();
     assert_eq!(counters.last_progress_value, 41);
     assert!(counters.last_progress_at_ms > 0);
-    assert_eq!((counters.requests_rejected, counters.sidecar_connects), (0, 1));
+    assert_eq!((counters.requests_rejected, counters.sidecar_connects), (1, 1));
 }
 
 #[tokio::test]

@@ -17,7 +17,7 @@ use std::sync::{Arc, LazyLock};
 
 use kube::ResourceExt;
 use kube::api::{ApiResource, DynamicObject};
-use proto::egress::{Document, Mode, Rule};
+use proto::egress::{Credential, Document, Mode, Rule};
 use proto::runtime::v1::EgressPolicy;
 use serde::Deserialize;
 
@@ -71,6 +71,8 @@ struct Spec {
     enforcement: Mode,
     #[serde(default)]
     rules: Vec<Rule>,
+    #[serde(default)]
+    credentials: Vec<Credential>,
 }
 
 /// A `SandboxPolicy` object as its namespace, name and the revision its owners install.
@@ -101,6 +103,7 @@ pub fn policy_of(object: &DynamicObject) -> Option<(String, Arc<EgressPolicy>)> 
             Spec {
                 enforcement: Mode::Enforce,
                 rules: Vec::new(),
+                credentials: Vec::new(),
             }
         }
     };
@@ -109,6 +112,7 @@ pub fn policy_of(object: &DynamicObject) -> Option<(String, Arc<EgressPolicy>)> 
         revision: created.saturating_mul(GENERATIONS).saturating_add(generation),
         enforcement: spec.enforcement,
         rules: spec.rules,
+        credentials: spec.credentials,
     };
     Some((namespace, Arc::new(EgressPolicy::from(&document))))
 }

@@ -6,6 +6,8 @@
 //! decisions go on unchanged while the owner changes.
 
 pub mod floor;
+pub mod origin;
+pub mod placeholder;
 pub mod policy;
 pub mod proxy;
 pub mod recent;
@@ -52,6 +54,17 @@ impl View {
                 "revision": p.revision,
                 "enforcement": if p.audit_only { "audit" } else { "enforce" },
                 "rules": p.rules.iter().map(|r| &r.name).collect::<Vec<_>>(),
+                "credentials": p.credentials.iter().map(|c| json!({
+                    "name": c.name,
+                    "env": c.env,
+                    "placeholder": c.placeholder,
+                    "held": c.value.is_some(),
+                    "error": Some(&c.error).filter(|e| !e.is_empty() && c.value.is_none()),
+                    "boundTo": p.rules.iter()
+                        .filter(|r| r.credential.as_deref() == Some(c.name.as_str()))
+                        .map(|r| &r.name)
+                        .collect::<Vec<_>>(),
+                })).collect::<Vec<_>>(),
             })),
             "recentDenials": view.recent.list(),
         })

@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use proto::runtime::v1::{EgressPolicy, EgressRule, Enforcement};
+use proto::runtime::v1::{CredentialBinding, EgressPolicy, EgressRule, Enforcement};
 use serde::{Deserialize, Serialize};
 
 pub const MAX_RULES: usize = 256;
@@ -14,6 +14,9 @@ const MAX_PORTS: usize = 32;
 const MAX_METHODS: usize = 16;
 const MAX_PATH_PREFIXES: usize = 32;
 const MAX_PATH_PREFIX_BYTES: usize = 1024;
+pub const MAX_CREDENTIALS: usize = 32;
+const MAX_VALUE_BYTES: usize = 8 * 1024;
+const MAX_CA_BUNDLE_BYTES: usize = 64 * 1024;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Invalid {
@@ -31,6 +34,14 @@ pub enum Invalid {
     Methods(String),
     #[error("rule {0:?}: at most {MAX_PATH_PREFIXES} path prefixes, each starting with `/`")]
     Paths(String),
+    #[error("rule {0:?} binds the credential {1:?}, which the policy does not name")]
+    UnknownCredential(String, String),
+    #[error("rule {0:?}: a CA bundle of at most {MAX_CA_BUNDLE_BYTES} bytes of PEM certificates")]
+    CaBundle(String),
+    #[error(
+        "more than {MAX_CREDENTIALS} credentials, or one whose name is not 1..63 lower-case letters, digits and `-`, named twice, with an invalid env name or a value that is not at most {MAX_VALUE_BYTES} bytes of visible ASCII"
+    )]
+    Credential,
 }
 
 /// Which part of a host a rule matches.
@@ -128,12 +139,49 @@ pub struct Rule {
     pub ports: Vec<u16>,
     pub methods: Vec<String>,
     pub path_prefixes: Vec<String>,
+    /// The credential whose placeholder is replaced in the requests this rule allows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<String>,
+    /// Requests this rule allows go upstream over TLS the sidecar opens (and so are plain
+    /// HTTP only); the PEM certificates it trusts besides the public roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub originate_tls: Option<String>,
 }
+
+/// A credential rules may bind. Its value is held in memory only: never persisted (the
+/// owner installs it again after a restart), logged or shown.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Credential {
+    pub name: String,
+    pub env: String,
+    pub placeholder: String,
+    #[serde(skip)]
+    pub value: Option<Secret>,
+    /// Why the value is not held, as its resolver said (empty: the owner has not installed it
+    /// since this sidecar started).
+    #[serde(skip)]
+    pub error: String,
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credential")
+            .field("name", &self.name)
+            .field("held", &self.value.is_some())
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A credential's value, as a header value.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
 
 impl Rule {
     /// Limited to some methods or paths: plain HTTP only.
     fn inspects(&self) -> bool {
-        !self.methods.is_empty() || !self.path_prefixes.is_empty()
+        !self.methods.is_empty() || !self.path_prefixes.is_empty() || self.originate_tls.is_some()
     }
 }
 
@@ -146,6 +194,8 @@ pub struct Policy {
     /// Denials are recorded, not made (the floor still is).
     pub audit_only: bool,
     pub rules: Vec<Rule>,
+    #[serde(default)]
+    pub credentials: Vec<Credential>,
 }
 
 /// What a connection asks for.
@@ -186,6 +236,15 @@ impl Policy {
                 rule: rule.name.clone(),
             };
         }
+        if let (Some(rule), None) = (candidates.iter().find(|r| r.originate_tls.is_some()), request.http) {
+            return Verdict::Denied {
+                enforced: !self.audit_only,
+                reason: format!(
+                    "rule {:?} has the sidecar open TLS itself: send http://{}:{}/ through the proxy instead of a tunnel",
+                    rule.name, request.host, request.port
+                ),
+            };
+        }
         let reason = match (candidates.first(), request.http) {
             (None, _) => format!("no rule allows {}:{}", request.host, request.port),
             (Some(rule), None) => format!(
@@ -200,6 +259,31 @@ impl Policy {
             enforced: !self.audit_only,
             reason,
         }
+    }
+
+    /// The rule named `name`.
+    pub fn rule(&self, name: &str) -> Option<&Rule> {
+        self.rules.iter().find(|r| r.name == name)
+    }
+
+    /// The credential named `name`.
+    pub fn credential(&self, name: &str) -> Option<&Credential> {
+        self.credentials.iter().find(|c| c.name == name)
+    }
+
+    /// The same revision (name, revision, rules and bindings), whatever values each holds.
+    pub fn same_revision(&self, other: &Policy) -> bool {
+        fn bindings(p: &Policy) -> Vec<(&str, &str)> {
+            p.credentials
+                .iter()
+                .map(|c| (c.name.as_str(), c.env.as_str()))
+                .collect()
+        }
+        self.name == other.name
+            && self.revision == other.revision
+            && self.audit_only == other.audit_only
+            && self.rules == other.rules
+            && bindings(self) == bindings(other)
     }
 
     /// A rule names the request's loopback host and port exactly (honoured only outside
@@ -221,17 +305,41 @@ impl TryFrom<&EgressPolicy> for Policy {
         if policy.rules.len() > MAX_RULES {
             return Err(Invalid::TooManyRules);
         }
-        let rules = policy
+        if policy.credentials.len() > MAX_CREDENTIALS {
+            return Err(Invalid::Credential);
+        }
+        let credentials: Vec<Credential> = policy
+            .credentials
+            .iter()
+            .map(parse_credential)
+            .collect::<Result<_, _>>()?;
+        let mut names: Vec<&str> = credentials.iter().map(|c| c.name.as_str()).collect();
+        names.sort_unstable();
+        if names.windows(2).any(|w| w[0] == w[1]) {
+            return Err(Invalid::Credential);
+        }
+        let rules: Vec<Rule> = policy
             .rules
             .iter()
             .enumerate()
             .map(|(index, rule)| parse_rule(index, rule))
             .collect::<Result<_, _>>()?;
+        if let Some(rule) = rules.iter().find(|r| {
+            r.credential
+                .as_deref()
+                .is_some_and(|c| names.binary_search(&c).is_err())
+        }) {
+            return Err(Invalid::UnknownCredential(
+                rule.name.clone(),
+                rule.credential.clone().unwrap_or_default(),
+            ));
+        }
         Ok(Policy {
             name: policy.name.clone(),
             revision: policy.revision,
             audit_only: policy.enforcement() == Enforcement::Audit,
             rules,
+            credentials,
         })
     }
 }
@@ -258,12 +366,52 @@ fn parse_rule(index: usize, rule: &EgressRule) -> Result<Rule, Invalid> {
     if rule.path_prefixes.len() > MAX_PATH_PREFIXES || !rule.path_prefixes.iter().all(prefix) {
         return Err(Invalid::Paths(name));
     }
+    if rule.ca_bundle.len() > MAX_CA_BUNDLE_BYTES || (!rule.ca_bundle.is_empty() && !rule.originate_tls) {
+        return Err(Invalid::CaBundle(name));
+    }
+    if rule.originate_tls && super::origin::roots(&rule.ca_bundle).is_err() {
+        return Err(Invalid::CaBundle(name));
+    }
     Ok(Rule {
         name,
         host,
         ports,
         methods: rule.methods.clone(),
         path_prefixes: rule.path_prefixes.clone(),
+        credential: Some(rule.credential.clone()).filter(|c| !c.is_empty()),
+        originate_tls: rule.originate_tls.then(|| rule.ca_bundle.clone()),
+    })
+}
+
+fn parse_credential(binding: &CredentialBinding) -> Result<Credential, Invalid> {
+    let name = &binding.name;
+    let name_ok = !name.is_empty()
+        && name.len() <= MAX_RULE_NAME_BYTES
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    let env_ok = binding.env.is_empty()
+        || (binding.env.len() <= 128
+            && binding.env.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            && !binding.env.as_bytes()[0].is_ascii_digit());
+    let value_ok =
+        binding.value.len() <= MAX_VALUE_BYTES && binding.value.iter().all(|b| b.is_ascii_graphic() || *b == b' ');
+    if !(name_ok && env_ok && value_ok) {
+        return Err(Invalid::Credential);
+    }
+    let value = String::from_utf8(binding.value.clone()).ok().filter(|v| !v.is_empty());
+    Ok(Credential {
+        name: name.clone(),
+        env: binding.env.clone(),
+        placeholder: proto::egress::placeholder(name),
+        error: match (&value, binding.error.is_empty()) {
+            (None, true) => "its owner installed no value".to_owned(),
+            (None, false) => plumbing::text::bounded(&binding.error, 256),
+            (Some(_), _) => String::new(),
+        },
+        value: value.map(Secret),
     })
 }
 

@@ -31,6 +31,7 @@ use tracing::{info, warn};
 
 use super::floor::Floor;
 use super::policy::{Policy, Request, Target, Verdict};
+use super::{origin, placeholder};
 
 type Body = BoxBody<Bytes, hyper::Error>;
 
@@ -251,24 +252,45 @@ async fn handle(
             return refusal(denied.status, "egress denied", &denied.reason, needed, egress);
         }
     };
+    let mut request = request;
+    let rule = allowed
+        .rule
+        .as_deref()
+        .and_then(|name| policy.as_deref()?.rule(name))
+        .cloned();
+    // An allowed request that goes no further: logged with `decision`, answered `status`.
+    let fail = |status: StatusCode, error: &str, decision: &str, reason: &str| {
+        log(&asked, policy.as_deref(), decision, allowed.rule.as_deref(), reason);
+        refusal(status, error, reason, Some((&asked, false)), egress)
+    };
+    if request.method() != Method::CONNECT
+        && let Some(policy) = policy.as_deref()
+    {
+        let uri = request.uri().clone();
+        match placeholder::substitute(request.headers_mut(), &uri, policy, rule.as_ref()) {
+            Ok(done) => {
+                for credential in done.attempts {
+                    let reason = format!(
+                        "the placeholder of credential {credential:?}, which this destination's rule does not bind, was sent unchanged"
+                    );
+                    log(
+                        &asked,
+                        Some(policy),
+                        "placeholder-attempt",
+                        allowed.rule.as_deref(),
+                        &reason,
+                    );
+                }
+            }
+            Err(not_held) => {
+                let status = StatusCode::SERVICE_UNAVAILABLE;
+                return fail(status, "credential not held", "credential-missing", &not_held.reason);
+            }
+        }
+    }
     let upstream = match dial(&allowed.addresses, egress).await {
         Ok(upstream) => upstream,
-        Err(reason) => {
-            log(
-                &asked,
-                policy.as_deref(),
-                "unreachable",
-                allowed.rule.as_deref(),
-                &reason,
-            );
-            return refusal(
-                StatusCode::BAD_GATEWAY,
-                "upstream unreachable",
-                &reason,
-                Some((&asked, false)),
-                egress,
-            );
-        }
+        Err(reason) => return fail(StatusCode::BAD_GATEWAY, "upstream unreachable", "unreachable", &reason),
     };
     let verdict = if allowed.rule.is_some() { "allow" } else { "audit" };
     log(&asked, policy.as_deref(), verdict, allowed.rule.as_deref(), "");
@@ -283,7 +305,17 @@ async fn handle(
         });
         return Response::new(empty());
     }
-    forward(request, upstream, &asked, egress.limits.response_timeout).await
+    let response_timeout = egress.limits.response_timeout;
+    let Some(ca_bundle) = rule.as_ref().and_then(|r| r.originate_tls.as_deref()) else {
+        return forward(request, upstream, &asked, response_timeout).await;
+    };
+    let limit = egress.limits.connect_timeout;
+    let reason = match timeout(limit, origin::connect(upstream, &asked.target, ca_bundle)).await {
+        Ok(Ok(tls)) => return forward(request, tls, &asked, response_timeout).await,
+        Ok(Err(reason)) => reason,
+        Err(_) => format!("no TLS handshake within {limit:?}"),
+    };
+    fail(StatusCode::BAD_GATEWAY, "upstream TLS failed", "unreachable", &reason)
 }
 
 /// The destination of a proxy request, or why it is none.
@@ -528,7 +560,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 async fn forward(
     request: HttpRequest<Incoming>,
-    upstream: TcpStream,
+    upstream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
     asked: &Asked,
     response_timeout: Duration,
 ) -> Response<Body> {

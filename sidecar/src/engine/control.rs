@@ -250,7 +250,8 @@ impl<R: Reply> Machine<R> {
     }
 
     /// A policy revision from the activated owner at its term is loaded (persisted, then
-    /// enforced) unless it is invalid or not newer than the one in force; any other stream's
+    /// enforced) unless it is invalid or not newer than the one in force; the revision in force
+    /// again takes the install's credential values (never persisted); any other stream's
     /// install changes nothing. Every install is answered with the revision in force.
     fn on_policy(&mut self, id: StreamId, install: &PolicyInstall) {
         let activated = self.state.fence.activated;
@@ -273,6 +274,13 @@ impl<R: Reply> Machine<R> {
                         info!(policy = %policy.name, revision = policy.revision, term = activated, "egress policy installed");
                         self.state.policy = Some(policy.clone());
                         self.persist();
+                        self.out.push(Effect::Enforce(std::sync::Arc::new(policy)));
+                    } else if current.is_some_and(|c| c.same_revision(&policy) && c.credentials != policy.credentials) {
+                        // The same revision with other credential values (a rotated Secret, or
+                        // the values again after a restart): only the values change.
+                        let held = policy.credentials.iter().filter(|c| c.value.is_some()).count();
+                        info!(policy = %policy.name, revision = policy.revision, held, term = activated, "egress credentials installed");
+                        self.state.policy = Some(policy.clone());
                         self.out.push(Effect::Enforce(std::sync::Arc::new(policy)));
                     }
                     String::new()

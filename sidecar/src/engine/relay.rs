@@ -3,15 +3,14 @@
 
 use proto::common::v1::WorkloadIdentity;
 use proto::runtime::v1::{
-    FetchCredential, Liveness, ReportProgress, WorkloadRequest, WorkloadResponse, WorkloadStarted, sidecar_message,
-    workload_request, workload_response,
+    Liveness, ReportProgress, WorkloadRequest, WorkloadResponse, WorkloadStarted, sidecar_message, workload_request,
+    workload_response,
 };
 use tracing::info;
 
 use super::effect::{Effect, Reply};
 use super::machine::{LOST, MAX_REASON_BYTES, Machine, Mode, STOPPING, bounded};
 use crate::runtime_link::StreamId;
-use crate::supervision::Token;
 use crate::workload::{Admission, Answer, Op};
 
 /// Workload requests held while frozen.
@@ -108,7 +107,6 @@ impl<R: Reply> Machine<R> {
         let request_id = stream.next_request;
         let kind = match op.clone() {
             Op::Progress { value, note } => workload_request::Kind::ReportProgress(ReportProgress { value, note }),
-            Op::Credential => workload_request::Kind::FetchCredential(FetchCredential {}),
             Op::Liveness => workload_request::Kind::Liveness(Liveness {}),
         };
         let message = WorkloadRequest {
@@ -140,10 +138,7 @@ impl<R: Reply> Machine<R> {
                     .map(|o| o.member.clone())
                     .unwrap_or_default(),
             },
-            Some(Kind::Credential(c)) => Answer::Credential {
-                token: Token::new(c.token),
-                expires_at_ms: c.expires_at_ms,
-            },
+            Some(Kind::Credential(_)) => Answer::Refused(proto::egress::NO_CREDENTIAL.into()),
             Some(Kind::Alive(_)) => Answer::Alive,
             Some(Kind::Rejected(r)) => Answer::Refused(bounded(&r.reason, MAX_REASON_BYTES)),
             None => Answer::Refused("the supervisor sent an empty answer".into()),

@@ -115,3 +115,46 @@ fn the_revision_is_held_through_a_handoff_and_the_fenced_owner_installs_nothing(
         ["persist", "enforce p 2"]
     );
 }
+
+#[test]
+fn the_same_revision_again_takes_only_its_credential_values_which_are_never_persisted() {
+    let with_value = |value: &str| {
+        let supervisor_message::Kind::PolicyInstall(mut install) = install(1, "p", 3) else {
+            unreachable!()
+        };
+        let policy = install.policy.as_mut().expect("a policy");
+        policy.credentials = vec![proto::runtime::v1::CredentialBinding {
+            name: "models".into(),
+            value: value.as_bytes().to_vec(),
+            ..Default::default()
+        }];
+        policy.rules[0].credential = "models".into();
+        supervisor_message::Kind::PolicyInstall(install)
+    };
+    let mut h = Harness::active();
+    assert_eq!(
+        names(&h.message(1, with_value("sk-1"))),
+        ["persist", "enforce p 3", r#"send 1 loaded "p" 3 """#]
+    );
+    // A rotated value: enforced, nothing persisted, the revision stays.
+    assert_eq!(
+        names(&h.message(1, with_value("sk-2"))),
+        ["enforce p 3", r#"send 1 loaded "p" 3 """#]
+    );
+    assert_eq!(names(&h.message(1, with_value("sk-2"))), [r#"send 1 loaded "p" 3 """#]);
+    let held = h.m.state.policy.as_ref().and_then(|p| p.credentials[0].value.clone());
+    assert!(held.is_some_and(|v| v.0 == "sk-2"));
+    let persisted = serde_json::to_string(&h.m.state).expect("serializable");
+    assert!(
+        !persisted.contains("sk-"),
+        "no value in the persisted state: {persisted}"
+    );
+    // From a fenced term, no value is taken.
+    let supervisor_message::Kind::PolicyInstall(mut stale) = with_value("sk-3") else {
+        unreachable!()
+    };
+    stale.term = 0;
+    h.message(1, supervisor_message::Kind::PolicyInstall(stale));
+    let held = h.m.state.policy.as_ref().and_then(|p| p.credentials[0].value.clone());
+    assert!(held.is_some_and(|v| v.0 == "sk-2"));
+}

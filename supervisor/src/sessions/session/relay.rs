@@ -1,17 +1,16 @@
 //! The workload's relayed requests (runtime.proto step 4): each WorkloadRequest gets exactly
-//! one WorkloadResponse. Progress is recorded in the session's counters, the credential comes
-//! from the instance's own launch material, liveness is answered Alive. Requests are answered
+//! one WorkloadResponse. Progress is recorded in the session's counters, liveness is answered
+//! Alive, a credential is refused (the workload holds placeholders only). Requests are answered
 //! only on the stream relaying the active term and not while stopping; otherwise Rejected.
 //! A response the stream cannot take drops the stream (the sidecar is not reading).
 
 use proto::runtime::v1::supervisor_message::Kind;
 use proto::runtime::v1::workload_request::Kind as Request;
 use proto::runtime::v1::workload_response::Kind as Response;
-use proto::runtime::v1::{Alive, Credential, ProgressAccepted, Rejected, WorkloadRequest, WorkloadResponse};
+use proto::runtime::v1::{Alive, ProgressAccepted, Rejected, WorkloadRequest, WorkloadResponse};
 
 use super::machine::Machine;
 use super::takeover::Stage;
-use crate::sessions::material::OPAQUE_CREDENTIAL_LIFETIME;
 
 impl Machine {
     pub(super) fn on_request(&mut self, request: WorkloadRequest) {
@@ -48,23 +47,8 @@ impl Machine {
                 self.counters.last_progress_at_ms = self.now.unix_ms;
                 Response::ProgressAccepted(ProgressAccepted { value: progress.value })
             }
-            Some(Request::FetchCredential(_)) => {
-                let credential = self
-                    .credentials
-                    .as_ref()
-                    .ok_or("no launch material for this instance yet")
-                    .and_then(|c| c.workload_credential(&self.setup.route, &self.setup.instance));
-                match credential {
-                    Ok(credential) => Response::Credential(Credential {
-                        token: credential.token,
-                        expires_at_ms: credential.expires_at_ms.unwrap_or_else(|| {
-                            let lifetime = i64::try_from(OPAQUE_CREDENTIAL_LIFETIME.as_millis()).unwrap_or(i64::MAX);
-                            self.now.unix_ms.saturating_add(lifetime)
-                        }),
-                    }),
-                    Err(reason) => rejected(reason),
-                }
-            }
+            // A workload holds no credential (sidecars before placeholders still ask).
+            Some(Request::FetchCredential(_)) => rejected(proto::egress::NO_CREDENTIAL),
             Some(Request::Liveness(_)) => Response::Alive(Alive {}),
             None => rejected("unknown request"),
         }
