@@ -34,6 +34,29 @@ use crate::runtime::v1::{CredentialBinding, EgressPolicy, EgressRule, Enforcemen
 /// `{"op":"credential"}`): it holds none.
 pub const NO_CREDENTIAL: &str = "a workload holds no credential: the egress policy binds credentials to destinations and the sidecar puts them into requests; use the placeholders {\"op\":\"policy\"} lists";
 
+/// Largest credential value.
+pub const MAX_CREDENTIAL_BYTES: usize = 8 * 1024;
+
+/// A credential value as a Secret or file holds it, made fit for a header: trailing whitespace
+/// (a file's last newline) removed, then at most [`MAX_CREDENTIAL_BYTES`] of visible ASCII and
+/// spaces; otherwise why not (never quoting it).
+pub fn credential_value(raw: &[u8]) -> Result<Vec<u8>, String> {
+    let mut value = raw.to_vec();
+    while value.last().is_some_and(u8::is_ascii_whitespace) {
+        value.pop();
+    }
+    if value.is_empty() {
+        return Err("the value is empty".into());
+    }
+    if value.len() > MAX_CREDENTIAL_BYTES {
+        return Err(format!("the value is longer than {MAX_CREDENTIAL_BYTES} bytes"));
+    }
+    if !value.iter().all(|b| b.is_ascii_graphic() || *b == b' ') {
+        return Err("the value holds bytes a header cannot carry (only visible ASCII and spaces)".into());
+    }
+    Ok(value)
+}
+
 /// What the workload sees instead of the credential `name`'s value.
 pub fn placeholder(name: &str) -> String {
     format!("openshell-placeholder-{name}")
@@ -176,6 +199,9 @@ mod tests {
             !format!("{held:?}").contains("very-secret"),
             "a value is never in Debug"
         );
+        assert_eq!(credential_value(b"sk-1 \n"), Ok(b"sk-1".to_vec()));
+        assert!(credential_value(b"line\nbreak").is_err() && credential_value(b"\n").is_err());
+        assert!(credential_value(&vec![b'a'; MAX_CREDENTIAL_BYTES + 1]).is_err());
         let unknown = r#"{"name":"p","rules":[{"name":"r","host":"a","ports":[1],"port":2}]}"#;
         assert!(
             serde_json::from_str::<Document>(unknown).is_err(),

@@ -17,8 +17,6 @@ use tracing::{info, warn};
 
 /// Largest policy file read.
 pub const MAX_POLICY_BYTES: u64 = 1024 * 1024;
-/// Largest credential value.
-pub const MAX_VALUE_BYTES: u64 = 8 * 1024;
 /// How often the file is looked at again.
 pub const POLL: Duration = Duration::from_secs(1);
 
@@ -59,8 +57,8 @@ pub async fn first(config: &crate::config::Config) -> Result<Option<EgressPolicy
         .map_err(|why| crate::config::ConfigError::EgressPolicy(path.display().to_string(), why))
 }
 
-/// Puts the value of `binding` from `DIR/<secret>/<key>` (trailing whitespace trimmed), or why
-/// it has none.
+/// Puts the value of `binding` from `DIR/<secret>/<key>` ([`proto::egress::credential_value`]),
+/// or why it has none.
 async fn fill(binding: &mut CredentialBinding, secrets: Option<&Path>) {
     let component = |part: &str| {
         !part.is_empty()
@@ -79,17 +77,12 @@ async fn fill(binding: &mut CredentialBinding, secrets: Option<&Path>) {
             .await
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         let mut value = Vec::new();
-        file.take(MAX_VALUE_BYTES + 1)
+        // A value and its trailing whitespace.
+        file.take(proto::egress::MAX_CREDENTIAL_BYTES as u64 + 64)
             .read_to_end(&mut value)
             .await
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        if value.len() as u64 > MAX_VALUE_BYTES {
-            return Err(format!("{} is larger than {MAX_VALUE_BYTES} bytes", path.display()));
-        }
-        while value.last().is_some_and(u8::is_ascii_whitespace) {
-            value.pop();
-        }
-        Ok(value)
+        proto::egress::credential_value(&value).map_err(|why| format!("{}: {why}", path.display()))
     };
     match read.await {
         Ok(value) => binding.value = value,

@@ -8,6 +8,10 @@
 //! no answer ([`Egress::policy_for`] is `None`): the owner then keeps what its sidecar has
 //! installed, so a replica that just started never revokes what a policy allows.
 //!
+//! A policy's credentials name Secrets of its namespace; [`Egress::wanted_secrets`] lists them
+//! for [`super::bound_secrets`], which reads them into [`Egress::apply_secret`], and
+//! [`Egress::policy_for`] answers with the values (or why there is none) filled in.
+//!
 //! Revisions only move forward within a name: an object's revision is its creation second ×
 //! 10⁶ + its `metadata.generation`, so an edit (generation + 1) and a policy deleted and made
 //! again under the same name (a later creation) both move it forward.
@@ -117,9 +121,24 @@ pub fn policy_of(object: &DynamicObject) -> Option<(String, Arc<EgressPolicy>)> 
     Some((namespace, Arc::new(EgressPolicy::from(&document))))
 }
 
+/// The keys a policy names of one Secret, and their values: never in `Debug`.
+#[derive(Default, Clone, PartialEq, Eq)]
+pub struct SecretData(pub BTreeMap<String, Vec<u8>>);
+
+impl std::fmt::Debug for SecretData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.0.keys()).finish()
+    }
+}
+
+/// A Secret as last read: its data, or why it could not be read (safe to show).
+pub type Read = Result<SecretData, String>;
+
 /// The policies and the Pods' choices, and whether each was listed.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Egress {
+    /// The Secrets the policies bind, by namespace and name, as last read.
+    secrets: BTreeMap<(String, String), Read>,
     /// By namespace and name.
     policies: BTreeMap<(String, String), Arc<EgressPolicy>>,
     policies_listed: bool,
@@ -182,11 +201,66 @@ impl Egress {
         self.policies_listed && self.choices_listed
     }
 
-    /// The policy the Pod with `uid` runs; `None` before both lists and for a Pod not seen.
+    /// The policy the Pod with `uid` runs, with its credentials' values; `None` before both
+    /// lists and for a Pod not seen.
     pub fn policy_for(&self, uid: &str) -> Option<Arc<EgressPolicy>> {
         let (namespace, name) = self.chosen(uid)?;
-        let policy = self.policies.get(&(namespace.to_owned(), name.to_owned()));
-        Some(policy.cloned().unwrap_or_else(deny_all))
+        let Some(policy) = self.policies.get(&(namespace.to_owned(), name.to_owned())) else {
+            return Some(deny_all());
+        };
+        if policy.credentials.is_empty() {
+            return Some(Arc::clone(policy));
+        }
+        let mut filled = policy.as_ref().clone();
+        for binding in &mut filled.credentials {
+            let secret = format!("Secret {namespace}/{}", binding.secret);
+            match self.secrets.get(&(namespace.to_owned(), binding.secret.clone())) {
+                Some(Ok(data)) => match data.0.get(&binding.key) {
+                    Some(value) => binding.value.clone_from(value),
+                    None => binding.error = format!("{secret} has no key {:?}", binding.key),
+                },
+                Some(Err(error)) => binding.error.clone_from(error),
+                None => binding.error = format!("{secret} has not been read yet"),
+            }
+        }
+        Some(Arc::new(filled))
+    }
+
+    /// The Secrets the policies bind, by namespace and name, with the keys they name.
+    pub fn wanted_secrets(&self) -> BTreeMap<(String, String), Vec<String>> {
+        let mut wanted: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+        for ((namespace, _), policy) in &self.policies {
+            for binding in &policy.credentials {
+                let keys = wanted.entry((namespace.clone(), binding.secret.clone())).or_default();
+                if !keys.contains(&binding.key) {
+                    keys.push(binding.key.clone());
+                }
+            }
+        }
+        wanted
+    }
+
+    /// A Secret as just read; one no policy binds any more is forgotten.
+    pub fn apply_secret(&mut self, namespace: String, name: String, read: Read) {
+        let key = (namespace, name);
+        if self.secrets.get(&key) != Some(&read) {
+            self.secrets.insert(key, read);
+            self.version += 1;
+        }
+    }
+
+    /// Forgets the Secrets no policy binds.
+    pub fn retain_secrets(&mut self, wanted: &BTreeMap<(String, String), Vec<String>>) {
+        let before = self.secrets.len();
+        self.secrets.retain(|key, _| wanted.contains_key(key));
+        if self.secrets.len() != before {
+            self.version += 1;
+        }
+    }
+
+    /// Whether every Secret in `wanted` has been read at least once.
+    pub fn has_read(&self, wanted: &BTreeMap<(String, String), Vec<String>>) -> bool {
+        wanted.keys().all(|key| self.secrets.contains_key(key))
     }
 
     /// The namespace and name of the policy the Pod with `uid` chose (one that may not
@@ -296,6 +370,54 @@ mod tests {
         let edited = revision("2026-01-01T00:00:00Z", 2);
         let made_again = revision("2026-01-01T00:00:01Z", 1);
         assert!(first < edited && edited < made_again, "{first} {edited} {made_again}");
+    }
+
+    #[test]
+    fn a_pods_policy_carries_its_credentials_values_or_why_not() {
+        let mut egress = Egress::default();
+        egress.reset_pods([pod("a", "team-a", None)]);
+        let bound = object(serde_json::json!({
+            "apiVersion": "supervision.openshell.ai/v1alpha1", "kind": "SandboxPolicy",
+            "metadata": {"name": "default", "namespace": "team-a", "generation": 1,
+                         "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"rules": [{"name": "m", "host": "m.example.com", "ports": [443], "credential": "k"}],
+                     "credentials": [{"name": "k", "env": "K", "secretKeyRef": {"name": "models", "key": "token"}},
+                                     {"name": "j", "secretKeyRef": {"name": "models", "key": "other"}}]},
+        }));
+        egress.reset_policies(policy_of(&bound));
+        let wanted = egress.wanted_secrets();
+        assert_eq!(
+            wanted.get(&("team-a".to_owned(), "models".to_owned())),
+            Some(&vec!["token".to_owned(), "other".to_owned()])
+        );
+        assert!(!egress.has_read(&wanted));
+        let unread = egress.policy_for("a").expect("listed");
+        assert!(unread.credentials[0].value.is_empty() && unread.credentials[0].error.contains("not been read"));
+
+        let data = SecretData([("token".to_owned(), b"sk-1".to_vec())].into());
+        assert!(!format!("{data:?}").contains("sk-1"), "values are never in Debug");
+        let before = egress.version();
+        egress.apply_secret("team-a".into(), "models".into(), Ok(data.clone()));
+        assert!(egress.version() > before && egress.has_read(&wanted));
+        let filled = egress.policy_for("a").expect("listed");
+        assert_eq!(filled.credentials[0].value, b"sk-1");
+        assert!(
+            filled.credentials[1].error.contains("no key \"other\""),
+            "{:?}",
+            filled.credentials[1]
+        );
+        let again = egress.version();
+        egress.apply_secret("team-a".into(), "models".into(), Ok(data));
+        assert_eq!(egress.version(), again, "the same data again changes nothing");
+
+        egress.apply_secret("team-a".into(), "models".into(), Err("forbidden".into()));
+        assert_eq!(
+            egress.policy_for("a").expect("listed").credentials[0].error,
+            "forbidden"
+        );
+        egress.delete_policy("team-a", "default");
+        egress.retain_secrets(&egress.wanted_secrets());
+        assert!(egress.secrets.is_empty(), "a Secret no policy binds is forgotten");
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //! | `watch` | the namespace, Pod, supervisor Pod and token Secret watches that feed the index |
 //! | `plan` | which Secrets to write or remove, which instances to withdraw (Pod gone or finished) |
 //! | `notice` | which Events a change of the pool view makes |
-//! | `egress` | the `SandboxPolicy` objects and which one each supervised Pod runs; plain data |
+//! | `egress` | the `SandboxPolicy` objects and which one each supervised Pod runs, with its credentials' values; plain data |
+//! | `bound_secrets` | reads the Secrets those policies bind, by name, into `egress` |
 //! | `supervised` | the Pod condition `supervision.openshell.ai/Supervised` each Pod should carry |
 //! | `cluster` | the API calls (kube-rs) and a recording stand-in for tests |
 //! | `writer` | carries out the plan while the lease is held |
@@ -23,6 +24,7 @@
 //! | `operation_reconcile` | pure: what to do about those objects (start, cancel on deletion, finalizer, status, Events) |
 //! | `operation_writer` | carries that out while the lease is held, once a second |
 
+pub mod bound_secrets;
 pub mod cluster;
 pub mod egress;
 pub mod index;
@@ -91,6 +93,7 @@ impl Integration<Kube> {
             )),
             tokio::spawn(watch::secrets(client.clone(), shared.clone(), shutdown.clone())),
             tokio::spawn(watch::policies(client.clone(), shared.clone(), shutdown.clone())),
+            tokio::spawn(bound_secrets::follow(client.clone(), shared.clone(), shutdown.clone())),
             tokio::spawn(watch::member_pods(
                 client.clone(),
                 scope.install_namespace.clone(),

@@ -15,7 +15,6 @@ const MAX_METHODS: usize = 16;
 const MAX_PATH_PREFIXES: usize = 32;
 const MAX_PATH_PREFIX_BYTES: usize = 1024;
 pub const MAX_CREDENTIALS: usize = 32;
-const MAX_VALUE_BYTES: usize = 8 * 1024;
 const MAX_CA_BUNDLE_BYTES: usize = 64 * 1024;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,7 +38,7 @@ pub enum Invalid {
     #[error("rule {0:?}: a CA bundle of at most {MAX_CA_BUNDLE_BYTES} bytes of PEM certificates")]
     CaBundle(String),
     #[error(
-        "more than {MAX_CREDENTIALS} credentials, or one whose name is not 1..63 lower-case letters, digits and `-`, named twice, with an invalid env name or a value that is not at most {MAX_VALUE_BYTES} bytes of visible ASCII"
+        "more than {MAX_CREDENTIALS} credentials, or one whose name is not 1..63 lower-case letters, digits and `-`, named twice, with an invalid env name or a value that is not at most 8 KiB of visible ASCII"
     )]
     Credential,
 }
@@ -397,7 +396,7 @@ fn parse_credential(binding: &CredentialBinding) -> Result<Credential, Invalid> 
             && binding.env.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
             && !binding.env.as_bytes()[0].is_ascii_digit());
     let value_ok =
-        binding.value.len() <= MAX_VALUE_BYTES && binding.value.iter().all(|b| b.is_ascii_graphic() || *b == b' ');
+        binding.value.is_empty() || proto::egress::credential_value(&binding.value).as_ref() == Ok(&binding.value);
     if !(name_ok && env_ok && value_ok) {
         return Err(Invalid::Credential);
     }
