@@ -101,6 +101,7 @@ pub async fn run(settings: &Settings) -> Result<Vec<Row>, Error> {
         agent_interval_ms: 1000,
         members_on_standby: false,
         policy: Some(policy),
+        secrets: None,
     })
     .await?;
     let sidecar = pool

@@ -98,6 +98,7 @@ pub async fn run(setup: &Setup) -> Result<(Vec<Figures>, String), Error> {
         agent_interval_ms: crate::local::AGENT_INTERVAL_MS,
         members_on_standby: false,
         policy: None,
+        secrets: None,
     })
     .await?;
     let outcome = measure(&pool, setup).await;

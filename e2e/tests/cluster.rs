@@ -20,7 +20,8 @@
 //! `OPENSHELL_E2E_OVERLAY` (default `kustomize/overlays/test`), `OPENSHELL_E2E_AGENT_IMAGE`
 //! (default `localhost/openshell/agent:dev`), `OPENSHELL_E2E_NODE_LOCAL=1` when the node's
 //! processes are on this machine (the SIGKILL step), `OPENSHELL_E2E_LOGS` (where the logs go
-//! when a step fails).
+//! when a step fails), `OPENSHELL_E2E_ONLY=egress,drain` (only the steps whose names contain
+//! one of these, besides the install, the first agents and the uninstall).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -313,6 +314,131 @@ spec:
     )
 }
 
+/// The credential of the egress step: the value no workload may hold.
+const CREDENTIAL_VALUE: &str = "sk-cluster-test-7f3a9c";
+
+/// The egress step's HTTPS upstream and the credential bound to it: a throwaway CA and a
+/// certificate for `upstream-tls.<namespace>.svc.cluster.local` (a Secret the upstream mounts),
+/// the credential's Secret, a second upstream container serving HTTPS on 8443 and its Service;
+/// and the policy additions (the credential, a rule that binds it and originates TLS trusting
+/// the CA). Returns (objects, the policy's `credentials:` block, its rule).
+fn credential_fixture(namespace: &str, image: &str) -> (String, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let host = format!("upstream-tls.{namespace}.svc.cluster.local");
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().expect("key")).expect("a CA");
+    let key = KeyPair::generate().expect("key");
+    let leaf = CertificateParams::new(vec![host.clone()])
+        .expect("params")
+        .signed_by(&key, &ca)
+        .expect("a certificate");
+    let indent = |pem: &str, by: &str| pem.lines().map(|l| format!("{by}{l}\n")).collect::<String>();
+    let objects = format!(
+        r#"apiVersion: v1
+kind: Secret
+metadata:
+  name: models
+  namespace: {namespace}
+stringData:
+  token: {CREDENTIAL_VALUE}
+---
+apiVersion: v1
+kind: Secret
+metadata:
+  name: upstream-tls
+  namespace: {namespace}
+stringData:
+  tls.crt: |
+{cert}  tls.key: |
+{key}---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: upstream-tls
+  namespace: {namespace}
+  labels:
+    app: upstream-tls
+    supervision.openshell.ai/inject: disabled
+spec:
+  securityContext:
+    runAsNonRoot: true
+    runAsUser: 65532
+    seccompProfile:
+      type: RuntimeDefault
+  volumes:
+    - name: tls
+      secret:
+        secretName: upstream-tls
+  containers:
+    - name: upstream
+      image: {image}
+      imagePullPolicy: Never
+      command: ["/usr/local/bin/probe", "upstream", "--name", "models", "--listen", "0.0.0.0:8443", "--tls-cert", "/tls/tls.crt", "--tls-key", "/tls/tls.key"]
+      volumeMounts:
+        - name: tls
+          mountPath: /tls
+          readOnly: true
+      securityContext:
+        allowPrivilegeEscalation: false
+        readOnlyRootFilesystem: true
+        capabilities:
+          drop: ["ALL"]
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: upstream-tls
+  namespace: {namespace}
+spec:
+  selector:
+    app: upstream-tls
+  ports:
+    - port: 8443
+      targetPort: 8443
+"#,
+        cert = indent(&leaf.pem(), "    "),
+        key = indent(&key.serialize_pem(), "    "),
+    );
+    let credentials = "  credentials:\n    - name: models\n      env: MODELS_API_KEY\n      secretKeyRef: {name: models, key: token}\n".to_owned();
+    let rule = format!(
+        "    - name: models\n      host: {host}\n      ports: [8443]\n      credential: models\n      originateTls: true\n      caBundle: |\n{}",
+        indent(&ca.pem(), "        ")
+    );
+    (objects, credentials, rule)
+}
+
+/// The pool's gateway may read the Secret `models` of `namespace`, and no other.
+fn credential_grant(namespace: &str, install: &str) -> String {
+    format!(
+        r#"apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: openshell-credentials
+  namespace: {namespace}
+rules:
+  - apiGroups: [""]
+    resources: ["secrets"]
+    resourceNames: ["models"]
+    verbs: ["get"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: openshell-credentials
+  namespace: {namespace}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: Role
+  name: openshell-credentials
+subjects:
+  - kind: ServiceAccount
+    name: openshell-gateway
+    namespace: {install}
+"#
+    )
+}
+
 /// The namespace's default policy, with or without the rule for `upstream-allowed`.
 fn egress_policy(namespace: &str, with_allowed: bool) -> String {
     egress_policy_for(namespace, namespace, with_allowed)
@@ -485,6 +611,16 @@ impl Flow {
         F: FnOnce(&'a mut Flow) -> Fut,
         Fut: Future<Output = Result<(), Error>> + 'a,
     {
+        // OPENSHELL_E2E_ONLY=a,b: only the steps whose names contain one of these, with the
+        // install, the first agents and the uninstall they need (while working on a step).
+        let needed = ["install", "label a namespace and run agents", "uninstall"];
+        if let Ok(only) = std::env::var("OPENSHELL_E2E_ONLY")
+            && !needed.contains(&name)
+            && !only.split(',').any(|part| !part.is_empty() && name.contains(part))
+        {
+            eprintln!("== step: {name} (skipped: OPENSHELL_E2E_ONLY)");
+            return;
+        }
         eprintln!("== step: {name}");
         let started = Instant::now();
         let kubectl = self.kubectl.clone();
@@ -1825,7 +1961,15 @@ impl Flow {
         self.kubectl.run(&["create", "namespace", &ns]).await?;
         self.kubectl.run(&["label", "namespace", &ns, LABEL]).await?;
         self.secret_present_in(&ns, true).await?;
+        // The default policy also binds a credential to an HTTPS upstream; the namespace has
+        // not yet granted the pool its Secret.
+        let (credential_objects, credentials, models_rule) = credential_fixture(&ns, &self.image);
+        self.kubectl.apply(&credential_objects).await?;
+        let bound_policy = egress_policy(&ns, true)
+            .replacen("spec:\n", &format!("spec:\n{credentials}"), 1)
+            .replacen("  rules:\n", &format!("  rules:\n{models_rule}"), 1);
         self.kubectl.apply(&egress_fixture(&ns, &self.image)).await?;
+        self.kubectl.apply(&bound_policy).await?;
         // A rule the sidecar could not read is refused when it is written, not ignored later.
         let misspelt = egress_policy(&ns, true)
             .replace("name: default", "name: misspelt")
@@ -1872,6 +2016,23 @@ impl Flow {
             },
         )
         .await?;
+        // The credential: refused while the pool may not read its Secret (the install grants
+        // it no Secret of a team's namespace), sent once the namespace grants that one Secret.
+        let models = format!("http://upstream-tls.{ns}.svc.cluster.local:8443/v1/chat");
+        let placeholder = "openshell-placeholder-models";
+        let with_placeholder = |url: &str| {
+            let header = format!("Authorization: Bearer {placeholder}");
+            probe(
+                "egress-agent",
+                vec!["--header".into(), header, "--get".into(), url.to_owned()],
+            )
+        };
+        let ungranted = self.kubectl.run(&strs(&with_placeholder(&models))).await?;
+        check(
+            ungranted.contains("status=503") && ungranted.contains("may not read Secret"),
+            || format!("without a grant the credential is not held and nothing is sent: {ungranted}"),
+        )?;
+        self.kubectl.apply(&credential_grant(&ns, &self.install)).await?;
         // The policy's status shows its one Pod (the nameless one runs deny-all) enforcing it.
         let loaded = self.policy_loaded(&ns, None).await?;
         let listed = self.kubectl.run(&["get", "sandboxpolicies", "-n", &ns]).await?;
@@ -2008,6 +2169,36 @@ impl Flow {
         check(after.contains(" ok=100 of=100 "), || {
             format!("every tunnel held through the rollout: {after}")
         })?;
+
+        // Granted (read again within 30 s): the value reaches the bound upstream over TLS the
+        // sidecar verified, the placeholder anywhere else goes out as it is, and the value is in
+        // no workload's reach.
+        let sent = format!("auth=Bearer {CREDENTIAL_VALUE}");
+        let bound = with_placeholder(&models);
+        let out = wait_for("the granted credential reaches its upstream", 2 * MINUTE, || async {
+            let out = kubectl.run(&strs(&bound)).await.ok()?;
+            out.contains("status=200 body=upstream=models").then_some(out)
+        })
+        .await?;
+        check(out.contains(&sent), || format!("the placeholder was replaced: {out}"))?;
+        let elsewhere = self
+            .kubectl
+            .run(&strs(&with_placeholder(&format!("http://{allowed}/"))))
+            .await?;
+        check(
+            elsewhere.contains(&format!("auth=Bearer {placeholder}")) && !elsewhere.contains(CREDENTIAL_VALUE),
+            || format!("another destination gets the placeholder unchanged: {elsewhere}"),
+        )?;
+        // A container's environment and mounts come from the Pod's spec.
+        let spec = self
+            .kubectl
+            .run(&["get", "pod", "egress-agent", "-n", &ns, "-o", "yaml"])
+            .await?;
+        check(
+            !spec.contains(CREDENTIAL_VALUE) && !spec.contains("secretName: models"),
+            || "the credential is in the workload Pod's spec".to_owned(),
+        )?;
+        eprintln!("   credential: 503 before the grant, sent to its upstream only after it");
 
         // An edit that revokes the rule closes the tunnel it allowed.
         let mut held = self.kubectl.attach(&strs(&hold))?;

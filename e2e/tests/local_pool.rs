@@ -21,6 +21,7 @@ fn config(root: &std::path::Path, gateways: usize, members: usize, sandboxes: us
         agent_interval_ms: e2e::local::AGENT_INTERVAL_MS,
         members_on_standby: false,
         policy: None,
+        secrets: None,
     }
 }
 
@@ -190,10 +191,20 @@ async fn upstream() -> u16 {
         while let Ok((mut stream, _)) = listener.accept().await {
             tokio::spawn(async move {
                 let mut buf = [0u8; 4096];
-                let _ = stream.read(&mut buf).await;
-                let _ = stream
-                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 8\r\nconnection: close\r\n\r\nupstream")
-                    .await;
+                let n = stream.read(&mut buf).await.unwrap_or(0);
+                // "upstream", and the Authorization header it got, if any.
+                let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+                let auth = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("authorization: "))
+                    .map(|v| format!(" auth={v}"))
+                    .unwrap_or_default();
+                let body = format!("upstream{auth}");
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
             });
         }
     });
@@ -202,11 +213,17 @@ async fn upstream() -> u16 {
 
 /// `GET http://127.0.0.1:<port>/` through the egress proxy at `proxy`: status and body.
 async fn through(proxy: &str, port: u16) -> (u16, String) {
+    through_with(proxy, port, "").await
+}
+
+/// The same with `headers` (each line ending in CRLF).
+async fn through_with(proxy: &str, port: u16, headers: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let ask = async {
         let mut stream = tokio::net::TcpStream::connect(proxy).await.ok()?;
-        let request =
-            format!("GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+        let request = format!(
+            "GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{headers}Connection: close\r\n\r\n"
+        );
         stream.write_all(request.as_bytes()).await.ok()?;
         let mut answer = Vec::new();
         stream.take(1 << 20).read_to_end(&mut answer).await.ok()?;
@@ -220,6 +237,79 @@ async fn through(proxy: &str, port: u16) -> (u16, String) {
         .ok()
         .flatten()
         .unwrap_or((0, String::new()))
+}
+
+/// A credential through a real local pool: the member reads it from the secrets directory and
+/// installs it with the policy; the sidecar puts it into the requests its rule allows and
+/// nowhere else; a rotated file reaches the sidecar under the same revision; and it stays in
+/// force while the owner is SIGKILLed and another member takes the instance over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_credential_reaches_only_its_bound_upstream_through_an_owner_crash() {
+    let root = tempfile::tempdir().unwrap();
+    let (bound, other) = (upstream().await, upstream().await);
+    let secrets = root.path().join("secrets");
+    std::fs::create_dir_all(secrets.join("models")).unwrap();
+    std::fs::write(secrets.join("models").join("token"), "sk-local-1\n").unwrap();
+    let policy = root.path().join("policy.yaml");
+    let document = format!(
+        "name: local-default\nrevision: 1\nrules:\n  - name: models\n    host: 127.0.0.1\n    ports: [{bound}]\n    credential: models\n  - name: other\n    host: 127.0.0.1\n    ports: [{other}]\ncredentials:\n  - name: models\n    env: MODELS_API_KEY\n    secretKeyRef: {{name: models, key: token}}\n"
+    );
+    std::fs::write(&policy, document).unwrap();
+    let mut config = config(root.path(), 1, 2, 1);
+    config.policy = Some(policy);
+    config.secrets = Some(secrets.clone());
+    let mut pool = LocalPool::start(config).await.unwrap();
+    let proxy = pool.sandboxes[0].egress.clone().expect("an egress proxy");
+    let logs = pool.logs().display().to_string();
+    let header = format!("Authorization: Bearer {}\r\n", proto::egress::placeholder("models"));
+    let sent = |value: &str| (200, format!("upstream auth=Bearer {value}"));
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while through_with(&proxy, bound, &header).await != sent("sk-local-1") {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never substituted; logs in {logs}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        through_with(&proxy, other, &header).await,
+        sent(&proto::egress::placeholder("models")),
+        "another upstream gets the placeholder"
+    );
+
+    // Rotated: the same revision, the new value.
+    std::fs::write(secrets.join("models").join("token"), "sk-local-2").unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while through_with(&proxy, bound, &header).await != sent("sk-local-2") {
+        assert!(tokio::time::Instant::now() < deadline, "never rotated; logs in {logs}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The owner dies: the value is held by the sidecar, not the owner.
+    let status = pool.status().await.unwrap();
+    let owner = status.instances[0].owner_member.clone();
+    let index = pool.members.iter().position(|m| m.name == owner).unwrap();
+    pool.members[index].process.kill().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        assert_eq!(
+            through_with(&proxy, bound, &header).await,
+            sent("sk-local-2"),
+            "substituted during the handoff; logs in {logs}"
+        );
+        let moved = pool.status().await.ok().and_then(|s| s.instances.first().cloned());
+        if moved.is_some_and(|i| {
+            i.owner_member != owner
+                && !i.owner_member.is_empty()
+                && i.phase == proto::common::v1::InstancePhase::Active as i32
+        }) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never moved; logs in {logs}");
+    }
+    assert_eq!(through_with(&proxy, bound, &header).await, sent("sk-local-2"));
+    pool.stop().await;
 }
 
 /// The policy file as a real pool carries it: each member installs it in the sidecars it owns,

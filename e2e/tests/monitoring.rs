@@ -107,6 +107,7 @@ async fn the_rules_and_dashboard_use_only_exported_metrics() {
         agent_interval_ms: e2e::local::AGENT_INTERVAL_MS,
         members_on_standby: false,
         policy: None,
+        secrets: None,
     };
     let pool = LocalPool::start(config).await.unwrap();
     let (_, webhook_health, webhook) = e2e::flood::start_webhook(&pool).await.unwrap();

@@ -76,6 +76,7 @@ pub async fn run(settings: &Settings) -> Result<Report, Error> {
         agent_interval_ms: crate::local::AGENT_INTERVAL_MS,
         members_on_standby: false,
         policy: None,
+        secrets: None,
     };
     let mut pool = LocalPool::start(config).await?;
     let url =

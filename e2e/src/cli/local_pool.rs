@@ -39,6 +39,10 @@ pub struct Args {
     /// rule may name a loopback upstream (`host: 127.0.0.1`); in a Pod the floor refuses it.
     #[arg(long, env = "OPENSHELL_LOCAL_POLICY")]
     policy: Option<PathBuf>,
+    /// Where the policy's credentials are: the value of key K of secret S is the file
+    /// `DIR/S/K` (as Kubernetes mounts a Secret); read again with the policy file.
+    #[arg(long, env = "OPENSHELL_LOCAL_SECRETS", requires = "policy")]
+    secrets: Option<PathBuf>,
 }
 
 /// Starts the pool, prints its status every `--interval-ms` until Ctrl-C (or `--rounds`), stops it.
@@ -54,6 +58,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         agent_interval_ms: crate::local::AGENT_INTERVAL_MS,
         members_on_standby: false,
         policy: args.policy.as_ref().map(std::fs::canonicalize).transpose()?,
+        secrets: args.secrets.as_ref().map(std::fs::canonicalize).transpose()?,
     };
     println!(
         "starting {} gateway replicas, {} supervisor members and {} sandboxes in {} ...",

@@ -84,6 +84,9 @@ pub struct Config {
     /// An egress policy file (`proto::egress::Document`) the members install in every
     /// sidecar; with it each sidecar runs its egress proxy on a loopback port of its own.
     pub policy: Option<PathBuf>,
+    /// Where that policy's credentials are (`DIR/<secret>/<key>`, as Kubernetes mounts a
+    /// Secret; `supervisor --egress-secrets`).
+    pub secrets: Option<PathBuf>,
 }
 
 /// The agents' default counting period: a report every 50 ms, so a gap in the observed
@@ -329,6 +332,9 @@ impl LocalPool {
         ];
         if let Some(policy) = &self.config.policy {
             env.push(("OPENSHELL_EGRESS_POLICY".to_owned(), policy.display().to_string()));
+        }
+        if let Some(secrets) = &self.config.secrets {
+            env.push(("OPENSHELL_EGRESS_SECRETS".to_owned(), secrets.display().to_string()));
         }
         if let Some(tls) = &self.tls {
             for (variable, path) in [

@@ -1,12 +1,14 @@
 //! `probe upstream` and `probe egress`: the two ends of the cluster test's egress step.
 //!
-//! - `probe upstream --listen 0.0.0.0:8080 --name NAME`: an HTTP server that answers every
-//!   request with `200` and the body `upstream=NAME method=M path=P`, one request per
+//! - `probe upstream --listen 0.0.0.0:8080 --name NAME [--tls-cert F --tls-key F]`: an HTTP
+//!   (or HTTPS) server that answers every request with `200` and the body
+//!   `upstream=NAME method=M path=P auth=<its Authorization header, or ->`, one request per
 //!   connection; a connection that sends nothing is held open.
 //! - `probe egress`, inside a workload container: asks the proxy its `HTTP_PROXY` names for
 //!   each `--get URL` (plain HTTP, absolute form) and each `--connect HOST:PORT` (a tunnel,
 //!   then a request through it), and prints one line each,
-//!   `probe egress target=<…> status=<code|error> body=<first line of the body>`. With
+//!   `probe egress target=<…> status=<code|error> body=<first line of the body>`; each
+//!   `--header "Name: value"` is sent with every `--get`. With
 //!   `--hold HOST:PORT [--count N]` it opens N tunnels (`probe egress holding=<…> count=N`)
 //!   and waits for a line on its standard input, then asks for `/held` through each
 //!   (`probe egress held=<…> ok=<answered> of=N first_failure=<…|none>`) — or, if a tunnel
@@ -37,6 +39,12 @@ pub struct UpstreamArgs {
     /// Named in every answer, so a client can tell which upstream it reached.
     #[arg(long)]
     name: String,
+    /// Serve HTTPS with this PEM certificate (chain)…
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// …and this PEM key.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -44,6 +52,9 @@ pub struct EgressArgs {
     /// A plain-HTTP URL asked of the proxy.
     #[arg(long)]
     get: Vec<String>,
+    /// A header line sent with every `--get`.
+    #[arg(long)]
+    header: Vec<String>,
     /// A HOST:PORT tunnelled to through the proxy (CONNECT), then asked for `/tunnel`.
     #[arg(long)]
     connect: Vec<String>,
@@ -72,24 +83,63 @@ pub struct EgressArgs {
 }
 
 pub async fn upstream(args: UpstreamArgs) -> anyhow::Result<()> {
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(acceptor(cert, key)?),
+        _ => None,
+    };
     let listener = TcpListener::bind(args.listen).await?;
     println!("probe upstream: listening on {}", args.listen);
     loop {
-        let (mut stream, _) = listener.accept().await?;
+        let (stream, _) = listener.accept().await?;
         let name = args.name.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let Ok(head) = read_head(&mut stream).await else { return };
-            let mut words = head.split_whitespace();
-            let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-            let body = format!("upstream={name} method={method} path={path}\n");
-            let answer = format!(
-                "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = stream.write_all(answer.as_bytes()).await;
-            let _ = stream.shutdown().await;
+            match tls {
+                Some(tls) => {
+                    if let Ok(Ok(stream)) = timeout(EXCHANGE, tls.accept(stream)).await {
+                        answer(stream, &name).await;
+                    }
+                }
+                None => answer(stream, &name).await,
+            }
         });
     }
+}
+
+fn acceptor(cert: &std::path::Path, key: &std::path::Path) -> anyhow::Result<tokio_rustls::TlsAcceptor> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_file_iter(cert)
+        .context("reading the certificate")?
+        .collect::<Result<Vec<_>, _>>()
+        .context("reading the certificate")?;
+    let key = PrivateKeyDer::from_pem_file(key).context("reading the key")?;
+    let config = rustls::ServerConfig::builder_with_provider(plumbing::tls::provider())
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)?;
+    Ok(tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config)))
+}
+
+/// Answers the one request on `stream` with what it asked and the Authorization it sent.
+async fn answer(mut stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin, name: &str) {
+    let Ok(head) = read_head(&mut stream).await else { return };
+    let mut words = head.split_whitespace();
+    let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+    let auth = head
+        .lines()
+        .find_map(|l| {
+            l.split_once(':')
+                .filter(|(n, _)| n.eq_ignore_ascii_case("authorization"))
+        })
+        .map_or("-", |(_, v)| v.trim());
+    let body = format!("upstream={name} method={method} path={path} auth={auth}\n");
+    let answer = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.write_all(answer.as_bytes()).await;
+    let _ = stream.shutdown().await;
 }
 
 pub async fn egress(args: EgressArgs) -> anyhow::Result<()> {
@@ -122,7 +172,7 @@ pub async fn egress(args: EgressArgs) -> anyhow::Result<()> {
     let proxy = proxy_address()?;
     println!("probe egress proxy={proxy}");
     for url in &args.get {
-        let line = match get(&proxy, url).await {
+        let line = match get(&proxy, url, &args.header).await {
             Ok((status, body)) => format!("status={status} body={}", first_line(&body)),
             Err(err) => format!("status=error body={}", first_line(&format!("{err:#}"))),
         };
@@ -310,13 +360,14 @@ fn proxy_address() -> anyhow::Result<String> {
     Ok(rest.trim_end_matches('/').to_owned())
 }
 
-async fn get(proxy: &str, url: &str) -> anyhow::Result<(u16, String)> {
+async fn get(proxy: &str, url: &str, headers: &[String]) -> anyhow::Result<(u16, String)> {
     let authority = url
         .strip_prefix("http://")
         .and_then(|rest| rest.split('/').next())
         .context("not an http:// URL")?;
     let mut stream = timeout(EXCHANGE, TcpStream::connect(proxy)).await??;
-    let request = format!("GET {url} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n");
+    let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
+    let request = format!("GET {url} HTTP/1.1\r\nHost: {authority}\r\n{extra}Connection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await?;
     let response = read_all(&mut stream).await?;
     parse(&response)
@@ -350,7 +401,7 @@ async fn tunnel(proxy: &str, target: &str) -> anyhow::Result<(TcpStream, u16, St
 }
 
 /// Up to the end of the head (`\r\n\r\n`), byte by byte so nothing after it is taken.
-async fn read_head(stream: &mut TcpStream) -> anyhow::Result<String> {
+async fn read_head(stream: &mut (impl tokio::io::AsyncRead + Unpin)) -> anyhow::Result<String> {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {

@@ -87,6 +87,7 @@ pub async fn run(settings: &Settings) -> Result<Report, Error> {
         agent_interval_ms: AGENT_INTERVAL_MS,
         members_on_standby: settings.members_on_standby,
         policy: None,
+        secrets: None,
     };
     let started = now_ms();
     let pool = LocalPool::start(config).await?;

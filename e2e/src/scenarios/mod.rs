@@ -116,6 +116,7 @@ pub async fn run(name: &str, setup: &Setup) -> Result<Outcome, Error> {
         agent_interval_ms: crate::local::AGENT_INTERVAL_MS,
         members_on_standby: false,
         policy: None,
+        secrets: None,
     };
     let mut pool = LocalPool::start(config).await?;
     let url =
