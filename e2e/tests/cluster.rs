@@ -2198,6 +2198,23 @@ impl Flow {
             !spec.contains(CREDENTIAL_VALUE) && !spec.contains("secretName: models"),
             || "the credential is in the workload Pod's spec".to_owned(),
         )?;
+        // The webhook set the placeholder variable (the policy was written before the Pod).
+        let agent_env = self
+            .kubectl
+            .run(&[
+                "get",
+                "pod",
+                "egress-agent",
+                "-n",
+                &ns,
+                "-o",
+                "jsonpath={.spec.containers[?(@.name==\"agent\")].env}",
+            ])
+            .await?;
+        check(
+            agent_env.contains(r#"{"name":"MODELS_API_KEY","value":"openshell-placeholder-models"}"#),
+            || format!("the webhook set the placeholder variable: {agent_env}"),
+        )?;
         eprintln!("   credential: 503 before the grant, sent to its upstream only after it");
 
         // An edit that revokes the rule closes the tunnel it allowed.

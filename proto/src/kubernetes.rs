@@ -21,3 +21,9 @@ pub const TOKEN_SECRET: &str = "openshell-supervision-token";
 /// Namespaces neither mutated by the webhook nor written by the gateway, whatever their labels
 /// say.
 pub const SYSTEM_NAMESPACES: [&str; 3] = ["kube-system", "kube-public", "kube-node-lease"];
+
+/// A Pod names the `SandboxPolicy` it runs with this annotation.
+pub const POLICY_ANNOTATION: &str = "supervision.openshell.ai/policy";
+
+/// The policy a Pod of the namespace runs when its annotation names none.
+pub const DEFAULT_POLICY: &str = "default";

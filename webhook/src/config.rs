@@ -169,6 +169,12 @@ pub struct Config {
           value_parser = clap::value_parser!(i64).range(1..=2_147_483_647))]
     pub egress_dialer_uid: Option<i64>,
 
+    /// Set the credential placeholders of the `SandboxPolicy` each Pod runs in its workload
+    /// containers (a credential's `env`): the webhook then lists and watches the policies of
+    /// every namespace with its ServiceAccount (in-cluster configuration or KUBECONFIG).
+    #[arg(long, env = "OPENSHELL_WEBHOOK_PLACEHOLDERS")]
+    pub placeholders: bool,
+
     /// Largest accepted request body, in bytes.
     #[arg(long, env = "OPENSHELL_WEBHOOK_MAX_BODY_BYTES", default_value_t = 3 * 1024 * 1024)]
     pub max_body_bytes: usize,

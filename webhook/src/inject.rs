@@ -133,6 +133,9 @@ pub struct Injector {
     volume_values: Vec<Value>,
     /// Under egress redirection, what it adds.
     redirected: Option<Redirected>,
+    /// The credential placeholders of the namespaces' policies, when the webhook follows
+    /// them (`--placeholders`).
+    policies: Option<crate::policies::Policies>,
 }
 
 /// What egress redirection adds to a Pod ([`redirect`]), built once.
@@ -510,7 +513,16 @@ impl Injector {
             workload_mount: Fragment::new(workload_mount),
             workload_env_values: workload_env,
             volume_values: volumes,
+            policies: None,
         }
+    }
+
+    /// Sets the credential placeholders of the policies each Pod runs in its workload
+    /// containers, from `policies`.
+    #[must_use]
+    pub fn with_policies(mut self, policies: crate::policies::Policies) -> Self {
+        self.policies = Some(policies);
+        self
     }
 
     pub fn config(&self) -> &InjectConfig {
@@ -788,6 +800,26 @@ impl Injector {
         //    variables when the proxy runs and the Pod did not opt out.
         let opted_out = string_at(annotations, EGRESS_PROXY_ANNOTATION) == Some("disabled");
         let no_proxy = opted_out || !matches!(egress, Some(Ok(_)));
+        //    And the placeholders of the credentials of the policy the Pod runs.
+        let placeholders: Vec<Fragment> = match &self.policies {
+            None => Vec::new(),
+            Some(policies) => {
+                let policy = string_at(annotations, crate::policies::POLICY_ANNOTATION)
+                    .unwrap_or(crate::policies::DEFAULT_POLICY);
+                match policies.lookup(namespace, policy) {
+                    crate::policies::Lookup::Listed(placeholders) => placeholders
+                        .into_iter()
+                        .map(|p| Fragment::new(env_value(&p.env, &p.value)))
+                        .collect(),
+                    crate::policies::Lookup::NotListed => {
+                        warnings.push(format!(
+                            "the webhook has not listed the SandboxPolicies yet: the credential placeholders of policy {policy:?} are not set in this Pod's environment (they are listed by {{\"op\":\"policy\"}} on the sidecar socket)"
+                        ));
+                        Vec::new()
+                    }
+                }
+            }
+        };
         let mut env_containers = Vec::with_capacity(containers.len());
         let mut mount_containers = Vec::with_capacity(containers.len());
         let mut missing = Vec::with_capacity(self.workload_env.len());
@@ -802,6 +834,7 @@ impl Injector {
             missing.extend(
                 self.workload_env
                     .iter()
+                    .chain(&placeholders)
                     .filter(|var| {
                         let var_name = var.value().get("name").and_then(Value::as_str).unwrap_or("");
                         let proxy = PROXY_VARIABLES.contains(&var_name) || NO_PROXY_VARIABLES.contains(&var_name);
@@ -809,6 +842,14 @@ impl Injector {
                     })
                     .map(Fragment::json),
             );
+            for placeholder in &placeholders {
+                let var_name = placeholder.value().get("name").and_then(Value::as_str).unwrap_or("");
+                if env.is_some_and(|existing| has_named_in(existing, var_name)) {
+                    warnings.push(format!(
+                        "container {name:?} sets {var_name} itself: the credential placeholder was not set there"
+                    ));
+                }
+            }
             if !missing.is_empty() {
                 env_containers.push(name);
             }

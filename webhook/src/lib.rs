@@ -12,6 +12,7 @@ pub mod decode;
 pub mod inject;
 pub mod metrics;
 pub mod patch;
+pub mod policies;
 pub mod review;
 pub mod server;
 pub mod tls;

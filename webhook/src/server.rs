@@ -34,6 +34,8 @@ pub enum ServerError {
     Io(#[from] std::io::Error),
     #[error(transparent)]
     Limits(#[from] plumbing::listener::Error),
+    #[error("cannot reach the Kubernetes API to follow the SandboxPolicies (--placeholders): {0}")]
+    Kube(#[from] kube::Error),
 }
 
 /// Where the server listens. Bind them yourself (port 0 in tests) or with [`Listeners::bind`].
@@ -73,6 +75,8 @@ pub struct AppState {
     pub redirect_blocked: Injector,
     pub metrics: Arc<Metrics>,
     pub store: Arc<CertStore>,
+    /// The policies' placeholders the injectors read (`--placeholders`).
+    pub policies: Option<crate::policies::Policies>,
     bound: AtomicBool,
     draining: AtomicBool,
     max_body_bytes: usize,
@@ -81,16 +85,22 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(config: &Config, metrics: Arc<Metrics>, store: Arc<CertStore>) -> Self {
+        let policies = config.placeholders.then(crate::policies::Policies::default);
+        let injector = |inject: InjectConfig| match &policies {
+            Some(policies) => Injector::new(inject).with_policies(policies.clone()),
+            None => Injector::new(inject),
+        };
         Self {
-            injector: Injector::new(config.inject_config()),
-            redirect: Injector::new(InjectConfig {
+            injector: injector(config.inject_config()),
+            redirect: injector(InjectConfig {
                 egress_redirect: Redirect::On(config.redirection()),
                 ..config.inject_config()
             }),
-            redirect_blocked: Injector::new(InjectConfig {
+            redirect_blocked: injector(InjectConfig {
                 egress_redirect: Redirect::Blocked,
                 ..config.inject_config()
             }),
+            policies,
             metrics,
             store,
             bound: AtomicBool::new(false),
@@ -273,6 +283,12 @@ pub async fn run_with_state(
 ) -> Result<(), ServerError> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let tls_config = tls::server_config(Arc::clone(&state.store))?;
+    let policies_stop = tokio_util::sync::CancellationToken::new();
+    let _stop_policies = policies_stop.clone().drop_guard();
+    if let Some(policies) = &state.policies {
+        let client = kube::Client::try_default().await?;
+        tokio::spawn(crate::policies::follow(client, policies.clone(), policies_stop));
+    }
     let limits = config.connections.limits()?;
     let connections = &state.metrics.connections;
 

@@ -1534,3 +1534,80 @@ fn under_redirection_a_pod_that_would_escape_it_is_refused_with_the_reason() {
         assert!(mutate(&review, &injector()).response.allowed, "{what}");
     }
 }
+
+#[test]
+fn the_credential_placeholders_of_the_pods_policy_are_set_unless_a_container_sets_them() {
+    use webhook::policies::Policies;
+    let policy = |name: &str, env: &str| -> kube::api::DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "supervision.openshell.ai/v1alpha1", "kind": "SandboxPolicy",
+            "metadata": {"name": name, "namespace": "fixture-ns"},
+            "spec": {"credentials": [{"name": "models", "env": env, "secretKeyRef": {"name": "s", "key": "k"}}]},
+        }))
+        .unwrap()
+    };
+    let policies = Policies::default();
+    let injector = injector().with_policies(policies.clone());
+    let review = fixture("pod-create-with-volumes.json");
+
+    // Before the policies are listed: admitted, and the warning says what is missing.
+    let reviewed = mutate(&review, &injector);
+    let patched = apply(&review["request"]["object"], &patch_of(&reviewed).unwrap()).unwrap();
+    assert!(!env_names(&patched["spec"]["containers"][0]).contains(&"MODELS_API_KEY".to_owned()));
+    assert!(
+        reviewed
+            .response
+            .warnings
+            .iter()
+            .any(|w| w.contains("not listed the SandboxPolicies")),
+        "{:?}",
+        reviewed.response.warnings
+    );
+
+    // The namespace's default policy, and another the Pod may name.
+    policies.reset([&policy("default", "MODELS_API_KEY"), &policy("other", "OTHER_KEY")]);
+    let mut review = fixture("pod-create-with-volumes.json");
+    review["request"]["object"]["spec"]["containers"][1]["env"] =
+        json!([{ "name": "MODELS_API_KEY", "value": "the container's own" }]);
+    let reviewed = mutate(&review, &injector);
+    let patched = apply(&review["request"]["object"], &patch_of(&reviewed).unwrap()).unwrap();
+    let value_in = |container: &Value| {
+        container["env"]
+            .as_array()
+            .and_then(|env| env.iter().find(|e| e["name"] == "MODELS_API_KEY"))
+            .map(|e| e["value"].clone())
+    };
+    assert_eq!(
+        value_in(&patched["spec"]["containers"][0]),
+        Some(json!("openshell-placeholder-models"))
+    );
+    assert_eq!(
+        value_in(&patched["spec"]["containers"][1]),
+        Some(json!("the container's own")),
+        "never overridden"
+    );
+    assert!(
+        reviewed
+            .response
+            .warnings
+            .iter()
+            .any(|w| w.contains("sets MODELS_API_KEY itself")),
+        "{:?}",
+        reviewed.response.warnings
+    );
+    assert_eq!(
+        value_in(&patched["spec"]["initContainers"][0]),
+        None,
+        "workload containers only"
+    );
+
+    let mut review = fixture("pod-create-with-volumes.json");
+    review["request"]["object"]["metadata"]["annotations"]["supervision.openshell.ai/policy"] = json!("other");
+    let patched = apply(
+        &review["request"]["object"],
+        &patch_of(&mutate(&review, &injector)).unwrap(),
+    )
+    .unwrap();
+    let names = env_names(&patched["spec"]["containers"][0]);
+    assert!(names.contains(&"OTHER_KEY".to_owned()) && !names.contains(&"MODELS_API_KEY".to_owned()));
+}

@@ -27,10 +27,7 @@ use serde::Deserialize;
 
 use super::pool_status::custom_resource;
 
-/// A Pod names its policy with this annotation.
-pub const POLICY_ANNOTATION: &str = "supervision.openshell.ai/policy";
-/// The policy a Pod of the namespace runs when its annotation names none.
-pub const DEFAULT_POLICY: &str = "default";
+pub use proto::kubernetes::{DEFAULT_POLICY, POLICY_ANNOTATION};
 /// The name of the policy a Pod runs when none applies: no rules, enforced. Not a valid
 /// object name, so no `SandboxPolicy` is ever taken for it.
 pub const DENY_ALL: &str = "<none>";
