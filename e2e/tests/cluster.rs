@@ -2198,6 +2198,20 @@ impl Flow {
             !spec.contains(CREDENTIAL_VALUE) && !spec.contains("secretName: models"),
             || "the credential is in the workload Pod's spec".to_owned(),
         )?;
+        // The policy's status says the pool holds the credential, and never the value.
+        wait_for(
+            "the SandboxPolicy's status shows the credential held",
+            MINUTE,
+            || async {
+                let policy = kubectl
+                    .json(&["get", "sandboxpolicy", "default", "-n", &ns])
+                    .await
+                    .ok()?;
+                let shown = policy["status"]["credentials"].to_string();
+                (shown.contains(r#""held":true"#) && !shown.contains(CREDENTIAL_VALUE)).then_some(())
+            },
+        )
+        .await?;
         // The webhook set the placeholder variable (the policy was written before the Pod).
         let agent_env = self
             .kubectl

@@ -22,7 +22,7 @@ use std::sync::{Arc, LazyLock};
 use kube::ResourceExt;
 use kube::api::{ApiResource, DynamicObject};
 use proto::egress::{Credential, Document, Mode, Rule};
-use proto::runtime::v1::EgressPolicy;
+use proto::runtime::v1::{CredentialBinding, EgressPolicy};
 use serde::Deserialize;
 
 use super::pool_status::custom_resource;
@@ -210,17 +210,25 @@ impl Egress {
         }
         let mut filled = policy.as_ref().clone();
         for binding in &mut filled.credentials {
-            let secret = format!("Secret {namespace}/{}", binding.secret);
-            match self.secrets.get(&(namespace.to_owned(), binding.secret.clone())) {
-                Some(Ok(data)) => match data.0.get(&binding.key) {
-                    Some(value) => binding.value.clone_from(value),
-                    None => binding.error = format!("{secret} has no key {:?}", binding.key),
-                },
-                Some(Err(error)) => binding.error.clone_from(error),
-                None => binding.error = format!("{secret} has not been read yet"),
+            match self.value_of(namespace, binding) {
+                Ok(value) => binding.value.clone_from(value),
+                Err(error) => binding.error = error,
             }
         }
         Some(Arc::new(filled))
+    }
+
+    /// The value of `binding` of a policy of `namespace`, or why there is none (safe to show).
+    pub fn value_of(&self, namespace: &str, binding: &CredentialBinding) -> Result<&Vec<u8>, String> {
+        let secret = format!("Secret {namespace}/{}", binding.secret);
+        match self.secrets.get(&(namespace.to_owned(), binding.secret.clone())) {
+            Some(Ok(data)) => data
+                .0
+                .get(&binding.key)
+                .ok_or_else(|| format!("{secret} has no key {:?} fit for a header", binding.key)),
+            Some(Err(error)) => Err(error.clone()),
+            None => Err(format!("{secret} has not been read yet")),
+        }
     }
 
     /// The Secrets the policies bind, by namespace and name, with the keys they name.

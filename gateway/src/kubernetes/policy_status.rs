@@ -1,7 +1,7 @@
 //! The `SandboxPolicy` objects' status: for each policy, the revision the gateway derives from
 //! it, how many supervised Pods run it, how many of them have that revision loaded in their
 //! sidecar (and how many each other revision), and the Pods whose sidecar refused an install
-//! and why. Pure: a function of the [`Egress`] index and the pool view's instances and
+//! and why; and for each credential whether the pool holds its value, and why not. Pure: a function of the [`Egress`] index and the pool view's instances and
 //! reports (each owner relays its sidecar's answer, `host.v1 InstanceStatus.egress_policy`);
 //! [`super::policy_writer`] applies it.
 
@@ -33,6 +33,18 @@ pub struct PolicyStatus {
     /// The first [`MAX_FAILED`] of them, by name, with the sidecar's reason.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub failures: Vec<Failure>,
+    /// Each credential: whether the pool holds its value, and why not (never the value).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub credentials: Vec<CredentialState>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CredentialState {
+    pub name: String,
+    pub held: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -58,8 +70,21 @@ pub fn desired(egress: &Egress, view: &View) -> BTreeMap<(String, String), Polic
     let mut out: BTreeMap<(String, String), PolicyStatus> = egress
         .policies()
         .map(|(key, policy)| {
+            let credentials = policy
+                .credentials
+                .iter()
+                .map(|binding| {
+                    let reason = egress.value_of(&key.0, binding).err();
+                    CredentialState {
+                        name: binding.name.clone(),
+                        held: reason.is_none(),
+                        reason,
+                    }
+                })
+                .collect();
             let status = PolicyStatus {
                 revision: i64::try_from(policy.revision).unwrap_or(i64::MAX),
+                credentials,
                 ..PolicyStatus::default()
             };
             (key.clone(), status)
@@ -205,5 +230,53 @@ mod tests {
         v.instances.insert("r2".into(), r2);
         let default = desired(&egress, &v)[&("ns".to_owned(), "default".to_owned())].clone();
         assert_eq!((default.pods, default.loaded, default.revisions.len()), (1, 1, 1));
+    }
+}
+
+#[cfg(test)]
+mod credential_tests {
+    use kube::api::DynamicObject;
+
+    use super::*;
+    use crate::kubernetes::egress::{SecretData, policy_of};
+    use crate::kubernetes::pool_status::tests::view;
+
+    #[test]
+    fn each_credential_shows_whether_the_pool_holds_it_and_never_its_value() {
+        let object: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "supervision.openshell.ai/v1alpha1", "kind": "SandboxPolicy",
+            "metadata": {"name": "default", "namespace": "ns", "generation": 1,
+                         "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"credentials": [
+                {"name": "models", "secretKeyRef": {"name": "models", "key": "token"}},
+                {"name": "search", "secretKeyRef": {"name": "search", "key": "token"}}]},
+        }))
+        .expect("an object");
+        let mut egress = Egress::default();
+        egress.reset_policies(policy_of(&object));
+        egress.reset_pods([]);
+        egress.apply_secret(
+            "ns".into(),
+            "models".into(),
+            Ok(SecretData([("token".to_owned(), b"sk-1".to_vec())].into())),
+        );
+        egress.apply_secret("ns".into(), "search".into(), Err("the pool may not read it".into()));
+        let status = desired(&egress, &view())[&("ns".to_owned(), "default".to_owned())].clone();
+        assert_eq!(
+            status.credentials,
+            [
+                CredentialState {
+                    name: "models".into(),
+                    held: true,
+                    reason: None
+                },
+                CredentialState {
+                    name: "search".into(),
+                    held: false,
+                    reason: Some("the pool may not read it".into())
+                }
+            ]
+        );
+        assert!(!serde_json::to_string(&status).expect("json").contains("sk-1"));
     }
 }

@@ -33,9 +33,11 @@ impl Backend {
     pub(super) fn session_setup(self, options: &Options, application_name: &str) -> String {
         let timeout_ms = options.statement_timeout.as_millis();
         match self {
-            Self::Postgres => {
-                format!("SET statement_timeout = {timeout_ms}; SET application_name = '{application_name}'")
-            }
+            Self::Postgres => format!(
+                "SET statement_timeout = {timeout_ms}; SET idle_in_transaction_session_timeout = {}; \
+                 SET application_name = '{application_name}'",
+                options.idle_in_transaction_timeout.as_millis()
+            ),
             Self::Sqlite => format!(
                 "PRAGMA busy_timeout = {timeout_ms}; PRAGMA journal_mode = WAL; \
                  PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON"

@@ -125,6 +125,12 @@ pub struct Options {
     pub connect_timeout: Duration,
     /// Bound on any one statement, lock waits included.
     pub statement_timeout: Duration,
+    /// PostgreSQL ends a session of ours that sits inside a transaction this long without
+    /// sending a statement, releasing its locks: a replica frozen mid-transaction (stopped,
+    /// paused by its host, cut off after `BEGIN`) would otherwise hold the lease row, and so
+    /// the pool's leadership, until TCP gives up on it — hours. No transaction of ours waits
+    /// on anything but the database between its statements.
+    pub idle_in_transaction_timeout: Duration,
     pub max_connections: u32,
 }
 
@@ -133,6 +139,7 @@ impl Default for Options {
         Self {
             connect_timeout: Duration::from_secs(5),
             statement_timeout: Duration::from_secs(10),
+            idle_in_transaction_timeout: Duration::from_secs(3),
             max_connections: 8,
         }
     }

@@ -156,3 +156,62 @@ async fn fenced_write_blocks_a_takeover_until_it_commits() {
     }
     db.finish().await;
 }
+
+/// A replica frozen inside its lease transaction (stopped, paused by its host, or cut off
+/// after `BEGIN`) holds the lease row lock as long as its session lives. PostgreSQL must end
+/// that session (`Options::idle_in_transaction_timeout`), so another replica takes the lease
+/// instead of the whole pool losing its coordinator until TCP gives up on the frozen one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_frozen_inside_its_lease_transaction_does_not_hold_the_lease_row() {
+    let Some(db) = TestDb::postgres().await else { return };
+    // The frozen replica's campaign first waits for the lock behind a raw connection, so that
+    // it is frozen exactly between two statements of its transaction.
+    let mut blocker = db.raw().await;
+    blocker.execute("BEGIN").await.unwrap();
+    blocker
+        .execute("SELECT term FROM coordinator_lease WHERE id = 1 FOR UPDATE")
+        .await
+        .unwrap();
+    let (freeze, frozen_rx) = tokio::sync::oneshot::channel::<()>();
+    let (frozen, is_frozen) = std::sync::mpsc::channel::<()>();
+    let (resume, resumed) = std::sync::mpsc::channel::<()>();
+    let url = db.url.clone();
+    let replica = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let store = gateway::store::Store::open(&url, &gateway::store::Options::default())
+                .await
+                .unwrap();
+            let campaign = tokio::spawn(async move { store.acquire_lease("gw-frozen/1", LEASE).await });
+            let _ = frozen_rx.await;
+            // Blocks the runtime's only thread: the campaign's task cannot run on.
+            frozen.send(()).unwrap();
+            let _ = resumed.recv();
+            campaign.await
+        })
+    });
+    let mut observer = db.raw().await;
+    wait_blocked(&mut observer, "FOR UPDATE").await;
+    freeze.send(()).unwrap();
+    is_frozen.recv().unwrap();
+    // The frozen campaign gets the lock now, and never sends its next statement.
+    blocker.execute("COMMIT").await.unwrap();
+
+    // Bounded below the statement timeout (10 s): without the idle bound, every attempt
+    // would wait on the frozen session's lock until that timeout.
+    let taken = tokio::time::timeout(Duration::from_secs(9), db.store.acquire_lease("gw-live/1", LEASE))
+        .await
+        .expect("the lease row was still locked by the frozen replica's session");
+    assert!(matches!(taken, Ok(Acquire::Acquired(_))), "{taken:?}");
+
+    resume.send(()).unwrap();
+    let frozen_outcome = replica.join().unwrap().unwrap();
+    assert!(
+        frozen_outcome.is_err(),
+        "the frozen replica's transaction was ended under it: {frozen_outcome:?}"
+    );
+    db.finish().await;
+}
