@@ -1,5 +1,5 @@
 //! The workload's local endpoint: a Unix socket speaking newline-delimited JSON, one answer
-//! line per request line, in order (protocol in the README). Each connection is identified by
+//! line per request line, in order (protocol in sidecar/README.md). Each connection is identified by
 //! the kernel (peer credentials), never by what it claims; the engine admits it only if it is
 //! the workload process or one of its descendants (or pins the first one in socket mode).
 
