@@ -809,6 +809,16 @@ impl Injector {
                 match policies.lookup(namespace, policy) {
                     crate::policies::Lookup::Listed(placeholders) => placeholders
                         .into_iter()
+                        .filter(|p| {
+                            let ours = self.workload_env_values.iter().any(|v| v["name"] == p.env.as_str());
+                            if ours {
+                                warnings.push(format!(
+                                    "policy {policy:?} names {} for a credential placeholder, a variable the sidecar's injection sets: not set",
+                                    p.env
+                                ));
+                            }
+                            !ours
+                        })
                         .map(|p| Fragment::new(env_value(&p.env, &p.value)))
                         .collect(),
                     crate::policies::Lookup::NotListed => {

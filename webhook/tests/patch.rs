@@ -1601,6 +1601,23 @@ fn the_credential_placeholders_of_the_pods_policy_are_set_unless_a_container_set
         "workload containers only"
     );
 
+    // A variable the injection sets itself is never a placeholder's.
+    policies.reset([&policy("default", "HTTP_PROXY")]);
+    let review = fixture("pod-create-with-volumes.json");
+    let reviewed = mutate(&review, &injector);
+    let patched = apply(&review["request"]["object"], &patch_of(&reviewed).unwrap()).unwrap();
+    let proxy = patched["spec"]["containers"][0]["env"]
+        .as_array()
+        .and_then(|env| env.iter().find(|e| e["name"] == "HTTP_PROXY"))
+        .map(|e| e["value"].clone());
+    assert_eq!(proxy, Some(json!("http://127.0.0.1:15001")));
+    assert!(
+        reviewed.response.warnings.iter().any(|w| w.contains("HTTP_PROXY")),
+        "{:?}",
+        reviewed.response.warnings
+    );
+
+    policies.reset([&policy("default", "MODELS_API_KEY"), &policy("other", "OTHER_KEY")]);
     let mut review = fixture("pod-create-with-volumes.json");
     review["request"]["object"]["metadata"]["annotations"]["supervision.openshell.ai/policy"] = json!("other");
     let patched = apply(

@@ -68,8 +68,15 @@ pub async fn follow(client: Client, shared: Shared, shutdown: CancellationToken)
 
 /// The `keys` of Secret `namespace/name`, each checked, or why not.
 async fn read(client: &Client, namespace: &str, name: &str, keys: &[String]) -> Result<SecretData, Unread> {
-    let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let secret = format!("Secret {namespace}/{name}");
+    if name == proto::kubernetes::TOKEN_SECRET {
+        // The pool may read it in every namespace: no namespace granted it as a credential.
+        return Err(Unread {
+            lasting: true,
+            reason: format!("{secret} is the pool's own and cannot be bound as a credential"),
+        });
+    }
+    let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let fetched = match tokio::time::timeout(READ_TIMEOUT, api.get(name)).await {
         Ok(Ok(fetched)) => fetched,
         Ok(Err(kube::Error::Api(status))) if status.code == 403 => {

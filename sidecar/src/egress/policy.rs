@@ -35,6 +35,10 @@ pub enum Invalid {
     Paths(String),
     #[error("rule {0:?} binds the credential {1:?}, which the policy does not name")]
     UnknownCredential(String, String),
+    #[error("rule {0:?} binds a credential to a wildcard host: the workload could choose where it goes")]
+    WildcardCredential(String),
+    #[error("two rules are named {0:?}: a decision must name one rule")]
+    DuplicateRule(String),
     #[error("rule {0:?}: a CA bundle of at most {MAX_CA_BUNDLE_BYTES} bytes of PEM certificates")]
     CaBundle(String),
     #[error(
@@ -86,6 +90,15 @@ impl Host {
             Host::Address(address) => address.is_loopback(),
         }
     }
+}
+
+/// A path a prefix can be judged by: no dot segment, and no encoded or backslash form of `.`,
+/// `/` or `\` that the upstream could read as one (`/v1/../admin` is not under `/v1/`).
+fn plain_path(path: &str) -> bool {
+    let lower = path.to_ascii_lowercase();
+    !path.contains('\\')
+        && !["%2e", "%2f", "%5c"].iter().any(|encoded| lower.contains(encoded))
+        && !path.split('/').any(|segment| segment == "." || segment == "..")
 }
 
 /// An RFC 1123 host name: labels of 1..63 letters, digits and inner hyphens, 253 bytes at most.
@@ -227,7 +240,7 @@ impl Policy {
             Some((method, path)) => {
                 (rule.methods.is_empty() || rule.methods.iter().any(|m| m == method))
                     && (rule.path_prefixes.is_empty()
-                        || rule.path_prefixes.iter().any(|p| path.starts_with(p.as_str())))
+                        || (plain_path(path) && rule.path_prefixes.iter().any(|p| path.starts_with(p.as_str()))))
             }
         });
         if let Some(rule) = allowed {
@@ -323,6 +336,11 @@ impl TryFrom<&EgressPolicy> for Policy {
             .enumerate()
             .map(|(index, rule)| parse_rule(index, rule))
             .collect::<Result<_, _>>()?;
+        let mut rule_names: Vec<&str> = rules.iter().map(|r| r.name.as_str()).collect();
+        rule_names.sort_unstable();
+        if let Some(twice) = rule_names.windows(2).find(|w| w[0] == w[1]) {
+            return Err(Invalid::DuplicateRule(twice[0].to_owned()));
+        }
         if let Some(rule) = rules.iter().find(|r| {
             r.credential
                 .as_deref()
@@ -370,6 +388,9 @@ fn parse_rule(index: usize, rule: &EgressRule) -> Result<Rule, Invalid> {
     }
     if rule.originate_tls && super::origin::roots(&rule.ca_bundle).is_err() {
         return Err(Invalid::CaBundle(name));
+    }
+    if !rule.credential.is_empty() && matches!(host, Host::Below(_)) {
+        return Err(Invalid::WildcardCredential(name));
     }
     Ok(Rule {
         name,
@@ -492,6 +513,61 @@ mod tests {
             panic!("a tunnel cannot show its method")
         };
         assert!(enforced && reason.contains("plain http://"), "{reason}");
+    }
+
+    #[test]
+    fn a_path_prefix_holds_against_dot_segments_and_encodings() {
+        let mut limited = rule("read", "api.example.com", &[80]);
+        limited.path_prefixes = vec!["/v1/".into()];
+        let p = policy(vec![limited]);
+        for path in [
+            "/v1/../admin",
+            "/v1/%2e%2e/admin",
+            "/v1/..%2Fadmin",
+            "/v1\\..\\admin",
+            "/v1/./x",
+        ] {
+            assert!(
+                !allowed(&decide(&p, "api.example.com", 80, Some(("GET", path)))),
+                "{path}"
+            );
+        }
+        assert!(allowed(&decide(
+            &p,
+            "api.example.com",
+            80,
+            Some(("GET", "/v1/items.json"))
+        )));
+    }
+
+    #[test]
+    fn rule_names_are_unique_and_a_credential_never_binds_a_wildcard() {
+        let refused = |rules: Vec<EgressRule>, credentials: Vec<CredentialBinding>| {
+            Policy::try_from(&EgressPolicy {
+                name: "p".into(),
+                rules,
+                credentials,
+                ..EgressPolicy::default()
+            })
+            .expect_err("invalid")
+        };
+        let key = CredentialBinding {
+            name: "key".into(),
+            ..CredentialBinding::default()
+        };
+        let mut bound = rule("models", "api.example.com", &[443]);
+        bound.credential = "key".into();
+        let twin = rule("models", "collector.example.net", &[443]);
+        assert_eq!(
+            refused(vec![bound, twin], vec![key.clone()]),
+            Invalid::DuplicateRule("models".into())
+        );
+        let mut wild = rule("any", "*.example.com", &[443]);
+        wild.credential = "key".into();
+        assert_eq!(
+            refused(vec![wild], vec![key]),
+            Invalid::WildcardCredential("any".into())
+        );
     }
 
     #[test]

@@ -267,7 +267,7 @@ async fn handle(
         && let Some(policy) = policy.as_deref()
     {
         let uri = request.uri().clone();
-        match placeholder::substitute(request.headers_mut(), &uri, policy, rule.as_ref()) {
+        match placeholder::substitute(request.headers_mut(), &uri, policy, rule.as_ref(), egress.floor.local) {
             Ok(done) => {
                 for credential in done.attempts {
                     let reason = format!(
