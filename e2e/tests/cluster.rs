@@ -2247,6 +2247,33 @@ impl Flow {
             format!("the revoked upstream is refused: {out}")
         })?;
         self.policy_loaded(&ns, Some(loaded)).await?;
+        // The audit trail: every decision of the agent's sidecar once, by sequence, through
+        // the force-deletion of its owner and the rollout (the 100-tunnel holds among them).
+        let pod = format!("{ns}/egress-agent");
+        let pool = self.pool.clone();
+        let trail = wait_for("the audit trail to hold the revoked tunnel", MINUTE, || async {
+            let out = pool.poolctl(&["audit", &pod, "-o", "json"]).await.ok()?;
+            let records: Vec<Value> = out.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+            records
+                .iter()
+                .any(|r| r["reason"].as_str().is_some_and(|why| why.contains("no longer allows")))
+                .then_some(records)
+        })
+        .await?;
+        let sequences: Vec<u64> = trail.iter().filter_map(|r| r["sequence"].as_u64()).collect();
+        let owners: BTreeSet<&str> = trail.iter().filter_map(|r| r["member"].as_str()).collect();
+        let denials = trail.iter().filter(|r| r["decision"] == "deny").count();
+        eprintln!(
+            "   audit: {} decisions ({denials} denials) stored once each, delivered by {} owners",
+            sequences.len(),
+            owners.len()
+        );
+        check(sequences == (1..=sequences.len() as u64).collect::<Vec<_>>(), || {
+            format!("every decision once, in order: {sequences:?}")
+        })?;
+        check(owners.len() >= 2 && denials > 0, || {
+            format!("delivered through the owners it had ({owners:?}), denials included")
+        })?;
         self.measured.push(Measured {
             scenario: "SandboxPolicy edit → revoked tunnel closed",
             seconds,

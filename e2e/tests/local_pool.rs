@@ -332,13 +332,27 @@ async fn a_local_policy_is_enforced_by_the_sidecar_through_an_owner_crash() {
     let proxy = pool.sandboxes[0].egress.clone().expect("an egress proxy");
     let logs = pool.logs().display().to_string();
 
+    // Every answered request is one decision of the audit trail.
+    let mut decided = 0u64;
+    let mut count = |status: u16| {
+        if status == 200 || status == 403 {
+            decided += 1;
+        }
+        status
+    };
     // Denied until the owner's install arrives; then allowed.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while through(&proxy, allowed).await != (200, "upstream".into()) {
+    loop {
+        let answer = through(&proxy, allowed).await;
+        count(answer.0);
+        if answer == (200, "upstream".into()) {
+            break;
+        }
         assert!(tokio::time::Instant::now() < deadline, "never allowed; logs in {logs}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let (status, body) = through(&proxy, denied).await;
+    count(status);
     assert_eq!(status, 403, "{body}");
     let refusal: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(
@@ -356,11 +370,11 @@ async fn a_local_policy_is_enforced_by_the_sidecar_through_an_owner_crash() {
     let mut asked = 0;
     loop {
         assert_eq!(
-            through(&proxy, allowed).await.0,
+            count(through(&proxy, allowed).await.0),
             200,
             "allowed during the handoff; logs in {logs}"
         );
-        assert_eq!(through(&proxy, denied).await.0, 403, "denied during the handoff");
+        assert_eq!(count(through(&proxy, denied).await.0), 403, "denied during the handoff");
         asked += 1;
         let moved = pool.status().await.ok().and_then(|s| s.instances.first().cloned());
         if moved.is_some_and(|i| {
@@ -393,8 +407,52 @@ async fn a_local_policy_is_enforced_by_the_sidecar_through_an_owner_crash() {
         .unwrap_or_else(|_| panic!("the revoked tunnel stayed open; logs in {logs}"))
         .unwrap();
     let revoked = t0.elapsed();
-    assert_eq!(through(&proxy, allowed).await.0, 403);
-    assert_eq!(through(&proxy, denied).await, (200, "upstream".into()));
+    assert_eq!(count(through(&proxy, allowed).await.0), 403);
+    let answer = through(&proxy, denied).await;
+    count(answer.0);
+    assert_eq!(answer, (200, "upstream".into()));
     eprintln!("policy edit to revoked tunnel: {} ms", revoked.as_millis());
+    // The revoked tunnel is a decision too.
+    let decided = decided + 1;
+
+    // The audit trail holds every decision exactly once, through the owner's crash: the
+    // records the dead owner had not had stored went to the next one.
+    let name = pool.sandboxes[0].name.clone();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let trail = loop {
+        let trail = pool.audit(&name).await.unwrap_or_default();
+        if trail.len() as u64 >= decided || tokio::time::Instant::now() >= deadline {
+            break trail;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let sequences: Vec<u64> = trail
+        .iter()
+        .filter_map(|e| e.record.as_ref().map(|r| r.sequence))
+        .collect();
+    assert_eq!(
+        sequences,
+        (1..=decided).collect::<Vec<_>>(),
+        "every decision once, in order; logs in {logs}"
+    );
+    let owners: std::collections::BTreeSet<&str> = trail.iter().map(|e| e.member.as_str()).collect();
+    assert!(owners.len() >= 2, "delivered through both owners: {owners:?}");
+    let revoked_tunnel = trail
+        .iter()
+        .filter_map(|e| e.record.as_ref())
+        .find(|r| r.reason.contains("no longer allows"));
+    assert!(
+        revoked_tunnel.is_some_and(|r| r.decision == "allow" && r.destination.ends_with(&format!(":{allowed}"))),
+        "the tunnel's record says why it closed: {revoked_tunnel:?}"
+    );
+    let exchange = trail
+        .iter()
+        .filter_map(|e| e.record.as_ref())
+        .find(|r| r.decision == "allow" && r.method == "GET");
+    assert!(
+        exchange.is_some_and(|r| r.bytes_sent == 0 && r.bytes_received == 8),
+        "a plain-HTTP exchange carries its body bytes each way (a GET sends none): {exchange:?}"
+    );
+    eprintln!("audit trail: {decided} decisions, each stored once, delivered by {owners:?}");
     pool.stop().await;
 }

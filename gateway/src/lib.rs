@@ -3,6 +3,7 @@
 //! and is the only one that places, recovers, runs operations and rotates
 //! signing keys. See README.md for the module map.
 
+pub mod audit;
 pub mod auth;
 pub mod config;
 pub mod coordinator;

@@ -239,6 +239,41 @@ pub fn plan(view: &View, op: &store::Operation, served_by: &str) -> OperationPla
 impl SupervisorPool for Operator {
     type WatchSupervisorPoolStream = watch::WatchStream;
 
+    async fn list_audit(
+        &self,
+        request: Request<proto::pool::v1::ListAuditRequest>,
+    ) -> Result<Response<proto::pool::v1::ListAuditResponse>, Status> {
+        self.authorize(&request).await?;
+        let request = request.into_inner();
+        for part in [&request.namespace, &request.name] {
+            plumbing::validate::route(&format!("{part}/x"))
+                .map_err(|_| Status::invalid_argument(format!("{part:?} is no valid name")))?;
+        }
+        if request.limit > crate::audit::MAX_LIST {
+            return Err(Status::invalid_argument(format!(
+                "limit above {}",
+                crate::audit::MAX_LIST
+            )));
+        }
+        let limit = if request.limit == 0 { 100 } else { request.limit };
+        let after = i64::try_from(request.after_sequence).unwrap_or(i64::MAX);
+        let rows = self
+            .replica
+            .store
+            .list_audit(
+                &request.namespace,
+                &request.name,
+                after,
+                request.since_ms,
+                i64::from(limit),
+            )
+            .await
+            .map_err(|err| Status::unavailable(format!("cannot read the audit trail: {err}")))?;
+        Ok(Response::new(proto::pool::v1::ListAuditResponse {
+            entries: rows.into_iter().map(crate::audit::entry).collect(),
+        }))
+    }
+
     async fn watch_supervisor_pool(
         &self,
         request: Request<WatchSupervisorPoolRequest>,

@@ -79,6 +79,18 @@ pub enum Command {
         /// The operation id.
         id: String,
     },
+    /// The egress audit trail of one workload: every decision its sidecar made, in order,
+    /// each once, across handoffs and sidecar restarts.
+    Audit {
+        /// The Pod, as `namespace/name` (locally the sandbox's route).
+        pod: String,
+        /// Keep printing new decisions as they are stored, until interrupted.
+        #[arg(long)]
+        follow: bool,
+        /// Only decisions of the last this many seconds.
+        #[arg(long, value_name = "SECONDS")]
+        since: Option<u64>,
+    },
     /// Print a shell completion script, e.g. `poolctl completions bash > /etc/bash_completion.d/poolctl`.
     Completions {
         /// The shell.

@@ -130,6 +130,24 @@ impl Client {
             .ok_or_else(|| tonic::Status::internal("the gateway answered a dry run without a plan"))?)
     }
 
+    /// The stored decisions of Pod `namespace/name` after `after` and made at or after `since_ms`.
+    pub async fn audit(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        after: u64,
+        since_ms: i64,
+    ) -> Result<Vec<proto::pool::v1::AuditEntry>, Error> {
+        let request = self.unary(proto::pool::v1::ListAuditRequest {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            after_sequence: after,
+            since_ms,
+            limit: 1000,
+        });
+        Ok(bounded(self.pool.list_audit(request)).await?.into_inner().entries)
+    }
+
     pub async fn cancel(&mut self, id: &str) -> Result<Operation, Error> {
         let request = self.unary(CancelSupervisorPoolOperationRequest { id: id.to_owned() });
         let answer = bounded(self.pool.cancel_supervisor_pool_operation(request))

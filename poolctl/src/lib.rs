@@ -53,7 +53,40 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
             ))?;
             Ok(())
         }
+        Command::Audit { pod, follow, since } => audit(&mut client, pod, *follow, *since, output).await,
         Command::Completions { .. } => Ok(()),
+    }
+}
+
+/// Prints the audit trail of `pod` (and, with `follow`, what is stored after, every second).
+async fn audit(client: &mut Client, pod: &str, follow: bool, since: Option<u64>, output: Output) -> Result<(), Error> {
+    let Some((namespace, name)) = pod.split_once('/') else {
+        return Err(Error::Usage(format!("{pod:?} is not namespace/name")));
+    };
+    let since_ms = since.map_or(0, |seconds| {
+        let now = proto::trust::unix_ms(std::time::SystemTime::now());
+        now.saturating_sub(i64::try_from(seconds.saturating_mul(1000)).unwrap_or(i64::MAX))
+    });
+    let mut after = 0;
+    loop {
+        let entries = client.audit(namespace, name, after, since_ms).await?;
+        for entry in &entries {
+            after = after.max(entry.record.as_ref().map_or(0, |r| r.sequence));
+            print_line(&render::render(
+                output,
+                || render::audit_json(entry),
+                || render::audit_line(entry),
+            ))?;
+        }
+        if !follow {
+            return Ok(());
+        }
+        if entries.len() < 1000 {
+            tokio::select! {
+                () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                _ = tokio::signal::ctrl_c() => return Ok(()),
+            }
+        }
     }
 }
 

@@ -322,6 +322,61 @@ pub fn plan_json(plan: &OperationPlan) -> Value {
     })
 }
 
+/// One audit record as a line: sequence, time, decision, destination, what and why.
+pub fn audit_line(entry: &proto::pool::v1::AuditEntry) -> String {
+    let Some(r) = &entry.record else {
+        return String::new();
+    };
+    let what = if r.method.is_empty() {
+        String::new()
+    } else {
+        format!(" {} {}", r.method, r.path)
+    };
+    let rule = if r.rule.is_empty() { "-" } else { r.rule.as_str() };
+    let reason = if r.reason.is_empty() {
+        String::new()
+    } else {
+        format!(" — {}", r.reason)
+    };
+    format!(
+        "{} {} {} {}{what} rule={rule} policy={}@{} sent={} received={} {}ms owner={}@{}{reason}",
+        r.sequence,
+        r.at_ms,
+        r.decision,
+        r.destination,
+        r.policy,
+        r.revision,
+        r.bytes_sent,
+        r.bytes_received,
+        r.duration_ms,
+        entry.member,
+        entry.term
+    )
+}
+
+pub fn audit_json(entry: &proto::pool::v1::AuditEntry) -> Value {
+    let r = entry.record.clone().unwrap_or_default();
+    json!({
+        "sequence": r.sequence,
+        "atMs": r.at_ms,
+        "decision": r.decision,
+        "destination": r.destination,
+        "method": r.method,
+        "path": r.path,
+        "rule": r.rule,
+        "policy": r.policy,
+        "revision": r.revision,
+        "reason": r.reason,
+        "bytesSent": r.bytes_sent,
+        "bytesReceived": r.bytes_received,
+        "durationMs": r.duration_ms,
+        "uid": entry.uid,
+        "member": entry.member,
+        "term": entry.term,
+        "recordedAtMs": entry.recorded_at_ms,
+    })
+}
+
 fn short(id: &str) -> &str {
     id.get(..8).unwrap_or(id)
 }

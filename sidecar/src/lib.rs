@@ -67,6 +67,8 @@ pub enum Error {
     Identity(String),
     #[error("cannot listen for the workload's egress on {0}: {1}")]
     Egress(std::net::SocketAddr, #[source] std::io::Error),
+    #[error("cannot open the egress audit spool in the state directory: {0}")]
+    Audit(#[source] std::io::Error),
 }
 
 /// Runs the sidecar until the instance ends or `shutdown` is cancelled (graceful: streams are
@@ -82,6 +84,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
         Some(state) if state.uid == cfg.uid && state.route == route => state,
         Some(_) => {
             warn!("the state directory belongs to another instance; starting a fresh fence");
+            // Its audit records are not this instance's.
+            let _ = tokio::fs::remove_file(cfg.state_dir.join(egress::audit::FILE)).await;
             State::new(&route, &cfg.uid)
         }
         None => State::new(&route, &cfg.uid),
@@ -170,8 +174,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
         None => None,
     };
     let mut egress_tasks = Vec::new();
+    let mut spool = None;
     let egress_view = if proxy_listener.is_some() || redirect_listener.is_some() {
         let recent = Arc::new(egress::Recent::default());
+        let (recorder, opened) = egress::audit::open(&cfg.state_dir).await.map_err(Error::Audit)?;
+        spool = Some(opened);
         let egress = egress::Egress {
             installed: installed.clone(),
             floor: Arc::new(cfg.egress_floor().await),
@@ -179,6 +186,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
             recent: recent.clone(),
             // Half the dialer's slots at most for the workload's connections.
             dialer: cfg.dialer().map(|d| d.bounded(plumbing::dialer::MAX_IN_FLIGHT / 2)),
+            audit: recorder,
         };
         let policy = state.policy.as_ref().map(|p| (&p.name, p.revision));
         let (mut proxy, mut redirect) = (None, None);
@@ -231,7 +239,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
         pinned,
         link_tx,
         workload_pid,
-        installed_tx,
+        engine::EgressLink {
+            installed: installed_tx,
+            spool,
+        },
     );
     let inputs = Inputs {
         links,

@@ -1,5 +1,6 @@
-//! The member's client of the gateway's `recovery.v1.SupervisorRecovery` service: the
-//! single-use IssueGrant and Activate calls, and the trust bundle.
+//! The member's client of the gateway's `recovery.v1.SupervisorRecovery` service (the
+//! single-use IssueGrant and Activate calls, and the trust bundle) and of
+//! `host.v1.SupervisorHost.RecordAudit` (idempotent: the gateway keeps each record once).
 //!
 //! Single use (recovery.proto "Retry rule"): a call is sent at most once. Only reaching a
 //! replica is retried (over the endpoints in turn, each bounded by
@@ -13,6 +14,8 @@ use std::time::Duration;
 use plumbing::gateway::{DialError, Gateways};
 
 use plumbing::tls::ClientTls;
+use proto::host::v1::supervisor_host_client::SupervisorHostClient;
+use proto::host::v1::{RecordAuditRequest, RecordAuditResponse};
 use proto::recovery::v1::supervisor_recovery_client::SupervisorRecoveryClient;
 use proto::recovery::v1::{
     ActivateRequest, ActivationProof, IssueGrantRequest, IssueGrantResponse, TrustBundleRequest, TrustBundleResponse,
@@ -86,22 +89,36 @@ impl Gateway {
         bounded(client.trust_bundle(request)).await
     }
 
+    /// host.v1.RecordAudit: stores a sidecar's audit records (idempotent).
+    pub(crate) async fn record_audit(&self, request: RecordAuditRequest) -> Result<RecordAuditResponse, CallError> {
+        let (channel, request) = self.connect(request).await?;
+        let mut client = SupervisorHostClient::new(channel)
+            .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
+        bounded(client.record_audit(request)).await
+    }
+
     /// Reads the token and connects to the first reachable replica, starting after the one
     /// used last. Nothing has been sent when this fails.
     async fn prepare<T>(
         &self,
         message: T,
     ) -> Result<(SupervisorRecoveryClient<Channel>, tonic::Request<T>), CallError> {
+        let (channel, request) = self.connect(message).await?;
+        let client = SupervisorRecoveryClient::new(channel)
+            .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
+        Ok((client, request))
+    }
+
+    async fn connect<T>(&self, message: T) -> Result<(Channel, tonic::Request<T>), CallError> {
         let mut request = tonic::Request::new(message);
         request.set_timeout(CALL_TIMEOUT);
         if let Some(path) = &self.token_file {
             config::read_token(path).await?.authorize(&mut request)?;
         }
         let channel = self.gateways.connect(timing::CONNECT_TIMEOUT).await?;
-        let client = SupervisorRecoveryClient::new(channel)
-            .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
-        Ok((client, request))
+        Ok((channel, request))
     }
 }
 

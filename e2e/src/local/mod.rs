@@ -463,6 +463,27 @@ impl LocalPool {
         Err(Error::Status(last))
     }
 
+    /// The stored egress audit trail of sandbox `name` (namespace `default`), oldest first.
+    pub async fn audit(&self, name: &str) -> Result<Vec<proto::pool::v1::AuditEntry>, Error> {
+        let token_path = self.credentials().join("operator").join(proto::trust::TOKEN_FILE);
+        let token = std::fs::read_to_string(&token_path).map_err(io_error(&token_path))?;
+        let mut last = String::from("no gateway replica");
+        let tls = self.client_tls();
+        for endpoint in self.endpoints() {
+            let request = proto::pool::v1::ListAuditRequest {
+                namespace: "default".into(),
+                name: name.to_owned(),
+                limit: 1000,
+                ..Default::default()
+            };
+            match audit_from(&tls, &endpoint, token.trim(), request).await {
+                Ok(entries) => return Ok(entries),
+                Err(err) => last = format!("{endpoint}: {err}"),
+            }
+        }
+        Err(Error::Status(last))
+    }
+
     /// The coordinator term gateway replica `index` says it holds (0: standby), from its
     /// `/metrics`; `None` when it does not answer within a second.
     pub async fn coordinator_term(&self, index: usize) -> Option<i64> {
@@ -519,21 +540,49 @@ fn uuid_like() -> String {
     format!("local-{:x}-{:x}", nanos, std::process::id())
 }
 
-async fn status_from(tls: &ClientTls, endpoint: &str, token: &str) -> Result<GetSupervisorPoolStatusResponse, String> {
-    const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// Bound on one operator call of the launcher.
+const OPERATOR_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The operator API of `endpoint`, and `message` as a request with the operator `token`.
+async fn operator<T>(
+    tls: &ClientTls,
+    endpoint: &str,
+    token: &str,
+    message: T,
+) -> Result<(SupervisorPoolClient<tonic::transport::Channel>, tonic::Request<T>), String> {
     let channel = tls
         .connect(endpoint, Duration::from_secs(1))
         .await
         .map_err(|e| e.to_string())?;
-    let mut request = tonic::Request::new(GetSupervisorPoolStatusRequest {});
-    request.set_timeout(CALL_TIMEOUT);
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(OPERATOR_CALL_TIMEOUT);
     plumbing::token::Token::new(token)
         .authorize(&mut request)
         .map_err(|e| e.to_string())?;
-    let mut client = SupervisorPoolClient::new(channel);
-    let response = tokio::time::timeout(CALL_TIMEOUT, client.get_supervisor_pool_status(request))
+    Ok((SupervisorPoolClient::new(channel), request))
+}
+
+async fn answered<R>(
+    call: impl std::future::Future<Output = Result<tonic::Response<R>, tonic::Status>>,
+) -> Result<R, String> {
+    let response = tokio::time::timeout(OPERATOR_CALL_TIMEOUT, call)
         .await
-        .map_err(|_| format!("no answer within {CALL_TIMEOUT:?}"))?
+        .map_err(|_| format!("no answer within {OPERATOR_CALL_TIMEOUT:?}"))?
         .map_err(|s| s.message().to_owned())?;
     Ok(response.into_inner())
+}
+
+async fn status_from(tls: &ClientTls, endpoint: &str, token: &str) -> Result<GetSupervisorPoolStatusResponse, String> {
+    let (mut client, request) = operator(tls, endpoint, token, GetSupervisorPoolStatusRequest {}).await?;
+    answered(client.get_supervisor_pool_status(request)).await
+}
+
+async fn audit_from(
+    tls: &ClientTls,
+    endpoint: &str,
+    token: &str,
+    request: proto::pool::v1::ListAuditRequest,
+) -> Result<Vec<proto::pool::v1::AuditEntry>, String> {
+    let (mut client, request) = operator(tls, endpoint, token, request).await?;
+    Ok(answered(client.list_audit(request)).await?.entries)
 }

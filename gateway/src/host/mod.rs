@@ -119,6 +119,38 @@ type Outbound = Pin<Box<dyn futures::Stream<Item = Result<GatewayMessage, Status
 impl SupervisorHost for Host {
     type AttachStream = Outbound;
 
+    async fn record_audit(
+        &self,
+        request: Request<proto::host::v1::RecordAuditRequest>,
+    ) -> Result<Response<proto::host::v1::RecordAuditResponse>, Status> {
+        let caller = self.replica.keys.member(&request).await?;
+        let request = request.into_inner();
+        crate::registry::check_route(&request.route)?;
+        if let Err(denied) = caller.is(&request.member) {
+            self.replica.metrics.call_denied();
+            return Err(denied);
+        }
+        let term = i64::try_from(request.term).map_err(|_| Status::invalid_argument("term out of range"))?;
+        let rows = crate::audit::rows(&request.records).map_err(Status::invalid_argument)?;
+        let stored = self
+            .replica
+            .store
+            .record_audit(&request.route, &caller.member, term, rows)
+            .await;
+        match stored {
+            Ok(through) => {
+                if request.dropped > 0 {
+                    warn!(route = %request.route, dropped = request.dropped, "a sidecar's audit spool was full: records were dropped");
+                }
+                Ok(Response::new(proto::host::v1::RecordAuditResponse {
+                    through: u64::try_from(through).unwrap_or(0),
+                }))
+            }
+            Err(crate::store::Error::Denied { detail, .. }) => Err(Status::failed_precondition(detail)),
+            Err(err) => Err(Status::unavailable(format!("cannot store the audit records: {err}"))),
+        }
+    }
+
     async fn attach(&self, request: Request<Streaming<MemberMessage>>) -> Result<Response<Outbound>, Status> {
         let caller = self.replica.keys.member(&request).await?;
         let mut inbound = request.into_inner();

@@ -70,7 +70,13 @@ async fn apply(
         FencedWrite::DeleteOperation { id } => delete_operation(tx, id).await?,
         FencedWrite::PutSigningKey(key) => put_signing_key(tx, key, coordinator_term, now_ms).await?,
         FencedWrite::DeleteSigningKey { kid } => delete_signing_key(tx, kid).await?,
-        FencedWrite::ForgetRetired { retention_ms } => forget_retired(tx, now_ms.saturating_sub(*retention_ms)).await?,
+        FencedWrite::ForgetRetired { retention_ms } => {
+            forget_retired(tx, now_ms.saturating_sub(*retention_ms)).await?;
+            sqlx::query("DELETE FROM audit_records WHERE recorded_at_ms < $1")
+                .bind(now_ms.saturating_sub(super::AUDIT_RETENTION_MS))
+                .execute(&mut **tx)
+                .await?;
+        }
         FencedWrite::StartTerm => {
             sqlx::query("UPDATE coordinator_terms SET started_at_ms = $2 WHERE term = $1 AND started_at_ms IS NULL")
                 .bind(coordinator_term)

@@ -27,6 +27,7 @@
 //! `sqlx::FromRow` on the records (`types.rs`) with the column types of
 //! `columns.rs`.
 
+mod audit;
 pub mod columns;
 mod decide;
 mod dialect;
@@ -47,6 +48,7 @@ use std::time::Duration;
 
 use sqlx::AnyPool;
 
+pub use audit::{AUDIT_RETENTION_MS, AuditEntry};
 pub use dialect::Backend;
 pub use redact::{redact_url, scrub};
 pub use types::*;

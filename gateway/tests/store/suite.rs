@@ -1758,3 +1758,82 @@ fn agent_zero() -> Registration {
         material: SecretBytes(b"m".to_vec()),
     }
 }
+
+/// The audit trail: stored only for the member owning the route at the term named (its
+/// ACTIVE assignment), each (uid, sequence) once whatever is sent again, read back by Pod.
+pub async fn audit_records_are_stored_once_and_only_for_the_active_owner(db: &TestDb) {
+    use gateway::store::AuditEntry;
+    let lease = acquire(&db.store, "gw-a/1", LONG).await;
+    let registration = Registration {
+        route: "ns/pod".into(),
+        namespace: "ns".into(),
+        name: "pod".into(),
+        uid: "u-1".into(),
+        material: SecretBytes(vec![1]),
+    };
+    db.store.register_instance(&registration).await.unwrap();
+    live_members(&db.store, &["m1", "m2"]).await;
+    let record = |sequence: i64| AuditEntry {
+        sequence,
+        decision: "deny".into(),
+        destination: format!("d{sequence}.example:443"),
+        ..AuditEntry::default()
+    };
+    let denied = |r: Result<i64, Error>| matches!(r, Err(Error::Denied { .. }));
+    assert!(
+        denied(db.store.record_audit("ns/pod", "m1", 1, vec![record(1)]).await),
+        "nobody owns it yet"
+    );
+    let active = Assignment {
+        phase: AssignmentPhase::Active,
+        ..assignment("ns/pod", "m1", 1)
+    };
+    db.store
+        .write_fenced(
+            &lease,
+            &[FencedWrite::Assign {
+                expected_term: None,
+                next: active,
+            }],
+        )
+        .await
+        .unwrap();
+    assert!(
+        denied(db.store.record_audit("ns/pod", "m2", 1, vec![record(1)]).await),
+        "another member"
+    );
+    assert!(
+        denied(db.store.record_audit("ns/pod", "m1", 2, vec![record(1)]).await),
+        "another term"
+    );
+    assert_eq!(
+        db.store
+            .record_audit("ns/pod", "m1", 1, vec![record(1), record(2)])
+            .await
+            .unwrap(),
+        2
+    );
+    // Sent again (a handoff, a lost acknowledgement): kept once, as first stored.
+    let mut again = record(2);
+    again.destination = "changed.example:443".into();
+    assert_eq!(
+        db.store
+            .record_audit("ns/pod", "m1", 1, vec![again, record(3)])
+            .await
+            .unwrap(),
+        3
+    );
+    let listed = db.store.list_audit("ns", "pod", 0, 0, 100).await.unwrap();
+    assert_eq!(listed.iter().map(|e| e.sequence).collect::<Vec<_>>(), [1, 2, 3]);
+    assert_eq!(listed[1].destination, "d2.example:443");
+    assert_eq!(
+        (listed[0].uid.as_str(), listed[0].member.as_str(), listed[0].term),
+        ("u-1", "m1", 1)
+    );
+    assert_eq!(
+        db.store.list_audit("ns", "pod", 2, 0, 100).await.unwrap().len(),
+        1,
+        "after a sequence"
+    );
+    assert!(db.store.list_audit("ns", "other", 0, 0, 100).await.unwrap().is_empty());
+}

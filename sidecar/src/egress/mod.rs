@@ -5,6 +5,8 @@
 //! by the term like every control message) and is kept in the sidecar's persisted state, so
 //! decisions go on unchanged while the owner changes.
 
+pub mod audit;
+mod decision;
 pub mod floor;
 pub mod origin;
 pub mod placeholder;
@@ -95,5 +97,6 @@ pub(crate) fn one_rule(host: &str, port: u16, floor: Floor, limits: Limits) -> E
         limits,
         recent: Arc::default(),
         dialer: None,
+        audit: audit::Recorder::default(),
     }
 }

@@ -12,6 +12,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -27,8 +28,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::warn;
 
+use super::decision::{self, Counted, Open};
 use super::floor::Floor;
 use super::policy::{Policy, Request, Target, Verdict};
 use super::{origin, placeholder};
@@ -79,6 +81,8 @@ pub struct Egress {
     /// Under egress redirection, the Pod's dialer opens every upstream connection (only its
     /// connections leave the Pod); otherwise this process dials.
     pub dialer: Option<plumbing::dialer::Dialer>,
+    /// Where every decision is recorded for the audit trail.
+    pub audit: super::audit::Recorder,
 }
 
 /// Serves `listener` until `shutdown`; then every connection and tunnel is closed.
@@ -246,7 +250,7 @@ async fn handle(
     let allowed = match decide(&asked, policy.as_deref(), egress).await {
         Ok(allowed) => allowed,
         Err(denied) => {
-            log(&asked, policy.as_deref(), "deny", None, &denied.reason);
+            decision::report(&egress.audit, &asked, policy.as_deref(), "deny", None, &denied.reason);
             egress.recent.record(denial(&asked, policy.as_deref(), &denied.reason));
             let needed = Some((&asked, denied.rule_would_help));
             return refusal(denied.status, "egress denied", &denied.reason, needed, egress);
@@ -260,7 +264,14 @@ async fn handle(
         .cloned();
     // An allowed request that goes no further: logged with `decision`, answered `status`.
     let fail = |status: StatusCode, error: &str, decision: &str, reason: &str| {
-        log(&asked, policy.as_deref(), decision, allowed.rule.as_deref(), reason);
+        decision::report(
+            &egress.audit,
+            &asked,
+            policy.as_deref(),
+            decision,
+            allowed.rule.as_deref(),
+            reason,
+        );
         refusal(status, error, reason, Some((&asked, false)), egress)
     };
     if request.method() != Method::CONNECT
@@ -273,7 +284,8 @@ async fn handle(
                     let reason = format!(
                         "the placeholder of credential {credential:?}, which this destination's rule does not bind, was sent unchanged"
                     );
-                    log(
+                    decision::report(
+                        &egress.audit,
                         &asked,
                         Some(policy),
                         "placeholder-attempt",
@@ -293,13 +305,20 @@ async fn handle(
         Err(reason) => return fail(StatusCode::BAD_GATEWAY, "upstream unreachable", "unreachable", &reason),
     };
     let verdict = if allowed.rule.is_some() { "allow" } else { "audit" };
-    log(&asked, policy.as_deref(), verdict, allowed.rule.as_deref(), "");
+    let open = Open::new(
+        &egress.audit,
+        &asked,
+        policy.as_deref(),
+        verdict,
+        allowed.rule.as_deref(),
+        "",
+    );
     if request.method() == Method::CONNECT {
         let installed = egress.installed.clone();
         tokio::spawn(async move {
             let _permit = permit;
             match hyper::upgrade::on(request).await {
-                Ok(upgraded) => tunnel(upgraded, upstream, asked, installed, tunnels).await,
+                Ok(upgraded) => tunnel(upgraded, upstream, asked, installed, tunnels, open).await,
                 Err(err) => warn!(error = %err, "egress tunnel: the client did not upgrade"),
             }
         });
@@ -307,15 +326,15 @@ async fn handle(
     }
     let response_timeout = egress.limits.response_timeout;
     let Some(ca_bundle) = rule.as_ref().and_then(|r| r.originate_tls.as_deref()) else {
-        return forward(request, upstream, &asked, response_timeout).await;
+        return forward(request, upstream, &asked, response_timeout, open).await;
     };
     let limit = egress.limits.connect_timeout;
     let reason = match timeout(limit, origin::connect(upstream, &asked.target, ca_bundle)).await {
-        Ok(Ok(tls)) => return forward(request, tls, &asked, response_timeout).await,
+        Ok(Ok(tls)) => return forward(request, tls, &asked, response_timeout, open).await,
         Ok(Err(reason)) => reason,
         Err(_) => format!("no TLS handshake within {limit:?}"),
     };
-    fail(StatusCode::BAD_GATEWAY, "upstream TLS failed", "unreachable", &reason)
+    fail(StatusCode::BAD_GATEWAY, "upstream TLS failed", "tls-failed", &reason)
 }
 
 /// The destination of a proxy request, or why it is none.
@@ -461,6 +480,7 @@ async fn tunnel(
     asked: Asked,
     installed: Installed,
     tunnels: CancellationToken,
+    open: Open,
 ) {
     // The client's own socket again (hyper hands back what it had read past the request), so
     // the bytes go socket to socket in the kernel.
@@ -473,20 +493,28 @@ async fn tunnel(
                 asked,
                 installed,
                 tunnels,
+                open,
             )
             .await
         }
         Err(upgraded) => {
+            let (sent, received) = (open.sent.clone(), open.received.clone());
             let carry = async {
-                let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(upgraded), &mut upstream).await;
+                if let Ok((up, down)) = tokio::io::copy_bidirectional(&mut TokioIo::new(upgraded), &mut upstream).await
+                {
+                    sent.fetch_add(up, Ordering::Relaxed);
+                    received.fetch_add(down, Ordering::Relaxed);
+                }
             };
-            watch_revocation(carry, &asked, installed, tunnels).await;
+            let why = watch_revocation(carry, &asked, installed, tunnels).await;
+            open.close(why);
         }
     }
 }
 
 /// Copies both ways (after `sent`, what the client sent already) until either side ends,
-/// `tunnels` is cancelled, or an installed revision no longer allows the destination.
+/// `tunnels` is cancelled, or an installed revision no longer allows the destination; then
+/// records it (`open`) with the bytes it carried.
 pub(super) async fn hold(
     client: TcpStream,
     sent: &[u8],
@@ -494,22 +522,29 @@ pub(super) async fn hold(
     asked: Asked,
     installed: Installed,
     tunnels: CancellationToken,
+    open: Open,
 ) {
     let carry = async {
-        if !sent.is_empty() && upstream.write_all(sent).await.is_err() {
-            return;
+        if !sent.is_empty() {
+            if upstream.write_all(sent).await.is_err() {
+                return;
+            }
+            open.sent.fetch_add(sent.len() as u64, Ordering::Relaxed);
         }
-        let _ = super::splice::both_ways(&client, &upstream).await;
+        let _ = super::splice::both_ways(&client, &upstream, &open.sent, &open.received).await;
     };
-    watch_revocation(carry, &asked, installed, tunnels).await;
+    let why = watch_revocation(carry, &asked, installed, tunnels).await;
+    open.close(why);
 }
 
+/// Runs `carry` until it ends, `tunnels` is cancelled, or an installed revision no longer
+/// allows `asked`; says why when it did not end by itself.
 async fn watch_revocation(
     carry: impl std::future::Future<Output = ()>,
     asked: &Asked,
     mut installed: Installed,
     tunnels: CancellationToken,
-) {
+) -> Option<&'static str> {
     let revoked = async {
         loop {
             if installed.changed().await.is_err() {
@@ -525,13 +560,16 @@ async fn watch_revocation(
         }
     };
     tokio::select! {
-        () = carry => {}
-        () = tunnels.cancelled() => {}
+        () = carry => None,
+        () = tunnels.cancelled() => Some("closed: the sidecar is shutting down"),
         policy = revoked => {
-            log(asked, policy.as_deref(), "revoke", None, "the installed revision no longer allows this tunnel");
+            decision::log(asked, policy.as_deref(), "revoke", None, REVOKED);
+            Some(REVOKED)
         }
     }
 }
+
+const REVOKED: &str = "closed: the installed revision no longer allows this tunnel";
 
 /// Hop-by-hop headers, never passed on (RFC 9110 §7.6.1), and the proxy's own.
 const HOP_BY_HOP: [HeaderName; 8] = [
@@ -563,8 +601,10 @@ async fn forward(
     upstream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
     asked: &Asked,
     response_timeout: Duration,
+    open: Open,
 ) -> Response<Body> {
     let (mut parts, body) = request.into_parts();
+    let body = Counted::new(body, open.sent.clone(), None);
     strip_hop_by_hop(&mut parts.headers);
     let host = match asked.port {
         80 => asked.target.to_string(),
@@ -597,6 +637,9 @@ async fn forward(
         Ok(Ok(response)) => {
             let (mut parts, body) = response.into_parts();
             strip_hop_by_hop(&mut parts.headers);
+            // Recorded once the answer's body has gone to the workload.
+            let received = open.received.clone();
+            let body = Counted::new(body, received, Some(Box::new(move || open.close(None))));
             Response::from_parts(parts, body.boxed())
         }
         Ok(Err(err)) => plain(
@@ -669,22 +712,6 @@ pub(super) fn denial(asked: &Asked, policy: Option<&Policy>, reason: &str) -> su
         policy: policy.map(|p| p.name.clone()).unwrap_or_default(),
         revision: policy.map_or(0, |p| p.revision),
     }
-}
-
-pub(super) fn log(asked: &Asked, policy: Option<&Policy>, decision: &str, rule: Option<&str>, reason: &str) {
-    let (method, path) = asked.http.as_ref().map_or(("", ""), |(m, p)| (m.as_str(), p.as_str()));
-    info!(
-        target: "egress",
-        destination = %asked.destination(),
-        method,
-        path = %plumbing::text::bounded(path, 256),
-        decision,
-        rule = rule.unwrap_or_default(),
-        policy = policy.map(|p| p.name.as_str()).unwrap_or_default(),
-        revision = policy.map_or(0, |p| p.revision),
-        reason,
-        "egress decision"
-    );
 }
 
 #[cfg(test)]
@@ -809,6 +836,7 @@ mod tests {
             },
             recent: Arc::default(),
             dialer: None,
+            audit: super::super::audit::Recorder::default(),
         };
         let shutdown = CancellationToken::new();
         let server = tokio::spawn(serve(listener, egress, shutdown.clone()));

@@ -178,7 +178,8 @@ async fn carry(
     let upstream = match proxy::dial(&allowed.addresses, egress).await {
         Ok(upstream) => upstream,
         Err(reason) => {
-            proxy::log(
+            super::decision::report(
+                &egress.audit,
                 &asked,
                 policy.as_deref(),
                 "unreachable",
@@ -189,20 +190,21 @@ async fn carry(
         }
     };
     let verdict = if allowed.rule.is_some() { "allow" } else { "audit" };
-    proxy::log(
+    let open = super::decision::Open::new(
+        &egress.audit,
         &asked,
         policy.as_deref(),
         verdict,
         allowed.rule.as_deref(),
         "redirected",
     );
-    proxy::hold(client, &sent, upstream, asked, egress.installed.clone(), tunnels).await;
+    proxy::hold(client, &sent, upstream, asked, egress.installed.clone(), tunnels, open).await;
 }
 
 /// Logs and keeps the refusal; the connection closes when it is dropped.
 fn refuse(asked: &Asked, egress: &Egress, reason: &str) {
     let policy = egress.installed.borrow().clone();
-    proxy::log(asked, policy.as_deref(), "deny", None, reason);
+    super::decision::report(&egress.audit, asked, policy.as_deref(), "deny", None, reason);
     egress.recent.record(proxy::denial(asked, policy.as_deref(), reason));
 }
 

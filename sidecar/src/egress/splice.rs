@@ -5,6 +5,7 @@
 
 use std::io;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use nix::fcntl::{OFlag, SpliceFFlags, splice};
 use nix::sys::socket::{Shutdown, shutdown};
@@ -15,12 +16,13 @@ use tokio::net::TcpStream;
 /// costs no memory until bytes are in flight, and halves the system calls of a bulk transfer).
 const CHUNK: usize = 256 * 1024;
 
-/// Both directions at once, until both ended (or one failed).
-pub async fn both_ways(a: &TcpStream, b: &TcpStream) -> io::Result<()> {
-    tokio::try_join!(one_way(a, b), one_way(b, a)).map(|_| ())
+/// Both directions at once, until both ended (or one failed), counting the bytes moved from
+/// `a` to `b` and back as they go (so a tunnel cut short still knows what it carried).
+pub async fn both_ways(a: &TcpStream, b: &TcpStream, a_to_b: &AtomicU64, b_to_a: &AtomicU64) -> io::Result<()> {
+    tokio::try_join!(one_way(a, b, a_to_b), one_way(b, a, b_to_a)).map(|_| ())
 }
 
-async fn one_way(from: &TcpStream, to: &TcpStream) -> io::Result<()> {
+async fn one_way(from: &TcpStream, to: &TcpStream, moved: &AtomicU64) -> io::Result<()> {
     let (pipe_out, pipe_in) = nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC)?;
     // Best effort: an unprivileged process may be held to a lower maximum.
     let capacity = i32::try_from(CHUNK).unwrap_or(i32::MAX);
@@ -48,6 +50,7 @@ async fn one_way(from: &TcpStream, to: &TcpStream) -> io::Result<()> {
                 return Err(io::ErrorKind::WriteZero.into());
             }
             left -= written;
+            moved.fetch_add(written as u64, Ordering::Relaxed);
         }
     }
 }

@@ -38,6 +38,7 @@ impl<R: Reply> Machine<R> {
             Kind::Relinquish(relinquish) => self.on_relinquish(id, &relinquish),
             Kind::Release(release) => self.on_release(id, &release),
             Kind::PolicyInstall(install) => self.on_policy(id, &install),
+            Kind::AuditAck(ack) => self.on_audit_ack(id, &ack),
             Kind::Heartbeat(_) => {}
         }
     }

@@ -37,6 +37,13 @@ pub(crate) struct Pinned {
     pub control: Control,
 }
 
+/// What the driver hands the egress side: the revision in force (for the proxy) and the audit
+/// spool it delivers (when the sidecar runs egress).
+pub(crate) struct EgressLink {
+    pub installed: watch::Sender<Option<Arc<crate::egress::Policy>>>,
+    pub spool: Option<crate::egress::audit::Spool>,
+}
+
 /// The driver's inputs.
 pub(crate) struct Inputs {
     pub links: mpsc::Receiver<(StreamId, LinkEvent)>,
@@ -68,6 +75,8 @@ pub(crate) struct Driver {
     workload_pid: watch::Sender<Option<u32>>,
     /// The egress policy revision in force, for the proxy.
     installed: watch::Sender<Option<Arc<crate::egress::Policy>>>,
+    /// The audit spool of the egress decisions, when the sidecar runs egress.
+    spool: Option<crate::egress::audit::Spool>,
     done: Option<(Ending, Option<Exit>)>,
 }
 
@@ -79,7 +88,7 @@ impl Driver {
         workload: Option<Pinned>,
         link_tx: mpsc::Sender<(StreamId, LinkEvent)>,
         workload_pid: watch::Sender<Option<u32>>,
-        installed: watch::Sender<Option<Arc<crate::egress::Policy>>>,
+        egress: EgressLink,
     ) -> Self {
         let (identity, control) = workload.map(|p| (p.identity, p.control)).unzip();
         workload_pid.send_replace(identity.as_ref().map(|i| i.pid));
@@ -94,7 +103,8 @@ impl Driver {
             exit: None,
             admission: None,
             workload_pid,
-            installed,
+            installed: egress.installed,
+            spool: egress.spool,
             done: None,
         }
     }
@@ -114,6 +124,7 @@ impl Driver {
                 Some((id, event)) = inputs.links.recv() => Input::Event(link_event(id, event)),
                 Some(inbound) = inputs.workload.recv() => Input::Inbound(inbound),
                 Some(response) = inputs.registered.recv() => Input::Event(Event::Registered(response)),
+                last = spool_changed(self.spool.as_mut()) => Input::Event(Event::AuditPending(last)),
                 () = sleep_until(wake) => Input::Event(Event::Tick),
             };
             let event = match input {
@@ -239,6 +250,18 @@ impl Driver {
             Effect::Enforce(policy) => {
                 self.installed.send_replace(Some(policy));
             }
+            Effect::FetchAudit { after } => {
+                let (records, dropped) = match &self.spool {
+                    Some(spool) => spool.batch(after).await,
+                    None => (Vec::new(), 0),
+                };
+                return Some(Event::AuditFetched { records, dropped });
+            }
+            Effect::AckAudit(through) => {
+                if let Some(spool) = &self.spool {
+                    spool.ack(through).await;
+                }
+            }
             Effect::StopWorkload => {
                 if let Some(control) = &self.control {
                     control.stop(self.cfg.stop_grace());
@@ -318,6 +341,17 @@ fn link_event(id: StreamId, event: LinkEvent) -> Event<Requester> {
 /// Runs `work` on the blocking pool.
 async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
     tokio::task::spawn_blocking(work).await.map_err(|e| e.to_string())
+}
+
+/// The spool's highest sequence once it changed (never, without a spool).
+async fn spool_changed(spool: Option<&mut crate::egress::audit::Spool>) -> u64 {
+    let Some(spool) = spool else {
+        return std::future::pending().await;
+    };
+    if spool.last.changed().await.is_err() {
+        return std::future::pending().await;
+    }
+    *spool.last.borrow_and_update()
 }
 
 async fn wait_exit(exit: &mut Option<oneshot::Receiver<Exit>>) -> Exit {

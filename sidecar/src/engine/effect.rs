@@ -96,6 +96,14 @@ pub(crate) enum Event<R> {
         id: StreamId,
         reason: String,
     },
+    /// The audit spool holds records up to this sequence.
+    AuditPending(u64),
+    /// The batch `Effect::FetchAudit` asked for (empty: nothing after the sequence asked), and
+    /// the spool's count of dropped records.
+    AuditFetched {
+        records: Vec<proto::runtime::v1::AuditRecord>,
+        dropped: u64,
+    },
 }
 
 /// What the machine asks its driver to do, in order.
@@ -134,6 +142,13 @@ pub(crate) enum Effect<R> {
     Watch(WorkloadIdentity),
     /// Stop the pinned workload (SIGTERM, SIGKILL after the grace period).
     StopWorkload,
+    /// Ask the audit spool for its next batch after this sequence (answered by
+    /// `Event::AuditFetched`).
+    FetchAudit {
+        after: u64,
+    },
+    /// The gateway stored the audit records up to this sequence: the spool drops them.
+    AckAudit(u64),
     /// Decide egress from this revision from now on (it is persisted first).
     Enforce(std::sync::Arc<crate::egress::Policy>),
     /// Read the trust bundle (again, on purpose, when `reload`) and deliver `message` once

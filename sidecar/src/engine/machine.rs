@@ -134,6 +134,8 @@ pub(crate) struct Machine<R> {
     /// members are shown. Before it, the mounted bootstrap token.
     pub(super) instance_token: Option<Token>,
     pub(super) pending: Option<Pending>,
+    /// The audit spool's delivery through the activated owner.
+    pub(super) audit: super::audit::Delivery,
     pub(super) now: Now,
     pub(super) out: Vec<Effect<R>>,
 }
@@ -166,6 +168,7 @@ impl<R: Reply> Machine<R> {
             ending: None,
             instance_token: None,
             pending: None,
+            audit: super::audit::Delivery::default(),
             now,
             out: Vec::new(),
         }
@@ -203,6 +206,8 @@ impl<R: Reply> Machine<R> {
                 self.streams.remove(&id);
                 self.dial.backoff(self.now.at);
             }
+            Event::AuditPending(last) => self.on_audit_pending(last),
+            Event::AuditFetched { records, dropped } => self.on_audit_fetched(records, dropped),
         }
         std::mem::take(&mut self.out)
     }
@@ -233,6 +238,9 @@ impl<R: Reply> Machine<R> {
                 }
             }
             Mode::Unregistered | Mode::Active | Mode::Stopping => {}
+        }
+        if let Some(due) = self.audit_wake() {
+            wake = wake.min(due);
         }
         wake
     }
@@ -327,6 +335,7 @@ impl<R: Reply> Machine<R> {
             }
             Mode::Unregistered | Mode::Active | Mode::Stopping => {}
         }
+        self.deliver_audit();
     }
 
     fn on_closed(&mut self, id: StreamId, opened: bool, reason: &str) {
@@ -425,6 +434,9 @@ impl<R: Reply> Machine<R> {
         while let Some((op, reply)) = self.held.pop_front() {
             self.forward(op, reply);
         }
+        // What the last owner did not acknowledge goes to this one.
+        self.audit.in_flight = None;
+        self.deliver_audit();
     }
 
     // --- helpers ------------------------------------------------------------------------

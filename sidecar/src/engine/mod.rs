@@ -14,6 +14,7 @@
 //! missed deadline, workload exit or shutdown: the workload is stopped, nothing else is
 //! accepted).
 
+mod audit;
 mod control;
 mod driver;
 mod effect;
@@ -23,4 +24,4 @@ mod stop;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use driver::{Driver, Inputs, Pinned};
+pub(crate) use driver::{Driver, EgressLink, Inputs, Pinned};

@@ -205,6 +205,20 @@ struct Service {
 impl SupervisorHost for Service {
     type AttachStream = ReceiverStream<Result<GatewayMessage, Status>>;
 
+    async fn record_audit(
+        &self,
+        request: Request<proto::host::v1::RecordAuditRequest>,
+    ) -> Result<Response<proto::host::v1::RecordAuditResponse>, Status> {
+        let through = request
+            .into_inner()
+            .records
+            .iter()
+            .map(|r| r.sequence)
+            .max()
+            .unwrap_or(0);
+        Ok(Response::new(proto::host::v1::RecordAuditResponse { through }))
+    }
+
     async fn attach(&self, request: Request<Streaming<MemberMessage>>) -> Result<Response<Self::AttachStream>, Status> {
         let token = proto::bearer_token_from_metadata(request.metadata()).map(str::to_owned);
         let mut inbound = request.into_inner();

@@ -3,6 +3,7 @@
 //! hello budget and the deadlines in simulated time. No socket, file or runtime. This file is
 //! the harness; `control` checks member messages, `modes` the modes and the workload side.
 
+mod audit;
 mod control;
 mod egress;
 mod modes;
@@ -176,6 +177,10 @@ pub(super) fn names(effects: &[Effect<Probe>]) -> Vec<String> {
                 Kind::Stopped(_) => format!("send {id} stopped"),
                 Kind::WorkloadStarted(_) => format!("send {id} workload"),
                 Kind::PolicyLoaded(l) => format!("send {id} loaded {:?} {} {:?}", l.name, l.revision, l.error),
+                Kind::AuditRecords(a) => format!(
+                    "send {id} audit {:?}",
+                    a.records.iter().map(|r| r.sequence).collect::<Vec<_>>()
+                ),
                 other => format!("send {id} {other:?}"),
             },
             Effect::Abort(id) => format!("abort {id}"),
@@ -188,6 +193,8 @@ pub(super) fn names(effects: &[Effect<Probe>]) -> Vec<String> {
             Effect::Watch(identity) => format!("watch {}", identity.pid),
             Effect::StopWorkload => "stop workload".into(),
             Effect::Enforce(policy) => format!("enforce {} {}", policy.name, policy.revision),
+            Effect::FetchAudit { after } => format!("fetch audit after {after}"),
+            Effect::AckAudit(through) => format!("ack audit {through}"),
             Effect::Verify { id, reload, .. } => format!("verify {id} reload {reload}"),
             Effect::Done { ending, exit } => format!("done {ending:?} {}", exit.is_some()),
         })

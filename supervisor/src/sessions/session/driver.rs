@@ -58,6 +58,8 @@ pub(super) struct Driver {
     assigned: watch::Receiver<Option<Arc<proto::runtime::v1::EgressPolicy>>>,
     streams: BTreeMap<StreamId, SidecarStream>,
     call: Option<Call>,
+    /// The audit records being stored (beside the recovery call).
+    audit: Option<Call>,
     status: watch::Sender<InstanceStatus>,
     changed: Arc<Notify>,
     done: bool,
@@ -94,6 +96,7 @@ impl Driver {
             assigned,
             streams: BTreeMap::new(),
             call: None,
+            audit: None,
             status,
             changed,
             done: false,
@@ -119,6 +122,7 @@ impl Driver {
                 Ok(()) = self.assigned.changed() => Wake::Event(Event::Policy(self.effective_policy())),
                 () = sleep_until(silent_at) => Wake::Event(lost(held, "the sidecar went silent")),
                 event = finish_call(&mut self.call) => Wake::Event(event),
+                event = finish_call(&mut self.audit) => Wake::Event(event),
                 () = sleep_until(wake_at) => Wake::Event(Event::Tick),
             };
             let event = match wake {
@@ -196,6 +200,16 @@ impl Driver {
                 ));
             }
             Effect::CancelCall => self.call = None,
+            Effect::RecordAudit(request) => {
+                let gateway = Arc::clone(&self.gateway);
+                let term = request.term;
+                self.audit = Some(Box::pin(async move {
+                    Event::AuditRecorded {
+                        term,
+                        result: gateway.record_audit(request).await,
+                    }
+                }));
+            }
             Effect::Publish(status) => {
                 self.status.send_replace(*status);
             }
@@ -204,6 +218,7 @@ impl Driver {
                 // Dropping the streams ends them.
                 self.streams.clear();
                 self.call = None;
+                self.audit = None;
                 self.done = true;
             }
         }

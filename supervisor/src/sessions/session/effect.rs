@@ -51,6 +51,11 @@ pub(crate) enum Event {
     Granted(Result<IssueGrantResponse, CallError>),
     /// The outcome of `Effect::Activate`.
     Activated(Result<ActivationProof, CallError>),
+    /// The outcome of `Effect::RecordAudit` for records of `term`.
+    AuditRecorded {
+        term: u64,
+        result: Result<proto::host::v1::RecordAuditResponse, CallError>,
+    },
     /// The instant `Machine::next_wake` named (or a later one) has come.
     Tick,
     /// The member's egress policy changed (its file was edited).
@@ -79,6 +84,9 @@ pub(crate) enum Effect {
     Activate(ActivateRequest),
     /// Forget the call in flight: its outcome is never delivered (the term moved or failed).
     CancelCall,
+    /// Send host.v1.RecordAudit (beside any recovery call); the outcome comes back as
+    /// `Event::AuditRecorded`.
+    RecordAudit(proto::host::v1::RecordAuditRequest),
     /// Make this the session's status (what the member reports).
     Publish(Box<InstanceStatus>),
     /// Tell the member a status report is due.
@@ -97,6 +105,12 @@ impl fmt::Debug for Effect {
             Self::IssueGrant(request) => write!(f, "IssueGrant(term {})", request.term),
             Self::Activate(_) => f.write_str("Activate(<redacted>)"),
             Self::CancelCall => f.write_str("CancelCall"),
+            Self::RecordAudit(request) => write!(
+                f,
+                "RecordAudit(term {}, {} records)",
+                request.term,
+                request.records.len()
+            ),
             Self::Publish(status) => write!(f, "Publish({:?}, {:?})", status.phase(), status.message),
             Self::Announce => f.write_str("Announce"),
             Self::Done => f.write_str("Done"),
@@ -117,5 +131,6 @@ pub(crate) fn message_name(kind: &supervisor_message::Kind) -> &'static str {
         Kind::WorkloadResponse(_) => "WorkloadResponse",
         Kind::Heartbeat(_) => "Heartbeat",
         Kind::PolicyInstall(_) => "PolicyInstall",
+        Kind::AuditAck(_) => "AuditAck",
     }
 }

@@ -77,6 +77,8 @@ pub(crate) struct Machine {
     /// The relaying stream of the active term was lost (RECOVERING).
     pub(super) lost_at_active: bool,
     pub(super) call: Option<Call>,
+    /// The term whose sidecar's audit records are being stored, while they are.
+    pub(super) audit_call: Option<u64>,
     pub(super) stop: Option<Stop>,
     /// Set when the session ends: its final phase and message.
     pub(super) ended: Option<(InstancePhase, String)>,
@@ -109,6 +111,7 @@ impl Machine {
             ever_connected: false,
             lost_at_active: false,
             call: None,
+            audit_call: None,
             stop: None,
             ended: None,
             counters: InstanceCounters::default(),
@@ -145,6 +148,7 @@ impl Machine {
             Event::Message { .. } | Event::Lost { .. } | Event::Unsent { .. } => {}
             Event::Granted(result) => self.on_granted(result),
             Event::Activated(result) => self.on_activated(result),
+            Event::AuditRecorded { term, result } => self.on_audit_recorded(term, result),
             Event::Tick => self.on_tick(),
             Event::Policy(policy) => self.on_policy(policy),
             // A stopping session completes its stop whoever goes away.
@@ -229,6 +233,7 @@ impl Machine {
                 self.note_workload(started.workload.map_or(0, |w| w.pid));
             }
             sidecar_message::Kind::PolicyLoaded(loaded) => self.on_policy_loaded(&loaded),
+            sidecar_message::Kind::AuditRecords(records) => self.on_audit_records(records),
             sidecar_message::Kind::Attach(_) | sidecar_message::Kind::Heartbeat(_) => {}
         }
     }

@@ -3,12 +3,17 @@
 //! Alive, a credential is refused (the workload holds placeholders only). Requests are answered
 //! only on the stream relaying the active term and not while stopping; otherwise Rejected.
 //! A response the stream cannot take drops the stream (the sidecar is not reading).
+//!
+//! The sidecar's audit records (runtime.proto, Audit) are stored through the gateway
+//! (`host.v1.RecordAudit`) for the active term, one batch at a time, and acknowledged to the
+//! sidecar only once stored; a failed call is not acknowledged (the sidecar sends them again).
 
 use proto::runtime::v1::supervisor_message::Kind;
 use proto::runtime::v1::workload_request::Kind as Request;
 use proto::runtime::v1::workload_response::Kind as Response;
 use proto::runtime::v1::{Alive, ProgressAccepted, Rejected, WorkloadRequest, WorkloadResponse};
 
+use super::effect::Effect;
 use super::machine::Machine;
 use super::takeover::Stage;
 
@@ -51,6 +56,44 @@ impl Machine {
             Some(Request::FetchCredential(_)) => rejected(proto::egress::NO_CREDENTIAL),
             Some(Request::Liveness(_)) => Response::Alive(Alive {}),
             None => rejected("unknown request"),
+        }
+    }
+}
+
+impl Machine {
+    pub(super) fn on_audit_records(&mut self, batch: proto::runtime::v1::AuditRecords) {
+        let relaying = matches!(self.stage, Stage::Active { .. }) && self.sidecar.as_ref().is_some_and(|s| s.attached);
+        let bounded = !batch.records.is_empty() && batch.records.len() <= 256;
+        if !relaying || !bounded || self.audit_call.is_some() || self.stop.is_some() {
+            return; // the sidecar sends them again
+        }
+        self.audit_call = Some(self.term);
+        self.out.push(Effect::RecordAudit(proto::host::v1::RecordAuditRequest {
+            route: self.setup.route.clone(),
+            member: self.setup.me.member.clone(),
+            term: self.term,
+            records: batch.records,
+            dropped: batch.dropped,
+        }));
+    }
+
+    pub(super) fn on_audit_recorded(
+        &mut self,
+        term: u64,
+        result: Result<proto::host::v1::RecordAuditResponse, crate::gateway::CallError>,
+    ) {
+        self.audit_call = None;
+        let relaying = matches!(self.stage, Stage::Active { .. }) && self.sidecar.as_ref().is_some_and(|s| s.attached);
+        match result {
+            Ok(stored) if relaying && term == self.term => {
+                let ack = proto::runtime::v1::AuditAck {
+                    term,
+                    through: stored.through,
+                };
+                self.send(Kind::AuditAck(ack));
+            }
+            Ok(_) => {}
+            Err(err) => tracing::warn!(error = %err, "cannot store the sidecar's audit records; it sends them again"),
         }
     }
 }

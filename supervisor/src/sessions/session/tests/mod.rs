@@ -219,6 +219,7 @@ pub(super) fn names(effects: &[Effect]) -> Vec<String> {
             Effect::IssueGrant(request) => format!("issue grant {}", request.term),
             Effect::Activate(_) => "activate".into(),
             Effect::CancelCall => "cancel call".into(),
+            Effect::RecordAudit(request) => format!("record audit {} ({})", request.term, request.records.len()),
             Effect::Publish(status) => format!(
                 "publish {}",
                 status.phase().as_str_name().trim_start_matches("INSTANCE_PHASE_")

@@ -290,3 +290,39 @@ fn workload_pids_from_the_sidecar_are_reported() {
     assert_eq!(names(&h.message(1, started)), ["publish ACTIVE", "announce"]);
     assert_eq!(h.m.published.workload_pid, 77);
 }
+
+#[test]
+fn audit_records_are_acknowledged_only_once_the_gateway_stored_them_for_this_term() {
+    use proto::host::v1::RecordAuditResponse;
+    use proto::runtime::v1::{AuditRecord, AuditRecords};
+    let records = |sequences: &[u64]| {
+        sidecar_message::Kind::AuditRecords(AuditRecords {
+            records: sequences
+                .iter()
+                .map(|&sequence| AuditRecord {
+                    sequence,
+                    ..AuditRecord::default()
+                })
+                .collect(),
+            dropped: 0,
+        })
+    };
+    let mut h = Harness::attached(3);
+    assert_eq!(io(&h.message(1, records(&[1, 2]))), ["record audit 3 (2)"]);
+    assert!(io(&h.message(1, records(&[1, 2]))).is_empty(), "one delivery at a time");
+    let stored = Event::AuditRecorded {
+        term: 3,
+        result: Ok(RecordAuditResponse { through: 2 }),
+    };
+    assert_eq!(io(&h.on(stored)), ["send 1 AuditAck"]);
+    // A failed call is not acknowledged: the sidecar sends the records again.
+    assert_eq!(io(&h.message(1, records(&[3]))), ["record audit 3 (1)"]);
+    let failed = Event::AuditRecorded {
+        term: 3,
+        result: Err(crate::gateway::CallError::Timeout(std::time::Duration::from_secs(5))),
+    };
+    assert!(io(&h.on(failed)).is_empty());
+    // Nothing is delivered for a sidecar that is not attached at the active term.
+    h.lose(1);
+    assert!(io(&h.message(1, records(&[3]))).is_empty());
+}

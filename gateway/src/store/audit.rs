@@ -1,0 +1,130 @@
+//! The egress audit trail (any replica): the decisions a workload's sidecar recorded, stored
+//! once per (Pod UID, sequence), only for the member that owns the route at the term it names
+//! (checked in the transaction that stores them), and read back by Pod.
+
+use super::{Error, Result, Store};
+
+/// How long records are kept (the coordinator's retention round forgets older ones).
+pub const AUDIT_RETENTION_MS: i64 = 7 * 24 * 3600 * 1000;
+
+/// One stored decision (the columns of `audit_records`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, sqlx::FromRow)]
+pub struct AuditEntry {
+    pub uid: String,
+    pub sequence: i64,
+    pub route: String,
+    pub namespace: String,
+    pub name: String,
+    pub member: String,
+    pub term: i64,
+    pub recorded_at_ms: i64,
+    pub at_ms: i64,
+    pub decision: String,
+    pub destination: String,
+    pub method: String,
+    pub path: String,
+    pub rule: String,
+    pub policy: String,
+    pub revision: i64,
+    pub reason: String,
+    pub bytes_sent: i64,
+    pub bytes_received: i64,
+    pub duration_ms: i64,
+}
+
+const COLUMNS: &str = "uid, sequence, route, namespace, name, member, term, recorded_at_ms, at_ms, decision, \
+     destination, method, path, rule, policy, revision, reason, bytes_sent, bytes_received, duration_ms";
+
+impl Store {
+    /// Stores `records` (their uid, route, namespace, name, member, term and storing time are
+    /// set here) for the route `member` owns at `term` (its ACTIVE assignment): `Denied`
+    /// otherwise, nothing stored. A sequence stored before is kept as it was. Returns the
+    /// highest sequence of `records`.
+    pub async fn record_audit(&self, route: &str, member: &str, term: i64, records: Vec<AuditEntry>) -> Result<i64> {
+        let (route, member) = (route.to_owned(), member.to_owned());
+        self.detached(move |store| async move { store.record_audit_now(&route, &member, term, records).await })
+            .await
+    }
+
+    async fn record_audit_now(&self, route: &str, member: &str, term: i64, records: Vec<AuditEntry>) -> Result<i64> {
+        let mut tx = self.pool.begin().await?;
+        let owner: Option<(String, i64, String, String, String, String)> = sqlx::query_as(
+            "SELECT a.member, a.term, a.phase, i.uid, i.namespace, i.name FROM assignments a \
+             JOIN instances i ON i.route = a.route WHERE a.route = $1",
+        )
+        .bind(route)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let denied = |detail: String| Error::Denied {
+            subject: route.to_owned(),
+            detail,
+        };
+        let Some((owner, owned_term, phase, uid, namespace, name)) = owner else {
+            return Err(denied("no member owns it".into()));
+        };
+        if owner != member || owned_term != term || phase != "active" {
+            return Err(denied(format!(
+                "{member} does not own it at term {term} (the store has {owner} at term {owned_term}, {phase})"
+            )));
+        }
+        let now_ms = self.clock(&mut *tx).await?;
+        let mut through = 0;
+        let insert = format!(
+            "INSERT INTO audit_records ({COLUMNS}) VALUES \
+             ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20) \
+             ON CONFLICT (uid, sequence) DO NOTHING"
+        );
+        for r in records {
+            through = through.max(r.sequence);
+            sqlx::query(&insert)
+                .bind(&uid)
+                .bind(r.sequence)
+                .bind(route)
+                .bind(&namespace)
+                .bind(&name)
+                .bind(member)
+                .bind(term)
+                .bind(now_ms)
+                .bind(r.at_ms)
+                .bind(r.decision)
+                .bind(r.destination)
+                .bind(r.method)
+                .bind(r.path)
+                .bind(r.rule)
+                .bind(r.policy)
+                .bind(r.revision)
+                .bind(r.reason)
+                .bind(r.bytes_sent)
+                .bind(r.bytes_received)
+                .bind(r.duration_ms)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(through)
+    }
+
+    /// The stored decisions of Pod `namespace/name`, by sequence after `after_sequence` and
+    /// made at or after `since_ms`, at most `limit`, oldest first (across the Pod's UIDs, by
+    /// storing time).
+    pub async fn list_audit(
+        &self,
+        namespace: &str,
+        name: &str,
+        after_sequence: i64,
+        since_ms: i64,
+        limit: i64,
+    ) -> Result<Vec<AuditEntry>> {
+        Ok(sqlx::query_as(&format!(
+            "SELECT {COLUMNS} FROM audit_records WHERE namespace = $1 AND name = $2 AND sequence > $3 \
+             AND at_ms >= $4 ORDER BY recorded_at_ms, sequence LIMIT $5"
+        ))
+        .bind(namespace)
+        .bind(name)
+        .bind(after_sequence)
+        .bind(since_ms)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+}
