@@ -2274,6 +2274,13 @@ impl Flow {
         check(owners.len() >= 2 && denials > 0, || {
             format!("delivered through the owners it had ({owners:?}), denials included")
         })?;
+        // The denials, aggregated, as a Warning Event on the agent's Pod.
+        let event = self.event_in(&ns, "egress-agent", "EgressDenied").await?;
+        let note = event["message"].as_str().or(event["note"].as_str()).unwrap_or_default();
+        eprintln!("   EgressDenied: {note} (type {})", event["type"]);
+        check(event["type"] == "Warning" && note.contains("poolctl audit"), || {
+            format!("a Warning explaining the denial: {event}")
+        })?;
         self.measured.push(Measured {
             scenario: "SandboxPolicy edit → revoked tunnel closed",
             seconds,

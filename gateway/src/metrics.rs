@@ -42,6 +42,14 @@ struct OperationLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabels {
+    decision: &'static str,
+}
+
+/// The decisions of the egress audit trail, as counted (anything else is `other`).
+const DECISIONS: [&str; 5] = ["allow", "audit", "deny", "dropped", "other"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     result: &'static str,
 }
@@ -61,6 +69,7 @@ pub struct Metrics {
     recoveries_failed: Family<ReasonLabels, Counter>,
     operations_finished: Family<OperationLabels, Counter>,
     token_secret_writes: Family<ResultLabels, Counter>,
+    egress_decisions: Family<DecisionLabels, Counter>,
     token_secret_oldest: GaugeSet<pool::KindLabels>,
     coordinator_pass: Histogram,
     pool: pool::Gauges,
@@ -126,6 +135,14 @@ impl Metrics {
             "Kubernetes token Secret writes by this replica as coordinator, by result",
             token_secret_writes.clone(),
         );
+        let egress_decisions: Family<DecisionLabels, Counter> = Family::default();
+        registry.register(
+            "egress_decisions",
+            "Egress decisions of sidecars this replica stored in the audit trail (each once), by \
+             decision: allow, audit (let through by an audit-only policy), deny, dropped (a record \
+             standing for decisions a full spool could not keep)",
+            egress_decisions.clone(),
+        );
         let token_lifetime: Gauge = Gauge::default();
         token_lifetime.set(i64::try_from(proto::timing::SUPERVISOR_TOKEN_LIFETIME.as_secs()).unwrap_or(i64::MAX));
         registry.register(
@@ -187,6 +204,9 @@ impl Metrics {
         for result in ["ok", "error"] {
             token_secret_writes.get_or_create(&ResultLabels { result }).inc_by(0);
         }
+        for decision in DECISIONS {
+            egress_decisions.get_or_create(&DecisionLabels { decision }).inc_by(0);
+        }
         Self {
             registry,
             coordinator,
@@ -200,6 +220,7 @@ impl Metrics {
             recoveries_failed,
             operations_finished,
             token_secret_writes,
+            egress_decisions,
             token_secret_oldest,
             coordinator_pass,
             pool,
@@ -236,6 +257,17 @@ impl Metrics {
     /// A snapshot of `bytes` sent to a member.
     pub fn snapshot_sent(&self, bytes: usize) {
         self.snapshot_bytes.inc_by(u64::try_from(bytes).unwrap_or(u64::MAX));
+    }
+
+    /// Audit records stored for the first time, by their decisions.
+    pub fn egress_decisions_stored<'a>(&self, decisions: impl IntoIterator<Item = &'a str>) {
+        for decision in decisions {
+            let decision = DECISIONS
+                .into_iter()
+                .find(|known| *known == decision)
+                .unwrap_or("other");
+            self.egress_decisions.get_or_create(&DecisionLabels { decision }).inc();
+        }
     }
 
     /// A member message dropped.

@@ -243,6 +243,10 @@ fn descriptor_set_contains_all_five_services_with_their_rpcs() -> TestResult {
     let expected: BTreeMap<String, (bool, bool)> = [
         ("openshell.supervisor.host.v1.SupervisorHost/Attach", (true, true)),
         (
+            "openshell.supervisor.host.v1.SupervisorHost/RecordAudit",
+            (false, false),
+        ),
+        (
             "openshell.supervisor.runtime.v1.SupervisorRuntime/Connect",
             (true, true),
         ),
@@ -286,6 +290,7 @@ fn descriptor_set_contains_all_five_services_with_their_rpcs() -> TestResult {
             "openshell.supervisor.pool.v1.SupervisorPool/WatchSupervisorPool",
             (false, true),
         ),
+        ("openshell.supervisor.pool.v1.SupervisorPool/ListAudit", (false, false)),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))

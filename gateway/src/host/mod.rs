@@ -138,12 +138,12 @@ impl SupervisorHost for Host {
             .record_audit(&request.route, &caller.member, term, rows)
             .await;
         match stored {
-            Ok(through) => {
-                if request.dropped > 0 {
-                    warn!(route = %request.route, dropped = request.dropped, "a sidecar's audit spool was full: records were dropped");
-                }
+            Ok(recorded) => {
+                self.replica
+                    .metrics
+                    .egress_decisions_stored(recorded.new.iter().map(String::as_str));
                 Ok(Response::new(proto::host::v1::RecordAuditResponse {
-                    through: u64::try_from(through).unwrap_or(0),
+                    through: u64::try_from(recorded.through).unwrap_or(0),
                 }))
             }
             Err(crate::store::Error::Denied { detail, .. }) => Err(Status::failed_precondition(detail)),

@@ -1,7 +1,7 @@
 //! Kubernetes integration (only with `--kubernetes`): the watches feed an in-memory
 //! [`index`] on every replica; the coordinator's [`writer`] turns it and the pool view into
 //! token Secrets in every labelled namespace, withdrawals of instances whose Pod is gone or
-//! finished, events.k8s.io Events ([`notice`]) and the Pods' `Supervised` condition
+//! finished, events.k8s.io Events ([`notice`], [`denials`]) and the Pods' `Supervised` condition
 //! ([`supervised`]). Decisions ([`plan`], [`notice`]) are pure; the API is
 //! behind [`cluster::Cluster`].
 //!
@@ -13,6 +13,8 @@
 //! | `notice` | which Events a change of the pool view makes |
 //! | `egress` | the `SandboxPolicy` objects and which one each supervised Pod runs, with its credentials' values; plain data |
 //! | `bound_secrets` | reads the Secrets those policies bind, by name, into `egress` |
+//! | `denials` | which `EgressDenied` Events the denials stored in the audit trail make |
+//! | `denial_writer` | publishes them while the lease is held, every 5 s |
 //! | `supervised` | the Pod condition `supervision.openshell.ai/Supervised` each Pod should carry |
 //! | `cluster` | the API calls (kube-rs) and a recording stand-in for tests |
 //! | `writer` | carries out the plan while the lease is held |
@@ -26,6 +28,8 @@
 
 pub mod bound_secrets;
 pub mod cluster;
+pub mod denial_writer;
+pub mod denials;
 pub mod egress;
 pub mod index;
 pub mod notice;
@@ -121,7 +125,8 @@ impl Integration<Kube> {
 
 impl<C: Cluster + Clone> Integration<C> {
     /// Spawn the writers (token Secrets, Events and withdrawals; the `SupervisorPool`
-    /// status; the `SupervisorPoolOperation` objects; the `SandboxPolicy` statuses): they act
+    /// status; the `SupervisorPoolOperation` objects; the `SandboxPolicy` statuses; the
+    /// `EgressDenied` Events): they act
     /// while `lease` is held. The handle ends when all did.
     pub fn spawn_writer(
         self,
@@ -149,6 +154,11 @@ impl<C: Cluster + Clone> Integration<C> {
             shared: self.shared.clone(),
         };
         let policies = tokio::spawn(policies.run(lease.clone(), shutdown.clone()));
+        let denials = denial_writer::DenialWriter {
+            cluster: self.cluster.clone(),
+            replica: replica.clone(),
+        };
+        let denials = tokio::spawn(denials.run(lease.clone(), shutdown.clone()));
         let writer = writer::Writer {
             cluster: self.cluster,
             shared: self.shared,
@@ -161,6 +171,7 @@ impl<C: Cluster + Clone> Integration<C> {
             let _ = pool.await;
             let _ = operations.await;
             let _ = policies.await;
+            let _ = denials.await;
         })
     }
 }

@@ -76,7 +76,7 @@ pub const MAX_NOTE_BYTES: usize = 1024;
 
 /// Cut `note` to [`MAX_NOTE_BYTES`] at a character boundary, marking the cut (a placement
 /// reason lists every member, and a pool may have many).
-fn bound_note(note: &mut String) {
+pub(super) fn bound_note(note: &mut String) {
     if note.len() > MAX_NOTE_BYTES {
         *note = plumbing::text::bounded(note, MAX_NOTE_BYTES);
     }

@@ -257,3 +257,19 @@ fn the_oldest_delivered_token_secret_per_kind() {
     metrics.token_secrets_forgotten();
     assert!(!metrics.encode().unwrap().contains(&format!("{series}{{")));
 }
+
+#[test]
+fn stored_egress_decisions_are_counted_by_a_bounded_set_of_decisions() {
+    let metrics = Metrics::new(&ConnectionMetrics::default());
+    let series = |decision: &str| format!("openshell_gateway_egress_decisions_total{{decision=\"{decision}\"}}");
+    assert!(metrics.encode().unwrap().contains(&format!("{} 0", series("deny"))));
+    metrics.egress_decisions_stored(["deny", "allow", "deny", "made-up", "dropped"]);
+    let text = metrics.encode().unwrap();
+    for (decision, count) in [("deny", 2), ("allow", 1), ("audit", 0), ("dropped", 1), ("other", 1)] {
+        assert!(
+            text.contains(&format!("{} {count}", series(decision))),
+            "{decision}: {text}"
+        );
+    }
+    assert!(!text.contains("made-up"), "a sidecar's words never become a label");
+}

@@ -32,21 +32,54 @@ pub struct AuditEntry {
     pub duration_ms: i64,
 }
 
+/// What one delivery stored.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recorded {
+    /// The highest sequence of the delivery.
+    pub through: i64,
+    /// The decision of each record stored now (not those stored before).
+    pub new: Vec<String>,
+}
+
+/// Denials of one destination by one Pod's sidecar under one policy revision, counted.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Denials {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub destination: String,
+    pub policy: String,
+    pub revision: i64,
+    pub reason: String,
+    pub count: i64,
+}
+
 const COLUMNS: &str = "uid, sequence, route, namespace, name, member, term, recorded_at_ms, at_ms, decision, \
      destination, method, path, rule, policy, revision, reason, bytes_sent, bytes_received, duration_ms";
 
 impl Store {
     /// Stores `records` (their uid, route, namespace, name, member, term and storing time are
     /// set here) for the route `member` owns at `term` (its ACTIVE assignment): `Denied`
-    /// otherwise, nothing stored. A sequence stored before is kept as it was. Returns the
-    /// highest sequence of `records`.
-    pub async fn record_audit(&self, route: &str, member: &str, term: i64, records: Vec<AuditEntry>) -> Result<i64> {
+    /// otherwise, nothing stored. A sequence stored before is kept as it was.
+    pub async fn record_audit(
+        &self,
+        route: &str,
+        member: &str,
+        term: i64,
+        records: Vec<AuditEntry>,
+    ) -> Result<Recorded> {
         let (route, member) = (route.to_owned(), member.to_owned());
         self.detached(move |store| async move { store.record_audit_now(&route, &member, term, records).await })
             .await
     }
 
-    async fn record_audit_now(&self, route: &str, member: &str, term: i64, records: Vec<AuditEntry>) -> Result<i64> {
+    async fn record_audit_now(
+        &self,
+        route: &str,
+        member: &str,
+        term: i64,
+        records: Vec<AuditEntry>,
+    ) -> Result<Recorded> {
         let mut tx = self.pool.begin().await?;
         let owner: Option<(String, i64, String, String, String, String)> = sqlx::query_as(
             "SELECT a.member, a.term, a.phase, i.uid, i.namespace, i.name FROM assignments a \
@@ -68,15 +101,16 @@ impl Store {
             )));
         }
         let now_ms = self.clock(&mut *tx).await?;
-        let mut through = 0;
+        let mut recorded = Recorded::default();
         let insert = format!(
             "INSERT INTO audit_records ({COLUMNS}) VALUES \
              ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20) \
              ON CONFLICT (uid, sequence) DO NOTHING"
         );
         for r in records {
-            through = through.max(r.sequence);
-            sqlx::query(&insert)
+            recorded.through = recorded.through.max(r.sequence);
+            let decision = r.decision.clone();
+            let stored = sqlx::query(&insert)
                 .bind(&uid)
                 .bind(r.sequence)
                 .bind(route)
@@ -99,9 +133,28 @@ impl Store {
                 .bind(r.duration_ms)
                 .execute(&mut *tx)
                 .await?;
+            if stored.rows_affected() > 0 {
+                recorded.new.push(decision);
+            }
         }
         tx.commit().await?;
-        Ok(through)
+        Ok(recorded)
+    }
+
+    /// The denials stored after `after_ms` and at or before `upto_ms` (storing time), counted by
+    /// Pod, destination, policy revision and reason, most first, at most `limit` groups.
+    pub async fn audit_denials(&self, after_ms: i64, upto_ms: i64, limit: i64) -> Result<Vec<Denials>> {
+        Ok(sqlx::query_as(
+            "SELECT namespace, name, uid, destination, policy, revision, reason, COUNT(*) AS count \
+             FROM audit_records WHERE recorded_at_ms > $1 AND recorded_at_ms <= $2 AND decision = 'deny' \
+             GROUP BY namespace, name, uid, destination, policy, revision, reason \
+             ORDER BY count DESC, namespace, name, destination LIMIT $3",
+        )
+        .bind(after_ms)
+        .bind(upto_ms)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?)
     }
 
     /// The stored decisions of Pod `namespace/name`, by sequence after `after_sequence` and

@@ -48,7 +48,7 @@ use std::time::Duration;
 
 use sqlx::AnyPool;
 
-pub use audit::{AUDIT_RETENTION_MS, AuditEntry};
+pub use audit::{AUDIT_RETENTION_MS, AuditEntry, Denials, Recorded};
 pub use dialect::Backend;
 pub use redact::{redact_url, scrub};
 pub use types::*;

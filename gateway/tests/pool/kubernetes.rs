@@ -1049,3 +1049,123 @@ pub async fn each_owned_pod_carries_its_sandbox_policy_in_the_snapshots(db: &Tes
     assert_eq!(refused.failures[0].reason, "the sidecar's state directory is full");
     replica.stop().await;
 }
+
+/// Denials a sidecar's owner stores in the audit trail, through any replica, come back as
+/// `EgressDenied` Warning Events on the Pod from the coordinator, one per destination, and a
+/// repeat of the same denial publishes the same note again (one Event series).
+pub async fn egress_denials_become_warning_events_on_the_pod(db: &TestDb) {
+    use gateway::kubernetes::denials::REASON_EGRESS_DENIED;
+    use gateway::store::AssignmentPhase;
+    use proto::host::v1::supervisor_host_client::SupervisorHostClient;
+    use proto::recovery::v1::supervisor_recovery_client::SupervisorRecoveryClient;
+    use proto::recovery::v1::{ActivateRequest, IssueGrantRequest};
+    use proto::runtime::v1::AuditRecord;
+
+    use crate::cluster::receipt;
+
+    let (coordinator, mut calls) = coordinator_with_default_namespace(db, &["agent-0"]).await;
+    let listed = Shared::default();
+    listed.with(|index| index.reset_namespaces(["default".to_owned()]));
+    let (follower, _, _ignored) = replica_with(db, "gw-f", Scope::new(INSTALL), &listed).await;
+    let _member = attach_supervisor_0(&coordinator.endpoint()).await;
+    register(&coordinator.endpoint(), &pod_token("agent-0"), "agent-0")
+        .await
+        .unwrap();
+    let term = wait_assignments(&db.store, "agent-0 placed on supervisor-0", |a| {
+        a.iter()
+            .any(|a| a.route == "default/agent-0" && a.member == "supervisor-0")
+    })
+    .await
+    .into_iter()
+    .find(|a| a.route == "default/agent-0")
+    .map(|a| u64::try_from(a.term).unwrap())
+    .unwrap();
+    // The owner takes it up as its sidecar would let it: a grant, then the receipt.
+    let mut recovery = SupervisorRecoveryClient::new(channel(&coordinator.endpoint()).await);
+    let grant = recovery
+        .issue_grant(with_token(
+            IssueGrantRequest {
+                route: "default/agent-0".into(),
+                term,
+                member: "supervisor-0".into(),
+                process_id: "p1".into(),
+            },
+            &member_token("supervisor-0"),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let activate = ActivateRequest {
+        receipt: Some(receipt(&grant, term, 0, 4242)),
+        grant: grant.grant.clone(),
+    };
+    recovery
+        .activate(with_token(activate, &member_token("supervisor-0")))
+        .await
+        .unwrap();
+    wait_assignments(&db.store, "agent-0 active", |a| {
+        a.iter()
+            .any(|a| a.route == "default/agent-0" && a.phase == AssignmentPhase::Active)
+    })
+    .await;
+
+    let mut host = SupervisorHostClient::new(channel(&follower.endpoint()).await);
+    let mut sequence = 0;
+    let mut deliver = |decisions: &[(&str, &str)]| {
+        let records = decisions
+            .iter()
+            .map(|(decision, destination)| {
+                sequence += 1;
+                AuditRecord {
+                    sequence,
+                    decision: (*decision).into(),
+                    destination: (*destination).into(),
+                    policy: "default".into(),
+                    revision: 2,
+                    reason: format!("no rule allows {destination}"),
+                    ..AuditRecord::default()
+                }
+            })
+            .collect();
+        proto::host::v1::RecordAuditRequest {
+            route: "default/agent-0".into(),
+            member: "supervisor-0".into(),
+            term,
+            records,
+            dropped: 0,
+        }
+    };
+    let first = deliver(&[
+        ("deny", "evil.example:443"),
+        ("allow", "api.example.com:443"),
+        ("deny", "evil.example:443"),
+    ]);
+    host.record_audit(with_token(first, &member_token("supervisor-0")))
+        .await
+        .unwrap();
+    let call = next_call(&mut calls, "EgressDenied on agent-0", |c| {
+        event_on(c, REASON_EGRESS_DENIED, "agent-0").is_some()
+    })
+    .await;
+    let denied = event_on(&call, REASON_EGRESS_DENIED, "agent-0").unwrap().clone();
+    assert!(denied.warning);
+    assert_eq!(denied.regarding.uid.as_deref(), Some("uid-agent-0"));
+    assert_eq!(
+        denied.note,
+        "egress to evil.example:443 denied: no rule allows evil.example:443 (SandboxPolicy default \
+         revision 2); `poolctl audit default/agent-0` lists every attempt"
+    );
+
+    // Denied again later: the same note, so the recorder makes it one series.
+    let again = deliver(&[("deny", "evil.example:443")]);
+    host.record_audit(with_token(again, &member_token("supervisor-0")))
+        .await
+        .unwrap();
+    let call = next_call(&mut calls, "EgressDenied on agent-0 again", |c| {
+        event_on(c, REASON_EGRESS_DENIED, "agent-0").is_some()
+    })
+    .await;
+    assert_eq!(event_on(&call, REASON_EGRESS_DENIED, "agent-0"), Some(&denied));
+    follower.stop().await;
+    coordinator.stop().await;
+}

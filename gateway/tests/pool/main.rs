@@ -58,6 +58,7 @@ mod with_kubernetes {
         finished_and_unsupervised_pods_are_told_apart_from_supervised_ones,
         the_supervised_condition_follows_each_pod,
         each_owned_pod_carries_its_sandbox_policy_in_the_snapshots,
+        egress_denials_become_warning_events_on_the_pod,
     );
 }
 

@@ -1779,7 +1779,7 @@ pub async fn audit_records_are_stored_once_and_only_for_the_active_owner(db: &Te
         destination: format!("d{sequence}.example:443"),
         ..AuditEntry::default()
     };
-    let denied = |r: Result<i64, Error>| matches!(r, Err(Error::Denied { .. }));
+    let denied = |r: Result<gateway::store::Recorded, Error>| matches!(r, Err(Error::Denied { .. }));
     assert!(
         denied(db.store.record_audit("ns/pod", "m1", 1, vec![record(1)]).await),
         "nobody owns it yet"
@@ -1806,22 +1806,31 @@ pub async fn audit_records_are_stored_once_and_only_for_the_active_owner(db: &Te
         denied(db.store.record_audit("ns/pod", "m1", 2, vec![record(1)]).await),
         "another term"
     );
+    let first = db
+        .store
+        .record_audit("ns/pod", "m1", 1, vec![record(1), record(2)])
+        .await
+        .unwrap();
     assert_eq!(
-        db.store
-            .record_audit("ns/pod", "m1", 1, vec![record(1), record(2)])
-            .await
-            .unwrap(),
-        2
+        (first.through, first.new),
+        (2, vec!["deny".to_owned(), "deny".to_owned()])
     );
     // Sent again (a handoff, a lost acknowledgement): kept once, as first stored.
     let mut again = record(2);
     again.destination = "changed.example:443".into();
+    let allowed = AuditEntry {
+        decision: "allow".into(),
+        ..record(3)
+    };
+    let second = db
+        .store
+        .record_audit("ns/pod", "m1", 1, vec![again, allowed])
+        .await
+        .unwrap();
     assert_eq!(
-        db.store
-            .record_audit("ns/pod", "m1", 1, vec![again, record(3)])
-            .await
-            .unwrap(),
-        3
+        (second.through, second.new),
+        (3, vec!["allow".to_owned()]),
+        "only the new record counts"
     );
     let listed = db.store.list_audit("ns", "pod", 0, 0, 100).await.unwrap();
     assert_eq!(listed.iter().map(|e| e.sequence).collect::<Vec<_>>(), [1, 2, 3]);
@@ -1836,4 +1845,32 @@ pub async fn audit_records_are_stored_once_and_only_for_the_active_owner(db: &Te
         "after a sequence"
     );
     assert!(db.store.list_audit("ns", "other", 0, 0, 100).await.unwrap().is_empty());
+
+    // Denials counted by destination for the EgressDenied Events, by storing time.
+    let twice = |sequence: i64| AuditEntry {
+        destination: "d1.example:443".into(),
+        ..record(sequence)
+    };
+    db.store
+        .record_audit("ns/pod", "m1", 1, vec![twice(4), twice(5)])
+        .await
+        .unwrap();
+    let stored = db.store.list_audit("ns", "pod", 0, 0, 100).await.unwrap();
+    let (first_ms, last_ms) = (stored[0].recorded_at_ms, stored[4].recorded_at_ms);
+    let counted = db.store.audit_denials(first_ms - 1, last_ms, 100).await.unwrap();
+    assert_eq!(
+        counted
+            .iter()
+            .map(|d| (d.destination.as_str(), d.count, d.uid.as_str()))
+            .collect::<Vec<_>>(),
+        [("d1.example:443", 3, "u-1"), ("d2.example:443", 1, "u-1")],
+        "denials only (not the allowed record), most first"
+    );
+    assert!(
+        db.store
+            .audit_denials(last_ms, last_ms + 60_000, 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }

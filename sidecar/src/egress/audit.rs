@@ -1,7 +1,9 @@
 //! The audit trail of egress decisions. Every decision is a [`Record`] with a sequence number
 //! in a bounded spool in the sidecar's state directory (`audit.jsonl`), so a restarted sidecar
 //! has what it had not delivered. The proxy reports through a [`Recorder`], which never waits:
-//! what the spool has no room for is counted (`dropped`), never silent. The engine delivers
+//! what the spool has no room for is counted (`dropped`), never silent: as soon as there is
+//! room again, the trail itself gets a record with the decision [`DROPPED`] that says how many
+//! decisions are missing before it (a room of [`GAP_ROOM`] bytes is kept for those). The engine delivers
 //! the spool through the activated owner, batch by batch, and the spool drops records only
 //! when the owner acknowledges that the gateway stored them (runtime.proto, Audit).
 //!
@@ -29,6 +31,10 @@ pub const FILE: &str = "audit.jsonl";
 pub const MAX_BYTES: usize = 256 * 1024;
 /// Most records in one delivery.
 pub const BATCH: usize = 256;
+/// The decision of a record that stands for decisions the spool had no room for.
+pub const DROPPED: &str = "dropped";
+/// Bytes of the spool only records of [`DROPPED`] may use.
+pub const GAP_ROOM: usize = 4 * 1024;
 /// Records waiting for the spool's task.
 const QUEUE: usize = 4096;
 
@@ -150,6 +156,8 @@ struct Store {
     bytes: usize,
     next: u64,
     dropped: Arc<AtomicU64>,
+    /// Of `dropped`, how many a record of [`DROPPED`] already stands for.
+    told: u64,
     file: Option<tokio::fs::File>,
 }
 
@@ -166,6 +174,7 @@ impl Store {
             bytes: 0,
             next: 1,
             dropped,
+            told: 0,
             file: None,
         };
         for line in text.lines() {
@@ -206,6 +215,7 @@ impl Store {
                     if let Err(err) = self.append(batch).await {
                         warn!(error = %err, "cannot write the audit spool");
                     }
+                    self.tell_gap().await;
                     last.send_replace(self.next - 1);
                 }
                 ask = asks.recv() => match ask {
@@ -217,14 +227,37 @@ impl Store {
                         if let Err(err) = self.ack(through).await {
                             warn!(error = %err, "cannot rewrite the audit spool");
                         }
+                        self.tell_gap().await;
+                        last.send_replace(self.next - 1);
                     }
                 },
             }
         }
     }
 
-    /// Gives each record its sequence and appends what fits.
-    async fn append(&mut self, batch: Vec<Record>) -> io::Result<()> {
+    /// When decisions were dropped since the last record of [`DROPPED`], records how many
+    /// (not right after another: while the spool stays full, one record tells, and the next
+    /// one, after room came back, tells the rest).
+    async fn tell_gap(&mut self) {
+        let missing = self.dropped.load(Ordering::Relaxed).saturating_sub(self.told);
+        if missing == 0 || self.pending.back().is_some_and(|(last, _)| last.decision == DROPPED) {
+            return;
+        }
+        let gap = Record {
+            at_ms: proto::trust::unix_ms(std::time::SystemTime::now()),
+            decision: DROPPED.to_owned(),
+            reason: format!("{missing} decisions were not recorded: the audit spool was full"),
+            ..Record::default()
+        };
+        match self.append(vec![gap]).await {
+            Ok(true) => self.told += missing,
+            Ok(false) => {}
+            Err(err) => warn!(error = %err, "cannot write the audit spool"),
+        }
+    }
+
+    /// Gives each record its sequence and appends what fits; whether any did.
+    async fn append(&mut self, batch: Vec<Record>) -> io::Result<bool> {
         let mut out = Vec::new();
         for mut record in batch {
             record.sequence = self.next;
@@ -232,7 +265,12 @@ impl Store {
                 continue;
             };
             line.push(b'\n');
-            if self.bytes + line.len() > MAX_BYTES {
+            let room = if record.decision == DROPPED {
+                MAX_BYTES
+            } else {
+                MAX_BYTES - GAP_ROOM
+            };
+            if self.bytes + line.len() > room {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
@@ -242,14 +280,15 @@ impl Store {
             out.extend_from_slice(&line);
         }
         if out.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         if self.file.is_none() {
             self.file = Some(tokio::fs::OpenOptions::new().append(true).open(&self.path).await?);
         }
         let file = self.file.as_mut().ok_or_else(|| io::Error::other("no spool file"))?;
         file.write_all(&out).await?;
-        file.flush().await
+        file.flush().await?;
+        Ok(true)
     }
 
     fn batch(&self, after: u64) -> Vec<AuditRecord> {
@@ -377,6 +416,41 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
         let size = std::fs::metadata(dir.path().join(FILE)).expect("file").len();
-        assert!(size as usize <= MAX_BYTES + 64, "the spool stays bounded: {size}");
+        assert!(size as usize <= MAX_BYTES, "the spool stays bounded: {size}");
+
+        // The trail itself says what is missing: once the spool has room again, the records
+        // of DROPPED account for every dropped decision.
+        let told = |batch: &[AuditRecord]| -> u64 {
+            batch
+                .iter()
+                .filter(|r| r.decision == DROPPED)
+                .map(|r| {
+                    r.reason
+                        .split(' ')
+                        .next()
+                        .and_then(|n| n.parse::<u64>().ok())
+                        .expect("a count")
+                })
+                .sum()
+        };
+        let mut counted = 0;
+        let mut after = 0;
+        for round in 0.. {
+            assert!(round < 100, "the trail never accounted for the dropped decisions");
+            let (batch, dropped) = spool.batch(after).await;
+            counted += told(&batch);
+            if let Some(last) = batch.last() {
+                after = last.sequence;
+                spool.ack(after).await;
+                continue;
+            }
+            if counted == dropped {
+                break;
+            }
+            // Room came back with the acknowledgement; a new decision lets the rest be told.
+            recorder.record(decision("c.example:80"));
+            wait_last(&mut spool, after + 1).await;
+        }
+        assert!(counted > 0);
     }
 }
