@@ -4,11 +4,14 @@
 //!
 //! - [`plan`]: what a trial does (seeded, pure);
 //! - [`history`]: the rules checked over the agents' logs and the sampled lease;
+//! - [`egress`]: traffic through every sidecar's egress proxy, checked the same way, and the
+//!   audit trail checked against it at the end;
 //! - this file: the driver — it starts the pool (and a private PostgreSQL when
 //!   outages are wanted), samples the lease every 50 ms, runs each plan's
 //!   steps, heals what is left, waits until the pool has settled, checks, and
 //!   prints per fault kind the trials and the recovery figures.
 
+pub mod egress;
 pub mod history;
 pub mod plan;
 mod report;
@@ -65,6 +68,12 @@ const WEDGED_AFTER: Duration = Duration::from_secs(120);
 
 pub async fn run(settings: &Settings) -> Result<Report, Error> {
     let (mut server, database_url) = settings.backend.database("chaos").await?;
+    let upstreams = egress::Upstreams::start().await?;
+    // Beside the pool's directory, which the pool starts afresh.
+    let policy = settings.root.with_extension("policy.yaml");
+    let written = std::fs::create_dir_all(policy.parent().unwrap_or(std::path::Path::new(".")))
+        .and_then(|()| std::fs::write(&policy, egress::policy(upstreams.allowed)));
+    written.map_err(|err| Error::Scenario(format!("{}: {err}", policy.display())))?;
     let config = Config {
         root: settings.root.clone(),
         database_url: database_url.clone(),
@@ -75,14 +84,16 @@ pub async fn run(settings: &Settings) -> Result<Report, Error> {
         plaintext: false,
         agent_interval_ms: crate::local::AGENT_INTERVAL_MS,
         members_on_standby: false,
-        policy: None,
+        policy: Some(policy),
         secrets: None,
     };
     let mut pool = LocalPool::start(config).await?;
     let url =
         database_url.unwrap_or_else(|| format!("sqlite://{}?mode=rwc", pool.config.root.join("gateway.db").display()));
     let store = Store::open(&url, &Options::default()).await?;
-    let result = Driver::new(settings, &mut pool, &store, server.as_mut()).run().await;
+    let result = Driver::new(settings, &mut pool, &store, server.as_mut())
+        .run(upstreams)
+        .await;
     store.close().await;
     pool.stop().await;
     if let Some(server) = server.as_mut() {
@@ -100,6 +111,8 @@ struct Driver<'a> {
     health: Arc<Mutex<Health>>,
     gaps: Arc<Mutex<CoordinatorGaps>>,
     agents: Vec<(String, Follower, Seen)>,
+    /// Started once the pool first settled.
+    traffic: Option<egress::Traffic>,
     report: Report,
 }
 
@@ -132,6 +145,7 @@ impl<'a> Driver<'a> {
                 stopped_workloads: 0,
                 accepted: 0,
                 aborted: None,
+                egress: None,
             },
             settings,
             pool,
@@ -140,15 +154,23 @@ impl<'a> Driver<'a> {
             health: Arc::new(Mutex::new(health)),
             gaps: Arc::new(Mutex::new(CoordinatorGaps::default())),
             agents,
+            traffic: None,
         }
     }
 
-    async fn run(mut self) -> Result<Report, Error> {
+    async fn run(mut self, upstreams: egress::Upstreams) -> Result<Report, Error> {
         let first = now_ms();
         if self.settle(0, first, &[]).await?.is_none() || !self.report.violations.is_empty() {
             let why = self.unsettled(first).await;
             return Err(Error::Scenario(format!("the pool did not reach steady state: {why}")));
         }
+        let proxies = self
+            .pool
+            .sandboxes
+            .iter()
+            .filter_map(|s| Some((s.name.clone(), s.egress.as_deref()?.parse().ok()?)))
+            .collect();
+        self.traffic = Some(egress::Traffic::start(upstreams, proxies));
         self.check(0).await?;
         let sampler = tokio::spawn(sample_lease(self.store.clone(), self.health.clone(), self.gaps.clone()));
         let mut rng = StdRng::seed_from_u64(self.settings.seed);
@@ -166,6 +188,15 @@ impl<'a> Driver<'a> {
             }
         }
         sampler.abort();
+        if let Some(traffic) = self.traffic.take() {
+            let (found, figures) = traffic.finish(self.pool).await;
+            eprintln!("{figures}");
+            let last = self.report.trials.len();
+            for what in found {
+                self.violation(last, what);
+            }
+            self.report.egress = Some(figures);
+        }
         Ok(self.report)
     }
 

@@ -42,6 +42,8 @@ pub struct Report {
     pub accepted: usize,
     /// Set when the pool did not settle and the run ended early.
     pub aborted: Option<String>,
+    /// What the egress traffic and the audit trails came to (the run's end).
+    pub egress: Option<String>,
 }
 
 impl Report {

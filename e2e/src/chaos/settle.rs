@@ -153,6 +153,9 @@ impl Driver<'_> {
                 ));
             }
         }
+        if let Some(traffic) = self.traffic.as_mut() {
+            found.extend(traffic.violations());
+        }
         for what in found {
             self.violation(index, what);
         }

@@ -86,6 +86,16 @@ pub enum Command {
         #[arg(long, default_value_t = 1000)]
         connections: usize,
     },
+    /// How soon a policy edit is enforced in every sidecar: a local pool of many sandboxes,
+    /// each holding a tunnel the edit revokes; the time from the edit to each close.
+    PolicyEdit {
+        /// Sandboxes (sidecar and agent each).
+        #[arg(long, default_value_t = 256)]
+        pods: usize,
+        /// Revoking edits measured.
+        #[arg(long, default_value_t = 3)]
+        edits: usize,
+    },
 }
 
 fn backend(postgres: bool, database: Option<String>) -> Backend {
@@ -148,6 +158,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             };
             let rows = crate::egress::run(&settings).await?;
             print!("{}", crate::egress::table(&rows));
+            write_json(args.json.as_deref(), &rows)
+        }
+        Some(Command::PolicyEdit { pods, edits }) => {
+            let settings = crate::egress::edit::Settings {
+                root: args.dir.join("policy-edit"),
+                pods,
+                edits,
+            };
+            let rows = crate::egress::edit::run(&settings).await?;
+            print!("{}", crate::egress::edit::table(&rows));
             write_json(args.json.as_deref(), &rows)
         }
         Some(Command::Chaos { trials, seed, postgres }) => {

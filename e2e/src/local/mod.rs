@@ -463,8 +463,28 @@ impl LocalPool {
         Err(Error::Status(last))
     }
 
-    /// The stored egress audit trail of sandbox `name` (namespace `default`), oldest first.
+    /// The stored egress audit trail of sandbox `name` (namespace `default`), oldest first,
+    /// read a page of 1,000 at a time.
     pub async fn audit(&self, name: &str) -> Result<Vec<proto::pool::v1::AuditEntry>, Error> {
+        const PAGE: u32 = 1000;
+        let mut trail: Vec<proto::pool::v1::AuditEntry> = Vec::new();
+        loop {
+            let after = trail.last().and_then(|e| e.record.as_ref()).map_or(0, |r| r.sequence);
+            let page = self.audit_page(name, after, PAGE).await?;
+            let full = page.len() == PAGE as usize;
+            trail.extend(page);
+            if !full {
+                return Ok(trail);
+            }
+        }
+    }
+
+    async fn audit_page(
+        &self,
+        name: &str,
+        after_sequence: u64,
+        limit: u32,
+    ) -> Result<Vec<proto::pool::v1::AuditEntry>, Error> {
         let token_path = self.credentials().join("operator").join(proto::trust::TOKEN_FILE);
         let token = std::fs::read_to_string(&token_path).map_err(io_error(&token_path))?;
         let mut last = String::from("no gateway replica");
@@ -473,7 +493,8 @@ impl LocalPool {
             let request = proto::pool::v1::ListAuditRequest {
                 namespace: "default".into(),
                 name: name.to_owned(),
-                limit: 1000,
+                after_sequence,
+                limit,
                 ..Default::default()
             };
             match audit_from(&tls, &endpoint, token.trim(), request).await {

@@ -13,6 +13,8 @@ use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+pub mod edit;
+
 use crate::local::{self, Config, LocalPool};
 use crate::scale::{cpu_ticks, percentile, rss_kib, ticks_as_seconds};
 
@@ -240,33 +242,48 @@ async fn open(via: &Via, upstream: SocketAddr) -> Result<TcpStream, Error> {
             return Ok(stream);
         }
     };
+    if let Via::Proxy(_) = via {
+        let (status, stream) = connect(proxy, upstream, limit).await?;
+        if status != 200 {
+            return Err(Error::Bench(format!("CONNECT refused: {status}")));
+        }
+        return Ok(stream);
+    }
+    let stream = tokio::time::timeout(limit, TcpStream::connect(proxy))
+        .await
+        .map_err(|_| Error::Bench(format!("connecting to {proxy} timed out")))??;
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
+/// `CONNECT target` through `proxy`: the status of the answer, and the stream (a tunnel when
+/// the status is 200). Each step within `limit`.
+pub(crate) async fn connect(proxy: SocketAddr, target: SocketAddr, limit: Duration) -> Result<(u16, TcpStream), Error> {
     let mut stream = tokio::time::timeout(limit, TcpStream::connect(proxy))
         .await
         .map_err(|_| Error::Bench(format!("connecting to {proxy} timed out")))??;
     stream.set_nodelay(true)?;
-    if let Via::Proxy(_) = via {
-        let connect = format!("CONNECT {upstream} HTTP/1.1\r\nHost: {upstream}\r\n\r\n");
-        stream.write_all(connect.as_bytes()).await?;
-        let mut head = Vec::with_capacity(256);
-        let mut buf = [0u8; 512];
-        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-            let n = tokio::time::timeout(limit, stream.read(&mut buf))
-                .await
-                .map_err(|_| Error::Bench("the proxy did not answer CONNECT".into()))??;
-            if n == 0 || head.len() > 8192 {
-                return Err(Error::Bench("the proxy closed before answering CONNECT".into()));
-            }
-            head.extend_from_slice(&buf[..n]);
+    let request = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    // The upstreams here send nothing before they are spoken to, so whatever is read before
+    // the head ends is the head.
+    let mut head = Vec::with_capacity(256);
+    let mut buf = [0u8; 512];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tokio::time::timeout(limit, stream.read(&mut buf))
+            .await
+            .map_err(|_| Error::Bench("the proxy did not answer CONNECT".into()))??;
+        if n == 0 || head.len() > 8192 {
+            return Err(Error::Bench("the proxy closed before answering CONNECT".into()));
         }
-        let status = String::from_utf8_lossy(&head);
-        if !status.starts_with("HTTP/1.1 200") && !status.starts_with("HTTP/1.0 200") {
-            return Err(Error::Bench(format!(
-                "CONNECT refused: {}",
-                status.lines().next().unwrap_or_default()
-            )));
-        }
+        head.extend_from_slice(&buf[..n]);
     }
-    Ok(stream)
+    let status = String::from_utf8_lossy(&head)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    Ok((status, stream))
 }
 
 /// Until a CONNECT through `proxy` succeeds (the owner installed the policy).
