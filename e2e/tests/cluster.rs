@@ -2115,13 +2115,19 @@ impl Flow {
             || format!("a Pod naming a missing policy runs deny-all: {out}"),
         )?;
 
-        // 100 tunnels held while the owner's Pod is force-deleted, then while every member is
-        // replaced by a rollout restart: each still carries a request afterwards.
+        // 100 tunnels and a paced download (8 MiB/s) held while the owner's Pod is
+        // force-deleted, then while every member is replaced by a rollout restart: each tunnel
+        // still carries a request afterwards, and the download completes.
         let mut hold = probe("egress-agent", vec!["--hold".into(), allowed.clone()]);
         hold.insert(1, "-i".to_owned());
-        let mut many = hold.clone();
-        many.extend(["--count".to_owned(), "100".to_owned()]);
-        let mut held = self.kubectl.attach(&strs(&many))?;
+        let many = |download: u64| {
+            let mut many = hold.clone();
+            many.extend(["--count".to_owned(), "100".to_owned()]);
+            many.extend(["--download".to_owned(), download.to_string()]);
+            many
+        };
+        let (during_delete, during_rollout) = (128u64 << 20, 192u64 << 20);
+        let mut held = self.kubectl.attach(&strs(&many(during_delete)))?;
         held.line_starting("probe egress holding=", MINUTE).await?;
         let status = self.pool.status().await?;
         let owner = status
@@ -2145,12 +2151,13 @@ impl Flow {
         held.send("go").await?;
         let after = held.line_starting("probe egress held=", MINUTE).await?;
         eprintln!("   owner {owner} force-deleted, now {moved}: {after}");
-        check(after.contains(" ok=100 of=100 "), || {
-            format!("every tunnel held through the handoff: {after}")
-        })?;
+        check(
+            after.contains(" ok=100 of=100 ") && after.ends_with(&format!(" download={during_delete}/{during_delete}")),
+            || format!("every tunnel and the download held through the handoff: {after}"),
+        )?;
         self.rollout_status("openshell-supervisor", "120s").await?;
 
-        let mut held = self.kubectl.attach(&strs(&many))?;
+        let mut held = self.kubectl.attach(&strs(&many(during_rollout)))?;
         held.line_starting("probe egress holding=", MINUTE).await?;
         self.kubectl
             .run(&[
@@ -2164,11 +2171,13 @@ impl Flow {
         self.rollout_status("openshell-supervisor", "180s").await?;
         self.settled_elsewhere(&ns, "egress-agent", &moved).await?;
         held.send("go").await?;
-        let after = held.line_starting("probe egress held=", MINUTE).await?;
+        let after = held.line_starting("probe egress held=", 2 * MINUTE).await?;
         eprintln!("   rollout restart of the members: {after}");
-        check(after.contains(" ok=100 of=100 "), || {
-            format!("every tunnel held through the rollout: {after}")
-        })?;
+        check(
+            after.contains(" ok=100 of=100 ")
+                && after.ends_with(&format!(" download={during_rollout}/{during_rollout}")),
+            || format!("every tunnel and the download held through the rollout: {after}"),
+        )?;
 
         // Granted (read again within 30 s): the value reaches the bound upstream over TLS the
         // sidecar verified, the placeholder anywhere else goes out as it is, and the value is in

@@ -3,7 +3,9 @@
 //! - `probe upstream --listen 0.0.0.0:8080 --name NAME [--tls-cert F --tls-key F]`: an HTTP
 //!   (or HTTPS) server that answers every request with `200` and the body
 //!   `upstream=NAME method=M path=P auth=<its Authorization header, or ->`, one request per
-//!   connection; a connection that sends nothing is held open.
+//!   connection; a connection that sends nothing is held open. `GET /bytes/N` is answered
+//!   with N bytes (at most 1 GiB) paced at about [`PACE_BYTES_PER_S`], a download long
+//!   enough to be in flight through a handoff.
 //! - `probe egress`, inside a workload container: asks the proxy its `HTTP_PROXY` names for
 //!   each `--get URL` (plain HTTP, absolute form) and each `--connect HOST:PORT` (a tunnel,
 //!   then a request through it), and prints one line each,
@@ -12,7 +14,8 @@
 //!   `--hold HOST:PORT [--count N]` it opens N tunnels (`probe egress holding=<…> count=N`)
 //!   and waits for a line on its standard input, then asks for `/held` through each
 //!   (`probe egress held=<…> ok=<answered> of=N first_failure=<…|none>`) — or, if a tunnel
-//!   closes first, `probe egress held=<…> closed`.
+//!   closes first, `probe egress held=<…> closed`. With `--download N` one more tunnel downloads
+//!   `/bytes/N` meanwhile, and the held line ends with ` download=<received>/N`.
 //! - What a process that ignores the proxy variables does (egress redirection): `--direct URL`
 //!   sends the plain-HTTP request straight to the URL's host (`target=direct:<URL>`);
 //!   `--raw HOST:PORT` connects straight and sends bytes that are no HTTP or TLS
@@ -31,6 +34,12 @@ use tokio::time::timeout;
 const EXCHANGE: Duration = Duration::from_secs(10);
 /// Largest response read.
 const MAX_RESPONSE: u64 = 64 * 1024;
+/// Largest `/bytes/N` served.
+const MAX_DOWNLOAD: u64 = 1 << 30;
+/// How fast `/bytes/N` is sent.
+pub const PACE_BYTES_PER_S: u64 = 8 << 20;
+/// How long a download may take at most.
+const DOWNLOAD_LIMIT: Duration = Duration::from_secs(600);
 
 #[derive(Debug, clap::Args)]
 pub struct UpstreamArgs {
@@ -64,6 +73,9 @@ pub struct EgressArgs {
     /// How many tunnels `--hold` opens.
     #[arg(long, default_value_t = 1)]
     count: usize,
+    /// With `--hold`: also download this many bytes (`/bytes/N`) through one more tunnel.
+    #[arg(long)]
+    download: Option<u64>,
     /// A plain-HTTP URL asked of its host directly, ignoring the proxy variables.
     #[arg(long)]
     direct: Vec<String>,
@@ -133,6 +145,10 @@ async fn answer(mut stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + 
                 .filter(|(n, _)| n.eq_ignore_ascii_case("authorization"))
         })
         .map_or("-", |(_, v)| v.trim());
+    if let Some(size) = path.strip_prefix("/bytes/").and_then(|n| n.parse::<u64>().ok()) {
+        send_paced(&mut stream, size.min(MAX_DOWNLOAD)).await;
+        return;
+    }
     let body = format!("upstream={name} method={method} path={path} auth={auth}\n");
     let answer = format!(
         "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -140,6 +156,63 @@ async fn answer(mut stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + 
     );
     let _ = stream.write_all(answer.as_bytes()).await;
     let _ = stream.shutdown().await;
+}
+
+/// `size` bytes of `z` as an HTTP answer, in 64 KiB chunks at [`PACE_BYTES_PER_S`].
+async fn send_paced(stream: &mut (impl tokio::io::AsyncWrite + Unpin), size: u64) {
+    const CHUNK: u64 = 64 * 1024;
+    let head = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {size}\r\nConnection: close\r\n\r\n"
+    );
+    if stream.write_all(head.as_bytes()).await.is_err() {
+        return;
+    }
+    let chunk = vec![b'z'; CHUNK as usize];
+    let mut every = tokio::time::interval(Duration::from_micros(CHUNK * 1_000_000 / PACE_BYTES_PER_S));
+    let mut left = size;
+    while left > 0 {
+        every.tick().await;
+        let take = left.min(CHUNK);
+        if stream.write_all(&chunk[..take as usize]).await.is_err() {
+            return;
+        }
+        left -= take;
+    }
+    let _ = stream.shutdown().await;
+}
+
+/// Downloads `/bytes/size` from `target` through a tunnel of `proxy`: the body bytes received
+/// (each checked to be `z`; a wrong byte ends the count there).
+async fn download(proxy: String, target: String, size: u64) -> anyhow::Result<u64> {
+    let (mut stream, status, body) = tunnel(&proxy, &target).await?;
+    if status != 200 {
+        bail!("the download's tunnel was refused: {status} {}", first_line(&body));
+    }
+    let request = format!("GET /bytes/{size} HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let head = timeout(EXCHANGE, read_head(&mut stream)).await??;
+    if status_of(&head)? != 200 {
+        bail!("the download was answered {}", first_line(&head));
+    }
+    let mut received = 0u64;
+    let mut buf = vec![0u8; 64 * 1024];
+    timeout(DOWNLOAD_LIMIT, async {
+        loop {
+            let n = stream.read(&mut buf).await?;
+            if n == 0 {
+                return Ok::<_, std::io::Error>(());
+            }
+            match buf[..n].iter().position(|b| *b != b'z') {
+                Some(wrong) => {
+                    received += wrong as u64;
+                    return Ok(());
+                }
+                None => received += n as u64,
+            }
+        }
+    })
+    .await??;
+    Ok(received)
 }
 
 pub async fn egress(args: EgressArgs) -> anyhow::Result<()> {
@@ -186,12 +259,13 @@ pub async fn egress(args: EgressArgs) -> anyhow::Result<()> {
         println!("probe egress target=connect:{target} {line}");
     }
     if let Some(target) = &args.hold {
-        hold(&proxy, target, args.count.clamp(1, 1000)).await?;
+        hold(&proxy, target, args.count.clamp(1, 1000), args.download).await?;
     }
     Ok(())
 }
 
-async fn hold(proxy: &str, target: &str, count: usize) -> anyhow::Result<()> {
+async fn hold(proxy: &str, target: &str, count: usize, size: Option<u64>) -> anyhow::Result<()> {
+    let downloading = size.map(|size| tokio::spawn(download(proxy.to_owned(), target.to_owned(), size)));
     let mut streams = Vec::with_capacity(count);
     for _ in 0..count {
         let (stream, status, body) = tunnel(proxy, target).await?;
@@ -235,8 +309,16 @@ async fn hold(proxy: &str, target: &str, count: usize) -> anyhow::Result<()> {
         Ok((status, body)) => Some(format!("{status} {}", first_line(body))),
         Err(err) => Some(first_line(&format!("{err:#}"))),
     });
+    let downloaded = match (downloading, size) {
+        (Some(task), Some(size)) => match task.await {
+            Ok(Ok(received)) => format!(" download={received}/{size}"),
+            Ok(Err(err)) => format!(" download=error/{size} ({})", first_line(&format!("{err:#}"))),
+            Err(err) => format!(" download=error/{size} ({err})"),
+        },
+        _ => String::new(),
+    };
     println!(
-        "probe egress held={target} ok={ok} of={count} first_failure={}",
+        "probe egress held={target} ok={ok} of={count} first_failure={}{downloaded}",
         failure.unwrap_or_else(|| "none".to_owned())
     );
     Ok(())
