@@ -2116,8 +2116,9 @@ impl Flow {
         )?;
 
         // 100 tunnels and a paced download (8 MiB/s) held while the owner's Pod is
-        // force-deleted, then while every member is replaced by a rollout restart: each tunnel
-        // still carries a request afterwards, and the download completes.
+        // force-deleted, then while the next owner is drained, then while every member is
+        // replaced by a rollout restart: each tunnel still carries a request afterwards, and
+        // the download completes.
         let mut hold = probe("egress-agent", vec!["--hold".into(), allowed.clone()]);
         hold.insert(1, "-i".to_owned());
         let many = |download: u64| {
@@ -2157,6 +2158,28 @@ impl Flow {
         )?;
         self.rollout_status("openshell-supervisor", "120s").await?;
 
+        // A drain of the new owner, then the member returned to service.
+        let mut held = self.kubectl.attach(&strs(&many(during_delete)))?;
+        held.line_starting("probe egress holding=", MINUTE).await?;
+        let out = self
+            .pool
+            .poolctl(&["drain", &moved, "--max-parallel", "2", "--wait"])
+            .await?;
+        let drained_to = self.settled_elsewhere(&ns, "egress-agent", &moved).await?;
+        held.send("go").await?;
+        let after = held.line_starting("probe egress held=", MINUTE).await?;
+        eprintln!("   {moved} drained, now {drained_to}: {after}");
+        check(
+            after.contains(" ok=100 of=100 ") && after.ends_with(&format!(" download={during_delete}/{during_delete}")),
+            || format!("every tunnel and the download held through the drain: {after}"),
+        )?;
+        let id = out
+            .split_whitespace()
+            .nth(1)
+            .ok_or_else(|| Error::Check(format!("poolctl printed no operation id: {out}")))?;
+        self.pool.poolctl(&["cancel", id]).await?;
+        self.member_active(&moved, MINUTE).await?;
+
         let mut held = self.kubectl.attach(&strs(&many(during_rollout)))?;
         held.line_starting("probe egress holding=", MINUTE).await?;
         self.kubectl
@@ -2169,7 +2192,7 @@ impl Flow {
             ])
             .await?;
         self.rollout_status("openshell-supervisor", "180s").await?;
-        self.settled_elsewhere(&ns, "egress-agent", &moved).await?;
+        self.settled_elsewhere(&ns, "egress-agent", &drained_to).await?;
         held.send("go").await?;
         let after = held.line_starting("probe egress held=", 2 * MINUTE).await?;
         eprintln!("   rollout restart of the members: {after}");
