@@ -1130,10 +1130,7 @@ impl Flow {
         self.survived("poolctl drain of a member (max-parallel 2)", seconds, &base)
             .await?;
         // Return the member to service.
-        let id = out
-            .split_whitespace()
-            .nth(1)
-            .ok_or_else(|| Error::Check(format!("poolctl printed no operation id: {out}")))?;
+        let id = operation_id(&out)?;
         self.pool.poolctl(&["cancel", id]).await?;
         self.member_active(&member, MINUTE).await
     }
@@ -2173,10 +2170,7 @@ impl Flow {
             after.contains(" ok=100 of=100 ") && after.ends_with(&format!(" download={during_delete}/{during_delete}")),
             || format!("every tunnel and the download held through the drain: {after}"),
         )?;
-        let id = out
-            .split_whitespace()
-            .nth(1)
-            .ok_or_else(|| Error::Check(format!("poolctl printed no operation id: {out}")))?;
+        let id = operation_id(&out)?;
         self.pool.poolctl(&["cancel", id]).await?;
         self.member_active(&moved, MINUTE).await?;
 
@@ -2306,12 +2300,24 @@ impl Flow {
         check(owners.len() >= 2 && denials > 0, || {
             format!("delivered through the owners it had ({owners:?}), denials included")
         })?;
-        // The denials, aggregated, as a Warning Event on the agent's Pod.
-        let event = self.event_in(&ns, "egress-agent", "EgressDenied").await?;
-        let note = event["message"].as_str().or(event["note"].as_str()).unwrap_or_default();
-        eprintln!("   EgressDenied: {note} (type {})", event["type"]);
-        check(event["type"] == "Warning" && note.contains("poolctl audit"), || {
-            format!("a Warning explaining the denial: {event}")
+        // The denials, aggregated, as Warning Events on the agent's Pod: one per destination
+        // (the step was denied several).
+        let kubectl = self.kubectl.clone();
+        let denied_events = wait_for("EgressDenied Events for two destinations", MINUTE, || async {
+            let found = events(&kubectl, &ns, "egress-agent", "EgressDenied").await.ok()?;
+            let notes: BTreeSet<String> = found
+                .iter()
+                .filter(|e| e["type"] == "Warning")
+                .filter_map(|e| e["message"].as_str().or(e["note"].as_str()).map(str::to_owned))
+                .collect();
+            (notes.len() >= 2).then_some(notes)
+        })
+        .await?;
+        for note in &denied_events {
+            eprintln!("   EgressDenied: {note}");
+        }
+        check(denied_events.iter().all(|n| n.contains("poolctl audit")), || {
+            format!("Warnings explaining the denials: {denied_events:?}")
         })?;
         self.measured.push(Measured {
             scenario: "SandboxPolicy edit → revoked tunnel closed",
@@ -2832,6 +2838,19 @@ fn pool_operation(namespace: &str, name: &str, member: &str, dry_run: bool) -> S
         "spec": { "kind": "Drain", "member": member, "maxParallel": 2, "dryRun": dry_run },
     })
     .to_string()
+}
+
+/// The id of the operation `poolctl drain` started or found already running (`started: ID …`,
+/// `already running: ID …`).
+fn operation_id(out: &str) -> Result<&str, Error> {
+    out.lines()
+        .find_map(|line| {
+            let rest = line
+                .strip_prefix("started: ")
+                .or_else(|| line.strip_prefix("already running: "))?;
+            rest.split_whitespace().next()
+        })
+        .ok_or_else(|| Error::Check(format!("poolctl printed no operation id: {out}")))
 }
 
 fn now_ms() -> u64 {

@@ -166,7 +166,8 @@ impl Traffic {
             let deadline = tokio::time::Instant::now() + DELIVERED_WITHIN;
             let trail = loop {
                 let trail = pool.audit(name).await.unwrap_or_default();
-                let done = tally(&trail).0 >= expected;
+                let (allowed, denied) = tally(&trail).0;
+                let done = allowed >= expected.0 && denied >= expected.1;
                 if done || tokio::time::Instant::now() > deadline {
                     break trail;
                 }
@@ -268,12 +269,17 @@ impl Through {
         }
     }
 
-    /// A tunnel to the allowed upstream, counted when let through.
+    /// A tunnel to the allowed upstream, counted when let through — and when refused (before
+    /// the owner installed the policy the sidecar denies everything, and records it).
     async fn tunnel(&self) -> Result<TcpStream, String> {
         match connect(self.proxy, self.allowed, STEP).await {
             Ok((200, stream)) => {
                 self.counts.allowed.fetch_add(1, Ordering::Relaxed);
                 Ok(stream)
+            }
+            Ok((403, _)) => {
+                self.counts.denied.fetch_add(1, Ordering::Relaxed);
+                Err("status 403".into())
             }
             Ok((status, _)) => Err(format!("status {status}")),
             Err(err) => Err(err.to_string()),

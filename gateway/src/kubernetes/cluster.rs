@@ -2,7 +2,7 @@
 //! reading what it intends off a channel ([`Recording`]) and the real client
 //! ([`Kube`]) against a mock API server answering with captured responses.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::time::Duration;
 
@@ -34,6 +34,11 @@ pub const REPORTING_CONTROLLER: &str = "supervision.openshell.ai/gateway";
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "supervision-gateway");
 /// Bound on every API call.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// A repeat within this long of the last is counted in the Event's series (as kube-runtime's
+/// recorder does); later, it is a new Event.
+pub const SERIES_TTL: Duration = Duration::from_secs(6 * 60);
+/// Events [`Cluster::publish_distinct`] remembers at most (more are each published anew).
+pub const MAX_SERIES: usize = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -82,6 +87,9 @@ pub trait Cluster: Send + Sync + 'static {
     fn delete_secret(&self, namespace: &str, name: &str) -> impl Future<Output = Result<(), Error>> + Send;
     /// Record an Event (repeats of the same event become a series).
     fn publish(&self, notice: &Notice) -> impl Future<Output = Result<(), Error>> + Send;
+    /// Record an Event that its note tells apart from others of the same object and reason
+    /// (one per denied destination): repeats of the same note become its series.
+    fn publish_distinct(&self, notice: &Notice) -> impl Future<Output = Result<(), Error>> + Send;
     /// Server-side apply the status of the `SupervisorPool` `name` in `namespace`, creating
     /// the object (spec empty) when it does not exist.
     fn apply_pool_status(
@@ -232,12 +240,27 @@ pub fn reference(pod: &Regarding) -> ObjectReference {
 }
 
 /// The real API, through kube-rs. Events go through kube-runtime's [`Recorder`]
-/// (events.k8s.io/v1, client-go naming, series for repeats).
+/// (events.k8s.io/v1, client-go naming, series for repeats), which tells repeats apart by
+/// object and reason only and keeps the first note; [`Cluster::publish_distinct`] keeps its own
+/// series by note.
 #[derive(Clone)]
 pub struct Kube {
     client: Client,
     recorder: Recorder,
     owner: Option<OwnerReference>,
+    instance: String,
+    series: std::sync::Arc<std::sync::Mutex<HashMap<SeriesKey, Series>>>,
+}
+
+/// An Event of [`Cluster::publish_distinct`]: namespace, object name, reason, note.
+type SeriesKey = (String, String, &'static str, String);
+
+/// The Event a note was last published as: its name, its count, when.
+#[derive(Clone)]
+struct Series {
+    name: String,
+    count: i32,
+    at: std::time::Instant,
 }
 
 impl Kube {
@@ -251,6 +274,8 @@ impl Kube {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             owner: None,
+            instance: instance.to_owned(),
+            series: std::sync::Arc::default(),
         }
     }
 
@@ -264,6 +289,15 @@ impl Kube {
                 "cannot read the install namespace: token Secrets get no owner and outlive an uninstall"),
         }
         self
+    }
+}
+
+impl Kube {
+    fn remember(&self, key: SeriesKey, last: Series) {
+        let mut series = self.series.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if series.len() < MAX_SERIES || series.contains_key(&key) {
+            series.insert(key, last);
+        }
     }
 }
 
@@ -309,6 +343,79 @@ impl Cluster for Kube {
         bounded(self.recorder.publish(&event, &reference(&notice.regarding)))
             .await
             .map_err(|err| in_namespace(&notice.regarding.namespace, err))
+    }
+
+    async fn publish_distinct(&self, notice: &Notice) -> Result<(), Error> {
+        use k8s_openapi::api::events::v1::{Event as K8sEvent, EventSeries};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+        use k8s_openapi::jiff::Timestamp;
+
+        let namespace = notice.regarding.namespace.clone();
+        let key: SeriesKey = (
+            namespace.clone(),
+            notice.regarding.name.clone(),
+            notice.reason,
+            notice.note.clone(),
+        );
+        let cached = {
+            let mut series = self.series.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            series.retain(|_, s| s.at.elapsed() < SERIES_TTL);
+            series.get(&key).cloned()
+        };
+        let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
+        let now = MicroTime(Timestamp::now());
+        if let Some(last) = cached {
+            let count = last.count.saturating_add(1);
+            let patch = serde_json::json!({
+                "series": EventSeries { count, last_observed_time: now.clone() },
+            });
+            match bounded(api.patch(&last.name, &PatchParams::default(), &Patch::Merge(&patch))).await {
+                Ok(_) => {
+                    self.remember(
+                        key,
+                        Series {
+                            count,
+                            at: std::time::Instant::now(),
+                            ..last
+                        },
+                    );
+                    return Ok(());
+                }
+                // Gone (expired by the API server): published anew below.
+                Err(Error::Api(kube::Error::Api(status))) if status.code == 404 => {}
+                Err(err) => return Err(in_namespace(&namespace, err)),
+            }
+        }
+        let name = format!("{}.{:x}", notice.regarding.name, Timestamp::now().as_nanosecond());
+        let event = K8sEvent {
+            action: Some(notice.action.to_owned()),
+            reason: Some(notice.reason.to_owned()),
+            note: Some(notice.note.clone()),
+            event_time: Some(now),
+            regarding: Some(reference(&notice.regarding)),
+            related: notice.related.as_ref().map(reference),
+            reporting_controller: Some(REPORTING_CONTROLLER.to_owned()),
+            reporting_instance: Some(self.instance.clone()),
+            type_: Some(if notice.warning { "Warning" } else { "Normal" }.to_owned()),
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            ..K8sEvent::default()
+        };
+        bounded(api.create(&kube::api::PostParams::default(), &event))
+            .await
+            .map_err(|err| in_namespace(&namespace, err))?;
+        self.remember(
+            key,
+            Series {
+                name,
+                count: 1,
+                at: std::time::Instant::now(),
+            },
+        );
+        Ok(())
     }
 
     async fn set_operation_finalizers(
@@ -556,6 +663,11 @@ impl Cluster for Recording {
     }
 
     async fn publish(&self, notice: &Notice) -> Result<(), Error> {
+        self.send(Call::Publish(notice.clone()));
+        self.refuses(&notice.regarding.namespace)
+    }
+
+    async fn publish_distinct(&self, notice: &Notice) -> Result<(), Error> {
         self.send(Call::Publish(notice.clone()));
         self.refuses(&notice.regarding.namespace)
     }

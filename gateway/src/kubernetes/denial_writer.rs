@@ -1,7 +1,8 @@
 //! Publishes the [`denials`] Events from the coordinator: while this replica holds the lease,
 //! every [`INTERVAL`] it reads the denials the audit trail stored since its last round (any
-//! replica stores them) and publishes their Events. A new term starts from what is stored
-//! from then on: what happened before is in the audit trail, not in new Events.
+//! replica stores them) and publishes their Events. A new term starts [`LOOKBACK_MS`] back,
+//! so denials its predecessor had no time to report (it died) are reported; one both
+//! reported counts twice in its Event's series (the audit trail has each denial once).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +21,7 @@ use crate::store::Lease;
 pub const INTERVAL: Duration = Duration::from_secs(5);
 /// Records are read once stored this long ago (by the store's clock): a delivery's
 /// transaction stamps its records when it starts and commits a moment later.
-pub const SETTLE_MS: i64 = 2_000;
+pub const SETTLE_MS: i64 = 5_000;
 /// How far back (storing time) a new term starts.
 pub const LOOKBACK_MS: i64 = 30_000;
 /// Groups of denials read in one round at most.
@@ -56,7 +57,12 @@ impl<C: Cluster> DenialWriter<C> {
             if upto <= after {
                 continue;
             }
-            let denied = match self.replica.store.audit_denials(after, upto, GROUPS).await {
+            let denied = match self
+                .replica
+                .store
+                .audit_denials(after, upto, denials::PER_POD as i64, GROUPS)
+                .await
+            {
                 Ok(denied) => denied,
                 Err(err) => {
                     warn!(error = %err, "cannot read the egress denials to report; retrying next round");
@@ -65,10 +71,10 @@ impl<C: Cluster> DenialWriter<C> {
             };
             published = Some((term, upto));
             for notice in denials::notices(&denied) {
-                if lease.borrow().as_ref().is_none_or(|l| l.term != term) {
+                if shutdown.is_cancelled() || lease.borrow().as_ref().is_none_or(|l| l.term != term) {
                     break;
                 }
-                match self.cluster.publish(&notice).await {
+                match self.cluster.publish_distinct(&notice).await {
                     Ok(()) => failing = false,
                     Err(err) if !failing => {
                         warn!(namespace = %notice.regarding.namespace, pod = %notice.regarding.name, error = %err,

@@ -42,7 +42,7 @@ pub struct Recorded {
 }
 
 /// Denials of one destination by one Pod's sidecar under one policy revision, counted.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, sqlx::FromRow)]
 pub struct Denials {
     pub namespace: String,
     pub name: String,
@@ -50,8 +50,14 @@ pub struct Denials {
     pub destination: String,
     pub policy: String,
     pub revision: i64,
+    /// One of the reasons given (they differ only by path).
     pub reason: String,
     pub count: i64,
+    /// This destination's place among the Pod's, most denied first (from 1).
+    pub rank: i64,
+    /// All the Pod's denied destinations and attempts in the window.
+    pub destinations: i64,
+    pub attempts: i64,
 }
 
 const COLUMNS: &str = "uid, sequence, route, namespace, name, member, term, recorded_at_ms, at_ms, decision, \
@@ -142,16 +148,26 @@ impl Store {
     }
 
     /// The denials stored after `after_ms` and at or before `upto_ms` (storing time), counted by
-    /// Pod, destination, policy revision and reason, most first, at most `limit` groups.
-    pub async fn audit_denials(&self, after_ms: i64, upto_ms: i64, limit: i64) -> Result<Vec<Denials>> {
+    /// Pod, destination and policy revision: of each Pod its `per_pod` most denied
+    /// destinations, each with the Pod's totals (destinations, attempts), so one Pod with many
+    /// destinations cannot crowd out the others. Ordered by each Pod's rank (every Pod's first
+    /// destination before any Pod's second), then most denied first; at most `limit` rows.
+    pub async fn audit_denials(&self, after_ms: i64, upto_ms: i64, per_pod: i64, limit: i64) -> Result<Vec<Denials>> {
         Ok(sqlx::query_as(
-            "SELECT namespace, name, uid, destination, policy, revision, reason, COUNT(*) AS count \
-             FROM audit_records WHERE recorded_at_ms > $1 AND recorded_at_ms <= $2 AND decision = 'deny' \
-             GROUP BY namespace, name, uid, destination, policy, revision, reason \
-             ORDER BY count DESC, namespace, name, destination LIMIT $3",
+            "SELECT namespace, name, uid, destination, policy, revision, reason, count, rank, destinations, attempts \
+             FROM (SELECT namespace, name, uid, destination, policy, revision, MIN(reason) AS reason, \
+                     COUNT(*) AS count, \
+                     ROW_NUMBER() OVER (PARTITION BY uid ORDER BY COUNT(*) DESC, destination) AS rank, \
+                     COUNT(*) OVER (PARTITION BY uid) AS destinations, \
+                     CAST(SUM(COUNT(*)) OVER (PARTITION BY uid) AS BIGINT) AS attempts \
+                   FROM audit_records \
+                   WHERE recorded_at_ms > $1 AND recorded_at_ms <= $2 AND decision = 'deny' \
+                   GROUP BY namespace, name, uid, destination, policy, revision) counted \
+             WHERE rank <= $3 ORDER BY rank, count DESC, namespace, name, destination LIMIT $4",
         )
         .bind(after_ms)
         .bind(upto_ms)
+        .bind(per_pod)
         .bind(limit)
         .fetch_all(&self.pool)
         .await?)

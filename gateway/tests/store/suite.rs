@@ -1857,18 +1857,34 @@ pub async fn audit_records_are_stored_once_and_only_for_the_active_owner(db: &Te
         .unwrap();
     let stored = db.store.list_audit("ns", "pod", 0, 0, 100).await.unwrap();
     let (first_ms, last_ms) = (stored[0].recorded_at_ms, stored[4].recorded_at_ms);
-    let counted = db.store.audit_denials(first_ms - 1, last_ms, 100).await.unwrap();
+    let counted = db.store.audit_denials(first_ms - 1, last_ms, 3, 100).await.unwrap();
     assert_eq!(
         counted
             .iter()
-            .map(|d| (d.destination.as_str(), d.count, d.uid.as_str()))
+            .map(|d| (
+                d.destination.as_str(),
+                d.count,
+                d.uid.as_str(),
+                d.rank,
+                d.destinations,
+                d.attempts
+            ))
             .collect::<Vec<_>>(),
-        [("d1.example:443", 3, "u-1"), ("d2.example:443", 1, "u-1")],
-        "denials only (not the allowed record), most first"
+        [
+            ("d1.example:443", 3, "u-1", 1, 2, 4),
+            ("d2.example:443", 1, "u-1", 2, 2, 4)
+        ],
+        "denials only (not the allowed record), most first, with the Pod's totals"
+    );
+    let busiest = db.store.audit_denials(first_ms - 1, last_ms, 1, 100).await.unwrap();
+    assert_eq!(
+        busiest.iter().map(|d| d.destination.as_str()).collect::<Vec<_>>(),
+        ["d1.example:443"],
+        "a Pod's busiest destinations only"
     );
     assert!(
         db.store
-            .audit_denials(last_ms, last_ms + 60_000, 100)
+            .audit_denials(last_ms, last_ms + 60_000, 3, 100)
             .await
             .unwrap()
             .is_empty()

@@ -265,13 +265,13 @@ impl Store {
                 continue;
             };
             line.push(b'\n');
-            let room = if record.decision == DROPPED {
-                MAX_BYTES
-            } else {
-                MAX_BYTES - GAP_ROOM
-            };
+            let gap = record.decision == DROPPED;
+            let room = if gap { MAX_BYTES } else { MAX_BYTES - GAP_ROOM };
             if self.bytes + line.len() > room {
-                self.dropped.fetch_add(1, Ordering::Relaxed);
+                // A record of the gap that does not fit yet is tried again, not counted.
+                if !gap {
+                    self.dropped.fetch_add(1, Ordering::Relaxed);
+                }
                 continue;
             }
             self.next += 1;
