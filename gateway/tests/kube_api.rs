@@ -736,6 +736,55 @@ async fn publish_reports_an_invalid_event_and_does_not_start_a_series() {
     created.expect("created on retry");
 }
 
+async fn serve_create(server: &mut api::Server, note: &str) -> String {
+    let (request, respond) = server.next().await;
+    let name = assert_create(&request, note);
+    reply(respond, 201, "event-create.json");
+    name
+}
+
+async fn serve_series(server: &mut api::Server, name: &str, status: u16, fixture: &str) {
+    let (request, respond) = server.next().await;
+    assert_eq!(request.method, http::Method::PATCH);
+    assert_eq!(request.path, format!("{EVENTS}/{name}"));
+    let body = request.json();
+    assert_eq!(body["series"]["count"], 2);
+    assert!(body["series"]["lastObservedTime"].is_string(), "{body}");
+    reply(respond, status, fixture);
+}
+
+/// Events told apart by their note (one per denied destination): each note its own Event,
+/// a repeat of one patches that one's series, and an Event the API server expired meanwhile
+/// is created anew.
+#[tokio::test]
+async fn publish_distinct_keeps_one_event_and_series_per_note() {
+    let (client, mut server) = api::client();
+    let kube = Kube::new(client, INSTANCE);
+    let (first, second) = ("egress to a.example:443 denied", "egress to b.example:443 denied");
+    let (to_a, to_b) = (recovered(first), recovered(second));
+
+    let (created, a) = tokio::join!(kube.publish_distinct(&to_a), serve_create(&mut server, first));
+    created.expect("created");
+    let (created, b) = tokio::join!(kube.publish_distinct(&to_b), serve_create(&mut server, second));
+    created.expect("a second Event for the second note, not a patch of the first");
+    assert_ne!(a, b);
+
+    let (patched, ()) = tokio::join!(
+        kube.publish_distinct(&to_a),
+        serve_series(&mut server, &a, 200, "event-patch-series-add.json")
+    );
+    patched.expect("the first note's series");
+
+    // The second Event expired on the server: created again. (A NotFound Status as the API
+    // server answers it, captured for a Secret: only the code is read.)
+    let expired = async {
+        serve_series(&mut server, &b, 404, "secret-get-after-delete.json").await;
+        serve_create(&mut server, second).await
+    };
+    let (recreated, _) = tokio::join!(kube.publish_distinct(&to_b), expired);
+    recreated.expect("created anew");
+}
+
 // ---------------------------------------------------------------------------------------
 // Kube: the SupervisorPool status
 // ---------------------------------------------------------------------------------------
