@@ -2149,10 +2149,7 @@ impl Flow {
         held.send("go").await?;
         let after = held.line_starting("probe egress held=", MINUTE).await?;
         eprintln!("   owner {owner} force-deleted, now {moved}: {after}");
-        check(
-            after.contains(" ok=100 of=100 ") && after.ends_with(&format!(" download={during_delete}/{during_delete}")),
-            || format!("every tunnel and the download held through the handoff: {after}"),
-        )?;
+        held_through(&after, during_delete, "the handoff")?;
         self.rollout_status("openshell-supervisor", "120s").await?;
 
         // A drain of the new owner, then the member returned to service.
@@ -2166,10 +2163,7 @@ impl Flow {
         held.send("go").await?;
         let after = held.line_starting("probe egress held=", MINUTE).await?;
         eprintln!("   {moved} drained, now {drained_to}: {after}");
-        check(
-            after.contains(" ok=100 of=100 ") && after.ends_with(&format!(" download={during_delete}/{during_delete}")),
-            || format!("every tunnel and the download held through the drain: {after}"),
-        )?;
+        held_through(&after, during_delete, "the drain")?;
         let id = operation_id(&out)?;
         self.pool.poolctl(&["cancel", id]).await?;
         self.member_active(&moved, MINUTE).await?;
@@ -2190,11 +2184,7 @@ impl Flow {
         held.send("go").await?;
         let after = held.line_starting("probe egress held=", 2 * MINUTE).await?;
         eprintln!("   rollout restart of the members: {after}");
-        check(
-            after.contains(" ok=100 of=100 ")
-                && after.ends_with(&format!(" download={during_rollout}/{during_rollout}")),
-            || format!("every tunnel and the download held through the rollout: {after}"),
-        )?;
+        held_through(&after, during_rollout, "the rollout")?;
 
         // Granted (read again within 30 s): the value reaches the bound upstream over TLS the
         // sidecar verified, the placeholder anywhere else goes out as it is, and the value is in
@@ -2838,6 +2828,15 @@ fn pool_operation(namespace: &str, name: &str, member: &str, dry_run: bool) -> S
         "spec": { "kind": "Drain", "member": member, "maxParallel": 2, "dryRun": dry_run },
     })
     .to_string()
+}
+
+/// `probe egress held=…` said every one of the 100 tunnels answered and the download of
+/// `download` bytes completed, through `what`.
+fn held_through(after: &str, download: u64, what: &str) -> Result<(), Error> {
+    check(
+        after.contains(" ok=100 of=100 ") && after.ends_with(&format!(" download={download}/{download}")),
+        || format!("every tunnel and the download held through {what}: {after}"),
+    )
 }
 
 /// The id of the operation `poolctl drain` started or found already running (`started: ID …`,
