@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use clap::Parser;
 
 use crate::Error;
+use crate::store::sealing::{self, Kek, Keks};
 use crate::store::{self, files};
-use crate::tokens::{Kek, Keks, sealing};
 
 #[derive(Debug, Clone, Parser)]
 #[command(name = "gateway", version, about = "Shared-supervision gateway replica")]

@@ -16,9 +16,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::operations;
-use crate::placement::{self, Decision};
+use crate::placement::Decision;
 use crate::pool::View;
 use crate::replica::Replica;
+use crate::room;
 use crate::store::{self, Assignment, AssignmentPhase, FencedWrite, Lease, Operation, OperationKind, OperationPhase};
 
 /// Run while the replica runs; reconcile whenever this replica holds the
@@ -142,7 +143,7 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
     // Recoveries share fenced transactions the same way (a conflict fails its batch).
     let mut recoveries: Vec<[FencedWrite; 2]> = Vec::new();
     let mut still_unplaced = BTreeSet::new();
-    let decisions = decisions(view);
+    let decisions = room::decisions(view);
     let generation = |route: &str| view.instances.get(route).map_or(0, |i| i.generation);
     let mut replaced = BTreeSet::new();
     for decision in decisions {
@@ -269,59 +270,6 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
         }
     }
     batches
-}
-
-/// What placement decides for `view`: the desired instances, their owners and the live
-/// members that may take them (drained and leaving ones take nothing new). Pure.
-pub fn decisions(view: &View) -> Vec<Decision> {
-    placement::plan(
-        &view.desired(),
-        &view.owners(),
-        &view.candidates(&operations::drained(view)),
-    )
-}
-
-/// The routes no member can take in `view`, with placement's reason. Pure; worked out once per
-/// view (memoized in it).
-pub fn unplaced(view: &View) -> &BTreeMap<String, String> {
-    view.unplaced.get_or_init(|| {
-        decisions(view)
-            .into_iter()
-            .filter_map(|d| match d {
-                Decision::Unplaced { route, reason } => Some((route, reason)),
-                _ => None,
-            })
-            .collect()
-    })
-}
-
-/// Whether `view` would place one more new instance: nothing desired is unplaced, and the
-/// members that take instances have more free slots than there are routes still to place.
-/// Worked out once per view (memoized in it).
-pub fn takes_one_more(view: &View) -> bool {
-    *view.room.get_or_init(|| {
-        if !unplaced(view).is_empty() {
-            return false;
-        }
-        let mut load: BTreeMap<&str, usize> = BTreeMap::new();
-        let mut pending = 0usize;
-        for route in view.desired() {
-            match view.current_assignment(&route) {
-                Some(a) => *load.entry(a.member.as_str()).or_default() += 1,
-                None => pending += 1,
-            }
-        }
-        let free: usize = view
-            .candidates(&operations::drained(view))
-            .iter()
-            .filter(|c| !c.excluded)
-            .map(|c| {
-                c.capacity
-                    .saturating_sub(load.get(c.member.as_str()).copied().unwrap_or(0))
-            })
-            .sum();
-        free > pending
-    })
 }
 
 /// A recover operation is done when the new owner reports the instance at
@@ -504,23 +452,23 @@ mod tests {
             v
         };
         // Two members of one slot each, one route still to place: room for one more.
-        assert!(takes_one_more(&with_capacity(1)));
+        assert!(room::takes_one_more(&with_capacity(1)));
         // The route placed on `a`: `b`'s slot is free.
         let mut placed = with_capacity(1);
         assign(&mut placed, "a", 1);
-        assert!(takes_one_more(&placed));
+        assert!(room::takes_one_more(&placed));
         // One member drained: its slot does not count, and the pending route takes the other.
         let mut drained = with_capacity(1);
         drained
             .operations
             .push(crate::operations::tests::op(OperationKind::Drain, "b", 1));
-        assert!(!takes_one_more(&drained));
+        assert!(!room::takes_one_more(&drained));
         // Nobody live.
         let mut nobody = view();
         nobody.now_ms = 30_000;
-        assert!(!takes_one_more(&nobody));
+        assert!(!room::takes_one_more(&nobody));
         // Something is unplaced already (no capacity at all).
-        assert!(!takes_one_more(&with_capacity(0)));
+        assert!(!room::takes_one_more(&with_capacity(0)));
     }
 
     #[test]

@@ -145,7 +145,7 @@ pub async fn run(
                         }
                     }
                     if let Some(issued) = &delivered {
-                        replica.metrics.token_files_delivered(issued);
+                        replica.metrics.token_files_delivered(issued.issued_at_ms);
                     }
                 }
             }
@@ -174,6 +174,19 @@ pub enum Target {
     /// Kubernetes: one labelled namespace's Secret. Trust bundle and CA only: each sidecar
     /// authenticates with its own Pod's ServiceAccount token.
     Namespace(String),
+}
+
+impl Target {
+    /// The target's kind, as the token Secret metrics label it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Target::Supervisor => "supervisor",
+            Target::Namespace(_) => "namespace",
+            Target::Member(_) => "member",
+            Target::Operator => "operator",
+            Target::Instance { .. } => "instance",
+        }
+    }
 }
 
 /// One delivery: the token minted for it (none for trust-only targets) and when it is due

@@ -12,6 +12,7 @@ pub mod election;
 pub mod grpc_health;
 pub mod health;
 pub mod host;
+pub mod input;
 pub mod kubernetes;
 pub mod metrics;
 pub mod operations;
@@ -25,9 +26,11 @@ pub mod refusals;
 pub mod registry;
 pub mod replica;
 pub mod reports;
+pub mod room;
 pub mod server;
 pub mod status;
 pub mod store;
+pub mod summary;
 pub mod tokens;
 
 use std::sync::{Arc, Mutex};
@@ -60,7 +63,7 @@ pub enum Error {
         source: std::io::Error,
     },
     #[error("signing keys at rest: {0}")]
-    KeyEncryption(#[from] tokens::sealing::Error),
+    KeyEncryption(#[from] store::sealing::Error),
     #[error(
         "a PostgreSQL store needs a key-encryption key: set --key-encryption-key-file \
          (OPENSHELL_GATEWAY_KEY_ENCRYPTION_KEY_FILE) to a file of 32 random bytes in base64, \
@@ -100,7 +103,7 @@ pub async fn bind(settings: &Settings) -> Result<TcpListener, Error> {
 /// is released.
 pub async fn run(settings: Settings, listener: TcpListener, shutdown: CancellationToken) -> Result<(), Error> {
     if !settings.kubernetes {
-        return run_with::<kubernetes::Recording>(settings, listener, shutdown, None).await;
+        return run_with::<kubernetes::Absent>(settings, listener, shutdown, None).await;
     }
     let scope = kubernetes::Scope {
         ca_file: settings.tls_ca.clone(),
@@ -115,7 +118,7 @@ pub async fn run(settings: Settings, listener: TcpListener, shutdown: Cancellati
     outcome
 }
 
-/// [`run`] with a given Kubernetes integration (tests pass a recording one), or none.
+/// [`run`] with a given Kubernetes integration (tests pass a stand-in), or none.
 pub async fn run_with<C: kubernetes::Cluster + Clone>(
     settings: Settings,
     listener: TcpListener,
@@ -235,7 +238,16 @@ pub async fn run_with<C: kubernetes::Cluster + Clone>(
         tokio::spawn(refresh::beat(store.clone(), settings.replica.clone(), stop.clone())),
         tokio::spawn(reports::run(replica.reports.clone(), store.clone(), stop.clone())),
         tokio::spawn(coordinator::run(replica.clone(), lease_rx.clone(), stop.clone())),
-        tokio::spawn(metrics::follow(replica.clone(), lease_rx.clone(), stop.clone())),
+        tokio::spawn({
+            let streams = replica.clone();
+            metrics::follow(
+                replica.metrics.clone(),
+                replica.view.clone(),
+                move || streams.sessions(|s| s.len()),
+                lease_rx.clone(),
+                stop.clone(),
+            )
+        }),
         tokio::spawn(credentials::run(
             replica.clone(),
             settings.issuer.clone(),

@@ -25,9 +25,8 @@ use tokio_util::sync::CancellationToken;
 
 pub use pool::{Figures, GaugeSet};
 
-use crate::credentials::{Issued, Target};
 use crate::host::protocol::Dropped;
-use crate::replica::Replica;
+use crate::pool::View;
 use crate::store::{FencedWrite, Lease, OperationKind, OperationPhase};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -319,19 +318,13 @@ impl Metrics {
         self.token_secret_writes.get_or_create(&ResultLabels { result }).inc();
     }
 
-    /// What the coordinator has delivered this term: the oldest issue time per target kind.
-    pub fn token_secrets_delivered<'a>(&self, sent: impl IntoIterator<Item = (&'a Target, &'a Issued)>) {
+    /// What the coordinator has delivered this term, as (target kind, issued at in ms): the
+    /// oldest issue time per kind.
+    pub fn token_secrets_delivered(&self, sent: impl IntoIterator<Item = (&'static str, i64)>) {
         let mut oldest: std::collections::BTreeMap<&'static str, i64> = Default::default();
-        for (target, issued) in sent {
-            let kind = match target {
-                Target::Supervisor => "supervisor",
-                Target::Namespace(_) => "namespace",
-                Target::Member(_) => "member",
-                Target::Operator => "operator",
-                Target::Instance { .. } => "instance",
-            };
+        for (kind, issued_at_ms) in sent {
             let at = oldest.entry(kind).or_insert(i64::MAX);
-            *at = (*at).min(issued.issued_at_ms / 1000);
+            *at = (*at).min(issued_at_ms / 1000);
         }
         self.token_secret_oldest
             .replace(oldest.into_iter().map(|(kind, at)| (pool::KindLabels { kind }, at)));
@@ -339,9 +332,9 @@ impl Metrics {
 
     /// Local mode (`--credentials-dir`, never with `--kubernetes`): the token files the
     /// coordinator delivered, as `kind="local_files"`.
-    pub fn token_files_delivered(&self, issued: &Issued) {
+    pub fn token_files_delivered(&self, issued_at_ms: i64) {
         let kind = pool::KindLabels { kind: "local_files" };
-        self.token_secret_oldest.replace([(kind, issued.issued_at_ms / 1000)]);
+        self.token_secret_oldest.replace([(kind, issued_at_ms / 1000)]);
     }
 
     /// No longer the coordinator: its token Secret figures go.
@@ -357,14 +350,19 @@ impl Metrics {
 }
 
 /// Keep this replica's gauges and, while it holds the lease, the pool-wide gauges in step with
-/// the lease and every new pool view, until `stop`.
-pub async fn follow(replica: Arc<Replica>, mut lease: watch::Receiver<Option<Lease>>, stop: CancellationToken) {
-    let mut view = replica.view.clone();
-    let metrics = &replica.metrics;
+/// the lease and every new pool view, until `stop`. `streams` counts the member streams this
+/// replica serves.
+pub async fn follow(
+    metrics: Arc<Metrics>,
+    mut view: watch::Receiver<Arc<View>>,
+    streams: impl Fn() -> usize,
+    mut lease: watch::Receiver<Option<Lease>>,
+    stop: CancellationToken,
+) {
     loop {
         let held = lease.borrow_and_update().clone();
         metrics.follow_lease(held.as_ref());
-        let streams = replica.sessions(|s| s.len());
+        let streams = streams();
         metrics.member_streams.set(i64::try_from(streams).unwrap_or(i64::MAX));
         let current = view.borrow_and_update().clone();
         match held {

@@ -22,8 +22,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 mod preview;
+mod request;
 
 pub use preview::{PlannedMove, Preview, Refusal, equivalent, preview};
+pub use request::from_request;
 
 use crate::placement::{Candidate, least_loaded};
 use crate::pool::View;

@@ -53,10 +53,10 @@ pub struct View {
     /// The store's write counts taken just before this view's tables were read (`None`: not
     /// counted); the next refresh re-reads only the tables whose count moved.
     pub writes: Option<PoolWrites>,
-    /// Memo of [`crate::coordinator::unplaced`] for this view: placement runs once per view
+    /// Memo of [`crate::room::unplaced`] for this view: placement runs once per view
     /// however many registrations wait on it.
     pub unplaced: Memo<BTreeMap<String, String>>,
-    /// Memo of [`crate::coordinator::takes_one_more`] for this view.
+    /// Memo of [`crate::room::takes_one_more`] for this view.
     pub room: Memo<bool>,
     /// Memo of [`View::directory`]: built once per view, shared by every member stream.
     pub route_directory: Memo<Arc<Directory>>,

@@ -7,7 +7,7 @@
 
 use tonic::Status;
 
-use crate::kubernetes::Shared;
+use crate::kubernetes::index::Shared;
 
 #[derive(Debug, Clone)]
 pub struct Quota {

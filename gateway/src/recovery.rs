@@ -19,7 +19,7 @@ use proto::trust::{self, GrantClaims, InstanceClaim, Kind, ProofClaims};
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
-use crate::registry::check_route;
+use crate::input::check_route;
 use crate::replica::Replica;
 use crate::store::{self, Activation, Checkpoint, GrantRecord, InstanceRecord};
 

@@ -19,6 +19,7 @@ use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
 use crate::auth::InstanceCaller;
+use crate::input::check_route;
 use crate::registration::{Binding, Material};
 use crate::replica::Replica;
 use crate::store::{Registered, Registration, SecretBytes};
@@ -66,17 +67,6 @@ impl Registry {
                 &claims,
             )
             .map_err(|err| Status::unavailable(format!("cannot sign the instance token: {err}")))
-    }
-}
-
-/// Routes are printable ASCII without whitespace, bounded.
-pub fn check_route(route: &str) -> Result<(), Status> {
-    if plumbing::validate::route(route).is_ok() {
-        Ok(())
-    } else {
-        Err(Status::invalid_argument(
-            "the route is empty, too long or not printable ASCII",
-        ))
     }
 }
 
@@ -169,7 +159,7 @@ impl InstanceRegistry for Registry {
         let published = self.replica.view.borrow().clone();
         let view = if published.read_at.is_some()
             && !published.instances.contains_key(&request.route)
-            && crate::coordinator::takes_one_more(&published)
+            && crate::room::takes_one_more(&published)
         {
             published
         } else {
@@ -180,7 +170,7 @@ impl InstanceRegistry for Registry {
         };
         let assignment = view.current_assignment(&request.route);
         if assignment.is_none()
-            && let Some(reason) = crate::coordinator::unplaced(&view).get(&request.route)
+            && let Some(reason) = crate::room::unplaced(&view).get(&request.route)
         {
             // Said now, with the pool's reason (the coordinator's plan over the same view).
             return Err(Status::resource_exhausted(format!(

@@ -32,7 +32,7 @@ pub struct Replica {
     /// Which namespaces may register instances, and how many.
     pub quota: crate::quota::Quota,
     /// On Kubernetes: the egress policy each Pod runs, for the members' snapshots.
-    pub policies: Option<crate::kubernetes::Shared>,
+    pub policies: Option<crate::kubernetes::index::Shared>,
     /// Recovery deadline offered to sidecars.
     pub recovery_deadline_ms: u64,
     /// The replica's metrics (served on the health port's `/metrics`).

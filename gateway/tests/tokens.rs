@@ -47,7 +47,7 @@ async fn ready(store: &Store) -> (Keyring, i64) {
 
 /// The private key PEM of a stored record, opened with the store's KEK.
 fn private_pem(store: &Store, record: &store::SigningKey) -> Vec<u8> {
-    tokens::sealing::open(store.keks(), record).unwrap().to_vec()
+    store::sealing::open(store.keks(), record).unwrap().to_vec()
 }
 
 fn supervisor_token(ring: &Keyring, now: i64) -> String {
@@ -491,7 +491,7 @@ async fn dump_rows(url: &str) -> Vec<(String, Vec<u8>)> {
 }
 
 fn write_kek(path: &std::path::Path) -> String {
-    let (kek, created) = tokens::Kek::load_or_create(path).unwrap();
+    let (kek, created) = store::sealing::Kek::load_or_create(path).unwrap();
     assert!(created);
     kek.id().to_owned()
 }
@@ -551,11 +551,13 @@ async fn a_gateway_on_sqlite_keeps_its_files_private_and_its_signing_keys_sealed
     // A dump of the table holds no usable private key.
     let url = format!("sqlite://{}", db.display());
     let kek_file = data.join("key-encryption-key");
-    let generated = tokens::Keks::load(&kek_file, None).unwrap();
+    let generated = store::sealing::Keks::load(&kek_file, None).unwrap();
     let store = Store::open(&url, &store::Options::default())
         .await
         .unwrap()
-        .with_keks(std::sync::Arc::new(tokens::Keks::load(&kek_file, None).unwrap()));
+        .with_keks(std::sync::Arc::new(
+            store::sealing::Keks::load(&kek_file, None).unwrap(),
+        ));
     let records = store.list_signing_keys().await.unwrap();
     assert_eq!(records.len(), 1);
     let rows = dump_rows(&url).await;
@@ -574,7 +576,7 @@ async fn a_gateway_on_sqlite_keeps_its_files_private_and_its_signing_keys_sealed
         );
         assert!(!bytes.windows(32).any(|w| w == seed), "raw seed in the row");
         assert!(!String::from_utf8_lossy(bytes).contains(&URL_SAFE_NO_PAD.encode(seed)));
-        assert_eq!(tokens::sealing::sealed_with(record), Some(generated.current().id()));
+        assert_eq!(store::sealing::sealed_with(record), Some(generated.current().id()));
     }
     store.close().await;
 

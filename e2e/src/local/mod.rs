@@ -190,8 +190,8 @@ impl LocalPool {
         // The root holds the TLS key, the KEK, the database and the tokens: owner only.
         gateway::store::files::private_dir(&config.root.join("logs")).map_err(io_error(&config.root))?;
         gateway::store::files::private_dir(&config.root).map_err(io_error(&config.root))?;
-        let kek = config.root.join(gateway::tokens::sealing::GENERATED_KEK_FILE);
-        gateway::tokens::Kek::load_or_create(&kek).map_err(|err| Error::Io {
+        let kek = config.root.join(gateway::store::sealing::GENERATED_KEK_FILE);
+        gateway::store::sealing::Kek::load_or_create(&kek).map_err(|err| Error::Io {
             path: kek.display().to_string(),
             source: std::io::Error::other(err.to_string()),
         })?;

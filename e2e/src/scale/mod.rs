@@ -15,8 +15,9 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use gateway::registration::{Binding, Material};
+use gateway::store::sealing::Keks;
 use gateway::store::{Options, Store};
-use gateway::tokens::{Keks, Keyring};
+use gateway::tokens::Keyring;
 use proto::common::v1::InstanceRef;
 use proto::registry::v1::RegisterRequest;
 use proto::registry::v1::instance_registry_client::InstanceRegistryClient;

@@ -125,7 +125,7 @@ impl SupervisorHost for Host {
     ) -> Result<Response<proto::host::v1::RecordAuditResponse>, Status> {
         let caller = self.replica.keys.member(&request).await?;
         let request = request.into_inner();
-        crate::registry::check_route(&request.route)?;
+        crate::input::check_route(&request.route)?;
         if let Err(denied) = caller.is(&request.member) {
             self.replica.metrics.call_denied();
             return Err(denied);

@@ -1,6 +1,7 @@
-//! The writes to the Kubernetes API, behind a small trait so the writer can be tested by
-//! reading what it intends off a channel ([`Recording`]) and the real client
-//! ([`Kube`]) against a mock API server answering with captured responses.
+//! The writes to the Kubernetes API, behind a small trait ([`Cluster`]): the real client
+//! ([`Kube`], tested against a mock API server answering with captured responses and on the
+//! real cluster), and [`Absent`] for a replica without Kubernetes. The pool tests implement it
+//! with a stand-in that reads what the writers intend off a channel.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -14,7 +15,6 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client};
 use plumbing::tls::CA_FILE;
 use proto::trust::{TOKEN_FILE, TRUST_BUNDLE_FILE};
-use tokio::sync::mpsc;
 
 use super::egress;
 use super::index::Pod;
@@ -541,219 +541,58 @@ impl Cluster for Kube {
     }
 }
 
-/// One call the writer made, as [`Recording`] reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Call {
-    ApplySecret {
-        namespace: String,
-        name: String,
-        delivered: Delivered,
-    },
-    DeleteSecret {
-        namespace: String,
-        name: String,
-    },
-    Publish(Notice),
-    ApplyPoolStatus {
-        namespace: String,
-        name: String,
-        status: Box<PoolStatus>,
-    },
-    ApplyPolicyStatus {
-        namespace: String,
-        name: String,
-        status: PolicyStatus,
-    },
-    SetOperationFinalizers {
-        name: String,
-        finalizers: Vec<String>,
-    },
-    ApplyOperationStatus {
-        name: String,
-        status: Box<OperationStatus>,
-    },
-    PublishOperation(OperationNotice),
-    SetSupervised {
-        pod: Pod,
-        condition: Supervised,
-    },
-    ReplacePoolStatus {
-        resource_version: String,
-        status: Box<PoolStatus>,
-    },
-}
+/// No cluster: a replica without Kubernetes (local mode) runs with `None` of an integration of
+/// this type, so none of these calls is ever made.
+#[derive(Debug, Clone, Copy)]
+pub enum Absent {}
 
-/// A cluster that only reports each call on a channel (tests read the intended writes off
-/// it; no API mock needed).
-#[derive(Clone)]
-pub struct Recording {
-    calls: mpsc::UnboundedSender<Call>,
-    /// Namespaces whose writes are refused as the API server refuses them in a namespace
-    /// being deleted.
-    terminating: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
-    /// The pool status last written and how many writes it took (its `resourceVersion`).
-    pool: std::sync::Arc<std::sync::Mutex<(u64, Option<PoolStatus>)>>,
-}
-
-impl Recording {
-    pub fn new() -> (Self, mpsc::UnboundedReceiver<Call>) {
-        let (calls, rx) = mpsc::unbounded_channel();
-        let terminating = std::sync::Arc::default();
-        let pool = std::sync::Arc::default();
-        (
-            Self {
-                calls,
-                terminating,
-                pool,
-            },
-            rx,
-        )
+impl Cluster for Absent {
+    async fn apply_secret(&self, _: &str, _: &str, _: &Delivered) -> Result<(), Error> {
+        match *self {}
     }
 
-    /// Replace the pool status as another writer would.
-    pub fn set_pool_status(&self, status: PoolStatus) {
-        let mut pool = self.pool.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        *pool = (pool.0 + 1, Some(status));
+    async fn delete_secret(&self, _: &str, _: &str) -> Result<(), Error> {
+        match *self {}
     }
 
-    /// From now on, refuse writes in `namespace` as in a terminating namespace (the call is
-    /// still reported).
-    pub fn terminate(&self, namespace: &str) {
-        self.terminating
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(namespace.to_owned());
+    async fn publish(&self, _: &Notice) -> Result<(), Error> {
+        match *self {}
     }
 
-    fn refuses(&self, namespace: &str) -> Result<(), Error> {
-        let terminating = self
-            .terminating
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .contains(namespace);
-        if terminating {
-            Err(Error::NamespaceTerminating(namespace.to_owned()))
-        } else {
-            Ok(())
-        }
+    async fn publish_distinct(&self, _: &Notice) -> Result<(), Error> {
+        match *self {}
     }
 
-    fn send(&self, call: Call) {
-        // The test dropped its receiver: nothing to report to.
-        let _ = self.calls.send(call);
-    }
-}
-
-impl Cluster for Recording {
-    async fn apply_secret(&self, namespace: &str, name: &str, delivered: &Delivered) -> Result<(), Error> {
-        self.send(Call::ApplySecret {
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-            delivered: delivered.clone(),
-        });
-        self.refuses(namespace)
+    async fn apply_pool_status(&self, _: &str, _: &str, _: &PoolStatus) -> Result<(), Error> {
+        match *self {}
     }
 
-    async fn delete_secret(&self, namespace: &str, name: &str) -> Result<(), Error> {
-        self.send(Call::DeleteSecret {
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-        });
-        Ok(())
+    async fn apply_policy_status(&self, _: &str, _: &str, _: &PolicyStatus) -> Result<(), Error> {
+        match *self {}
     }
 
-    async fn publish(&self, notice: &Notice) -> Result<(), Error> {
-        self.send(Call::Publish(notice.clone()));
-        self.refuses(&notice.regarding.namespace)
+    async fn read_pool_status(&self, _: &str, _: &str) -> Result<Option<(String, PoolStatus)>, Error> {
+        match *self {}
     }
 
-    async fn publish_distinct(&self, notice: &Notice) -> Result<(), Error> {
-        self.send(Call::Publish(notice.clone()));
-        self.refuses(&notice.regarding.namespace)
+    async fn replace_pool_status(&self, _: &str, _: &str, _: &str, _: &PoolStatus) -> Result<bool, Error> {
+        match *self {}
     }
 
-    async fn apply_pool_status(&self, namespace: &str, name: &str, status: &PoolStatus) -> Result<(), Error> {
-        self.send(Call::ApplyPoolStatus {
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-            status: Box::new(status.clone()),
-        });
-        self.refuses(namespace)?;
-        self.set_pool_status(status.clone());
-        Ok(())
+    async fn set_operation_finalizers(&self, _: &str, _: &str, _: &str, _: &[String]) -> Result<(), Error> {
+        match *self {}
     }
 
-    async fn apply_policy_status(&self, namespace: &str, name: &str, status: &PolicyStatus) -> Result<(), Error> {
-        self.send(Call::ApplyPolicyStatus {
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-            status: status.clone(),
-        });
-        self.refuses(namespace)
+    async fn apply_operation_status(&self, _: &str, _: &str, _: &OperationStatus) -> Result<(), Error> {
+        match *self {}
     }
 
-    async fn read_pool_status(&self, _namespace: &str, _name: &str) -> Result<Option<(String, PoolStatus)>, Error> {
-        let pool = self.pool.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        Ok(pool.1.clone().map(|status| (pool.0.to_string(), status)))
+    async fn publish_operation(&self, _: &str, _: &OperationNotice) -> Result<(), Error> {
+        match *self {}
     }
 
-    async fn replace_pool_status(
-        &self,
-        _namespace: &str,
-        _name: &str,
-        resource_version: &str,
-        status: &PoolStatus,
-    ) -> Result<bool, Error> {
-        self.send(Call::ReplacePoolStatus {
-            resource_version: resource_version.to_owned(),
-            status: Box::new(status.clone()),
-        });
-        let mut pool = self.pool.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if pool.0.to_string() != resource_version {
-            return Ok(false);
-        }
-        *pool = (pool.0 + 1, Some(status.clone()));
-        Ok(true)
-    }
-
-    async fn set_operation_finalizers(
-        &self,
-        _namespace: &str,
-        name: &str,
-        _resource_version: &str,
-        finalizers: &[String],
-    ) -> Result<(), Error> {
-        self.send(Call::SetOperationFinalizers {
-            name: name.to_owned(),
-            finalizers: finalizers.to_vec(),
-        });
-        Ok(())
-    }
-
-    async fn apply_operation_status(
-        &self,
-        _namespace: &str,
-        name: &str,
-        status: &OperationStatus,
-    ) -> Result<(), Error> {
-        self.send(Call::ApplyOperationStatus {
-            name: name.to_owned(),
-            status: Box::new(status.clone()),
-        });
-        Ok(())
-    }
-
-    async fn publish_operation(&self, _namespace: &str, notice: &OperationNotice) -> Result<(), Error> {
-        self.send(Call::PublishOperation(notice.clone()));
-        Ok(())
-    }
-
-    async fn set_supervised(&self, pod: &Pod, condition: &Supervised, _since: &str) -> Result<(), Error> {
-        self.send(Call::SetSupervised {
-            pod: pod.clone(),
-            condition: condition.clone(),
-        });
-        Ok(())
+    async fn set_supervised(&self, _: &Pod, _: &Supervised, _: &str) -> Result<(), Error> {
+        match *self {}
     }
 }
 

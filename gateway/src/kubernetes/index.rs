@@ -2,9 +2,14 @@
 //! (label `supervision.openshell.ai/shared=enabled`), the supervised Pods (those that finished
 //! among them) and the running Pods admitted without supervision. Plain data with
 //! synchronous `apply`/`delete`/`reset` methods — no Kubernetes types, no I/O — so tests drive
-//! it directly. Every replica keeps one; only the coordinator's writer acts on it.
+//! it directly. Every replica keeps one behind a [`Shared`] handle (the watches write, the
+//! coordinator's writer, the member streams and the quota read); only the coordinator's writer
+//! acts on it.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
 
 use super::egress::Egress;
 use super::pool_operation::OperationObject;
@@ -446,6 +451,52 @@ impl Index {
 
     pub fn egress_mut(&mut self) -> &mut Egress {
         &mut self.egress
+    }
+}
+
+/// Shared between the watches (writers) and the coordinator's writer and the member streams
+/// (readers).
+#[derive(Debug, Clone)]
+pub struct Shared {
+    index: Arc<Mutex<Index>>,
+    /// Wakes the writer after a change.
+    pub changed: Arc<Notify>,
+    /// The egress version ([`Egress::version`]) after every change of it: the member
+    /// streams send new snapshots.
+    egress: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Self {
+            index: Arc::default(),
+            changed: Arc::default(),
+            egress: Arc::new(tokio::sync::watch::Sender::new(0)),
+        }
+    }
+}
+
+impl Shared {
+    /// Run `f` on the index (never held across an await).
+    pub fn with<T>(&self, f: impl FnOnce(&mut Index) -> T) -> T {
+        let mut guard = self.index.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (before, egress_before) = (guard.version(), guard.egress().version());
+        let out = f(&mut guard);
+        let changed = guard.version() != before;
+        let egress = guard.egress().version();
+        drop(guard);
+        if changed {
+            self.changed.notify_one();
+        }
+        if egress != egress_before {
+            self.egress.send_replace(egress);
+        }
+        out
+    }
+
+    /// Changes whenever a Pod's egress policy may have.
+    pub fn egress_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.egress.subscribe()
     }
 }
 

@@ -16,7 +16,7 @@
 //! | `denials` | which `EgressDenied` Events the denials stored in the audit trail make |
 //! | `denial_writer` | publishes them while the lease is held, every 5 s |
 //! | `supervised` | the Pod condition `supervision.openshell.ai/Supervised` each Pod should carry |
-//! | `cluster` | the API calls (kube-rs) and a recording stand-in for tests |
+//! | `cluster` | the API calls (kube-rs), behind the `Cluster` trait |
 //! | `writer` | carries out the plan while the lease is held |
 //! | `pool_status` | the `SupervisorPool` object's status: coordinator, members, counts, operations, conditions |
 //! | `pool_writer` | applies that status while the lease is held, at most once a second and only when it changed |
@@ -55,9 +55,9 @@ use tokio_util::sync::CancellationToken;
 use crate::replica::Replica;
 use crate::store::Lease;
 
-pub use cluster::{Cluster, Kube, Recording};
+pub use cluster::{Absent, Cluster, Kube};
+pub use index::Shared;
 pub use plan::Scope;
-pub use watch::Shared;
 
 /// Why the integration could not start.
 #[derive(Debug, thiserror::Error)]

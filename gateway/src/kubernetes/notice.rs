@@ -9,8 +9,8 @@
 //! reach any replica and comes here through the store).
 
 use super::index::Unsupervised;
-use crate::coordinator;
 use crate::pool::View;
+use crate::room;
 use crate::store::{AssignmentPhase, InstanceRecord, OperationKind, OperationPhase, WithdrawnReason};
 
 pub const REASON_PLACED: &str = "InstancePlaced";
@@ -280,8 +280,8 @@ fn restarted(before: &View, after: &View, out: &mut Vec<Notice>) {
 /// Desired instances no member can take, when placement's reason for one appears or changes
 /// (the same pure planner the coordinator runs, on both views).
 fn unplaceable(before: &View, after: &View, out: &mut Vec<Notice>) {
-    let was = coordinator::unplaced(before);
-    for (route, reason) in coordinator::unplaced(after) {
+    let was = room::unplaced(before);
+    for (route, reason) in room::unplaced(after) {
         if was.get(route) == Some(reason) {
             continue;
         }

@@ -380,7 +380,7 @@ fn supervisors_scaled_to_zero_make_every_instance_unplaceable() {
     before
         .assignments
         .insert("r".into(), assignment("r", "m", 1, AssignmentPhase::Active));
-    assert!(coordinator::unplaced(&before).is_empty());
+    assert!(room::unplaced(&before).is_empty());
     // The member's record expired: its instance has no owner and nobody to go to.
     let mut after = before.clone();
     after.now_ms = 20_000;

@@ -3,7 +3,7 @@
 //! [`super::operation_writer`] carries out while the lease is held.
 //!
 //! - A new object is validated as the operator API validates a start request
-//!   ([`operator::request_to_operation`]); the coordinator puts its finalizer on it, then records
+//!   ([`operations::from_request`]); the coordinator puts its finalizer on it, then records
 //!   the durable operation with the object's UID as its id, so a restart or another replica
 //!   recording it again finds the same operation. An equivalent operation already open (a
 //!   `poolctl drain` of the same member) is adopted instead of a second one.
@@ -24,7 +24,7 @@ use proto::{DEFAULT_MAX_PARALLEL, MAX_MAX_PARALLEL};
 use super::pool_operation::{FINALIZER, MAX_LISTED_MOVES, OperationObject, OperationStatus, PlannedMove, RefusedMove};
 use super::pool_status::{Condition, condition, moves_total, stamp, unknown};
 use crate::operations;
-use crate::operator;
+
 use crate::pool::View;
 use crate::store::{Lease, Operation, OperationKind, OperationPhase};
 
@@ -226,7 +226,7 @@ fn validate(o: &OperationObject, view: &View, namespace: &str) -> Result<Operati
         dry_run: o.spec.dry_run,
     };
     let requested_by = format!("SupervisorPoolOperation {namespace}/{}", o.name);
-    match operator::request_to_operation(&request, &requested_by, view) {
+    match operations::from_request(&request, &requested_by, view) {
         Ok(operation) => Ok(Operation {
             id: o.uid.clone(),
             ..operation

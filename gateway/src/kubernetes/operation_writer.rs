@@ -14,10 +14,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::cluster::{self, CALL_TIMEOUT, Cluster};
+use super::index::Shared;
 use super::operation_reconcile::{Effect, reconcile};
 use super::pool_operation::OperationStatus;
 use super::pool_writer::{next_round, rounds};
-use super::watch::Shared;
 use crate::replica::Replica;
 use crate::store::{self, Lease};
 

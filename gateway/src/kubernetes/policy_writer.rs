@@ -12,9 +12,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::cluster::Cluster;
+use super::index::Shared;
 use super::policy_status::{self, PolicyStatus};
 use super::pool_writer::{STATUS_INTERVAL, next_round, rounds};
-use super::watch::Shared;
 use crate::replica::Replica;
 use crate::store::Lease;
 

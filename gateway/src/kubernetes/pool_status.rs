@@ -9,11 +9,11 @@ use std::collections::BTreeMap;
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
-use crate::coordinator;
 use crate::operations;
-use crate::operator;
 use crate::pool::View;
+use crate::room;
 use crate::store::{Lease, Operation, OperationKind, OperationPhase};
+use crate::summary;
 use proto::common::v1::InstancePhase;
 use proto::pool::v1::MemberState;
 
@@ -177,8 +177,8 @@ pub fn desired(
     unsupervised: UnsupervisedPods,
     previous: Option<&PoolStatus>,
 ) -> PoolStatus {
-    let summary = operator::status(view, None, "");
-    let unplaced = coordinator::unplaced(view);
+    let summary = summary::status(view, None, "");
+    let unplaced = room::unplaced(view);
     let members: Vec<MemberStatus> = summary
         .members
         .iter()

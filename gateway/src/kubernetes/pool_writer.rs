@@ -20,8 +20,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::cluster::Cluster;
+use super::index::Shared;
 use super::pool_status::{self, POOL_NAME, PoolStatus};
-use super::watch::Shared;
 use crate::replica::Replica;
 use crate::store::Lease;
 

@@ -303,37 +303,6 @@ impl Review for Kube {
     }
 }
 
-/// A stand-in for tests without an API server: a token `sa:<namespace>:<account>:<pod>:<uid>`
-/// is that Pod's; anything else is refused.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Scripted;
-
-impl Scripted {
-    /// The token [`Scripted`] takes for `account`.
-    pub fn token(account: &Account) -> String {
-        format!(
-            "sa:{}:{}:{}:{}",
-            account.namespace, account.service_account, account.pod_name, account.pod_uid
-        )
-    }
-}
-
-#[async_trait::async_trait]
-impl Review for Scripted {
-    async fn review(&self, token: &str, _source: Source) -> Result<Account, Error> {
-        let parts: Vec<&str> = token.split(':').collect();
-        match parts.as_slice() {
-            ["sa", namespace, account, pod, uid] => Ok(Account {
-                namespace: (*namespace).to_owned(),
-                service_account: (*account).to_owned(),
-                pod_name: (*pod).to_owned(),
-                pod_uid: (*uid).to_owned(),
-            }),
-            _ => Err(Error::Refused("not a scripted token".into())),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,4 +1,4 @@
-//! The watches that feed the [`Index`]: labelled namespaces, supervised Pods (and, by a field
+//! The watches that feed the [`Index`] (through its [`Shared`] handle): labelled namespaces, supervised Pods (and, by a field
 //! selector on their phase, those that finished), running Pods admitted without supervision, the gateway's
 //! token Secrets, the supervisor Pods and the `SupervisorPoolOperation` objects, all through
 //! kube-runtime's watcher (re-list on `410 Expired`, backoff on errors). Pods and Secrets are
@@ -10,20 +10,17 @@
 //! reflector does the same buffering but keeps every object in a store for good, which the
 //! index (names and UIDs only) does not need.
 
-use std::sync::{Arc, Mutex};
-
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 use kube::api::DynamicObject;
 use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::egress::{self, Choice, POLICY_ANNOTATION};
-use super::index::{self, Index, LIMIT_ANNOTATION, parse_limit};
+use super::index::{self, Index, LIMIT_ANNOTATION, Shared, parse_limit};
 use super::plan::NAMESPACE_SECRET;
 use super::pool_operation;
 
@@ -34,52 +31,6 @@ pub const SHARED_ENABLED: &str = "enabled";
 use proto::kubernetes::NOT_SUPERVISED_KEY;
 /// The webhook marks the Pods it injected with this label (value `true`).
 pub use proto::kubernetes::SUPERVISED_LABEL;
-
-/// Shared between the watches (writers) and the coordinator's writer and the member streams
-/// (readers).
-#[derive(Debug, Clone)]
-pub struct Shared {
-    index: Arc<Mutex<Index>>,
-    /// Wakes the writer after a change.
-    pub changed: Arc<Notify>,
-    /// The egress version ([`egress::Egress::version`]) after every change of it: the member
-    /// streams send new snapshots.
-    egress: Arc<tokio::sync::watch::Sender<u64>>,
-}
-
-impl Default for Shared {
-    fn default() -> Self {
-        Self {
-            index: Arc::default(),
-            changed: Arc::default(),
-            egress: Arc::new(tokio::sync::watch::Sender::new(0)),
-        }
-    }
-}
-
-impl Shared {
-    /// Run `f` on the index (never held across an await).
-    pub fn with<T>(&self, f: impl FnOnce(&mut Index) -> T) -> T {
-        let mut guard = self.index.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let (before, egress_before) = (guard.version(), guard.egress().version());
-        let out = f(&mut guard);
-        let changed = guard.version() != before;
-        let egress = guard.egress().version();
-        drop(guard);
-        if changed {
-            self.changed.notify_one();
-        }
-        if egress != egress_before {
-            self.egress.send_replace(egress);
-        }
-        out
-    }
-
-    /// Changes whenever a Pod's egress policy may have.
-    pub fn egress_changes(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.egress.subscribe()
-    }
-}
 
 /// Follow the labelled namespaces until `shutdown`.
 pub async fn namespaces(client: Client, shared: Shared, shutdown: CancellationToken) {

@@ -19,11 +19,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::cluster::{self, Cluster};
+use super::index::Shared;
 use super::index::{Pod, Unsupervised};
 use super::notice;
 use super::plan::{self, Scope, Write};
 use super::supervised::{self, Supervised};
-use super::watch::Shared;
 use crate::credentials::{self, Issued, Target};
 use crate::replica::Replica;
 use crate::store::Lease;
@@ -159,7 +159,9 @@ impl<C: Cluster> Writer<C> {
                     }
                 }
             }
-            self.replica.metrics.token_secrets_delivered(&sent);
+            self.replica
+                .metrics
+                .token_secrets_delivered(sent.iter().map(|(target, issued)| (target.kind(), issued.issued_at_ms)));
             // A Pod that finished: told once, whether the plan withdrew its instance just now or
             // its sidecar deregistered it when the workload exited. Pods already finished when
             // this term began were told by an earlier coordinator (or their instance is

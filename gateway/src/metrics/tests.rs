@@ -234,18 +234,12 @@ fn committed_writes_count_failed_recoveries_and_finished_operations() {
 #[test]
 fn the_oldest_delivered_token_secret_per_kind() {
     let metrics = Metrics::new(&ConnectionMetrics::default());
-    let issued = |at_ms| Issued {
-        token: None,
-        kid: "k".into(),
-        issued_at_ms: at_ms,
-        expires_at_ms: at_ms + 3_600_000,
-    };
-    let sent = [
-        (Target::Supervisor, issued(5_000_000)),
-        (Target::Namespace("a".into()), issued(3_000_000)),
-        (Target::Namespace("b".into()), issued(4_000_000)),
-    ];
-    metrics.token_secrets_delivered(sent.iter().map(|(t, i)| (t, i)));
+    // The supervisor Pods' Secret, and two namespaces' Secrets issued at different times.
+    metrics.token_secrets_delivered([
+        ("supervisor", 5_000_000),
+        ("namespace", 3_000_000),
+        ("namespace", 4_000_000),
+    ]);
     let text = metrics.encode().unwrap();
     let series = "openshell_gateway_token_secret_oldest_issued_timestamp_seconds";
     assert!(text.contains(&format!("{series}{{kind=\"namespace\"}} 3000")), "{text}");

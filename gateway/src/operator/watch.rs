@@ -100,7 +100,7 @@ async fn follow(replica: Arc<Replica>, publish: watch::Sender<Shared>, joined: A
         if let Ok(read) = replica.store.read_lease().await {
             lease = read;
         }
-        let next = super::status(&view, lease.as_ref(), &replica.name);
+        let next = crate::summary::status(&view, lease.as_ref(), &replica.name);
         publish.send_if_modified(|current| {
             let changed = forced || current.as_deref().is_none_or(|c| shown(c) != shown(&next));
             if changed {

@@ -7,8 +7,8 @@ use sqlx::query::Query;
 use sqlx::{Any, Transaction};
 
 use super::columns::{Flag, decoded};
+use super::sealing;
 use super::{Error, InstanceRecord, Registered, Registration, Report, Result, SecretBytes, Store, WithdrawnKind};
-use crate::tokens::sealing;
 
 impl Store {
     /// Register an instance and assign its generation: the same workload (uid) keeps its

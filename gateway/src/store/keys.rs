@@ -1,5 +1,5 @@
 //! Signing keys: the reads, and the coordinator's fenced writes (rotation, retirement,
-//! removal). Private halves are stored sealed (see [`crate::tokens::sealing`]).
+//! removal). Private halves are stored sealed (see [`crate::store::sealing`]).
 
 use sqlx::{Any, Transaction};
 

@@ -23,7 +23,8 @@
 //! assignments they keep), `members.rs` (members and replicas), `instances.rs`
 //! (registrations, withdrawals and owners' reports), `grants.rs` (grants and
 //! activation), `operations.rs` (operator requests and the operations table),
-//! `keys.rs` (signing keys); `open.rs` opens the store. Rows are mapped by
+//! `keys.rs` (signing keys); `open.rs` opens the store; [`sealing`] seals the private keys
+//! and registration materials it keeps. Rows are mapped by
 //! `sqlx::FromRow` on the records (`types.rs`) with the column types of
 //! `columns.rs`.
 
@@ -42,6 +43,7 @@ mod members;
 mod open;
 mod operations;
 mod redact;
+pub mod sealing;
 mod types;
 
 use std::time::Duration;
@@ -160,8 +162,8 @@ pub struct Store {
     /// SQLite: where liveness locks live, and this process's own lock.
     locks: Option<(std::path::PathBuf, std::sync::Arc<liveness::FileLock>)>,
     /// The key-encryption keys the signing keys' private halves are sealed with (see
-    /// [`crate::tokens::sealing`]); the store itself only keeps the sealed bytes.
-    keks: Option<std::sync::Arc<crate::tokens::Keks>>,
+    /// [`sealing`]); the store itself only keeps the sealed bytes.
+    keks: Option<std::sync::Arc<sealing::Keks>>,
     /// PostgreSQL: where [`Store::listen_pool_writes`] connects (never shown: it may carry a
     /// password).
     listen_url: Option<std::sync::Arc<str>>,
@@ -177,7 +179,7 @@ impl std::fmt::Debug for Store {
 
 impl Store {
     /// This store with the key-encryption keys that open its signing keys.
-    pub fn with_keks(self, keks: std::sync::Arc<crate::tokens::Keks>) -> Self {
+    pub fn with_keks(self, keks: std::sync::Arc<sealing::Keks>) -> Self {
         Self {
             keks: Some(keks),
             ..self
@@ -185,7 +187,7 @@ impl Store {
     }
 
     /// The key-encryption keys, when configured.
-    pub fn keks(&self) -> Option<&crate::tokens::Keks> {
+    pub fn keks(&self) -> Option<&sealing::Keks> {
         self.keks.as_deref()
     }
 

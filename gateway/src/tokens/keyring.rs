@@ -14,8 +14,8 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 
 use super::keys::{self, KeyPair};
-use super::sealing::Keks;
 use super::{Error, needs_renewal, rotation};
+use crate::store::sealing::Keks;
 use crate::store::{SigningKey, Store};
 
 /// Registered claim names an extra claim may not use.
@@ -215,7 +215,7 @@ impl Keyring {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokens::Kek;
+    use crate::store::sealing::Kek;
     use trust::{NoExtra, OperatorClaims};
 
     const NOW: i64 = 1_700_000_000_123;

@@ -14,7 +14,7 @@ use rand::TryRngCore;
 use rand::rngs::OsRng;
 
 use super::Error;
-use super::sealing::{self, Kek, Keks};
+use crate::store::sealing::{self, Kek, Keks};
 use crate::store::{SecretBytes, SigningKey};
 
 /// The `algorithm` column of every key this gateway creates.

@@ -5,8 +5,8 @@
 //!   `write_fenced` (lifecycle: created and published → signer → retired → deleted).
 //! - `keyring`: the [`Keyring`] every replica loads from the store: [`Keyring::mint`],
 //!   [`Keyring::trust_bundle`], [`Keyring::verify`] (through [`proto::trust`]).
-//! - [`sealing`]: private keys at rest, sealed with a key-encryption key ([`Kek`], current
-//!   and previous in [`Keks`]); the coordinator's rotation re-seals rows under another KEK.
+//! - private keys are kept sealed by the store ([`crate::store::sealing`]); the coordinator's
+//!   rotation re-seals rows under another key-encryption key.
 //! - `delivery`: handing tokens and the trust bundle to members, sidecars and the operator
 //!   ([`Delivery`]; [`FileDelivery`] in local mode).
 //!
@@ -23,7 +23,6 @@ mod delivery;
 mod keyring;
 mod keys;
 mod rotation;
-pub mod sealing;
 
 use std::time::Duration;
 
@@ -35,7 +34,6 @@ pub use proto::trust::{
     ProofClaims, TrustBundle, instance_subject, member_subject, route_of,
 };
 pub use rotation::{Plan, Policy, plan, rotate, signer};
-pub use sealing::{Kek, Keks};
 
 use crate::store;
 
@@ -73,7 +71,7 @@ pub enum Error {
     #[error(transparent)]
     Store(#[from] store::Error),
     #[error(transparent)]
-    Sealing(#[from] sealing::Error),
+    Sealing(#[from] crate::store::sealing::Error),
     #[error("cannot write {path}: {source}")]
     Write {
         path: String,

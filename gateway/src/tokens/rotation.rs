@@ -20,7 +20,7 @@ use proto::timing::{MAX_CLOCK_SKEW, SUPERVISOR_TOKEN_LIFETIME};
 
 use super::Error;
 use super::keys::KeyPair;
-use super::sealing::{self, Keks};
+use crate::store::sealing::{self, Keks};
 use crate::store::{FencedWrite, Lease, SigningKey, Store};
 
 /// Rotation periods.
@@ -176,7 +176,7 @@ mod tests {
 
     use super::*;
     use crate::store::SecretBytes;
-    use crate::tokens::Kek;
+    use crate::store::sealing::Kek;
 
     const H: i64 = 3600 * 1000;
     const MIN: i64 = 60 * 1000;

@@ -7,8 +7,8 @@
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
+use gateway::store::sealing::{Kek, Keks};
 use gateway::store::{Options, Store};
-use gateway::tokens::{Kek, Keks};
 use sqlx::{AnyConnection, Connection, Executor};
 
 /// The key-encryption keys of every test store in this test binary: the key of

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use gateway::kubernetes::{Integration, Recording};
+use gateway::kubernetes::Integration;
+
+use crate::doubles::Recording;
 use gateway::registration::{Binding, Material};
 use gateway::store::Store;
 use proto::common::v1::{InstancePhase, InstanceRef, RouteDirectoryEntry};

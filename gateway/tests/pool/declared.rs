@@ -3,14 +3,14 @@
 //! the recording cluster. The reconcile's decisions are unit-tested in
 //! `src/kubernetes/operation_reconcile_tests.rs`.
 
+use crate::doubles::{Call, Recording};
+use gateway::kubernetes::Scope;
 use gateway::kubernetes::Shared;
-use gateway::kubernetes::cluster::Call;
 use gateway::kubernetes::operation_reconcile::{
     CANCELLED, COMPLETE, REASON_STARTED, SUCCEEDED, SUCCEEDED_CONDITION, condition_of,
 };
 use gateway::kubernetes::plan::SUPERVISOR_SECRET;
 use gateway::kubernetes::pool_operation::{FINALIZER, OperationObject, OperationStatus, Spec};
-use gateway::kubernetes::{Recording, Scope};
 use gateway::store::OperationPhase;
 use tokio::sync::mpsc::UnboundedReceiver;
 

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use gateway::kubernetes::cluster::Call;
+use crate::doubles::{Call, Recording, Scripted};
 use gateway::kubernetes::index::{Pod, Unsupervised};
 use gateway::kubernetes::notice::{
     Notice, REASON_MEMBER_JOINED, REASON_MEMBER_LEFT, REASON_MEMBER_LOST, REASON_NOT_SUPERVISED,
@@ -14,9 +14,9 @@ use gateway::kubernetes::notice::{
 };
 use gateway::kubernetes::plan::{NAMESPACE_SECRET, OPERATOR_SECRET, SUPERVISOR_SECRET};
 use gateway::kubernetes::pool_status::{POOL_NAME, PoolStatus};
-use gateway::kubernetes::review::{Account, Scripted};
+use gateway::kubernetes::review::Account;
 use gateway::kubernetes::supervised::Supervised;
-use gateway::kubernetes::{Integration, Recording, Scope, Shared};
+use gateway::kubernetes::{Integration, Scope, Shared};
 use proto::host::v1::Leaving;
 use proto::host::v1::member_message::Kind as MemberKind;
 use proto::registry::v1::RecoveryFailedRequest;

@@ -11,6 +11,7 @@ mod support;
 mod authorization;
 mod cluster;
 mod declared;
+mod doubles;
 mod kubernetes;
 mod operations;
 mod scenarios;

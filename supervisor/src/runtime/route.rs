@@ -8,8 +8,12 @@ use proto::common::v1::{InstanceRef, RouteDirectoryEntry};
 use proto::runtime::v1::Redirect;
 use tonic::Status;
 
-use super::stream::Opening;
-use crate::sessions::session::Sidecars;
+use tokio::sync::mpsc;
+
+use super::stream::{Opening, SidecarStream};
+
+/// Where the route table hands a session its sidecar streams.
+pub(crate) type Sidecars = mpsc::Sender<Box<SidecarStream>>;
 
 /// Who this member process is, as the route directory names owners.
 #[derive(Debug, Clone, PartialEq, Eq)]

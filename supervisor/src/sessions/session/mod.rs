@@ -50,8 +50,7 @@ use self::inbox::Backlog;
 use self::machine::{Machine, Setup};
 use super::plan::{Assignment, Held};
 use crate::gateway::Gateway;
-use crate::runtime::route::{Me, RouteTable};
-use crate::runtime::stream::SidecarStream;
+use crate::runtime::route::{Me, RouteTable, Sidecars};
 
 /// Longest a stop may take once a sidecar has been seen: delivering the Release (the sidecar
 /// may be reconnecting) and the workload's exit (SIGTERM, then SIGKILL after the Pod's grace).
@@ -90,9 +89,6 @@ pub enum SessionEvent {
     /// running, end the session.
     Relinquish,
 }
-
-/// Where the route table hands a session its sidecar streams.
-pub(crate) type Sidecars = mpsc::Sender<Box<SidecarStream>>;
 
 /// The member's side of a running session.
 pub(crate) struct SessionHandle {

@@ -28,7 +28,7 @@ use rand::rngs::OsRng;
 use sha2::{Digest, Sha256};
 use zeroize::Zeroizing;
 
-use crate::store::{SecretBytes, SigningKey};
+use super::{SecretBytes, SigningKey};
 
 /// Bytes of a key-encryption key.
 pub const KEK_BYTES: usize = 32;
