@@ -65,9 +65,37 @@ pub fn condition_of(status: &Value, type_: &str) -> Option<(String, String)> {
 /// The bound on one call: [`CALL_TIMEOUT`], or half a minute more than the call's own
 /// `--timeout=Ns` (`rollout status`, `wait`, `delete --wait`).
 fn call_limit(args: &[&str]) -> Duration {
-    args.iter()
-        .find_map(|a| a.strip_prefix("--timeout=")?.strip_suffix('s')?.parse::<u64>().ok())
-        .map_or(CALL_TIMEOUT, |secs| Duration::from_secs(secs + 30).max(CALL_TIMEOUT))
+    let secs = |a: &str| {
+        let value = a.strip_prefix("--timeout=")?;
+        match value.strip_suffix('m') {
+            Some(minutes) => minutes.parse::<u64>().ok()?.checked_mul(60),
+            None => value.strip_suffix('s')?.parse::<u64>().ok(),
+        }
+    };
+    args.iter().find_map(|a| secs(a)).map_or(CALL_TIMEOUT, |secs| {
+        Duration::from_secs(secs.saturating_add(30)).max(CALL_TIMEOUT)
+    })
+}
+
+/// The install guide's five commands (`docs/install.md`, "The five commands"), which the
+/// cluster test runs as written: `{overlay}` is the overlay (the guide's
+/// `kustomize/overlays/dev`, the test's `kustomize/overlays/test`) and `{namespace}` the
+/// namespace labelled (the guide's `team-a`). A unit test fails when the guide and this list
+/// differ, so the guide cannot drift from what CI runs.
+pub const INSTALL_GUIDE: [&str; 5] = [
+    "kubectl apply -k {overlay}",
+    "kustomize/pool-certs.sh",
+    "kubectl -n openshell-supervision rollout status deploy/openshell-supervisor --timeout=5m",
+    "kubectl create namespace {namespace}",
+    "kubectl label namespace {namespace} supervision.openshell.ai/shared=enabled",
+];
+
+/// One of [`INSTALL_GUIDE`]'s commands with its placeholders filled, word by word.
+pub fn guide_command(template: &str, overlay: &str, namespace: &str) -> Vec<String> {
+    template
+        .split_whitespace()
+        .map(|word| word.replace("{overlay}", overlay).replace("{namespace}", namespace))
+        .collect()
 }
 
 /// `kubectl`, with the ambient `KUBECONFIG`.
@@ -407,10 +435,37 @@ mod tests {
             Duration::from_secs(210)
         );
         assert_eq!(call_limit(&["wait", "--timeout=5s"]), CALL_TIMEOUT);
+        assert_eq!(call_limit(&["wait", "--timeout=5m"]), Duration::from_secs(330));
+        assert_eq!(call_limit(&["wait", "--timeout=soon"]), CALL_TIMEOUT);
+    }
+
+    /// The sh block under "The five commands" of docs/install.md is, line for line, what the
+    /// cluster test runs (with the guide's overlay and namespace).
+    #[test]
+    fn the_install_guide_runs_what_the_cluster_test_runs() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/install.md");
+        let guide = std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("{}: {err}", path.display()));
+        let after = guide
+            .split_once("The five commands")
+            .map(|(_, after)| after)
+            .unwrap_or_else(|| panic!("no \"The five commands\" in {}", path.display()));
+        let block = after
+            .split_once("```sh\n")
+            .and_then(|(_, rest)| rest.split_once("```"))
+            .map(|(block, _)| block)
+            .unwrap_or_else(|| panic!("no sh block after \"The five commands\" in {}", path.display()));
+        let documented: Vec<Vec<String>> = block
+            .lines()
+            .filter(|line| !line.trim().is_empty())
+            .map(|line| line.split_whitespace().map(str::to_owned).collect())
+            .collect();
+        let tested: Vec<Vec<String>> = INSTALL_GUIDE
+            .iter()
+            .map(|command| guide_command(command, "kustomize/overlays/dev", "team-a"))
+            .collect();
         assert_eq!(
-            call_limit(&["wait", "--timeout=5m"]),
-            CALL_TIMEOUT,
-            "minutes are not parsed"
+            documented, tested,
+            "docs/install.md and e2e::cluster::INSTALL_GUIDE (what the cluster test runs) differ"
         );
     }
 

@@ -31,7 +31,10 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use e2e::agent_log;
-use e2e::cluster::{Error, Kubectl, Pool, Status, check, condition_of, dump_logs, events, poll, table_row, wait_for};
+use e2e::cluster::{
+    Error, INSTALL_GUIDE, Kubectl, Pool, Status, check, condition_of, dump_logs, events, guide_command, poll,
+    table_row, wait_for,
+};
 use serde_json::Value;
 
 const SECRET: &str = "openshell-supervision-token";
@@ -648,21 +651,13 @@ impl Flow {
     }
 
     async fn install(&mut self) -> Result<(), Error> {
+        // The install guide's commands as written (docs/install.md; INSTALL_GUIDE), with this
+        // test's overlay.
         let overlay = Self::root_arg(&env_or("OPENSHELL_E2E_OVERLAY", "kustomize/overlays/test"));
-        self.kubectl.run(&["apply", "-k", &overlay]).await?;
-        // Certificates, as the install guide says (openssl + kubectl).
-        let script = Self::root_arg("kustomize/pool-certs.sh");
-        let out = tokio::process::Command::new(&script)
-            .env("NAMESPACE", &self.install)
-            .current_dir(std::env::temp_dir())
-            .kill_on_drop(true)
-            .output();
-        let out = tokio::time::timeout(MINUTE, out)
-            .await
-            .map_err(|_| Error::Check("pool-certs.sh did not finish within a minute".into()))??;
-        check(out.status.success(), || {
-            format!("pool-certs.sh failed: {}", String::from_utf8_lossy(&out.stderr))
-        })?;
+        let namespace = self.namespace.clone();
+        for command in &INSTALL_GUIDE[..3] {
+            self.run_guide(command, &overlay, &namespace).await?;
+        }
         for deployment in [
             "openshell-postgres",
             "openshell-gateway",
@@ -716,6 +711,31 @@ impl Flow {
         .await
     }
 
+    /// One of the install guide's commands ([`INSTALL_GUIDE`]): kubectl, or a script of the
+    /// repository (run with the install namespace in `NAMESPACE`, from a scratch directory).
+    async fn run_guide(&self, template: &str, overlay: &str, namespace: &str) -> Result<(), Error> {
+        let words = guide_command(template, overlay, namespace);
+        let words: Vec<&str> = words.iter().map(String::as_str).collect();
+        if let ["kubectl", args @ ..] = words.as_slice() {
+            return self.kubectl.run(args).await.map(drop);
+        }
+        let [script, args @ ..] = words.as_slice() else {
+            return Err(Error::Check(format!("an empty install command: {template:?}")));
+        };
+        let out = tokio::process::Command::new(Self::root_arg(script))
+            .args(args)
+            .env("NAMESPACE", &self.install)
+            .current_dir(std::env::temp_dir())
+            .kill_on_drop(true)
+            .output();
+        let out = tokio::time::timeout(MINUTE, out)
+            .await
+            .map_err(|_| Error::Check(format!("{script} did not finish within a minute")))??;
+        check(out.status.success(), || {
+            format!("{script} failed: {}", String::from_utf8_lossy(&out.stderr))
+        })
+    }
+
     async fn rollout_status(&self, deployment: &str, timeout: &str) -> Result<(), Error> {
         let target = format!("deployment/{deployment}");
         let timeout = format!("--timeout={timeout}");
@@ -727,8 +747,10 @@ impl Flow {
 
     async fn supervise(&mut self) -> Result<(), Error> {
         let ns = self.namespace.clone();
-        self.kubectl.run(&["create", "namespace", &ns]).await?;
-        self.kubectl.run(&["label", "namespace", &ns, LABEL]).await?;
+        // The install guide's last two commands (docs/install.md; INSTALL_GUIDE).
+        for command in &INSTALL_GUIDE[3..] {
+            self.run_guide(command, "", &ns).await?;
+        }
         self.secret_present(true).await?;
         self.kubectl.apply(&workloads(&ns, &self.image)).await?;
         for target in ["deployment/counter", "statefulset/ledger"] {
