@@ -127,18 +127,16 @@ impl Config {
         Duration::from_secs(self.stop_grace_seconds)
     }
 
-    /// Whether, after the instance ended with `outcome`, the workload's container runs again
-    /// (in a Pod, by its restart policy) and its next process is supervised as the next
-    /// generation. A stop at the recovery deadline is a failure exit; a process that exited
-    /// on its own may have succeeded, which `OnFailure` does not restart.
+    /// Whether, after the instance ended with `outcome`, the workload's container may run
+    /// again (in a Pod, by its restart policy) and its next process is supervised as the next
+    /// generation. Whether it does run again is the kubelet's: the next run waits for a new
+    /// process (a workload that exited with success under `OnFailure` gets none, and the Pod
+    /// completes).
     pub fn supervises_next(&self, outcome: crate::Outcome) -> bool {
         use crate::Outcome::{Exited, RecoveryFailed};
         self.command.is_empty()
-            && match self.restart_policy.as_str() {
-                "Always" => matches!(outcome, Exited | RecoveryFailed),
-                "OnFailure" => outcome == RecoveryFailed,
-                _ => false,
-            }
+            && matches!(self.restart_policy.as_str(), "Always" | "OnFailure")
+            && matches!(outcome, Exited | RecoveryFailed)
     }
 
     /// The workload endpoint's bounds.
@@ -335,7 +333,11 @@ mod tests {
         assert!(always.supervises_next(Exited) && always.supervises_next(RecoveryFailed));
         assert!(!always.supervises_next(Released) && !always.supervises_next(Shutdown));
         let on_failure = parse(&["--restart-policy", "OnFailure"]);
-        assert!(on_failure.supervises_next(RecoveryFailed) && !on_failure.supervises_next(Exited));
+        assert!(
+            on_failure.supervises_next(RecoveryFailed) && on_failure.supervises_next(Exited),
+            "a failed exit is restarted: the next run waits for the kubelet to start it"
+        );
+        assert!(!on_failure.supervises_next(Released));
         let never = parse(&["--restart-policy", "Never"]);
         assert!(!never.supervises_next(RecoveryFailed) && !never.supervises_next(Exited));
         let local = parse(&["--", "sleep", "600"]);

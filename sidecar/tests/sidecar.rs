@@ -578,3 +578,62 @@ async fn a_container_restarted_at_once_after_a_deadline_stop_is_the_next_generat
         .expect("join")
         .expect("sidecar");
 }
+
+/// A workload never identified (it never talked to the socket and the sidecar does not look
+/// for it in this test's PID namespace) when its recovery deadline passes: nothing is stopped,
+/// the registry is told so, and the next run registers the next generation at once — before,
+/// it waited for a new process that never came and the Pod stayed unsupervised for good.
+#[tokio::test]
+async fn a_missed_deadline_without_an_identified_workload_stops_nothing_and_registers_again() {
+    const DEADLINE_MS: u64 = 1_500;
+    let mut fx = Fixture::new(Vec::new()).await;
+    let (run, _shutdown) = fx.start();
+    fx.registered().await;
+    let mut m1 = fx.member.accept().await;
+    let sidecar_message::Kind::Attach(_) = m1.recv().await else {
+        panic!("first message must be Attach")
+    };
+    m1.take_over(&fx.signer, &fx.instance, 1, "m1", DEADLINE_MS).await;
+
+    // The owner goes silent, and so does every member the sidecar asks next.
+    m1.silence();
+    let mut silent = Vec::new();
+    let failed = loop {
+        tokio::select! {
+            conn = fx.member.accept() => {
+                conn.silence();
+                silent.push(conn);
+            }
+            call = within("a registry call", fx.registry.recv()) => {
+                if let Some(RegistryCall::RecoveryFailed(request)) = call {
+                    break request;
+                }
+            }
+        }
+    };
+    assert!(
+        failed.reason.contains("nothing was stopped"),
+        "the registry hears that nothing was stopped: {:?}",
+        failed.reason
+    );
+    assert_eq!(
+        within("run to end", run).await.expect("join").expect("sidecar"),
+        Outcome::RecoveryFailed
+    );
+    let state = sidecar::state_file::StateFile::new(&fx.config.state_dir)
+        .load()
+        .expect("state")
+        .expect("a saved state");
+    assert!(state.next_generation && state.ended_at_ticks == 0, "{state:?}");
+
+    let (next, shutdown) = fx.start();
+    let RegistryCall::Register(again) = fx.registry_call().await else {
+        panic!("expected the next generation's Register")
+    };
+    assert_eq!(again.instance.map_or(0, |i| i.generation), fx.instance.generation + 1);
+    shutdown.cancel();
+    within("the next run to end", next)
+        .await
+        .expect("join")
+        .expect("sidecar");
+}

@@ -158,13 +158,7 @@ impl Driver {
         let mut state = *conclusion.state;
         // In the same write as the end: whether the next run supervises the next process.
         state.next_generation = self.cfg.supervises_next(conclusion.outcome);
-        // Dated by the last moment the workload was seen running, not by now: closing the
-        // streams and telling the registry take seconds, and the kubelet restarts a
-        // container within one — a process started after this is the next generation's.
-        state.ended_at_ticks = match exit {
-            Some(exit) => exit.alive_until_ticks,
-            None => crate::identity::ticks_since_boot().await,
-        };
+        state.ended_at_ticks = next_generation_after(exit.as_ref());
         self.persist(state).await;
         let result = match conclusion.report {
             Report::RecoveryFailed(request) => registration.report_recovery_failed(request).await,
@@ -365,5 +359,31 @@ fn now() -> Now {
     Now {
         at: Instant::now().into_std(),
         unix_ms: proto::trust::unix_ms(SystemTime::now()),
+    }
+}
+
+/// The moment (ticks since boot) after which a process in the Pod counts as the next
+/// generation's. When the workload was stopped: the last moment it was seen running, not now —
+/// closing the streams and telling the registry take seconds, and the kubelet restarts a
+/// container within one. When nothing was stopped (no workload process had been identified,
+/// so it may still run unsupervised): 0, and the next run registers the next generation at
+/// once instead of waiting for a process that never comes.
+fn next_generation_after(exit: Option<&Exit>) -> u64 {
+    exit.map_or(0, |exit| exit.alive_until_ticks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_next_generation_starts_at_once_when_nothing_was_stopped() {
+        let exit = Exit {
+            code: Some(1),
+            signal: None,
+            alive_until_ticks: 4242,
+        };
+        assert_eq!(next_generation_after(Some(&exit)), 4242);
+        assert_eq!(next_generation_after(None), 0, "an unidentified workload may still run");
     }
 }

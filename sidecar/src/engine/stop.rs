@@ -93,12 +93,25 @@ impl<R: Reply> Machine<R> {
             Mode::Placing { deadline_ms, .. } => (0, *deadline_ms),
             _ => (0, 0),
         };
-        error!(
-            attempts,
-            deadline_ms,
-            fence = self.state.fence.activated,
-            "{reason}: stopping the workload (SupervisorRecoveryFailed)"
-        );
+        // Without an identified workload process there is nothing to stop: say so, in the
+        // log and in the reason the registry records.
+        let reason = if self.workload.is_some() {
+            error!(
+                attempts,
+                deadline_ms,
+                fence = self.state.fence.activated,
+                "{reason}: stopping the workload (SupervisorRecoveryFailed)"
+            );
+            reason.to_owned()
+        } else {
+            error!(
+                attempts,
+                deadline_ms,
+                fence = self.state.fence.activated,
+                "{reason}: no workload process was identified, so nothing is stopped; the next generation is registered (SupervisorRecoveryFailed)"
+            );
+            format!("{reason}; no workload process was identified, nothing was stopped")
+        };
         let request = RecoveryFailedRequest {
             route: self.setup.route.clone(),
             instance: Some(self.instance.clone()),
@@ -106,7 +119,7 @@ impl<R: Reply> Machine<R> {
             receipted_term: self.state.fence.pending_term(),
             attempts,
             recovery_deadline_ms: deadline_ms,
-            reason: bounded(reason, MAX_FAILURE_REASON_BYTES),
+            reason: bounded(&reason, MAX_FAILURE_REASON_BYTES),
         };
         self.begin_stop(Ending::RecoveryFailed { request });
     }
