@@ -675,7 +675,7 @@ impl Injector {
         // No volume of the Pod has one of our names (refused above): all are added.
         let mut new_volumes: Vec<&str> = self.volumes.iter().map(Fragment::json).collect();
 
-        let mut warnings = Vec::new();
+        let mut warnings = fit.warnings.clone();
         let mode = match string_at(annotations, SIDECAR_MODE_ANNOTATION) {
             None => self.config.default_mode,
             Some(value) => match SidecarMode::parse(value) {

@@ -1316,7 +1316,8 @@ fn workload_containers_are_pointed_at_the_sidecars_proxy_unless_the_pod_opts_out
 #[test]
 fn a_pod_that_declares_the_proxy_port_runs_without_the_proxy_and_is_told_why() {
     for list in ["containers", "initContainers"] {
-        let mut pod = json!({ "spec": { "containers": [ { "name": "app" } ] } });
+        let mut pod =
+            json!({ "spec": { "securityContext": { "runAsUser": 1000 }, "containers": [ { "name": "app" } ] } });
         pod["spec"][list] = json!([{ "name": "listener", "ports": [ { "containerPort": 15001 } ] }]);
         if list == "initContainers" {
             pod["spec"]["containers"] = json!([{ "name": "app" }]);

@@ -34,12 +34,15 @@ impl Unsupervised {
     }
 }
 
-/// What the injection must set on the sidecar for this Pod.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+/// What the injection must set on the sidecar for this Pod, and what the user must be told.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Fit {
     /// The sidecar's `runAsUser` when it would otherwise run as another UID than the workload
     /// (no Pod-level `runAsUser`, the containers' own one other than the image's).
     pub sidecar_uid: Option<i64>,
+    /// Admission warnings: what the spec cannot promise (the workload may not be identified
+    /// until it connects, or at all), so that a Pod shown not identified later was foretold.
+    pub warnings: Vec<String>,
 }
 
 fn run_as_user(security_context: Option<&Value>) -> Option<i64> {
@@ -93,6 +96,23 @@ pub fn assess(spec: &Map<String, Value>, configured_uid: Option<i64>) -> Result<
             _ => known = Some((uid, name)),
         }
     }
+    let mut warnings = Vec::new();
+    if containers.len() > 1 {
+        let names: Vec<&str> = containers
+            .iter()
+            .map(|c| c.get("name").and_then(Value::as_str).unwrap_or(""))
+            .collect();
+        warnings.push(format!(
+            "{} app containers ({}): the sidecar cannot tell which one is the workload until one connects to its socket; until then the Pod is shown not identified (condition Supervised=False, WorkloadNotIdentified) and a missed recovery deadline stops nothing",
+            names.len(),
+            names.join(", ")
+        ));
+    }
+    if known.is_none() && configured_uid.is_none() {
+        warnings.push(
+            "no runAsUser is set for the Pod or its containers: if the image runs as root, the non-root sidecar cannot identify or stop the workload and the Pod is shown not identified (condition Supervised=False); set runAsUser and runAsNonRoot: true to be sure it is supervised".to_owned(),
+        );
+    }
     match (known, configured_uid) {
         (Some((uid, name)), Some(sidecar)) if uid != sidecar => Err(Unsupervised::new(
             SkipReason::UidMismatch,
@@ -102,8 +122,14 @@ pub fn assess(spec: &Map<String, Value>, configured_uid: Option<i64>) -> Result<
         )),
         // Unconfigured, the sidecar runs as the Pod's UID or its image's user: given the
         // containers' own where that differs.
-        (Some((uid, _)), None) if uid != pod_uid.unwrap_or(SIDECAR_IMAGE_UID) => Ok(Fit { sidecar_uid: Some(uid) }),
-        _ => Ok(Fit::default()),
+        (Some((uid, _)), None) if uid != pod_uid.unwrap_or(SIDECAR_IMAGE_UID) => Ok(Fit {
+            sidecar_uid: Some(uid),
+            warnings,
+        }),
+        _ => Ok(Fit {
+            sidecar_uid: None,
+            warnings,
+        }),
     }
 }
 
@@ -178,7 +204,8 @@ mod tests {
         assert_eq!(
             assess(&spec(own(1000)), None),
             Ok(Fit {
-                sidecar_uid: Some(1000)
+                sidecar_uid: Some(1000),
+                warnings: Vec::new(),
             })
         );
         assert_eq!(assess(&spec(own(SIDECAR_IMAGE_UID)), None), Ok(Fit::default()));
@@ -189,11 +216,39 @@ mod tests {
         assert_eq!(
             assess(&spec(root_pod), None),
             Ok(Fit {
-                sidecar_uid: Some(1000)
+                sidecar_uid: Some(1000),
+                warnings: Vec::new(),
             })
         );
         let unknown = json!({ "containers": [ { "name": "app" } ] });
-        assert_eq!(assess(&spec(unknown), None), Ok(Fit::default()));
+        assert_eq!(assess(&spec(unknown), None).map(|fit| fit.sidecar_uid), Ok(None));
+    }
+
+    #[test]
+    fn what_the_spec_cannot_promise_is_a_warning() {
+        let warnings = |pod: Value, configured: Option<i64>| assess(&spec(pod), configured).map(|fit| fit.warnings);
+        // No UID anywhere: the image's USER may be root.
+        let unknown = warnings(json!({ "containers": [ { "name": "app" } ] }), None).unwrap_or_default();
+        assert!(
+            unknown.len() == 1 && unknown[0].contains("runAsUser") && unknown[0].contains("root"),
+            "{unknown:?}"
+        );
+        // A known non-root UID, at Pod level, on the container, or configured: nothing to say.
+        let one = json!({ "securityContext": { "runAsUser": 1000 }, "containers": [ { "name": "app" } ] });
+        assert_eq!(warnings(one, None), Ok(vec![]));
+        let own = json!({ "containers": [ { "name": "app", "securityContext": { "runAsUser": 1000 } } ] });
+        assert_eq!(warnings(own, None), Ok(vec![]));
+        assert_eq!(
+            warnings(json!({ "containers": [ { "name": "app" } ] }), Some(1000)),
+            Ok(vec![])
+        );
+        // Two app containers: identified only once one connects.
+        let two = json!({ "securityContext": { "runAsUser": 1000 }, "containers": [ { "name": "web" }, { "name": "worker" } ] });
+        let two = warnings(two, None).unwrap_or_default();
+        assert!(
+            two.len() == 1 && two[0].contains("web, worker") && two[0].contains("connects"),
+            "{two:?}"
+        );
     }
 
     #[test]

@@ -5,7 +5,10 @@ fn bad_mode_annotation_falls_back_with_warning() {
     let injector = Injector::new(InjectConfig::default());
     let pod = json!({
         "metadata": { "annotations": { SIDECAR_MODE_ANNOTATION: "sideways" } },
-        "spec": { "containers": [ { "name": "app", "image": "x" } ] }
+        "spec": {
+            "securityContext": { "runAsUser": 1000 },
+            "containers": [ { "name": "app", "image": "x" } ]
+        }
     });
     let Ok(Decision::Inject(injection)) = injector.mutate_pod(&pod, "team-a") else {
         panic!("expected an injection");
