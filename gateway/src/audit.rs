@@ -57,7 +57,7 @@ pub fn entry(row: AuditEntry) -> WireEntry {
     WireEntry {
         uid: row.uid,
         member: row.member,
-        term: unsigned(row.term),
+        term: row.term.get(),
         recorded_at_ms: row.recorded_at_ms,
         record: Some(AuditRecord {
             sequence: unsigned(row.sequence),

@@ -20,7 +20,9 @@ use crate::placement::Decision;
 use crate::pool::View;
 use crate::replica::Replica;
 use crate::room;
-use crate::store::{self, Assignment, AssignmentPhase, FencedWrite, Lease, Operation, OperationKind, OperationPhase};
+use crate::store::{
+    self, Assignment, AssignmentPhase, FencedWrite, Lease, Operation, OperationKind, OperationPhase, Term,
+};
 
 /// Run while the replica runs; reconcile whenever this replica holds the
 /// lease and the pool view or the lease changes.
@@ -30,11 +32,11 @@ pub async fn run(replica: Arc<Replica>, mut lease: watch::Receiver<Option<Lease>
     // After a write, wait for a view read after it, so a stale read does
     // not plan the same change twice.
     let mut wrote_at_ms = 0;
-    let mut started: Option<i64> = None;
+    let mut started: Option<Term> = None;
     // The view last planned, and when: an unchanged pool is planned again only as its
     // deadlines may come.
     let mut planned: Option<(Arc<View>, Instant)> = None;
-    let mut forgot: Option<(i64, Instant)> = None;
+    let mut forgot: Option<(Term, Instant)> = None;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
@@ -48,12 +50,12 @@ pub async fn run(replica: Arc<Replica>, mut lease: watch::Receiver<Option<Lease>
             // The first fenced write of the term: proves it can write, records when.
             match replica.store.write_fenced(&held, &[FencedWrite::StartTerm]).await {
                 Ok(()) => {
-                    info!(term = held.term, "coordinating");
+                    info!(term = held.term.get(), "coordinating");
                     started = Some(held.term);
                     planned = None;
                 }
                 Err(err) => {
-                    warn!(term = held.term, error = %err, "cannot start coordinating");
+                    warn!(term = held.term.get(), error = %err, "cannot start coordinating");
                     continue;
                 }
             }
@@ -89,7 +91,7 @@ pub async fn run(replica: Arc<Replica>, mut lease: watch::Receiver<Option<Lease>
             match replica.store.write_fenced(&held, &batch).await {
                 Ok(()) => replica.metrics.written(&batch),
                 Err(store::Error::Fenced(why)) => {
-                    warn!(term = held.term, reason = %why, "coordinator write fenced; stepping back");
+                    warn!(term = held.term.get(), reason = %why, "coordinator write fenced; stepping back");
                     break;
                 }
                 Err(err) => {
@@ -150,8 +152,8 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
         match decision {
             Decision::Place { route, to } => {
                 // Above every term the route ever had (a withdrawn generation's included).
-                let term = view.instances.get(&route).map_or(0, |i| i.last_term) + 1;
-                info!(%route, member = %to.member, term, "placing instance");
+                let term = view.instances.get(&route).map_or(Term::ZERO, |i| i.last_term).next();
+                info!(%route, member = %to.member, term = term.get(), "placing instance");
                 let next = reserved(&route, &to.member, &to.process_id, term, generation(&route), term);
                 placements.push(FencedWrite::Assign {
                     expected_term: None,
@@ -160,7 +162,7 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
             }
             Decision::Replace { route, from, to, term } => {
                 info!(
-                    %route, stale_owner = %from.member, member = %to.member, term,
+                    %route, stale_owner = %from.member, member = %to.member, term = term.get(),
                     "another workload registered the route: placing it anew"
                 );
                 let next = reserved(&route, &to.member, &to.process_id, term, generation(&route), term);
@@ -181,7 +183,7 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
                 batches.push(batch);
             }
             Decision::Recover { route, from, to, term } => {
-                info!(%route, from = %from.member, to = %to.member, term, "recovering instance from a gone owner");
+                info!(%route, from = %from.member, to = %to.member, term = term.get(), "recovering instance from a gone owner");
                 let message = format!(
                     "owner {} (process {}) is gone; moving to {} at term {term}",
                     from.member, from.process_id, to.member
@@ -204,7 +206,7 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
                         moves: 1,
                         deadline_at_ms: Some(
                             view.now_ms
-                                .saturating_add(i64::try_from(recovery_deadline_ms).unwrap_or(0)),
+                                .saturating_add(i64::try_from(recovery_deadline_ms).unwrap_or(i64::MAX)),
                         ),
                         max_parallel: 1,
                         requested_by: "coordinator".into(),
@@ -213,7 +215,7 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
                         updated_at_ms: 0,
                     },
                 };
-                let placed_term = view.assignments.get(&route).map_or(1, |a| a.placed_term);
+                let placed_term = view.assignments.get(&route).map_or(Term::new(1), |a| a.placed_term);
                 let next = reserved(
                     &route,
                     &to.member,
@@ -231,7 +233,7 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
                 ]);
             }
             Decision::Withdraw { route, term } => {
-                info!(%route, term, "dropping the assignment of a withdrawn instance; its owner releases it");
+                info!(%route, term = term.get(), "dropping the assignment of a withdrawn instance; its owner releases it");
                 batches.push(vec![FencedWrite::Unassign {
                     route,
                     expected_term: term,
@@ -300,7 +302,7 @@ fn settle(view: &View, op: &Operation) -> Option<Operation> {
     })
 }
 
-fn reserved(route: &str, member: &str, process_id: &str, term: i64, generation: i64, placed_term: i64) -> Assignment {
+fn reserved(route: &str, member: &str, process_id: &str, term: Term, generation: i64, placed_term: Term) -> Assignment {
     Assignment {
         route: route.to_owned(),
         member: member.to_owned(),
@@ -309,7 +311,7 @@ fn reserved(route: &str, member: &str, process_id: &str, term: i64, generation: 
         phase: AssignmentPhase::Reserved,
         generation,
         placed_term,
-        coordinator_term: 0,
+        coordinator_term: Term::ZERO,
         updated_at_ms: 0,
     }
 }
@@ -335,7 +337,7 @@ mod tests {
                 material: SecretBytes::default(),
                 registered_at_ms: 0,
                 withdrawn: false,
-                last_term: 0,
+                last_term: Term::new(0),
                 withdrawn_reason: None,
             },
         );
@@ -372,9 +374,11 @@ mod tests {
         routes
     }
 
-    fn assign(v: &mut View, member: &str, term: i64) {
-        v.assignments
-            .insert("r".into(), reserved("r", member, &format!("{member}-p"), term, 1, 1));
+    fn assign(v: &mut View, member: &str, term: u64) {
+        v.assignments.insert(
+            "r".into(),
+            reserved("r", member, &format!("{member}-p"), Term::new(term), 1, Term::new(1)),
+        );
     }
 
     #[test]
@@ -409,8 +413,10 @@ mod tests {
     fn recoveries_of_a_gone_member_share_fenced_writes() {
         let mut v = view();
         for route in more_routes(&mut v, 150) {
-            v.assignments
-                .insert(route.clone(), reserved(&route, "gone", "gone-p", 3, 1, 1));
+            v.assignments.insert(
+                route.clone(),
+                reserved(&route, "gone", "gone-p", Term::new(3), 1, Term::new(1)),
+            );
         }
         assign(&mut v, "gone", 3);
         let batches = plan(&v, 60_000, &mut BTreeMap::new());
@@ -427,7 +433,7 @@ mod tests {
         for pair in batches.iter().flat_map(|b| b.chunks(2)) {
             let [
                 FencedWrite::Assign {
-                    expected_term: Some(3),
+                    expected_term: Some(expected),
                     next,
                 },
                 FencedWrite::PutOperation(op),
@@ -435,6 +441,7 @@ mod tests {
             else {
                 panic!("a compare-and-set and its operation: {pair:?}");
             };
+            assert_eq!(*expected, Term::new(3));
             assert_eq!(
                 (op.kind, op.target.as_str()),
                 (OperationKind::Recover, next.route.as_str())
@@ -479,7 +486,7 @@ mod tests {
         assert_eq!(batches.len(), 1);
         let [
             FencedWrite::Assign {
-                expected_term: Some(3),
+                expected_term: Some(expected),
                 next,
             },
             FencedWrite::PutOperation(op),
@@ -487,7 +494,8 @@ mod tests {
         else {
             panic!("expected a compare-and-set and an operation: {:?}", batches[0]);
         };
-        assert_eq!((next.term, next.phase), (4, AssignmentPhase::Reserved));
+        assert_eq!(*expected, Term::new(3));
+        assert_eq!((next.term, next.phase), (Term::new(4), AssignmentPhase::Reserved));
         assert_eq!(
             (op.kind, op.phase, op.deadline_at_ms),
             (OperationKind::Recover, OperationPhase::Running, Some(70_000))
@@ -548,7 +556,7 @@ mod tests {
             "r".into(),
             Report {
                 route: "r".into(),
-                term: 4,
+                term: Term::new(4),
                 member: "b".into(),
                 process_id: "b-p".into(),
                 phase: ReportPhase::Active,

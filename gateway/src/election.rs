@@ -99,20 +99,20 @@ pub async fn run(
                 next_attempt = sent + timing.retry_every;
                 match timeout(timing.lease_length, store.acquire_lease(&holder, timing.lease_length)).await {
                     Ok(Ok(Acquire::Acquired(lease))) => {
-                        info!(term = lease.term, holder = %holder, "became coordinator");
+                        info!(term = lease.term.get(), holder = %holder, "became coordinator");
                         publish.send_replace(Some(lease.clone()));
                         next_attempt = sent + timing.renew_every;
                         Some((lease, sent + timing.lease_length))
                     }
                     Ok(Ok(Acquire::HeldBy(row))) => match take_over_if_dead(&store, &holder, timing, &row).await {
                         Some(lease) => {
-                            info!(term = lease.term, holder = %holder, previous = %row.holder, "took over from a dead coordinator");
+                            info!(term = lease.term.get(), holder = %holder, previous = %row.holder, "took over from a dead coordinator");
                             publish.send_replace(Some(lease.clone()));
                             next_attempt = sent + timing.renew_every;
                             Some((lease, sent + timing.lease_length))
                         }
                         None => {
-                            debug!(term = row.term, holder = %row.holder, "lease held elsewhere");
+                            debug!(term = row.term.get(), holder = %row.holder, "lease held elsewhere");
                             None
                         }
                     },
@@ -136,21 +136,21 @@ pub async fn run(
                         Some((renewed, sent + timing.lease_length))
                     }
                     Ok(Err(store::Error::Fenced(why))) => {
-                        warn!(term = lease.term, reason = %why, "lost the coordinator lease");
+                        warn!(term = lease.term.get(), reason = %why, "lost the coordinator lease");
                         publish.send_replace(None);
                         next_attempt = sent + timing.retry_every;
                         None
                     }
                     failed if Instant::now() < deadline => {
                         if let Ok(Err(err)) = failed {
-                            warn!(term = lease.term, error = %err, "lease renewal failed; retrying");
+                            warn!(term = lease.term.get(), error = %err, "lease renewal failed; retrying");
                         }
                         next_attempt = Instant::now() + timing.retry_every.min(budget / 4);
                         Some((lease, deadline))
                     }
                     _ => {
                         warn!(
-                            term = lease.term,
+                            term = lease.term.get(),
                             "could not renew the coordinator lease before it ran out; stepping down"
                         );
                         publish.send_replace(None);
@@ -164,10 +164,10 @@ pub async fn run(
     if let Some((lease, _)) = held {
         publish.send_replace(None);
         match timeout(timing.lease_length, store.release_lease(&lease)).await {
-            Ok(Ok(true)) => info!(term = lease.term, "released the coordinator lease"),
-            Ok(Ok(false)) => debug!(term = lease.term, "lease was already lost at release"),
-            Ok(Err(err)) => warn!(term = lease.term, error = %err, "could not release the lease; it will expire"),
-            Err(_) => warn!(term = lease.term, "lease release timed out; it will expire"),
+            Ok(Ok(true)) => info!(term = lease.term.get(), "released the coordinator lease"),
+            Ok(Ok(false)) => debug!(term = lease.term.get(), "lease was already lost at release"),
+            Ok(Err(err)) => warn!(term = lease.term.get(), error = %err, "could not release the lease; it will expire"),
+            Err(_) => warn!(term = lease.term.get(), "lease release timed out; it will expire"),
         }
     }
 }

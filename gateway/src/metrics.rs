@@ -345,7 +345,8 @@ impl Metrics {
     /// The lease this replica holds now (`None`: standby).
     fn follow_lease(&self, lease: Option<&Lease>) {
         self.coordinator.set(i64::from(lease.is_some()));
-        self.coordinator_term.set(lease.map_or(0, |l| l.term));
+        // No lease: 0, which no held lease has (terms start at 1).
+        self.coordinator_term.set(lease.map_or(0, |l| l.term.gauge()));
     }
 }
 

@@ -29,7 +29,7 @@ pub use request::from_request;
 
 use crate::placement::{Candidate, least_loaded};
 use crate::pool::View;
-use crate::store::{Assignment, AssignmentPhase, FencedWrite, Operation, OperationKind, OperationPhase};
+use crate::store::{Assignment, AssignmentPhase, FencedWrite, Operation, OperationKind, OperationPhase, Term};
 
 /// Concurrent handoffs off leaving members (no operation asks for them).
 pub const LEAVING_PARALLEL: usize = 8;
@@ -214,11 +214,11 @@ impl<'v> Round<'v> {
                 route: a.route.clone(),
                 member: to.member.clone(),
                 process_id: to.process_id.clone(),
-                term: a.term + 1,
+                term: a.term.next(),
                 phase: AssignmentPhase::Reserved,
                 generation: a.generation,
                 placed_term: a.placed_term,
-                coordinator_term: 0,
+                coordinator_term: Term::ZERO,
                 updated_at_ms: 0,
             },
         }]);

@@ -12,6 +12,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::store::Term;
+
 /// Hard cap of instances per member, whatever a member offers.
 pub const MAX_INSTANCES_PER_MEMBER: usize = proto::MAX_INSTANCES_PER_MEMBER as usize;
 
@@ -30,7 +32,7 @@ pub struct Candidate {
 pub struct Owner {
     pub member: String,
     pub process_id: String,
-    pub term: i64,
+    pub term: Term,
     /// The owner reported it cannot run the instance at this term (a refused
     /// grant or activation, or it acknowledged the term without hosting it).
     pub failed: bool,
@@ -49,7 +51,7 @@ pub enum Decision {
         route: String,
         from: Owner,
         to: Candidate,
-        term: i64,
+        term: Term,
     },
     /// Another workload registered the route since the assignment was made: place the new
     /// one as if new, on `to` at `term` (the stale term + 1, so terms never repeat).
@@ -57,11 +59,11 @@ pub enum Decision {
         route: String,
         from: Owner,
         to: Candidate,
-        term: i64,
+        term: Term,
     },
     /// The instance is no longer desired (withdrawn, ended): drop the assignment at once,
     /// whether or not its owner lives (a live owner releases the session).
-    Withdraw { route: String, term: i64 },
+    Withdraw { route: String, term: Term },
     /// No member can take the route.
     Unplaced { route: String, reason: String },
 }
@@ -139,13 +141,13 @@ pub fn plan(desired: &BTreeSet<String>, owners: &BTreeMap<String, Owner>, live: 
                         route: route.clone(),
                         from: from.clone(),
                         to: to.clone(),
-                        term: from.term + 1,
+                        term: from.term.next(),
                     },
                     Some(from) => Decision::Recover {
                         route: route.clone(),
                         from: from.clone(),
                         to: to.clone(),
-                        term: from.term + 1,
+                        term: from.term.next(),
                     },
                 });
             }
@@ -208,11 +210,11 @@ mod tests {
         (0..n).map(|i| format!("ns/agent-{i:02}")).collect()
     }
 
-    fn owner(member: &str, term: i64) -> Owner {
+    fn owner(member: &str, term: u64) -> Owner {
         Owner {
             member: member.into(),
             process_id: format!("{member}-p1"),
-            term,
+            term: Term::new(term),
             failed: false,
             stale: false,
         }
@@ -228,7 +230,7 @@ mod tests {
                         Owner {
                             member: to.member.clone(),
                             process_id: to.process_id.clone(),
-                            term: 1,
+                            term: Term::new(1),
                             failed: false,
                             stale: false,
                         },
@@ -269,7 +271,7 @@ mod tests {
         let decisions = plan(&routes(9), &owners, &live);
         apply(&mut owners, &decisions);
         assert_eq!(per_member(&owners).values().copied().collect::<Vec<_>>(), vec![3, 3, 3]);
-        assert!(owners.values().all(|o| o.term == 1));
+        assert!(owners.values().all(|o| o.term == Term::new(1)));
     }
 
     #[test]
@@ -313,13 +315,13 @@ mod tests {
                     route: "ns/a1".into(),
                     from: owner("a", 4),
                     to: member("c"),
-                    term: 5
+                    term: Term::new(5)
                 },
                 Decision::Recover {
                     route: "ns/a2".into(),
                     from: owner("a", 1),
                     to: member("b"),
-                    term: 2
+                    term: Term::new(2)
                 },
             ],
             "least loaded first: c had none, then b and c tie at one and b wins by name"
@@ -341,7 +343,7 @@ mod tests {
                 route: "ns/x".into(),
                 from: owner("a", 7),
                 to: restarted,
-                term: 8
+                term: Term::new(8)
             }]
         );
     }
@@ -366,7 +368,7 @@ mod tests {
                 route: "ns/x".into(),
                 from: owner("a", 2),
                 to: member("b"),
-                term: 3
+                term: Term::new(3)
             }]
         );
         apply(&mut owners, &decisions);
@@ -454,11 +456,11 @@ mod tests {
             vec![
                 Decision::Withdraw {
                     route: "ns/deleted-gone".into(),
-                    term: 3
+                    term: Term::new(3)
                 },
                 Decision::Withdraw {
                     route: "ns/deleted-live".into(),
-                    term: 2
+                    term: Term::new(2)
                 }
             ]
         );
@@ -501,12 +503,14 @@ mod tests {
                     ..owner("a", 2)
                 },
                 to: member("b"),
-                term: 3
+                term: Term::new(3)
             }]
         );
         // Alone, the failed member gets another try at a new term.
         let decisions = plan(&desired, &owners, &[member("a")]);
-        assert!(matches!(&decisions[0], Decision::Recover { to, term: 3, .. } if to.member == "a"));
+        assert!(
+            matches!(&decisions[0], Decision::Recover { to, term, .. } if to.member == "a" && *term == Term::new(3))
+        );
     }
 
     #[test]
@@ -527,7 +531,7 @@ mod tests {
                 route: "ns/x".into(),
                 from: stale,
                 to: member("b"),
-                term: 5
+                term: Term::new(5)
             }],
             "least loaded, the stale assignment counting for nothing, and never an old term again"
         );
@@ -538,6 +542,8 @@ mod tests {
         };
         let only_x: BTreeMap<String, Owner> = owners.into_iter().filter(|(r, _)| r == "ns/x").collect();
         let decisions = plan(&["ns/x".to_owned()].into(), &only_x, &[full]);
-        assert!(matches!(&decisions[0], Decision::Replace { to, term: 5, .. } if to.member == "a"));
+        assert!(
+            matches!(&decisions[0], Decision::Replace { to, term, .. } if to.member == "a" && *term == Term::new(5))
+        );
     }
 }

@@ -388,7 +388,7 @@ impl View {
                 Some(instance) if !instance.withdrawn => snapshot.instances.push(OwnedInstance {
                     route: a.route.clone(),
                     instance: Some(instance_ref(instance)),
-                    term: u64::try_from(a.term).unwrap_or(0),
+                    term: a.term.get(),
                     phase: match a.phase {
                         AssignmentPhase::Reserved => OwnershipPhase::Reserved,
                         AssignmentPhase::Active => OwnershipPhase::Active,
@@ -419,7 +419,7 @@ impl View {
                         .filter(|m| m.process_id == a.process_id)
                         .map(|m| m.runtime_address.clone())
                         .unwrap_or_default(),
-                    term: u64::try_from(a.term).unwrap_or(0),
+                    term: a.term.get(),
                 };
                 (a.route.clone(), entry)
             });

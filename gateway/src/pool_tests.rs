@@ -1,6 +1,6 @@
 //! Unit tests of the pool view (`pool.rs`).
 use super::*;
-use crate::store::SecretBytes;
+use crate::store::{SecretBytes, Term};
 
 fn view() -> View {
     let mut v = View {
@@ -26,7 +26,7 @@ fn view() -> View {
                 material: SecretBytes(Material::new(&binding, &[9u8; 32]).encode()),
                 registered_at_ms: 0,
                 withdrawn,
-                last_term: 0,
+                last_term: Term::new(0),
                 withdrawn_reason: None,
             },
         );
@@ -38,11 +38,11 @@ fn view() -> View {
                 route: route.into(),
                 member: member.into(),
                 process_id: format!("{member}-p"),
-                term,
+                term: Term::new(term),
                 phase: AssignmentPhase::Active,
                 generation: 1,
-                placed_term: 1,
-                coordinator_term: 1,
+                placed_term: Term::new(1),
+                coordinator_term: Term::new(1),
                 updated_at_ms: 0,
             },
         );
@@ -92,7 +92,7 @@ fn the_snapshot_revision_changes_exactly_when_a_snapshot_could() {
     );
     // Each input a snapshot is built from moves the revision.
     let mut moved = view();
-    moved.assignments.values_mut().for_each(|a| a.term += 1);
+    moved.assignments.values_mut().for_each(|a| a.term = a.term.next());
     let mut withdrawn = view();
     withdrawn.instances.values_mut().for_each(|i| i.withdrawn = true);
     let mut readdressed = view();

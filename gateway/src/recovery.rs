@@ -21,7 +21,7 @@ use tracing::{info, warn};
 
 use crate::input::check_route;
 use crate::replica::Replica;
-use crate::store::{self, Activation, Checkpoint, GrantRecord, InstanceRecord};
+use crate::store::{self, Activation, Checkpoint, GrantRecord, InstanceRecord, Term};
 
 /// Longest compact grant accepted back in `Activate`.
 const MAX_GRANT_BYTES: usize = 4096;
@@ -101,7 +101,7 @@ impl SupervisorRecovery for Recovery {
                 "a grant needs a term, a member and a process_id",
             ));
         }
-        let term = i64::try_from(request.term).map_err(|_| Status::invalid_argument("term out of range"))?;
+        let term = Term::from_wire(request.term).map_err(|err| Status::invalid_argument(err.to_string()))?;
         let instance = self.instance(&request.route, true).await?;
         // Bound to what the store records, in the transaction that records the grant: the
         // reservation is the caller's member's, for the process the store records as that
@@ -129,7 +129,7 @@ impl SupervisorRecovery for Recovery {
             expires_at_ms: minted.expires_at_ms,
         };
         self.denied(self.replica.store.issue_grant(&record).await.map_err(refused))?;
-        info!(route = %request.route, term, %member, grant = %minted.jti, "recovery grant issued");
+        info!(route = %request.route, term = term.get(), %member, grant = %minted.jti, "recovery grant issued");
         Ok(Response::new(IssueGrantResponse {
             grant: minted.token,
             grant_id: minted.jti,
@@ -189,7 +189,7 @@ impl SupervisorRecovery for Recovery {
             start_ticks: i64::try_from(workload.start_time_ticks).unwrap_or(i64::MAX),
             exe_digest: workload.exe_digest.clone(),
         };
-        let term = i64::try_from(receipt.term).map_err(|_| Status::invalid_argument("term out of range"))?;
+        let term = Term::from_wire(receipt.term).map_err(|err| Status::invalid_argument(err.to_string()))?;
         // The store checks the reservation and the grant row are the caller's too.
         let activation = Activation {
             route: receipt.route.clone(),
@@ -202,7 +202,7 @@ impl SupervisorRecovery for Recovery {
         };
         let activated_at_ms = self.denied(self.replica.store.activate(activation).await.map_err(refused))?;
         self.replica.wake.notify_one();
-        info!(route = %receipt.route, term, member = %grant.extra.member, pid = workload.pid, "term activated");
+        info!(route = %receipt.route, term = term.get(), member = %grant.extra.member, pid = workload.pid, "term activated");
 
         let claims = ProofClaims {
             route: receipt.route.clone(),

@@ -257,7 +257,9 @@ mod tests {
     use super::*;
     use std::collections::BTreeMap;
 
-    use crate::store::{Assignment, AssignmentPhase, Operation, OperationKind, OperationPhase, Report, ReportPhase};
+    use crate::store::{
+        Assignment, AssignmentPhase, Operation, OperationKind, OperationPhase, Report, ReportPhase, Term,
+    };
 
     #[test]
     fn a_pool_awaits_writes_while_an_operation_is_open_or_a_handoff_reserved() {
@@ -287,11 +289,11 @@ mod tests {
             route: "r1".into(),
             member: "m2".into(),
             process_id: "m2-p1".into(),
-            term: 2,
+            term: Term::new(2),
             phase: AssignmentPhase::Reserved,
             generation: 1,
-            placed_term: 1,
-            coordinator_term: 1,
+            placed_term: Term::new(1),
+            coordinator_term: Term::new(1),
             updated_at_ms: 0,
         };
         view.now_ms = 60_000;
@@ -299,7 +301,7 @@ mod tests {
         view.assignments = BTreeMap::from([("r1".to_owned(), handoff.clone())]).into();
         assert!(awaits_writes(&view), "a reserved term waits for its activation");
         let first = Assignment {
-            term: 1,
+            term: Term::new(1),
             ..handoff.clone()
         };
         view.assignments = BTreeMap::from([("r1".to_owned(), first)]).into();
@@ -313,7 +315,7 @@ mod tests {
         view.now_ms = 60_000;
         let hosting = Report {
             route: "r1".into(),
-            term: 2,
+            term: Term::new(2),
             member: "m2".into(),
             process_id: "m2-p1".into(),
             phase: ReportPhase::Active,

@@ -22,7 +22,7 @@ use crate::auth::InstanceCaller;
 use crate::input::check_route;
 use crate::registration::{Binding, Material};
 use crate::replica::Replica;
-use crate::store::{Registered, Registration, SecretBytes};
+use crate::store::{Registered, Registration, SecretBytes, Term};
 
 #[derive(Clone)]
 pub struct Registry {
@@ -185,7 +185,7 @@ impl InstanceRegistry for Registry {
                 .live_member(&a.member)
                 .map(|m| m.runtime_address.clone())
                 .unwrap_or_default(),
-            term: u64::try_from(a.term).unwrap_or(0),
+            term: a.term.get(),
         });
         Ok(Response::new(RegisterResponse {
             instance: Some(InstanceRef {
@@ -230,6 +230,10 @@ impl InstanceRegistry for Registry {
             .await?;
         let request = request.into_inner();
         check_route(&request.route)?;
+        // 0: the sidecar never activated a term. Above the store's range: refused, not dropped.
+        let fence_term = Term::from_wire(request.fence_term)
+            .map_err(|err| Status::invalid_argument(format!("fence_term: {err}")))?;
+        let fence_term = Some(fence_term).filter(|t| *t > Term::ZERO);
         // Only the workload registered under the route now may report for it: a replaced
         // one (an older Pod of the same name) changes nothing.
         let current = self
@@ -253,7 +257,6 @@ impl InstanceRegistry for Registry {
         // Withdrawn with the reason: the coordinator's Kubernetes writer, on whichever
         // replica holds the lease, records the Event on the Pod from the pool view. A
         // repeated report (a lost answer) changes nothing.
-        let fence_term = i64::try_from(request.fence_term).ok().filter(|t| *t > 0);
         let withdrawn = self
             .replica
             .store

@@ -12,7 +12,7 @@ use proto::pool::v1::{
 
 use crate::operations;
 use crate::pool::{View, instance_ref};
-use crate::store::{self, AssignmentPhase, LeaseView, OperationKind, OperationPhase};
+use crate::store::{self, AssignmentPhase, LeaseView, OperationKind, OperationPhase, Term};
 
 /// Build the status answer from a view and the lease row. Pure.
 pub fn status(view: &View, lease: Option<&LeaseView>, served_by: &str) -> GetSupervisorPoolStatusResponse {
@@ -73,7 +73,8 @@ pub fn status(view: &View, lease: Option<&LeaseView>, served_by: &str) -> GetSup
                 instance: Some(instance_ref(i)),
                 owner_member: a.map(|a| a.member.clone()).unwrap_or_default(),
                 owner_process_id: a.map(|a| a.process_id.clone()).unwrap_or_default(),
-                term: a.map_or(0, |a| u64::try_from(a.term).unwrap_or(0)),
+                // No current assignment: term 0 on the wire.
+                term: a.map_or(Term::ZERO, |a| a.term).get(),
                 reserved: a.is_some_and(|a| a.phase == AssignmentPhase::Reserved),
                 phase: r.and_then(|r| r.phase.wire()).unwrap_or_default() as i32,
                 last_report_at_ms: r.map_or(0, |r| r.updated_at_ms),
@@ -87,7 +88,7 @@ pub fn status(view: &View, lease: Option<&LeaseView>, served_by: &str) -> GetSup
     GetSupervisorPoolStatusResponse {
         coordinator: lease.filter(|l| l.is_live()).map(|l| Coordinator {
             holder: l.holder.clone(),
-            term: u64::try_from(l.term).unwrap_or(0),
+            term: l.term.get(),
             expires_at_ms: l.expires_at_ms,
         }),
         members,
@@ -139,7 +140,7 @@ pub fn plan(view: &View, op: &store::Operation, served_by: &str) -> OperationPla
                 route: m.route,
                 from_member: m.from,
                 to_member: m.to,
-                term: u64::try_from(m.term).unwrap_or(0),
+                term: m.term.get(),
                 wave: m.wave,
             })
             .collect(),

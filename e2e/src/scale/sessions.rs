@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use gateway::store::{AssignmentPhase, Options, Store};
+use gateway::store::{AssignmentPhase, Options, Store, Term};
 use nix::sys::signal::Signal;
 use serde::Serialize;
 
@@ -230,7 +230,7 @@ fn other_member<'a>(pool: &'a LocalPool, member: &str) -> Option<&'a str> {
 
 /// SIGKILL `member`; measured until every session it held is active elsewhere.
 async fn crash(pool: &LocalPool, store: &Store, member: &str, sandboxes: &[String]) -> Result<Step, Error> {
-    let held: Vec<(String, i64)> = store
+    let held: Vec<(String, Term)> = store
         .list_assignments()
         .await?
         .into_iter()

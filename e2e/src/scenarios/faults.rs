@@ -48,7 +48,7 @@ pub(super) async fn coordinator(pool: &mut LocalPool, store: &Store, signal: Sig
         counter_continuous: observed.iter().all(Observed::continuous),
         max_counter_gap_ms: observed.iter().map(|o| o.max_gap_ms(injected, end)).max().unwrap_or(0),
         dual_owner_violations: observed.iter().map(Observed::dual_owner_violations).sum(),
-        notes: format!("coordinator {} term {} → term {}", name, lease.term, lease.term + 1),
+        notes: format!("coordinator {} term {} → term {}", name, lease.term, lease.term.next()),
     })
 }
 
@@ -66,7 +66,7 @@ pub(super) async fn owner(pool: &mut LocalPool, store: &Store, signal: Signal) -
         .max_by_key(|(_, n)| **n)
         .map(|(m, _)| (*m).to_owned())
         .ok_or_else(|| Error::Scenario("no owner".into()))?;
-    let moved: Vec<(String, i64)> = assignments
+    let moved: Vec<(String, gateway::store::Term)> = assignments
         .iter()
         .filter(|a| a.member == victim)
         .map(|a| (a.route.clone(), a.term))
@@ -136,12 +136,7 @@ pub(super) async fn owner(pool: &mut LocalPool, store: &Store, signal: Signal) -
                 observe(pool, s)
                     .accepted
                     .iter()
-                    .filter(|a| {
-                        a.at_ms > resumed
-                            && moved
-                                .iter()
-                                .any(|(_, t)| a.term == Some(u64::try_from(*t).unwrap_or(0)))
-                    })
+                    .filter(|a| a.at_ms > resumed && moved.iter().any(|(_, t)| a.term == Some(t.get())))
                     .count()
             })
             .sum();
@@ -192,7 +187,7 @@ pub(super) async fn outage(
         .iter()
         .position(|g| g.name == holder)
         .ok_or_else(|| Error::Scenario(format!("coordinator {holder} is not a gateway of this pool")))?;
-    let owners = |assignments: Vec<gateway::store::Assignment>| -> BTreeMap<String, (String, i64)> {
+    let owners = |assignments: Vec<gateway::store::Assignment>| -> BTreeMap<String, (String, gateway::store::Term)> {
         assignments.into_iter().map(|a| (a.route, (a.member, a.term))).collect()
     };
     let before = owners(store.list_assignments().await?);

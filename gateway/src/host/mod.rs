@@ -29,7 +29,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::kubernetes;
 use crate::replica::Replica;
-use crate::store::{MemberRecord, MemberUpdate, Report};
+use crate::store::{MemberRecord, MemberUpdate, Report, Term};
 use admission::{Admission, RecordCheck, Superseded, check_record};
 use protocol::HostProtocol;
 
@@ -130,7 +130,7 @@ impl SupervisorHost for Host {
             self.replica.metrics.call_denied();
             return Err(denied);
         }
-        let term = i64::try_from(request.term).map_err(|_| Status::invalid_argument("term out of range"))?;
+        let term = Term::from_wire(request.term).map_err(|err| Status::invalid_argument(err.to_string()))?;
         let rows = crate::audit::rows(&request.records).map_err(Status::invalid_argument)?;
         let stored = self
             .replica
@@ -492,9 +492,19 @@ impl Session {
                     let urgent = changes.iter().any(|c| c.urgent);
                     let records = changes
                         .into_iter()
-                        .map(|c| Report {
+                        .filter_map(|c| {
+                            // Attributed to a term this stream installed (from an assignment,
+                            // so in the store's range): an out-of-range one is never written.
+                            let term = Term::from_wire(c.status.term)
+                                .inspect_err(
+                                    |err| warn!(route = %c.status.route, error = %err, "status report dropped"),
+                                )
+                                .ok()?;
+                            Some((c, term))
+                        })
+                        .map(|(c, term)| Report {
                             route: c.status.route,
-                            term: i64::try_from(c.status.term).unwrap_or(i64::MAX),
+                            term,
                             member: self.identity.member.clone(),
                             process_id: self.identity.process_id.clone(),
                             phase: c.status.phase,

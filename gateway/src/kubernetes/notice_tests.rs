@@ -1,7 +1,7 @@
 //! Unit tests of [`super::diff`]: which Events a change of the pool view makes.
 
 use super::*;
-use crate::store::{Assignment, MemberRecord, Operation, SecretBytes};
+use crate::store::{Assignment, MemberRecord, Operation, SecretBytes, Term};
 
 fn member(name: &str, expires_at_ms: i64, leaving: bool) -> MemberRecord {
     MemberRecord {
@@ -27,21 +27,21 @@ fn instance(route: &str) -> InstanceRecord {
         material: SecretBytes::default(),
         registered_at_ms: 0,
         withdrawn: false,
-        last_term: 0,
+        last_term: Term::new(0),
         withdrawn_reason: None,
     }
 }
 
-fn assignment(route: &str, member: &str, term: i64, phase: AssignmentPhase) -> Assignment {
+fn assignment(route: &str, member: &str, term: u64, phase: AssignmentPhase) -> Assignment {
     Assignment {
         route: route.into(),
         member: member.into(),
         process_id: format!("{member}-p"),
-        term,
+        term: Term::new(term),
         phase,
         generation: 1,
-        placed_term: 1,
-        coordinator_term: 1,
+        placed_term: Term::new(1),
+        coordinator_term: Term::new(1),
         updated_at_ms: 0,
     }
 }
@@ -192,11 +192,11 @@ fn a_failed_recovery_is_a_warning_on_the_pod() {
     assert!(diff(&after, &after, "ns").is_empty());
 }
 
-fn stopped(mut i: InstanceRecord, owner: Option<&str>, term: Option<i64>) -> InstanceRecord {
+fn stopped(mut i: InstanceRecord, owner: Option<&str>, term: Option<u64>) -> InstanceRecord {
     i.withdrawn = true;
     i.withdrawn_reason = Some(WithdrawnReason::RecoveryFailed {
         owner: owner.map(str::to_owned),
-        term,
+        term: term.map(Term::new),
     });
     i
 }

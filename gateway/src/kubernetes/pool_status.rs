@@ -98,7 +98,7 @@ pub struct Condition {
 pub struct CoordinatorStatus {
     /// The gateway replica (Pod) holding the lease.
     pub replica: String,
-    pub term: i64,
+    pub term: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -218,7 +218,7 @@ pub fn desired(
     }
     let coordinator = lease.map(|l| CoordinatorStatus {
         replica: l.holder.split('/').next().unwrap_or_default().to_owned(),
-        term: l.term,
+        term: l.term.get(),
     });
     let mut conditions = vec![
         elected(coordinator.as_ref()),

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use crate::pool::View;
 use crate::store::{
     Assignment, AssignmentPhase, InstanceRecord, MemberRecord, Operation, OperationKind, OperationPhase, Report,
-    ReportPhase, SecretBytes,
+    ReportPhase, SecretBytes, Term,
 };
 
 fn instance(route: &str) -> InstanceRecord {
@@ -17,7 +17,7 @@ fn instance(route: &str) -> InstanceRecord {
         material: SecretBytes::default(),
         registered_at_ms: 0,
         withdrawn: false,
-        last_term: 1,
+        last_term: Term::new(1),
         withdrawn_reason: None,
     }
 }
@@ -36,24 +36,24 @@ fn member(name: &str, capacity: i64, leaving: bool) -> MemberRecord {
     }
 }
 
-fn assignment(route: &str, member: &str, term: i64) -> Assignment {
+fn assignment(route: &str, member: &str, term: u64) -> Assignment {
     Assignment {
         route: route.into(),
         member: member.into(),
         process_id: format!("{member}-p"),
-        term,
+        term: Term::new(term),
         phase: AssignmentPhase::Reserved,
         generation: 1,
-        placed_term: 1,
-        coordinator_term: 1,
+        placed_term: Term::new(1),
+        coordinator_term: Term::new(1),
         updated_at_ms: 0,
     }
 }
 
-fn report(route: &str, member: &str, term: i64, phase: ReportPhase) -> Report {
+fn report(route: &str, member: &str, term: u64, phase: ReportPhase) -> Report {
     Report {
         route: route.into(),
-        term,
+        term: Term::new(term),
         member: member.into(),
         process_id: format!("{member}-p"),
         phase,

@@ -4,7 +4,7 @@
 
 use super::Round;
 use crate::pool::View;
-use crate::store::{AssignmentPhase, FencedWrite, Operation, OperationKind, OperationPhase};
+use crate::store::{AssignmentPhase, FencedWrite, Operation, OperationKind, OperationPhase, Term};
 
 /// One move of a plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -13,7 +13,7 @@ pub struct PlannedMove {
     pub from: String,
     pub to: String,
     /// The term it moves at (its current term + 1).
-    pub term: i64,
+    pub term: Term,
     /// Moves of one wave are in flight together; starts at 1.
     pub wave: u32,
 }
@@ -157,10 +157,10 @@ mod tests {
     use super::super::tests::{op, pool};
     use super::*;
 
-    fn routes(p: &Preview) -> Vec<(&str, &str, &str, i64, u32)> {
+    fn routes(p: &Preview) -> Vec<(&str, &str, &str, u64, u32)> {
         p.moves
             .iter()
-            .map(|m| (m.route.as_str(), m.from.as_str(), m.to.as_str(), m.term, m.wave))
+            .map(|m| (m.route.as_str(), m.from.as_str(), m.to.as_str(), m.term.get(), m.wave))
             .collect()
     }
 

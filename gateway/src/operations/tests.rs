@@ -1,5 +1,5 @@
 use super::*;
-use crate::store::{InstanceRecord, MemberRecord, SecretBytes};
+use crate::store::{InstanceRecord, MemberRecord, SecretBytes, Term};
 
 fn member(name: &str) -> MemberRecord {
     MemberRecord {
@@ -35,7 +35,7 @@ pub(super) fn pool(members: &[&str], placed: &[(&str, &str)]) -> View {
                 material: SecretBytes::default(),
                 registered_at_ms: 0,
                 withdrawn: false,
-                last_term: 0,
+                last_term: Term::new(0),
                 withdrawn_reason: None,
             },
         );
@@ -45,11 +45,11 @@ pub(super) fn pool(members: &[&str], placed: &[(&str, &str)]) -> View {
                 route: (*route).into(),
                 member: (*owner).into(),
                 process_id: format!("{owner}-p"),
-                term: 1,
+                term: Term::new(1),
                 phase: AssignmentPhase::Active,
                 generation: 1,
-                placed_term: 1,
-                coordinator_term: 1,
+                placed_term: Term::new(1),
+                coordinator_term: Term::new(1),
                 updated_at_ms: 0,
             },
         );
@@ -75,7 +75,7 @@ pub(crate) fn op(kind: OperationKind, target: &str, max_parallel: i64) -> Operat
     }
 }
 
-fn moves(batches: &[Vec<FencedWrite>]) -> Vec<(String, String, i64)> {
+fn moves(batches: &[Vec<FencedWrite>]) -> Vec<(String, String, u64)> {
     batches
         .iter()
         .flatten()
@@ -83,7 +83,7 @@ fn moves(batches: &[Vec<FencedWrite>]) -> Vec<(String, String, i64)> {
             FencedWrite::Assign {
                 expected_term: Some(_),
                 next,
-            } => Some((next.route.clone(), next.member.clone(), next.term)),
+            } => Some((next.route.clone(), next.member.clone(), next.term.get())),
             _ => None,
         })
         .collect()
@@ -123,7 +123,7 @@ fn a_drain_waits_for_handoffs_in_flight_then_succeeds_and_keeps_the_member_out()
     let a = v.assignments.get_mut("r1").unwrap();
     a.member = "b".into();
     a.process_id = "b-p".into();
-    a.term = 2;
+    a.term = Term::new(2);
     a.phase = AssignmentPhase::Reserved;
     let batches = plan(&v);
     assert!(moves(&batches).is_empty());
@@ -190,7 +190,7 @@ fn a_rebalance_evens_out_counts_and_then_succeeds() {
         let a = v.assignments.get_mut(&route).unwrap();
         a.member = "b".into();
         a.process_id = "b-p".into();
-        a.term = 2;
+        a.term = Term::new(2);
     }
     let done = ops(&plan(&v));
     assert_eq!(done[0].phase, OperationPhase::Succeeded);

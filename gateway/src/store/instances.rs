@@ -8,7 +8,7 @@ use sqlx::{Any, Transaction};
 
 use super::columns::{Flag, decoded};
 use super::sealing;
-use super::{Error, InstanceRecord, Registered, Registration, Report, Result, SecretBytes, Store, WithdrawnKind};
+use super::{Error, InstanceRecord, Registered, Registration, Report, Result, SecretBytes, Store, Term, WithdrawnKind};
 
 impl Store {
     /// Register an instance and assign its generation: the same workload (uid) keeps its
@@ -231,7 +231,7 @@ impl Store {
         route: &str,
         uid: &str,
         generation: Option<i64>,
-        fence_term: Option<i64>,
+        fence_term: Option<Term>,
     ) -> Result<bool> {
         let current = "FROM assignments a WHERE a.route = instances.route AND a.generation >= instances.generation";
         let sql = format!(

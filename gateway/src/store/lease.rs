@@ -8,7 +8,7 @@ use sqlx::{Any, Transaction};
 
 use super::columns::decoded;
 use super::dialect::LockMode;
-use super::{Acquire, Error, Lease, LeaseView, Result, Store, TermRecord, decide, liveness, millis};
+use super::{Acquire, Error, Lease, LeaseView, Result, Store, Term, TermRecord, decide, liveness, millis};
 
 impl Store {
     /// This process's liveness key: the suffix of its lease holder id.
@@ -48,7 +48,7 @@ impl Store {
         }
         let lease = Lease {
             holder: holder.to_owned(),
-            term: row.term + 1,
+            term: row.term.next(),
             expires_at_ms: row.now_ms.saturating_add(millis(length)),
         };
         set_lease(&mut tx, &lease).await?;
@@ -151,7 +151,7 @@ impl Store {
             .fetch_optional(&self.pool)
             .await
             .map_err(decoded("coordinator_lease"))?;
-        Ok(view.filter(|view| view.term > 0))
+        Ok(view.filter(|view| view.term > Term::ZERO))
     }
 
     /// Every term ever granted, oldest first.

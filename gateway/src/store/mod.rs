@@ -44,6 +44,7 @@ mod open;
 mod operations;
 mod redact;
 pub mod sealing;
+mod term;
 mod types;
 
 use std::time::Duration;
@@ -53,6 +54,7 @@ use sqlx::AnyPool;
 pub use audit::{AUDIT_RETENTION_MS, AuditEntry, Denials, Recorded};
 pub use dialect::Backend;
 pub use redact::{redact_url, scrub};
+pub use term::{Negative, OutOfRange, Term};
 pub use types::*;
 
 /// Errors of the store. `Fenced` and `Conflict` are the expected, typed
@@ -114,10 +116,14 @@ pub enum Fence {
     NoLease,
     /// Another holder or a later term owns the lease.
     #[error("the lease is at term {current_term}, not term {term}")]
-    Superseded { term: i64, current_term: i64 },
+    Superseded { term: Term, current_term: Term },
     /// Same holder and term, but the lease expired by the database clock.
     #[error("lease term {term} expired at {expires_at_ms} (database time {now_ms})")]
-    Expired { term: i64, expires_at_ms: i64, now_ms: i64 },
+    Expired {
+        term: Term,
+        expires_at_ms: i64,
+        now_ms: i64,
+    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

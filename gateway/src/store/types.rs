@@ -8,6 +8,7 @@ use std::str::FromStr;
 
 use proto::common::v1::InstancePhase;
 
+use super::Term;
 use super::columns::{Flag, PolicyColumns, UnknownText, WithdrawnColumns};
 
 /// A coordinator lease as its holder knows it.
@@ -16,7 +17,7 @@ pub struct Lease {
     /// Unique per gateway process.
     pub holder: String,
     /// The coordinator term: strictly increasing across holders.
-    pub term: i64,
+    pub term: Term,
     pub expires_at_ms: i64,
 }
 
@@ -24,7 +25,7 @@ pub struct Lease {
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct LeaseView {
     pub holder: String,
-    pub term: i64,
+    pub term: Term,
     pub expires_at_ms: i64,
     pub now_ms: i64,
 }
@@ -46,7 +47,7 @@ pub enum Acquire {
 /// One granted coordinator term, from the lease log.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct TermRecord {
-    pub term: i64,
+    pub term: Term,
     pub holder: String,
     pub acquired_at_ms: i64,
     /// When the term's coordinator made its first fenced write.
@@ -60,13 +61,13 @@ pub enum FencedWrite {
     /// must have no assignment yet; otherwise its term must equal it. The new
     /// term must be higher than the expected one.
     Assign {
-        expected_term: Option<i64>,
+        expected_term: Option<Term>,
         next: Assignment,
     },
     /// Remove an assignment whose term is still `expected_term`.
     Unassign {
         route: String,
-        expected_term: i64,
+        expected_term: Term,
     },
     /// Insert or replace a durable operation.
     PutOperation(Operation),
@@ -163,7 +164,7 @@ pub struct InstanceRecord {
     pub withdrawn: bool,
     /// The highest ownership term ever assigned on the route (any generation): the next
     /// placement starts above it.
-    pub last_term: i64,
+    pub last_term: Term,
     /// Why it was withdrawn, when that says more than "no longer desired" (`None` for a
     /// deregistration, a Pod gone, or a desired instance).
     #[sqlx(flatten, try_from = "WithdrawnColumns")]
@@ -176,7 +177,7 @@ pub enum WithdrawnReason {
     /// Its sidecar stopped the workload at the recovery deadline: no supervisor took it over
     /// in time. `owner` and `term`: the assignment it last had when that was reported (the
     /// sidecar's last activated term when it had none), if known.
-    RecoveryFailed { owner: Option<String>, term: Option<i64> },
+    RecoveryFailed { owner: Option<String>, term: Option<Term> },
 }
 
 impl WithdrawnReason {
@@ -222,7 +223,7 @@ pub enum Registered {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GrantRecord {
     pub route: String,
-    pub term: i64,
+    pub term: Term,
     pub jti: String,
     pub member: String,
     pub process_id: String,
@@ -251,7 +252,7 @@ impl Checkpoint {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Activation {
     pub route: String,
-    pub term: i64,
+    pub term: Term,
     /// The calling member (from its credential): the reservation and the grant must be its.
     pub member: String,
     pub process_id: String,
@@ -264,7 +265,7 @@ pub struct Activation {
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct Report {
     pub route: String,
-    pub term: i64,
+    pub term: Term,
     pub member: String,
     pub process_id: String,
     pub phase: ReportPhase,
@@ -359,15 +360,15 @@ pub struct Assignment {
     pub member: String,
     pub process_id: String,
     /// Ownership term: strictly increasing per route, the runtime fencing token.
-    pub term: i64,
+    pub term: Term,
     pub phase: AssignmentPhase,
     /// The instance generation it was made for: an older one than the route's registered
     /// generation means another workload replaced it, and the assignment is stale.
     pub generation: i64,
     /// The term at which this generation was placed (later terms are recoveries or moves).
-    pub placed_term: i64,
+    pub placed_term: Term,
     /// Coordinator term that wrote it (set by the store).
-    pub coordinator_term: i64,
+    pub coordinator_term: Term,
     /// Set by the store from the database clock.
     pub updated_at_ms: i64,
 }

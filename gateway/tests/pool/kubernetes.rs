@@ -565,7 +565,7 @@ pub async fn a_workload_stopped_at_its_recovery_deadline_is_reported_on_its_pod(
         .unwrap();
     wait_assignments(&db.store, "agent-0 placed on supervisor-0", |a| {
         a.iter()
-            .any(|a| a.route == "default/agent-0" && a.member == "supervisor-0" && a.term == 1)
+            .any(|a| a.route == "default/agent-0" && a.member == "supervisor-0" && a.term.get() == 1)
     })
     .await;
 
@@ -1078,7 +1078,7 @@ pub async fn egress_denials_become_warning_events_on_the_pod(db: &TestDb) {
     .await
     .into_iter()
     .find(|a| a.route == "default/agent-0")
-    .map(|a| u64::try_from(a.term).unwrap())
+    .map(|a| a.term.get())
     .unwrap();
     // The owner takes it up as its sidecar would let it: a grant, then the receipt.
     let mut recovery = SupervisorRecoveryClient::new(channel(&coordinator.endpoint()).await);

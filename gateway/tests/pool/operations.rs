@@ -151,7 +151,7 @@ pub async fn drain_and_rebalance_move_instances_at_term_plus_one(db: &TestDb) {
         a.len() == 4 && a.iter().all(|a| a.member == "m-b")
     })
     .await;
-    let terms: Vec<i64> = moved.iter().map(|a| a.term).collect();
+    let terms: Vec<u64> = moved.iter().map(|a| a.term.get()).collect();
     assert_eq!(
         terms.iter().filter(|t| **t == 2).count(),
         2,
@@ -303,7 +303,7 @@ pub async fn a_dry_run_lists_the_moves_a_drain_then_makes_and_writes_nothing(db:
         .iter()
         .zip([("m-a", 1), ("m-c", 2)])
         .map(|(a, (to, wave))| {
-            let term = u64::try_from(a.term + 1).unwrap();
+            let term = a.term.get() + 1;
             (a.route.clone(), "m-b".to_owned(), to.to_owned(), term, wave)
         })
         .collect();
@@ -328,7 +328,7 @@ pub async fn a_dry_run_lists_the_moves_a_drain_then_makes_and_writes_nothing(db:
     for m in &plan.moves {
         let a = after.iter().find(|a| a.route == m.route).unwrap();
         assert_eq!(
-            (a.member.as_str(), u64::try_from(a.term).unwrap()),
+            (a.member.as_str(), a.term.get()),
             (m.to_member.as_str(), m.term),
             "{}",
             m.route

@@ -1,8 +1,7 @@
 //! Pool-control scenarios, each on a fresh database.
-
 use std::collections::BTreeMap;
 
-use gateway::store::{AssignmentPhase, OperationKind, OperationPhase, ReportPhase};
+use gateway::store::{AssignmentPhase, OperationKind, OperationPhase, ReportPhase, Term};
 use proto::host::v1::member_message::Kind as MemberKind;
 use proto::host::v1::{Ack, StatusReport};
 use tonic::Code;
@@ -111,7 +110,7 @@ pub async fn placement_spreads_and_is_stable(db: &TestDb) {
     assert!(
         placed
             .iter()
-            .all(|a| a.term == 1 && a.phase == AssignmentPhase::Reserved)
+            .all(|a| a.term.get() == 1 && a.phase == AssignmentPhase::Reserved)
     );
     // Every member's snapshot lists exactly its two instances.
     for m in &mut members {
@@ -185,7 +184,7 @@ pub async fn a_killed_member_stream_moves_its_instances_at_term_plus_one(db: &Te
     for a in &after {
         let old = before.iter().find(|b| b.route == a.route).unwrap();
         if moved.contains(&a.route) {
-            assert_eq!(a.term, old.term + 1, "{} moved at term + 1", a.route);
+            assert_eq!(a.term, old.term.next(), "{} moved at term + 1", a.route);
             assert_eq!(a.phase, AssignmentPhase::Reserved);
         } else {
             assert_eq!((&a.member, a.term), (&old.member, old.term), "{} untouched", a.route);
@@ -435,7 +434,7 @@ pub async fn reports_count_only_after_the_installing_revision_is_acked(db: &Test
     assert_eq!(reports.len(), 1, "one row per route: nothing at term + 1");
     assert_eq!(
         (reports[0].term, reports[0].phase.as_str()),
-        (owned.term as i64, "INSTANCE_PHASE_ACTIVE")
+        (Term::new(owned.term), "INSTANCE_PHASE_ACTIVE")
     );
     assert_eq!(reports[0].member, "m-a");
     pool.stop().await;
@@ -451,7 +450,7 @@ pub async fn only_the_coordinator_writes_assignments(db: &TestDb) {
     }
     wait_assignments(&db.store, "four placed", |a| a.len() == 4).await;
     let history = db.store.lease_history().await.unwrap();
-    let coordinator_terms: BTreeMap<i64, String> = history.iter().map(|t| (t.term, t.holder.clone())).collect();
+    let coordinator_terms: BTreeMap<Term, String> = history.iter().map(|t| (t.term, t.holder.clone())).collect();
     let lease = db.store.read_lease().await.unwrap().unwrap();
     for a in db.store.list_assignments().await.unwrap() {
         assert_eq!(
@@ -556,7 +555,7 @@ pub async fn a_pod_recreated_under_its_name_is_placed_anew_and_the_old_uid_chang
         .await
         .unwrap();
     wait_assignments(&db.store, "the first Pod placed", |a| {
-        a.len() == 1 && a[0].term == 1 && a[0].generation == 1
+        a.len() == 1 && a[0].term.get() == 1 && a[0].generation == 1
     })
     .await;
 
@@ -575,7 +574,7 @@ pub async fn a_pod_recreated_under_its_name_is_placed_anew_and_the_old_uid_chang
     })
     .await;
     assert_eq!(
-        (placed[0].term, placed[0].placed_term, placed[0].phase),
+        (placed[0].term.get(), placed[0].placed_term.get(), placed[0].phase),
         (2, 2, AssignmentPhase::Reserved)
     );
     let snapshot = m
@@ -687,7 +686,11 @@ pub async fn a_withdrawn_instance_leaves_its_live_owner_at_once(db: &TestDb) {
         a.len() == 1 && a[0].route == "default/agent-0"
     })
     .await;
-    assert_eq!((placed[0].term, placed[0].placed_term), (2, 2), "never term 1 again");
+    assert_eq!(
+        (placed[0].term.get(), placed[0].placed_term.get()),
+        (2, 2),
+        "never term 1 again"
+    );
     pool.stop().await;
 }
 
@@ -1006,7 +1009,7 @@ pub async fn a_restarted_member_supersedes_its_dead_predecessor_behind_a_paused_
     let moved = moved.into_iter().find(|x| x.route == held.route).unwrap();
     assert_eq!(
         (moved.member.as_str(), moved.term),
-        ("m-b", held.term + 1),
+        ("m-b", held.term.next()),
         "to the other live member, at term + 1"
     );
     // A snapshot from a view read after the move, so after the new process's admission:
@@ -1014,7 +1017,7 @@ pub async fn a_restarted_member_supersedes_its_dead_predecessor_behind_a_paused_
     new.wait_snapshot("the directory names the moved route at its new term", |s| {
         s.directory
             .iter()
-            .any(|d| d.route == held.route && d.term == u64::try_from(moved.term).unwrap())
+            .any(|d| d.route == held.route && d.term == moved.term.get())
     })
     .await;
     assert!(new.ended.borrow().is_none(), "{:?}", new.ended.borrow());
@@ -1029,7 +1032,7 @@ pub async fn a_restarted_member_supersedes_its_dead_predecessor_behind_a_paused_
     assert!(new.ended.borrow().is_none(), "{:?}", new.ended.borrow());
     let after = db.store.list_assignments().await.unwrap();
     let after = after.iter().find(|x| x.route == held.route).unwrap();
-    assert_eq!((after.member.as_str(), after.term), ("m-b", held.term + 1));
+    assert_eq!((after.member.as_str(), after.term), ("m-b", held.term.next()));
     pool.stop().await;
 }
 
@@ -1049,7 +1052,7 @@ pub async fn a_member_that_dies_behind_a_paused_replica_is_recovered_by_the_othe
     })
     .await;
     let moved = moved.into_iter().find(|x| x.route == held.route).unwrap();
-    assert_eq!((moved.member.as_str(), moved.term), ("m-b", held.term + 1));
+    assert_eq!((moved.member.as_str(), moved.term), ("m-b", held.term.next()));
     assert!(
         moved.updated_at_ms < ttl_end,
         "moved while the paused replica's record of the dead member was still within its TTL \

@@ -211,7 +211,7 @@ pub async fn a_campaign_cancelled_inside_its_transaction_leaves_the_store_usable
     // …and another replica on the same database takes the lease at the next term.
     let other = db.replica().await;
     let taken = campaign_once(&other, "gw-b/2").await;
-    assert_eq!(taken.term, lease.term + 1);
+    assert_eq!(taken.term, lease.term.next());
     assert!(other.release_lease(&taken).await.unwrap());
     other.close().await;
 

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use gateway::store::{Backend, Checkpoint, Error, FencedWrite, GrantRecord, Registration, SecretBytes};
+use gateway::store::{Backend, Checkpoint, Error, FencedWrite, GrantRecord, Registration, SecretBytes, Term};
 use sqlx::{AnyConnection, Connection, Executor};
 
 use crate::suite::{acquire, active_report, assignment, operation};
@@ -30,6 +30,16 @@ async fn write_unchecked(db: &TestDb, statements: &[&str]) {
     conn.close().await.unwrap();
 }
 
+fn registration(route: &str) -> Registration {
+    Registration {
+        route: route.into(),
+        namespace: "ns".into(),
+        name: "n".into(),
+        uid: "u".into(),
+        material: SecretBytes(vec![1]),
+    }
+}
+
 fn assert_corrupt<T: std::fmt::Debug>(result: Result<T, Error>, want_table: &str, want_value: &str) {
     match result {
         Err(Error::Corrupt { table, detail }) if table == want_table && detail.contains(want_value) => {}
@@ -40,14 +50,7 @@ fn assert_corrupt<T: std::fmt::Debug>(result: Result<T, Error>, want_table: &str
 pub async fn an_unknown_value_is_a_corrupt_record_and_changes_nothing(db: &TestDb) {
     let store = &db.store;
     let lease = acquire(store, "gw-a/1", Duration::from_secs(30)).await;
-    let registration = Registration {
-        route: "r1".into(),
-        namespace: "ns".into(),
-        name: "n".into(),
-        uid: "u".into(),
-        material: SecretBytes(vec![1]),
-    };
-    store.register_instance(&registration).await.unwrap();
+    store.register_instance(&registration("r1")).await.unwrap();
     store
         .write_fenced(
             &lease,
@@ -84,7 +87,7 @@ pub async fn an_unknown_value_is_a_corrupt_record_and_changes_nothing(db: &TestD
     // A grant and an activation read the assignment's phase: both refuse, nothing written.
     let grant = GrantRecord {
         route: "r1".into(),
-        term: 1,
+        term: Term::new(1),
         jti: "j1".into(),
         member: "m1".into(),
         process_id: "m1-p1".into(),
@@ -115,4 +118,36 @@ pub async fn an_unknown_value_is_a_corrupt_record_and_changes_nothing(db: &TestD
         .unwrap();
     conn.close().await.unwrap();
     assert_eq!((grants, phase.as_str()), (0, "paused"));
+}
+
+/// A negative term (no `CHECK` keeps one out of these columns) is a corrupt record naming
+/// the table and the value: never read as a term, never defaulted to 0.
+pub async fn a_negative_term_is_a_corrupt_record(db: &TestDb) {
+    let store = &db.store;
+    let lease = acquire(store, "gw-a/1", Duration::from_secs(30)).await;
+    store.register_instance(&registration("r1")).await.unwrap();
+    store
+        .write_fenced(
+            &lease,
+            &[FencedWrite::Assign {
+                expected_term: None,
+                next: assignment("r1", "m1", 1),
+            }],
+        )
+        .await
+        .unwrap();
+    store.record_report(&active_report("r1")).await.unwrap();
+    assert_eq!(store.list_assignments().await.unwrap()[0].coordinator_term, lease.term);
+
+    write_unchecked(
+        db,
+        &[
+            "UPDATE assignments SET coordinator_term = -1",
+            "UPDATE instance_reports SET term = -3",
+        ],
+    )
+    .await;
+
+    assert_corrupt(store.list_assignments().await, "assignments", "negative term -1");
+    assert_corrupt(store.list_reports().await, "instance_reports", "negative term -3");
 }

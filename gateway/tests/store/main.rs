@@ -67,5 +67,6 @@ mod cancelled {
 mod corrupted {
     on_both_backends!(corrupt;
         an_unknown_value_is_a_corrupt_record_and_changes_nothing,
+        a_negative_term_is_a_corrupt_record,
     );
 }

@@ -151,7 +151,7 @@ async fn fenced_write_blocks_a_takeover_until_it_commits() {
     assert!(!takeover.is_finished(), "the takeover waited for the share lock");
     writer.execute("COMMIT").await.unwrap();
     match takeover.await.unwrap().unwrap() {
-        Acquire::Acquired(next) => assert_eq!(next.term, lease.term + 1),
+        Acquire::Acquired(next) => assert_eq!(next.term, lease.term.next()),
         Acquire::HeldBy(row) => panic!("expired lease must be taken, found {row:?}"),
     }
     db.finish().await;

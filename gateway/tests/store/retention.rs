@@ -81,7 +81,7 @@ pub async fn retired_workloads_and_withdrawn_instances_are_forgotten_after_their
     );
     // A stale lease forgets nothing.
     let stale = gateway::store::Lease {
-        term: lease.term + 1,
+        term: lease.term.next(),
         ..lease.clone()
     };
     assert!(

@@ -1,5 +1,4 @@
 //! Backend-independent store tests. Each takes a fresh database.
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -8,7 +7,7 @@ use std::time::Duration;
 use gateway::store::{
     self, Acquire, Activation, Assignment, AssignmentPhase, Checkpoint, Error, Fence, FencedWrite, GrantRecord, Lease,
     LoadedPolicy, MemberUpdate, Operation, OperationKind, OperationPhase, Registered, Registration, Report,
-    ReportPhase, SecretBytes, SigningKey, Store, WithdrawnReason,
+    ReportPhase, SecretBytes, SigningKey, Store, Term, WithdrawnReason,
 };
 use tokio::sync::Mutex;
 
@@ -18,10 +17,10 @@ const LONG: Duration = Duration::from_secs(30);
 const SHORT: Duration = Duration::from_millis(300);
 
 /// An activation of route `r1` by the member whose process `process_id` is (`m1-p1`: `m1`).
-pub fn activation(term: i64, process_id: &str, jti: &str, digest: &[u8], workload: Checkpoint) -> Activation {
+pub fn activation(term: u64, process_id: &str, jti: &str, digest: &[u8], workload: Checkpoint) -> Activation {
     Activation {
         route: "r1".to_owned(),
-        term,
+        term: Term::new(term),
         member: process_id.split('-').next().unwrap_or_default().to_owned(),
         process_id: process_id.to_owned(),
         jti: jti.to_owned(),
@@ -34,7 +33,7 @@ pub fn activation(term: i64, process_id: &str, jti: &str, digest: &[u8], workloa
 pub fn active_report(route: &str) -> Report {
     Report {
         route: route.into(),
-        term: 1,
+        term: Term::new(1),
         member: "m1".into(),
         process_id: "m1-p1".into(),
         phase: ReportPhase::Active,
@@ -82,16 +81,16 @@ pub(crate) async fn live_members(store: &Store, members: &[&str]) {
     }
 }
 
-pub(crate) fn assignment(route: &str, member: &str, term: i64) -> Assignment {
+pub(crate) fn assignment(route: &str, member: &str, term: u64) -> Assignment {
     Assignment {
         route: route.into(),
         member: member.into(),
         process_id: format!("{member}-p1"),
-        term,
+        term: Term::new(term),
         phase: AssignmentPhase::Reserved,
         generation: 1,
-        placed_term: 1,
-        coordinator_term: 0,
+        placed_term: Term::new(1),
+        coordinator_term: Term::new(0),
         updated_at_ms: 0,
     }
 }
@@ -117,7 +116,7 @@ fn assert_fenced(result: Result<(), Error>, want: fn(&Fence) -> bool) {
 pub async fn first_acquire_is_term_one_and_logged(db: &TestDb) {
     assert_eq!(db.store.read_lease().await.unwrap(), None);
     let lease = acquire(&db.store, "gw-a/1", LONG).await;
-    assert_eq!(lease.term, 1);
+    assert_eq!(lease.term, Term::new(1));
     let now = db.store.now_ms().await.unwrap();
     assert!(
         lease.expires_at_ms > now && lease.expires_at_ms <= now + 30_000,
@@ -125,7 +124,7 @@ pub async fn first_acquire_is_term_one_and_logged(db: &TestDb) {
     );
     let history = db.store.lease_history().await.unwrap();
     assert_eq!(history.len(), 1);
-    assert_eq!((history[0].term, history[0].holder.as_str()), (1, "gw-a/1"));
+    assert_eq!((history[0].term.get(), history[0].holder.as_str()), (1, "gw-a/1"));
     assert_eq!(history[0].started_at_ms, None);
     db.store.write_fenced(&lease, &[FencedWrite::StartTerm]).await.unwrap();
     let started = db.store.lease_history().await.unwrap()[0]
@@ -133,7 +132,7 @@ pub async fn first_acquire_is_term_one_and_logged(db: &TestDb) {
         .expect("recorded");
     assert!(started >= history[0].acquired_at_ms);
     // Acquiring again while holding keeps the term and logs nothing new.
-    assert_eq!(acquire(&db.store, "gw-a/1", LONG).await.term, 1);
+    assert_eq!(acquire(&db.store, "gw-a/1", LONG).await.term, Term::new(1));
     assert_eq!(db.store.lease_history().await.unwrap().len(), 1);
 }
 
@@ -142,7 +141,7 @@ pub async fn concurrent_contenders_never_share_a_term(db: &TestDb) {
     const TERMS: usize = 40;
     let granted = Arc::new(AtomicUsize::new(0));
     // term -> holders that believed they held it
-    let seen: Arc<Mutex<BTreeMap<i64, Vec<String>>>> = Arc::default();
+    let seen: Arc<Mutex<BTreeMap<Term, Vec<String>>>> = Arc::default();
     let mut tasks = Vec::new();
     for i in 0..CONTENDERS {
         let store = if i % 2 == 0 {
@@ -182,8 +181,8 @@ pub async fn concurrent_contenders_never_share_a_term(db: &TestDb) {
         assert_eq!(holders.len(), 1, "term {term} had holders {holders:?}");
     }
     let history = db.store.lease_history().await.unwrap();
-    let terms: Vec<i64> = history.iter().map(|t| t.term).collect();
-    let expected: Vec<i64> = (1..=terms.len() as i64).collect();
+    let terms: Vec<u64> = history.iter().map(|t| t.term.get()).collect();
+    let expected: Vec<u64> = (1..=terms.len() as u64).collect();
     assert_eq!(terms, expected, "terms are consecutive and each granted once");
     assert!(terms.len() >= TERMS);
     for t in &history {
@@ -228,7 +227,7 @@ pub async fn a_dead_holders_live_lease_is_taken_over_at_once(db: &TestDb) {
     assert!(db.store.holder_alive(&mine).await.unwrap());
     // A takeover that observed an older row does nothing.
     let stale = store::LeaseView {
-        term: observed.term - 1,
+        term: Term::new(observed.term.get() - 1),
         ..observed.clone()
     };
     assert_eq!(db.store.take_over_lease(&mine, LONG, &stale).await.unwrap(), None);
@@ -240,7 +239,7 @@ pub async fn a_dead_holders_live_lease_is_taken_over_at_once(db: &TestDb) {
         .expect("taken over");
     assert_eq!(
         taken.term,
-        lease.term + 1,
+        lease.term.next(),
         "the lease was still live: only the term fence makes this safe"
     );
     assert_fenced(
@@ -283,7 +282,7 @@ pub async fn renew_by_another_holder_is_refused(db: &TestDb) {
         other => panic!("expected a refusal, got {other:?}"),
     }
     let future_term = Lease {
-        term: lease.term + 1,
+        term: lease.term.next(),
         ..lease.clone()
     };
     assert!(matches!(
@@ -305,13 +304,13 @@ pub async fn release_expires_at_once_and_keeps_the_term(db: &TestDb) {
     assert!(!row.is_live(), "released lease is expired at once");
     // A standby takes over without waiting, with the next term.
     let next = acquire(&db.replica().await, "gw-b/1", LONG).await;
-    assert_eq!(next.term, lease.term + 1);
+    assert_eq!(next.term, lease.term.next());
     // The old holder can neither write, renew nor release any more.
     assert_fenced(
         db.store
             .write_fenced(&lease, &[FencedWrite::PutOperation(operation("late"))])
             .await,
-        |f| matches!(f, Fence::Superseded { current_term, .. } if *current_term == 2),
+        |f| matches!(f, Fence::Superseded { current_term, .. } if *current_term == Term::new(2)),
     );
     assert!(db.store.renew_lease(&lease, LONG).await.is_err());
     assert!(
@@ -355,7 +354,7 @@ pub async fn expiry_without_takeover_fences_the_old_holder(db: &TestDb) {
         .collect();
     assert_eq!(ids, vec!["before".to_owned()]);
     // Coming back is a new term, even for the same holder.
-    assert_eq!(acquire(&db.store, "gw-a/1", LONG).await.term, lease.term + 1);
+    assert_eq!(acquire(&db.store, "gw-a/1", LONG).await.term, lease.term.next());
 }
 
 pub async fn stale_term_write_is_rejected_and_changes_nothing(db: &TestDb) {
@@ -373,10 +372,10 @@ pub async fn stale_term_write_is_rejected_and_changes_nothing(db: &TestDb) {
     wait_until_db_time(&db.store, old.expires_at_ms).await;
     let other = db.replica().await;
     let new = acquire(&other, "gw-b/1", LONG).await;
-    assert_eq!(new.term, old.term + 1);
+    assert_eq!(new.term, old.term.next());
     let stale = [
         FencedWrite::Assign {
-            expected_term: Some(1),
+            expected_term: Some(Term::new(1)),
             next: assignment("r1", "m-stale", 2),
         },
         FencedWrite::PutOperation(operation("stale-op")),
@@ -385,12 +384,15 @@ pub async fn stale_term_write_is_rejected_and_changes_nothing(db: &TestDb) {
         matches!(f, Fence::Superseded { .. })
     });
     let assignments = db.store.list_assignments().await.unwrap();
-    assert_eq!((assignments[0].member.as_str(), assignments[0].term), ("m1", 1));
+    assert_eq!((assignments[0].member.as_str(), assignments[0].term.get()), ("m1", 1));
     assert!(db.store.list_operations().await.unwrap().is_empty());
     // The current holder's identical write goes through and is stamped with its term.
     other.write_fenced(&new, &stale).await.unwrap();
     let assignments = other.list_assignments().await.unwrap();
-    assert_eq!((assignments[0].term, assignments[0].coordinator_term), (2, new.term));
+    assert_eq!(
+        (assignments[0].term, assignments[0].coordinator_term),
+        (Term::new(2), new.term)
+    );
 }
 
 pub async fn rollback_leaves_nothing_behind(db: &TestDb) {
@@ -404,7 +406,7 @@ pub async fn rollback_leaves_nothing_behind(db: &TestDb) {
         },
         // Fails: r2 has no assignment at term 7.
         FencedWrite::Assign {
-            expected_term: Some(7),
+            expected_term: Some(Term::new(7)),
             next: assignment("r2", "m1", 8),
         },
     ];
@@ -431,7 +433,7 @@ pub async fn rollback_leaves_nothing_behind(db: &TestDb) {
 pub async fn invalid_writes_are_refused_before_io(db: &TestDb) {
     let lease = acquire(&db.store, "gw-a/1", LONG).await;
     let not_higher = FencedWrite::Assign {
-        expected_term: Some(3),
+        expected_term: Some(Term::new(3)),
         next: assignment("r1", "m1", 3),
     };
     assert!(matches!(
@@ -467,21 +469,24 @@ pub async fn assignment_compare_and_set(db: &TestDb) {
     ));
     // Move to m2 at term 2 from term 1; repeating the move from term 1 conflicts.
     db.store
-        .write_fenced(&lease, &[put(Some(1), assignment("r1", "m2", 2))])
+        .write_fenced(&lease, &[put(Some(Term::new(1)), assignment("r1", "m2", 2))])
         .await
         .unwrap();
     assert!(matches!(
         db.store
-            .write_fenced(&lease, &[put(Some(1), assignment("r1", "m3", 3))])
+            .write_fenced(&lease, &[put(Some(Term::new(1)), assignment("r1", "m3", 3))])
             .await,
         Err(Error::Conflict { .. })
     ));
     let a = &db.store.list_assignments().await.unwrap()[0];
-    assert_eq!((a.member.as_str(), a.process_id.as_str(), a.term), ("m2", "m2-p1", 2));
+    assert_eq!(
+        (a.member.as_str(), a.process_id.as_str(), a.term.get()),
+        ("m2", "m2-p1", 2)
+    );
     assert_eq!((a.phase, a.coordinator_term), (AssignmentPhase::Reserved, lease.term));
     // A later reservation moves the term on; the old term is gone.
     db.store
-        .write_fenced(&lease, &[put(Some(2), assignment("r1", "m3", 3))])
+        .write_fenced(&lease, &[put(Some(Term::new(2)), assignment("r1", "m3", 3))])
         .await
         .unwrap();
     // Unassign needs the current term.
@@ -490,10 +495,10 @@ pub async fn assignment_compare_and_set(db: &TestDb) {
         expected_term,
     };
     assert!(matches!(
-        db.store.write_fenced(&lease, &[unassign(2)]).await,
+        db.store.write_fenced(&lease, &[unassign(Term::new(2))]).await,
         Err(Error::Conflict { .. })
     ));
-    db.store.write_fenced(&lease, &[unassign(3)]).await.unwrap();
+    db.store.write_fenced(&lease, &[unassign(Term::new(3))]).await.unwrap();
     assert!(db.store.list_assignments().await.unwrap().is_empty());
 }
 
@@ -515,23 +520,23 @@ pub async fn terms_never_repeat_on_a_route(db: &TestDb) {
         .await
         .unwrap();
     db.store
-        .write_fenced(&lease, &[put(Some(1), assignment("r1", "m2", 2))])
+        .write_fenced(&lease, &[put(Some(Term::new(1)), assignment("r1", "m2", 2))])
         .await
         .unwrap();
-    assert_eq!(db.store.instance("r1").await.unwrap().unwrap().last_term, 2);
+    assert_eq!(db.store.instance("r1").await.unwrap().unwrap().last_term, Term::new(2));
     assert!(db.store.withdraw_instance("r1", "u1", None).await.unwrap());
     db.store
         .write_fenced(
             &lease,
             &[FencedWrite::Unassign {
                 route: "r1".into(),
-                expected_term: 2,
+                expected_term: Term::new(2),
             }],
         )
         .await
         .unwrap();
     db.store.register_instance(&registration("u2")).await.unwrap();
-    assert_eq!(db.store.instance("r1").await.unwrap().unwrap().last_term, 2);
+    assert_eq!(db.store.instance("r1").await.unwrap().unwrap().last_term, Term::new(2));
     for used in [1, 2] {
         assert!(
             matches!(
@@ -547,7 +552,7 @@ pub async fn terms_never_repeat_on_a_route(db: &TestDb) {
         .write_fenced(&lease, &[put(None, assignment("r1", "m1", 3))])
         .await
         .unwrap();
-    assert_eq!(db.store.instance("r1").await.unwrap().unwrap().last_term, 3);
+    assert_eq!(db.store.instance("r1").await.unwrap().unwrap().last_term, Term::new(3));
 }
 
 pub async fn grants_are_single_use_and_activation_is_a_compare_and_set(db: &TestDb) {
@@ -566,9 +571,9 @@ pub async fn grants_are_single_use_and_activation_is_a_compare_and_set(db: &Test
         .write_fenced(&lease, &[reserve(None, assignment("r1", "m1", 1))])
         .await
         .unwrap();
-    let grant = |term: i64, process: &str, jti: &str| GrantRecord {
+    let grant = |term: u64, process: &str, jti: &str| GrantRecord {
         route: "r1".into(),
-        term,
+        term: Term::new(term),
         jti: jti.into(),
         member: "m1".into(),
         process_id: process.into(),
@@ -628,7 +633,7 @@ pub async fn grants_are_single_use_and_activation_is_a_compare_and_set(db: &Test
 
     // The next owner must present the same process.
     db.store
-        .write_fenced(&lease, &[reserve(Some(1), assignment("r1", "m2", 2))])
+        .write_fenced(&lease, &[reserve(Some(Term::new(1)), assignment("r1", "m2", 2))])
         .await
         .unwrap();
     let mut next = grant(2, "m2-p1", "j3");
@@ -681,7 +686,7 @@ pub async fn a_member_naming_another_members_process_gets_no_grant_nor_activates
         .unwrap();
     let grant = |member: &str, process: &str, jti: &str| GrantRecord {
         route: "r1".into(),
-        term: 1,
+        term: Term::new(1),
         jti: jti.into(),
         member: member.into(),
         process_id: process.into(),
@@ -741,14 +746,14 @@ pub async fn a_workload_replaced_under_its_route_starts_fresh(db: &TestDb) {
         uid: uid.into(),
         material: SecretBytes(uid.as_bytes().to_vec()),
     };
-    let placed = |member: &str, term: i64, generation: i64| Assignment {
+    let placed = |member: &str, term: u64, generation: i64| Assignment {
         generation,
-        placed_term: term,
+        placed_term: Term::new(term),
         ..assignment("r1", member, term)
     };
-    let grant = |member: &str, term: i64, jti: &str| GrantRecord {
+    let grant = |member: &str, term: u64, jti: &str| GrantRecord {
         route: "r1".into(),
-        term,
+        term: Term::new(term),
         jti: jti.into(),
         member: member.into(),
         process_id: format!("{member}-p1"),
@@ -783,7 +788,7 @@ pub async fn a_workload_replaced_under_its_route_starts_fresh(db: &TestDb) {
         .write_fenced(
             &lease,
             &[FencedWrite::Assign {
-                expected_term: Some(1),
+                expected_term: Some(Term::new(1)),
                 next: placed("m2", 2, 1),
             }],
         )
@@ -815,7 +820,7 @@ pub async fn a_workload_replaced_under_its_route_starts_fresh(db: &TestDb) {
         .write_fenced(
             &lease,
             &[FencedWrite::Assign {
-                expected_term: Some(2),
+                expected_term: Some(Term::new(2)),
                 next: placed("m1", 3, 2),
             }],
         )
@@ -829,9 +834,9 @@ pub async fn a_workload_replaced_under_its_route_starts_fresh(db: &TestDb) {
     let assignments = db.store.list_assignments().await.unwrap();
     assert_eq!(
         (
-            assignments[0].term,
+            assignments[0].term.get(),
             assignments[0].generation,
-            assignments[0].placed_term
+            assignments[0].placed_term.get()
         ),
         (3, 2, 3)
     );
@@ -963,7 +968,7 @@ pub async fn signing_key_rotation_is_fenced(db: &TestDb) {
         .await
         .unwrap();
     let stale = Lease {
-        term: lease.term - 1,
+        term: Term::new(lease.term.get() - 1),
         ..lease.clone()
     };
     assert_fenced(
@@ -1292,7 +1297,7 @@ pub async fn a_withdrawn_workload_revives_as_the_next_generation_only(db: &TestD
     );
     assert!(
         db.store
-            .report_recovery_failed("team-a/agent-0", "u1", None, Some(3))
+            .report_recovery_failed("team-a/agent-0", "u1", None, Some(Term::new(3)))
             .await
             .unwrap()
     );
@@ -1389,7 +1394,7 @@ pub async fn a_missed_recovery_deadline_withdraws_with_the_reason_and_last_owner
     assert_eq!(reason("r1").await, None, "a desired instance has no withdrawal reason");
     assert!(
         !db.store
-            .report_recovery_failed("r1", "other", None, Some(3))
+            .report_recovery_failed("r1", "other", None, Some(Term::new(3)))
             .await
             .unwrap(),
         "only the registered workload reports"
@@ -1397,13 +1402,13 @@ pub async fn a_missed_recovery_deadline_withdraws_with_the_reason_and_last_owner
     // The assignment it last had is recorded; without one, the sidecar's last term.
     assert!(
         db.store
-            .report_recovery_failed("r1", "u1", None, Some(2))
+            .report_recovery_failed("r1", "u1", None, Some(Term::new(2)))
             .await
             .unwrap()
     );
     assert!(
         db.store
-            .report_recovery_failed("r2", "u1", None, Some(5))
+            .report_recovery_failed("r2", "u1", None, Some(Term::new(5)))
             .await
             .unwrap()
     );
@@ -1413,14 +1418,14 @@ pub async fn a_missed_recovery_deadline_withdraws_with_the_reason_and_last_owner
         r1.withdrawn_reason,
         Some(WithdrawnReason::RecoveryFailed {
             owner: Some("m1".into()),
-            term: Some(3)
+            term: Some(Term::new(3))
         })
     );
     assert_eq!(
         reason("r2").await,
         Some(WithdrawnReason::RecoveryFailed {
             owner: None,
-            term: Some(5)
+            term: Some(Term::new(5))
         })
     );
     assert!(
@@ -1431,7 +1436,7 @@ pub async fn a_missed_recovery_deadline_withdraws_with_the_reason_and_last_owner
         reason("r1").await,
         Some(WithdrawnReason::RecoveryFailed {
             owner: Some("m1".into()),
-            term: Some(3)
+            term: Some(Term::new(3))
         })
     );
     // Any other withdrawal has no reason; a new workload on the route starts without one.
@@ -1550,9 +1555,9 @@ pub async fn every_write_to_a_table_the_pool_view_reads_is_counted(db: &TestDb) 
 }
 
 pub async fn reports_never_regress_in_term(db: &TestDb) {
-    let report = |term: i64, phase: ReportPhase| Report {
+    let report = |term: u64, phase: ReportPhase| Report {
         route: "team-a/agent-0".into(),
-        term,
+        term: Term::new(term),
         member: format!("m{term}"),
         process_id: "p".into(),
         phase,
@@ -1569,12 +1574,16 @@ pub async fn reports_never_regress_in_term(db: &TestDb) {
     let reports = db.store.list_reports().await.unwrap();
     assert_eq!(reports.len(), 1);
     assert_eq!(
-        (reports[0].term, reports[0].phase.as_str(), reports[0].member.as_str()),
+        (
+            reports[0].term.get(),
+            reports[0].phase.as_str(),
+            reports[0].member.as_str()
+        ),
         (2, "INSTANCE_PHASE_ACTIVE", "m2")
     );
     assert_eq!(reports[0].progress, 7);
     db.store.record_report(&report(3, ReportPhase::Starting)).await.unwrap();
-    assert_eq!(db.store.list_reports().await.unwrap()[0].term, 3);
+    assert_eq!(db.store.list_reports().await.unwrap()[0].term, Term::new(3));
     // The sidecar's answer to the policy install is kept with the report, and replaced by the
     // next one (absent again: nothing reported in that term yet).
     let loaded = LoadedPolicy {
@@ -1606,7 +1615,7 @@ pub async fn migrations_are_idempotent_across_replicas(db: &TestDb) {
     let opens = (0..4).map(|_| db.replica());
     let stores = futures::future::join_all(opens).await;
     let lease = acquire(&stores[3], "gw-d/1", LONG).await;
-    assert_eq!(lease.term, 1);
+    assert_eq!(lease.term, Term::new(1));
     for store in stores {
         store.close().await;
     }
@@ -1781,7 +1790,11 @@ pub async fn audit_records_are_stored_once_and_only_for_the_active_owner(db: &Te
     };
     let denied = |r: Result<gateway::store::Recorded, Error>| matches!(r, Err(Error::Denied { .. }));
     assert!(
-        denied(db.store.record_audit("ns/pod", "m1", 1, vec![record(1)]).await),
+        denied(
+            db.store
+                .record_audit("ns/pod", "m1", Term::new(1), vec![record(1)])
+                .await
+        ),
         "nobody owns it yet"
     );
     let active = Assignment {
@@ -1799,16 +1812,24 @@ pub async fn audit_records_are_stored_once_and_only_for_the_active_owner(db: &Te
         .await
         .unwrap();
     assert!(
-        denied(db.store.record_audit("ns/pod", "m2", 1, vec![record(1)]).await),
+        denied(
+            db.store
+                .record_audit("ns/pod", "m2", Term::new(1), vec![record(1)])
+                .await
+        ),
         "another member"
     );
     assert!(
-        denied(db.store.record_audit("ns/pod", "m1", 2, vec![record(1)]).await),
+        denied(
+            db.store
+                .record_audit("ns/pod", "m1", Term::new(2), vec![record(1)])
+                .await
+        ),
         "another term"
     );
     let first = db
         .store
-        .record_audit("ns/pod", "m1", 1, vec![record(1), record(2)])
+        .record_audit("ns/pod", "m1", Term::new(1), vec![record(1), record(2)])
         .await
         .unwrap();
     assert_eq!(
@@ -1824,7 +1845,7 @@ pub async fn audit_records_are_stored_once_and_only_for_the_active_owner(db: &Te
     };
     let second = db
         .store
-        .record_audit("ns/pod", "m1", 1, vec![again, allowed])
+        .record_audit("ns/pod", "m1", Term::new(1), vec![again, allowed])
         .await
         .unwrap();
     assert_eq!(
@@ -1836,7 +1857,7 @@ pub async fn audit_records_are_stored_once_and_only_for_the_active_owner(db: &Te
     assert_eq!(listed.iter().map(|e| e.sequence).collect::<Vec<_>>(), [1, 2, 3]);
     assert_eq!(listed[1].destination, "d2.example:443");
     assert_eq!(
-        (listed[0].uid.as_str(), listed[0].member.as_str(), listed[0].term),
+        (listed[0].uid.as_str(), listed[0].member.as_str(), listed[0].term.get()),
         ("u-1", "m1", 1)
     );
     assert_eq!(
@@ -1852,7 +1873,7 @@ pub async fn audit_records_are_stored_once_and_only_for_the_active_owner(db: &Te
         ..record(sequence)
     };
     db.store
-        .record_audit("ns/pod", "m1", 1, vec![twice(4), twice(5)])
+        .record_audit("ns/pod", "m1", Term::new(1), vec![twice(4), twice(5)])
         .await
         .unwrap();
     let stored = db.store.list_audit("ns", "pod", 0, 0, 100).await.unwrap();
