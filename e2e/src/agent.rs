@@ -1,6 +1,6 @@
 //! The sample workload (binary `agent`). Counts in memory every 50 ms and reports
 //! each value through its sidecar's Unix socket (newline-delimited JSON, see
-//! sidecar/README.md). Logs `pid=…` once and `accepted value=… at_ms=…` for
+//! docs/workload.md). Logs `pid=…` once and `accepted value=… at_ms=…` for
 //! every report its owner accepted, which the scenarios read to measure the
 //! longest gap in the observed counter.
 
