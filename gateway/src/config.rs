@@ -8,6 +8,13 @@ use crate::Error;
 use crate::store::sealing::{self, Kek, Keks};
 use crate::store::{self, files};
 
+/// `proto::timing::DETACHED_GRACE` in milliseconds (a flag default must be a literal value).
+const DEFAULT_DETACHED_GRACE_MS: u64 = {
+    let ms = proto::timing::DETACHED_GRACE.as_millis();
+    assert!(ms <= u64::MAX as u128);
+    ms as u64
+};
+
 #[derive(Debug, Clone, Parser)]
 #[command(name = "gateway", version, about = "Shared-supervision gateway replica")]
 pub struct Settings {
@@ -107,6 +114,14 @@ pub struct Settings {
     #[arg(long, env = "OPENSHELL_SUPERVISOR_POOL_RECOVERY_TIMEOUT_MS", default_value_t = 60_000,
           value_parser = clap::value_parser!(u64).range(1_000..=3_600_000))]
     pub recovery_deadline_ms: u64,
+
+    /// How long a member whose stream this replica ended for silence stays a member, in
+    /// milliseconds: room to attach through another replica (a member cut off from this one
+    /// keeps its instances), while a hung member's instances move this much later. The default
+    /// is `proto::timing::DETACHED_GRACE`.
+    #[arg(long, env = "OPENSHELL_GATEWAY_DETACHED_GRACE_MS", default_value_t = DEFAULT_DETACHED_GRACE_MS,
+          value_parser = clap::value_parser!(u64).range(0..=15_000))]
+    pub detached_grace_ms: u64,
 
     /// Coordinator lease length in milliseconds.
     #[arg(long, env = "OPENSHELL_GATEWAY_LEASE_LENGTH_MS", default_value_t = 5000,

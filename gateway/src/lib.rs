@@ -208,6 +208,7 @@ pub async fn run_with<C: kubernetes::Cluster + Clone>(
         },
         policies: kubernetes.as_ref().map(|integration| integration.shared.clone()),
         recovery_deadline_ms: settings.recovery_deadline_ms,
+        detached_grace: std::time::Duration::from_millis(settings.detached_grace_ms),
         metrics,
         reports: Arc::default(),
         shutdown: shutdown.clone(),

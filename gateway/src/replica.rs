@@ -35,6 +35,8 @@ pub struct Replica {
     pub policies: Option<crate::kubernetes::index::Shared>,
     /// Recovery deadline offered to sidecars.
     pub recovery_deadline_ms: u64,
+    /// How long a member whose stream a replica ended for silence stays a member.
+    pub detached_grace: Duration,
     /// The replica's metrics (served on the health port's `/metrics`).
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Writes the member streams' status reports in batches.

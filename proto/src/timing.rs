@@ -98,6 +98,17 @@ pub const fn reconnect_budget() -> Duration {
     )
 }
 
+/// How long a member whose stream a replica ended for silence stays a member. A member cut
+/// off from that replica in either direction learns of the end at once (the replica's
+/// DEADLINE_EXCEEDED reaches it, or its own silence timeout fires at about the same time) and
+/// attaches through another reachable replica well within it (about 0.1 s; a TLS handshake and
+/// a TokenReview on a cluster): it moves its stream, not its instances. A hung member's
+/// instances move [`SILENCE_TIMEOUT`] plus this after its last message; kept below one
+/// [`CONNECT_TIMEOUT`], so that its sidecars, whose first RecoveryHello is redirected to the
+/// hung owner and waits out one connect attempt, find the new owner at their next one. A
+/// stream the member closed or broke (its process died) ends the membership at once.
+pub const DETACHED_GRACE: Duration = Duration::from_millis(500);
+
 /// A member whose stream is held by a replica that has not recorded it is running for this
 /// long counts as gone, unless it attached elsewhere since: the other replicas take over the
 /// liveness decision of a paused or cut-off replica well before the membership TTL. Long
@@ -170,6 +181,16 @@ mod tests {
             let distinct: std::collections::BTreeSet<Duration> = draws.iter().copied().collect();
             assert!(distinct.len() > 10, "jittered, not one value: {distinct:?}");
         }
+    }
+
+    #[test]
+    fn a_silent_members_grace_ends_before_its_sidecars_next_connect_attempt() {
+        // Room for an attach through another replica (its admission refreshes the record),
+        // and the hung owner's successor assigned before the sidecars' second RecoveryHello.
+        assert!(DETACHED_GRACE >= Duration::from_millis(250));
+        assert!(DETACHED_GRACE < CONNECT_TIMEOUT && DETACHED_GRACE < RECOVERY_HELLO_INTERVAL);
+        // The paused-owner target: silence, the grace, one connect attempt, the next hello.
+        assert!(SILENCE_TIMEOUT + CONNECT_TIMEOUT + RECOVERY_HELLO_INTERVAL <= Duration::from_secs(5));
     }
 
     #[test]

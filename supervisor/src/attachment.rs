@@ -74,6 +74,15 @@ enum AttemptError {
     Status(#[from] Status),
 }
 
+/// A stream left because its gateway fell silent, held open until the next stream is
+/// attached: the replica at its other end may still count this member by it, and ends the
+/// membership when it ends — a no-op once the newer stream's record is there, a move of every
+/// instance before it (make before break).
+struct LeftOpen {
+    _outbound: Option<mpsc::Sender<MemberMessage>>,
+    _inbound: Streaming<GatewayMessage>,
+}
+
 /// What the reconnect loop does after a stream or an attempt ended.
 enum Flow {
     Reconnect { reason: String, heard: bool },
@@ -93,6 +102,8 @@ pub(crate) struct Attachment {
     leave_by: Option<Instant>,
     /// Attached (a gateway message arrived on the current stream) or not, for `/readyz`.
     readiness: Arc<Readiness>,
+    /// The stream left for silence, until the next one is attached.
+    left_open: Option<LeftOpen>,
 }
 
 impl Attachment {
@@ -115,6 +126,7 @@ impl Attachment {
             next_endpoint: 0,
             leave_by: None,
             readiness,
+            left_open: None,
         }
     }
 
@@ -130,6 +142,9 @@ impl Attachment {
             let flow = match self.attach(&endpoint).await {
                 Ok((outbound, inbound)) => {
                     tracing::info!(%endpoint, epoch = self.epoch, "attached to gateway");
+                    if self.left_open.take().is_some() {
+                        tracing::debug!("closed the stream left for silence, now that this one is attached");
+                    }
                     let served = self.serve(outbound, inbound, sessions).await;
                     self.readiness.set_gateway_attached(false);
                     served?
@@ -288,6 +303,10 @@ impl Attachment {
                 }
                 () = tokio::time::sleep_until(last_heard + timing::SILENCE_TIMEOUT) => {
                     let reason = format!("no gateway message for {:?}", timing::SILENCE_TIMEOUT);
+                    self.left_open = Some(LeftOpen {
+                        _outbound: outbound.take(),
+                        _inbound: inbound,
+                    });
                     return Ok(Flow::Reconnect { reason, heard });
                 }
                 () = shutdown.cancelled(), if self.leave_by.is_none() => {

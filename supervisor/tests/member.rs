@@ -218,6 +218,15 @@ async fn a_silent_gateway_is_left_for_another_replica() {
     assert!(silent.try_connection().is_none(), "preferred the other replica");
     let report = next.report_where(|r| !r.partial).await;
     assert_eq!(entries(&report), vec![entry("a", 1, Active)], "silence never releases");
+    // Make before break: the silent stream stays open until the next one is attached. The
+    // silent replica may still count the member by it, and ends the membership when it ends —
+    // a no-op once the newer stream's record is there, a move of every instance before it.
+    let ended = connection.ended_at().await;
+    assert!(
+        ended > next.hello_seen,
+        "the silent stream ended (event {ended}) only after the next stream's hello (event {})",
+        next.hello_seen
+    );
 }
 
 #[tokio::test(start_paused = true)]

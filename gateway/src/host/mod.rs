@@ -256,7 +256,9 @@ impl Host {
 enum End {
     /// The member closed the stream or it broke: the member is gone.
     MemberClosed,
-    /// The member fell silent: gone as far as we can tell.
+    /// The member fell silent: a hung process, or a network path to this replica that lost
+    /// its messages. Its membership ends after the replica's detached grace
+    /// ([`timing::DETACHED_GRACE`] by default) unless it attaches again meanwhile.
     Silent,
     /// Superseded by a newer stream of the member, its token expired, or this replica shutting
     /// down: the member lives on (and attaches again). Never for a stream the member broke.
@@ -416,18 +418,34 @@ impl Session {
 
         self.host.end_session(&self.identity, self.stream_id);
         replica.reports.forget(self.stream_id);
+        // A refresh still in flight would extend the membership past the end written below:
+        // it finishes first (waited for one refresh interval at most).
+        if let Some(task) = refreshing.take() {
+            let _ = tokio::time::timeout(timing::MEMBERSHIP_REFRESH, task).await;
+        }
         if end != End::Handover {
             let (member, process_id, epoch) = (&self.identity.member, &self.identity.process_id, self.record.epoch);
             let removed = if self.record.leaving {
                 // Announced: keep the record (expired, leaving) so the pool view shows it left.
                 replica.store.member_left(member, process_id, epoch).await
+            } else if end == End::Silent {
+                // Silent to this replica is not gone: a member cut off from it attaches
+                // through another within the grace and keeps its instances.
+                replica
+                    .store
+                    .member_detached(member, process_id, epoch, replica.detached_grace)
+                    .await
             } else {
                 replica.store.remove_member(member, process_id, epoch).await
             };
             match removed {
+                Ok(true) if end == End::Silent => info!(
+                    grace = ?replica.detached_grace,
+                    "member silent; its membership ends after the grace unless it attaches again"
+                ),
                 Ok(true) => info!(?end, "member gone; membership removed"),
                 Ok(false) => debug!(?end, "membership already taken by a newer stream"),
-                Err(err) => warn!(error = %err, "cannot remove membership; it will expire"),
+                Err(err) => warn!(error = %err, "cannot end the membership; it will expire"),
             }
             replica.wake.notify_one();
         } else {

@@ -162,6 +162,29 @@ impl Store {
         self.change_process_record(&sql, (member, process_id, epoch)).await
     }
 
+    /// A member process whose stream a replica ended for silence: its record expires within
+    /// `grace` (sooner if it already would), unless a newer stream of the member refreshes it
+    /// meanwhile — a member cut off from one replica attaches through another and keeps its
+    /// instances; a hung one is gone once the grace passed. Only if the record still names
+    /// `process_id` at connection `epoch`.
+    pub async fn member_detached(&self, member: &str, process_id: &str, epoch: i64, grace: Duration) -> Result<bool> {
+        let sql = format!(
+            "UPDATE members SET expires_at_ms = CASE WHEN expires_at_ms < ({clock}) + $4 \
+             THEN expires_at_ms ELSE ({clock}) + $4 END \
+             WHERE member = $1 AND process_id = $2 AND epoch = $3",
+            clock = self.backend.clock_expr()
+        );
+        let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
+        let done = sqlx::query(&sql)
+            .bind(member)
+            .bind(process_id)
+            .bind(epoch)
+            .bind(grace_ms)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
     /// Run `sql` on the record of one member process (`$1..$3`: member, process, connection
     /// epoch); whether it changed a row.
     async fn change_process_record(&self, sql: &str, (member, process_id, epoch): (&str, &str, i64)) -> Result<bool> {

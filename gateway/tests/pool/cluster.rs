@@ -468,6 +468,9 @@ pub struct Member {
     pub ended: watch::Receiver<Option<tonic::Status>>,
     outbound: mpsc::Sender<MemberMessage>,
     cancel: CancellationToken,
+    /// Set: the member sends nothing more (no heartbeats, acks or reports) and keeps the
+    /// stream open, as a member behind a one-way network cut or a hung process.
+    silent: Arc<std::sync::atomic::AtomicBool>,
 }
 
 #[derive(Debug, Clone)]
@@ -509,13 +512,14 @@ impl Member {
         let (snap_tx, snapshots) = watch::channel(None);
         let (end_tx, ended) = watch::channel(None);
         let cancel = CancellationToken::new();
+        let silent = Arc::new(std::sync::atomic::AtomicBool::new(false));
         tokio::spawn(drive(
             inbound,
             outbound.clone(),
             snap_tx,
             end_tx,
             behaviour,
-            cancel.clone(),
+            (cancel.clone(), silent.clone()),
         ));
         Ok(Self {
             name: hello.member,
@@ -523,6 +527,7 @@ impl Member {
             ended,
             outbound,
             cancel,
+            silent,
         })
     }
 
@@ -534,6 +539,11 @@ impl Member {
     /// Drop the stream as a crashed process would.
     pub fn kill(&self) {
         self.cancel.cancel();
+    }
+
+    /// Fall silent with the stream open (see [`Member::silent`]).
+    pub fn go_silent(&self) {
+        self.silent.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Wait until the stream ended and return its status.
@@ -573,19 +583,21 @@ async fn drive(
     snapshots: watch::Sender<Option<Snapshot>>,
     ended: watch::Sender<Option<tonic::Status>>,
     behaviour: Behaviour,
-    cancel: CancellationToken,
+    (cancel, silent): (CancellationToken, Arc<std::sync::atomic::AtomicBool>),
 ) {
+    let quiet = || silent.load(std::sync::atomic::Ordering::SeqCst);
     let mut beat = tokio::time::interval(proto::timing::HEARTBEAT_INTERVAL);
     let mut sequence = 0;
     let mut directory: Option<std::collections::BTreeMap<String, RouteDirectoryEntry>> = None;
     let status = loop {
         tokio::select! {
             () = cancel.cancelled() => break tonic::Status::cancelled("killed by the test"),
-            _ = beat.tick() => {
+            _ = beat.tick(), if !quiet() => {
                 sequence += 1;
                 let _ = outbound.send(MemberMessage { kind: Some(MemberKind::Heartbeat(Heartbeat { sequence, monotonic_ms: 0 })) }).await;
             }
             message = inbound.next() => match message {
+                Some(Ok(GatewayMessage { kind: Some(gateway_message::Kind::Snapshot(_)) })) if quiet() => {}
                 Some(Ok(GatewayMessage { kind: Some(gateway_message::Kind::Snapshot(mut snapshot)) })) => {
                     if !snapshot.directory_delta {
                         directory = Some(Default::default());

@@ -17,7 +17,7 @@ use crate::cluster::{
     Behaviour, Identity, Member, Pausable, Replica, Tokens, channel, identity, instance_ref, receipt, register,
     register_as, start_pausable_replica, start_replica, start_replica_with, wait_assignments, with_token,
 };
-use crate::support::{TestDb, wait_for};
+use crate::support::{TestDb, wait_for, wait_until_db_time};
 
 /// Two replicas, a credentials directory, and the tokens the coordinator delivered.
 struct Pool {
@@ -28,9 +28,19 @@ struct Pool {
 
 impl Pool {
     async fn start(db: &TestDb) -> Self {
+        Self::start_with(db, &[]).await
+    }
+
+    /// Both replicas with `extra` arguments.
+    async fn start_with(db: &TestDb, extra: &[&str]) -> Self {
         let credentials = tempfile::tempdir().unwrap();
-        let a = start_replica("gw-a", &db.url, credentials.path()).await;
-        let b = start_replica("gw-b", &db.url, credentials.path()).await;
+        let dir = credentials.path().to_str().expect("utf-8 path");
+        let args: Vec<&str> = ["--credentials-dir", dir]
+            .into_iter()
+            .chain(extra.iter().copied())
+            .collect();
+        let a = start_replica_with("gw-a", &db.url, &args, None).await;
+        let b = start_replica_with("gw-b", &db.url, &args, None).await;
         let tokens = Tokens::load(&db.store).await;
         Self {
             replicas: vec![a, b],
@@ -236,6 +246,97 @@ pub async fn a_stream_ended_by_its_member_removes_the_membership_at_once(db: &Te
         (!members.iter().any(|m| m.member == "m-a")).then_some(())
     })
     .await;
+    wait_assignments(&db.store, "everything on m-b", |a| {
+        a.len() == 2 && a.iter().all(|a| a.member == "m-b")
+    })
+    .await;
+    pool.stop().await;
+}
+
+/// A member that falls silent to the replica serving it — a one-way network cut, a stalled
+/// path — is not gone: the replica ends the stream but keeps the membership for
+/// `timing::DETACHED_GRACE`, and the member, attached again through another replica within it,
+/// keeps every instance at its term. Before, the replica removed the membership at once and
+/// every instance moved, though the member process was healthy throughout.
+pub async fn a_member_silent_to_its_replica_keeps_its_instances_by_attaching_elsewhere(db: &TestDb) {
+    // A grace longer than the default 0.5 s, so that a loaded test machine attaching slowly
+    // cannot fail the test: the code path is the same.
+    let grace_ms: i64 = 3_000;
+    let pool = Pool::start_with(db, &["--detached-grace-ms", "3000"]).await;
+    let cut = pool.member(0, "m-a", Behaviour::Healthy).await;
+    let _b = pool.member(1, "m-b", Behaviour::Healthy).await;
+    wait_members(db, 2).await;
+    for name in ["agent-0", "agent-1", "agent-2", "agent-3"] {
+        pool.register(name).await.unwrap();
+    }
+    let placed = wait_assignments(&db.store, "all placed, some on m-a", |a| {
+        a.len() == 4 && a.iter().any(|a| a.member == "m-a")
+    })
+    .await;
+    let on_a: BTreeMap<String, Term> = placed
+        .iter()
+        .filter(|a| a.member == "m-a")
+        .map(|a| (a.route.clone(), a.term))
+        .collect();
+
+    cut.go_silent();
+    let mut cut = cut;
+    assert_eq!(cut.wait_ended().await.code(), Code::DeadlineExceeded);
+    // The replica writes the stream's end after closing it: wait for that write.
+    let (now_ms, kept) = wait_for("m-a's membership removed or detached", 2000, || async {
+        let (now, members) = db.store.list_members().await.ok()?;
+        match members.into_iter().find(|m| m.member == "m-a") {
+            None => Some((now, None)),
+            Some(m) if m.expires_at_ms <= now + grace_ms => Some((now, Some(m))),
+            Some(_) => None,
+        }
+    })
+    .await;
+    let kept = kept.expect("a silent member's record is kept for the grace, not removed");
+    assert!(
+        kept.is_live(now_ms),
+        "still a member during the grace: {kept:?} at {now_ms} ms"
+    );
+
+    let again = pool
+        .member_with(1, identity("m-a", "m-a-p1", 2, 256), Behaviour::Healthy)
+        .await
+        .unwrap();
+    let mut again = again;
+    again
+        .wait_snapshot("m-a's instances at their terms", |s| {
+            on_a.iter()
+                .all(|(route, term)| s.instances.iter().any(|i| &i.route == route && i.term == term.get()))
+        })
+        .await;
+    // Past the grace the ended stream had: nothing moved.
+    wait_until_db_time(&db.store, kept.expires_at_ms + 500).await;
+    let after = db.store.list_assignments().await.unwrap();
+    for (route, term) in &on_a {
+        let a = after.iter().find(|a| &a.route == route).unwrap();
+        assert_eq!(
+            (a.member.as_str(), a.term),
+            ("m-a", *term),
+            "{route} stayed where it was"
+        );
+    }
+    pool.stop().await;
+}
+
+/// A member silent past the grace (a hung process) is gone: its instances move.
+pub async fn a_member_silent_past_the_grace_is_gone_and_its_instances_move(db: &TestDb) {
+    let pool = Pool::start(db).await;
+    let mut hung = pool.member(0, "m-a", Behaviour::Healthy).await;
+    let _b = pool.member(1, "m-b", Behaviour::Healthy).await;
+    wait_members(db, 2).await;
+    pool.register("agent-0").await.unwrap();
+    pool.register("agent-1").await.unwrap();
+    wait_assignments(&db.store, "one on each", |a| {
+        a.len() == 2 && a.iter().any(|a| a.member == "m-a")
+    })
+    .await;
+    hung.go_silent();
+    assert_eq!(hung.wait_ended().await.code(), Code::DeadlineExceeded);
     wait_assignments(&db.store, "everything on m-b", |a| {
         a.len() == 2 && a.iter().all(|a| a.member == "m-b")
     })

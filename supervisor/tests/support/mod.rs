@@ -9,7 +9,7 @@ pub mod sidecar;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use clap::Parser;
@@ -28,6 +28,14 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
+/// Orders what every fake gateway of the process saw (hellos, stream ends), so that a test can
+/// say which came first across replicas.
+static EVENTS: AtomicU64 = AtomicU64::new(1);
+
+fn next_event() -> u64 {
+    EVENTS.fetch_add(1, Ordering::SeqCst)
+}
+
 /// Bound on every wait in the tests: a failure, never an assertion.
 pub const WAIT: Duration = Duration::from_secs(20);
 
@@ -42,6 +50,10 @@ type Outbound = mpsc::Sender<Result<GatewayMessage, Status>>;
 /// One Attach stream as the fake gateway sees it.
 pub struct Connection {
     pub hello: Hello,
+    /// When the hello arrived, in the order of [`EVENTS`].
+    pub hello_seen: u64,
+    /// When the member ended its side of the stream, in the same order (`None` while open).
+    ended: tokio::sync::watch::Receiver<Option<u64>>,
     /// The bearer token of the call, if any.
     pub token: Option<String>,
     /// Every member message after Hello except heartbeats, in order.
@@ -79,6 +91,16 @@ impl Connection {
     /// Stops answering heartbeats (the stream stays open).
     pub fn go_silent(&self) {
         self.silent.store(true, Ordering::SeqCst);
+    }
+
+    /// When the member ended its side of the stream (half-closed or dropped it), in the order
+    /// of the hellos' [`Connection::hello_seen`].
+    pub async fn ended_at(&self) -> u64 {
+        let mut ended = self.ended.clone();
+        let seen = within("the member to end the stream", ended.wait_for(Option::is_some))
+            .await
+            .expect("pump gone");
+        seen.expect("checked above")
     }
 
     /// The next non-heartbeat member message; `None` once the member half-closed or dropped
@@ -225,6 +247,8 @@ impl SupervisorHost for Service {
         let Some(Kind::Hello(hello)) = inbound.message().await?.and_then(|m| m.kind) else {
             return Err(Status::invalid_argument("first message must be Hello"));
         };
+        let hello_seen = next_event();
+        let (ended_tx, ended) = tokio::sync::watch::channel(None);
         if let Some(status) = self.refuse.lock().unwrap().take() {
             return Err(status);
         }
@@ -258,10 +282,13 @@ impl SupervisorHost for Service {
                     }
                 }
             }
+            ended_tx.send_replace(Some(next_event()));
             pump_outbound.lock().await.take();
         });
         let connection = Connection {
             hello,
+            hello_seen,
+            ended,
             token,
             messages,
             outbound,
