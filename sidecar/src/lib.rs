@@ -217,8 +217,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
     };
     let (workload_tx, workload_rx) = mpsc::channel(64);
     let (workload_pid, pinned_pid) = tokio::sync::watch::channel(None);
+    let observer = workload::Observer::default();
     let finder = (cfg.workload_from_pid_namespace && pinned.is_none())
-        .then(|| tokio::spawn(find_workload(workload_tx.clone(), pinned_pid.clone())));
+        .then(|| tokio::spawn(find_workload(workload_tx.clone(), observer.clone(), pinned_pid.clone())));
     let server = tokio::spawn(workload::serve(
         listener,
         workload::Endpoint {
@@ -226,6 +227,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
             workload: pinned_pid,
             limits: cfg.workload_limits(),
             egress: egress_view,
+            observer,
         },
         serving.clone(),
     ));
@@ -285,7 +287,11 @@ const FIND_POLL: std::time::Duration = std::time::Duration::from_millis(500);
 /// sidecar is pinned, as if it had connected to the socket (a workload that never does is
 /// supervised too). Several (another app container, another sidecar): none is guessed at, and
 /// the workload is identified when it connects.
-async fn find_workload(engine: mpsc::Sender<workload::Inbound>, mut pinned: tokio::sync::watch::Receiver<Option<u32>>) {
+async fn find_workload(
+    engine: mpsc::Sender<workload::Inbound>,
+    observer: workload::Observer,
+    mut pinned: tokio::sync::watch::Receiver<Option<u32>>,
+) {
     let mut told = Vec::new();
     loop {
         if pinned.borrow_and_update().is_some() {
@@ -294,21 +300,15 @@ async fn find_workload(engine: mpsc::Sender<workload::Inbound>, mut pinned: toki
         let found = identity::container_main_processes().await;
         if let [pid] = found.as_slice() {
             let pid = *pid;
-            match tokio::task::spawn_blocking(move || identity::observe(pid)).await {
-                Ok(Ok(identity)) => {
-                    let (reply, answer) = oneshot::channel();
-                    if engine.send(workload::Inbound::Pin { identity, reply }).await.is_err() {
-                        return;
-                    }
-                    if matches!(answer.await, Ok(workload::Admission::Admitted)) {
-                        info!(
-                            pid,
-                            "workload identified in the Pod's PID namespace: its container's main process"
-                        );
-                        return;
-                    }
+            match observer.pin(&engine, pid).await {
+                Ok(workload::Admission::Admitted) => {
+                    info!(
+                        pid,
+                        "workload identified in the Pod's PID namespace: its container's main process"
+                    );
+                    return;
                 }
-                Ok(Err(err)) if told != found => {
+                Err(err) if told != found => {
                     warn!(pid, error = %err, "cannot observe the Pod's workload process; it is identified when it connects to the socket");
                     told = found;
                 }

@@ -3,8 +3,9 @@
 //! the kernel (peer credentials), never by what it claims; the engine admits it only if it is
 //! the workload process or one of its descendants (or pins the first one in socket mode).
 
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
@@ -70,6 +71,8 @@ pub struct Endpoint {
     pub limits: Limits,
     /// The egress proxy's state, for `{"op":"policy"}` (`None`: no proxy).
     pub egress: Option<crate::egress::View>,
+    /// Identifies connecting processes (shared with the search of the Pod's PID namespace).
+    pub observer: Observer,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -123,7 +126,7 @@ pub struct Request {
 }
 
 /// How the engine judges a connecting process.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum Admission {
     Admitted,
     /// No workload is pinned yet: observe this process and pin it.
@@ -171,6 +174,7 @@ pub async fn serve(listener: UnixListener, endpoint: Endpoint, cancel: Cancellat
         workload,
         limits,
         egress,
+        observer,
     } = endpoint;
     let slots = Slots {
         admitted: Arc::new(Semaphore::new(limits.connections)),
@@ -206,15 +210,23 @@ pub async fn serve(listener: UnixListener, endpoint: Endpoint, cancel: Cancellat
         let cancel = cancel.clone();
         let slots = slots.clone();
         let egress = egress.clone();
+        let observer = observer.clone();
         tokio::spawn(async move {
             let peer = Peer {
                 pid,
                 of_workload,
                 waiting,
             };
+            let serving = Serving {
+                engine: &engine,
+                observer: &observer,
+                slots: &slots,
+                limits,
+                egress: egress.as_ref(),
+            };
             tokio::select! {
                 () = cancel.cancelled() => {}
-                () = connection(stream, peer, &engine, &slots, limits, egress.as_ref()) => {}
+                () = connection(stream, peer, serving) => {}
             }
         });
     }
@@ -276,12 +288,17 @@ fn own_uid() -> Option<u32> {
     std::fs::metadata("/proc/self").ok().map(|m| m.uid())
 }
 
-async fn admission(engine: &mpsc::Sender<Inbound>, pid: Option<u32>, peer_uid: Option<u32>) -> Admission {
+async fn admission(
+    engine: &mpsc::Sender<Inbound>,
+    observer: &Observer,
+    pid: Option<u32>,
+    peer_uid: Option<u32>,
+) -> Admission {
     match ask(engine, |reply| Inbound::Peer { pid, reply }).await {
         Admission::NeedsIdentity => match pid {
-            Some(pid) => match tokio::task::spawn_blocking(move || identity::observe(pid)).await {
-                Ok(Ok(identity)) => ask(engine, |reply| Inbound::Pin { identity, reply }).await,
-                Ok(Err(err)) => {
+            Some(pid) => match observer.pin(engine, pid).await {
+                Ok(admission) => admission,
+                Err(err) => {
                     let reason = unobservable(&err, peer_uid, own_uid());
                     // Once per process: a client reconnecting in a loop would flood the log.
                     static WARNED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
@@ -292,12 +309,102 @@ async fn admission(engine: &mpsc::Sender<Inbound>, pid: Option<u32>, peer_uid: O
                     }
                     Admission::Refused(reason)
                 }
-                Err(_) => Admission::Refused("cannot observe the connecting process".into()),
             },
             None => Admission::Refused("the connecting process is not visible".into()),
         },
         other => other,
     }
+}
+
+/// How a process is observed (`identity::observe`; a stand-in in tests).
+type Observe = dyn Fn(u32) -> Result<WorkloadIdentity, identity::Error> + Send + Sync;
+
+/// What became of one observation: the engine's admission once pinned, or why the process
+/// could not be observed.
+type Observed = Result<Admission, Arc<identity::Error>>;
+
+/// Identifies processes for the engine to pin, at most one observation per PID at a time.
+/// Observing hashes the process's executable, which can outlast a connection's admission
+/// time-out (a large binary, a CPU limit, a busy node). The observation then goes on and its
+/// result is pinned all the same, and a connection that comes back joins the observation in
+/// flight instead of starting over: the work is never thrown away, so admission converges
+/// however slow the hashing is.
+#[derive(Clone)]
+pub struct Observer {
+    observe: Arc<Observe>,
+    in_flight: Arc<Mutex<HashMap<u32, watch::Receiver<Option<Observed>>>>>,
+}
+
+impl Default for Observer {
+    fn default() -> Self {
+        Self::new(Arc::new(identity::observe))
+    }
+}
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Observer").finish_non_exhaustive()
+    }
+}
+
+impl Observer {
+    fn new(observe: Arc<Observe>) -> Self {
+        Self {
+            observe,
+            in_flight: Arc::default(),
+        }
+    }
+
+    /// Observes process `pid` and asks the engine to pin it; the engine's admission, or why
+    /// the process cannot be observed. Joins an observation of `pid` in flight; at most
+    /// [`MAX_PENDING`] run at once (more are refused: each holds a blocking thread).
+    pub async fn pin(&self, engine: &mpsc::Sender<Inbound>, pid: u32) -> Result<Admission, Arc<identity::Error>> {
+        let mut observed = {
+            let mut in_flight = self.in_flight.lock().unwrap_or_else(PoisonError::into_inner);
+            match in_flight.get(&pid) {
+                Some(observed) => observed.clone(),
+                None if in_flight.len() >= MAX_PENDING => {
+                    return Ok(Admission::Refused("too many processes being identified at once".into()));
+                }
+                None => {
+                    let (done, observed) = watch::channel(None);
+                    in_flight.insert(pid, observed.clone());
+                    tokio::spawn(self.clone().observe_and_pin(engine.clone(), pid, done));
+                    observed
+                }
+            }
+        };
+        match observed.wait_for(Option::is_some).await {
+            Ok(result) => result
+                .clone()
+                .unwrap_or_else(|| Ok(Admission::Refused(STOPPING.into()))),
+            Err(_) => Ok(Admission::Refused(STOPPING.into())),
+        }
+    }
+
+    /// One observation, to its end whoever still waits for it.
+    async fn observe_and_pin(self, engine: mpsc::Sender<Inbound>, pid: u32, done: watch::Sender<Option<Observed>>) {
+        let observe = self.observe.clone();
+        let result = match tokio::task::spawn_blocking(move || observe(pid)).await {
+            Ok(Ok(identity)) => Ok(ask(&engine, |reply| Inbound::Pin { identity, reply }).await),
+            Ok(Err(err)) => Err(Arc::new(err)),
+            Err(_) => Ok(Admission::Refused("cannot observe the connecting process".into())),
+        };
+        self.in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&pid);
+        done.send_replace(Some(result));
+    }
+}
+
+/// What a connection is served with.
+struct Serving<'a> {
+    engine: &'a mpsc::Sender<Inbound>,
+    observer: &'a Observer,
+    slots: &'a Slots,
+    limits: Limits,
+    egress: Option<&'a crate::egress::View>,
 }
 
 /// Who connected, and the admission slot it waits in (none for the pinned workload).
@@ -307,21 +414,21 @@ struct Peer {
     waiting: Option<OwnedSemaphorePermit>,
 }
 
-async fn connection(
-    stream: UnixStream,
-    peer: Peer,
-    engine: &mpsc::Sender<Inbound>,
-    slots: &Slots,
-    limits: Limits,
-    egress: Option<&crate::egress::View>,
-) {
+async fn connection(stream: UnixStream, peer: Peer, serving: Serving<'_>) {
     let Peer {
         pid,
         of_workload,
         waiting,
     } = peer;
+    let Serving {
+        engine,
+        observer,
+        slots,
+        limits,
+        egress,
+    } = serving;
     let peer_uid = stream.peer_cred().ok().map(|c| c.uid());
-    let admitted = tokio::time::timeout(limits.admission, admission(engine, pid, peer_uid))
+    let admitted = tokio::time::timeout(limits.admission, admission(engine, observer, pid, peer_uid))
         .await
         .unwrap_or_else(|_| Admission::Refused("no admission decision in time".into()));
     drop(waiting);
@@ -353,11 +460,9 @@ async fn connection(
                 Ok((id, Ask::Relay(op))) => {
                     let (reply, answer) = oneshot::channel();
                     let answer = if engine.send(Inbound::Request(Request { op, reply })).await.is_ok() {
-                        answer
-                            .await
-                            .unwrap_or_else(|_| Answer::Refused("the sidecar is stopping".into()))
+                        answer.await.unwrap_or_else(|_| Answer::Refused(STOPPING.into()))
                     } else {
-                        Answer::Refused("the sidecar is stopping".into())
+                        Answer::Refused(STOPPING.into())
                     };
                     (id, answer)
                 }
@@ -376,14 +481,14 @@ async fn connection(
     }
 }
 
+const STOPPING: &str = "the sidecar is stopping";
+
 async fn ask(engine: &mpsc::Sender<Inbound>, message: impl FnOnce(oneshot::Sender<Admission>) -> Inbound) -> Admission {
     let (reply, answer) = oneshot::channel();
     if engine.send(message(reply)).await.is_err() {
-        return Admission::Refused("the sidecar is stopping".into());
+        return Admission::Refused(STOPPING.into());
     }
-    answer
-        .await
-        .unwrap_or_else(|_| Admission::Refused("the sidecar is stopping".into()))
+    answer.await.unwrap_or_else(|_| Admission::Refused(STOPPING.into()))
 }
 
 #[derive(Deserialize)]
@@ -478,6 +583,10 @@ mod tests {
 
     impl Fixture {
         fn start(limits: Limits) -> Self {
+            Self::observing(limits, Observer::default())
+        }
+
+        fn observing(limits: Limits, observer: Observer) -> Self {
             let dir = tempfile::tempdir().expect("tempdir");
             let path = dir.path().join("workload.sock");
             let listener = bind(&path).expect("bind");
@@ -490,6 +599,7 @@ mod tests {
                 workload: pinned,
                 limits,
                 egress: None,
+                observer,
             };
             tokio::spawn(serve(listener, endpoint, cancel.clone()));
             Self {
@@ -684,5 +794,76 @@ mod tests {
         );
         let v: Value = serde_json::from_str(&render(None, &Answer::Refused("no".into()))).unwrap();
         assert_eq!(v, json!({"ok": false, "error": "no"}));
+    }
+
+    /// An observation held until `release` sends (or is dropped), counting its runs.
+    fn held_observer() -> (
+        Observer,
+        std::sync::mpsc::Sender<()>,
+        Arc<std::sync::atomic::AtomicUsize>,
+    ) {
+        let (release, gate) = std::sync::mpsc::channel::<()>();
+        let gate = Mutex::new(gate);
+        let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = runs.clone();
+        let observer = Observer::new(Arc::new(move |pid| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let _ = gate.lock().unwrap_or_else(PoisonError::into_inner).recv();
+            Ok(WorkloadIdentity {
+                pid,
+                start_time_ticks: 7,
+                exe_digest: vec![1; 32],
+            })
+        }));
+        (observer, release, runs)
+    }
+
+    /// Hashing a large executable can take longer than a connection waits for its admission
+    /// (a debug build hashing a 36 MB agent, eight sidecars on two cores, never got one
+    /// admitted: each retry started the hash over). The connection that gave up is refused,
+    /// and the observation still ends in the engine pinning the process.
+    #[tokio::test]
+    async fn an_observation_slower_than_the_admission_time_out_is_still_pinned() {
+        let (observer, release, _) = held_observer();
+        let limits = Limits {
+            admission: Duration::from_millis(100),
+            ..Limits::default()
+        };
+        let mut fx = Fixture::observing(limits, observer);
+        let mut client = fx.connect().await;
+        let _ = fx.question().await.send(Admission::NeedsIdentity);
+        assert_eq!(line(&mut client).await["error"], "no admission decision in time");
+        release.send(()).expect("the observation waits");
+        // Bounded only so that a regression fails instead of hanging.
+        match tokio::time::timeout(Duration::from_secs(60), fx.engine.recv()).await {
+            Ok(Some(Inbound::Pin { identity, .. })) => assert_eq!(identity.pid, std::process::id()),
+            other => panic!("expected the observed process to be pinned, got {other:?}"),
+        }
+    }
+
+    /// A process asked about again while its observation runs joins it: one hash, one pin.
+    #[tokio::test]
+    async fn a_process_observed_again_joins_the_observation_in_flight() {
+        let (observer, release, runs) = held_observer();
+        let (engine, mut questions) = mpsc::channel(4);
+        let pid = std::process::id();
+        let mut gave_up = Box::pin(observer.pin(&engine, pid));
+        assert!(futures::poll!(&mut gave_up).is_pending());
+        drop(gave_up);
+        let mut again = Box::pin(observer.pin(&engine, pid));
+        assert!(futures::poll!(&mut again).is_pending());
+        drop(release);
+        let pinned = async {
+            match questions.recv().await {
+                Some(Inbound::Pin { reply, .. }) => {
+                    let _ = reply.send(Admission::Admitted);
+                }
+                other => panic!("expected a pin, got {other:?}"),
+            }
+        };
+        let (admission, ()) = tokio::join!(again, pinned);
+        assert!(matches!(admission, Ok(Admission::Admitted)), "{admission:?}");
+        assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1, "one observation");
+        assert!(questions.try_recv().is_err(), "one pin");
     }
 }

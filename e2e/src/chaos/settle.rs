@@ -112,8 +112,13 @@ impl Driver<'_> {
             Err(err) => missing.push(format!("store: {err}")),
         }
         for (name, follower, _) in &mut self.agents {
-            if follower.poll().await.last_at_ms() <= healed {
-                missing.push(format!("{name} has no answer since the heal"));
+            let observed = follower.poll().await;
+            if observed.last_at_ms() <= healed {
+                let refused = match observed.refused.last() {
+                    Some((at, answer)) if *at > healed => format!(" (last refused: {answer})"),
+                    _ => String::new(),
+                };
+                missing.push(format!("{name} has no answer since the heal{refused}"));
             }
         }
         missing.join("; ")
