@@ -195,6 +195,7 @@ pub async fn run_with<C: kubernetes::Cluster + Clone>(
         supervisor_account: settings.supervisor_account.clone(),
     });
     let (view_tx, view_rx) = watch::channel(Arc::new(pool::View::default()));
+    let (cut_off_tx, cut_off_rx) = watch::channel(false);
     let replica = Arc::new(replica::Replica {
         name: settings.replica.clone(),
         store: store.clone(),
@@ -211,6 +212,7 @@ pub async fn run_with<C: kubernetes::Cluster + Clone>(
         detached_grace: std::time::Duration::from_millis(settings.detached_grace_ms),
         metrics,
         reports: Arc::default(),
+        cut_off: cut_off_rx,
         shutdown: shutdown.clone(),
         max_pool_watchers: usize::try_from(settings.max_pool_watchers).unwrap_or(1),
     });
@@ -236,7 +238,12 @@ pub async fn run_with<C: kubernetes::Cluster + Clone>(
             replica.wake.clone(),
             stop.clone(),
         )),
-        tokio::spawn(refresh::beat(store.clone(), settings.replica.clone(), stop.clone())),
+        tokio::spawn(refresh::beat(
+            store.clone(),
+            settings.replica.clone(),
+            cut_off_tx,
+            stop.clone(),
+        )),
         tokio::spawn(reports::run(replica.reports.clone(), store.clone(), stop.clone())),
         tokio::spawn(coordinator::run(replica.clone(), lease_rx.clone(), stop.clone())),
         tokio::spawn({

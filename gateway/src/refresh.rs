@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use proto::timing;
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::operations;
 use crate::pool::{FULL_READ_EVERY, REFRESH_INTERVAL, View};
@@ -234,18 +234,30 @@ impl Reads {
     }
 }
 
-/// Record that replica `name` is running every [`timing::REPLICA_REFRESH`], until `shutdown`.
-pub async fn beat(store: Store, name: String, shutdown: CancellationToken) {
+/// Record that replica `name` is running every [`timing::REPLICA_REFRESH`], until `shutdown`;
+/// `cut_off` says whether the last record that succeeded is [`timing::STORE_CUT_OFF`] old
+/// (the member streams let their members go, see [`crate::host`]).
+pub async fn beat(store: Store, name: String, cut_off: watch::Sender<bool>, shutdown: CancellationToken) {
     let mut every = tokio::time::interval(timing::REPLICA_REFRESH);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut recorded_at = Instant::now();
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
             _ = every.tick() => {
                 match tokio::time::timeout(timing::REPLICA_REFRESH, store.refresh_replica(&name)).await {
-                    Ok(Ok(())) => {}
+                    Ok(Ok(())) => recorded_at = Instant::now(),
                     Ok(Err(err)) => warn!(error = %err, "cannot record that this replica is running"),
                     Err(_) => warn!("recording that this replica is running timed out"),
+                }
+                let cut = recorded_at.elapsed() >= timing::STORE_CUT_OFF;
+                if cut != *cut_off.borrow() {
+                    if cut {
+                        warn!(since = ?recorded_at.elapsed(), "this replica cannot reach the store: its member streams are closed so that the members attach through another replica");
+                    } else {
+                        info!("this replica reaches the store again: members may attach");
+                    }
+                    cut_off.send_replace(cut);
                 }
             }
         }

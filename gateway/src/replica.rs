@@ -41,6 +41,9 @@ pub struct Replica {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Writes the member streams' status reports in batches.
     pub reports: Arc<crate::reports::Writer>,
+    /// Whether this replica has failed to record itself running for [`proto::timing::STORE_CUT_OFF`]
+    /// (from [`crate::refresh::beat`]): it then serves no member streams.
+    pub cut_off: watch::Receiver<bool>,
     /// Cancelled when the replica shuts down.
     pub shutdown: CancellationToken,
     /// Pool watches this replica serves at once (`--max-pool-watchers`).

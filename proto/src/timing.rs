@@ -124,6 +124,14 @@ pub const fn replica_silence_bound() -> Duration {
     )
 }
 
+/// A gateway replica that has not managed to record in the store that it is running for this
+/// long takes itself for cut off from the store: it closes its member streams (UNAVAILABLE) and
+/// admits none until it records again, so that its members attach through replicas that can
+/// still vouch for them before those take the members of the silent replica for gone
+/// ([`replica_silence_bound`]). A replica that cannot write cannot refresh a membership either:
+/// answering a member's heartbeats would only hide that nobody vouches for it.
+pub const STORE_CUT_OFF: Duration = SILENCE_TIMEOUT;
+
 /// The recovery deadline a `*_recovery_deadline_ms` field means: 0 is the default, and
 /// anything above [`MAX_RECOVERY_DEADLINE`] is that maximum.
 pub const fn recovery_deadline(field_ms: u64) -> Duration {
@@ -224,6 +232,17 @@ mod tests {
         assert!(replica_silence_bound() >= REPLICA_REFRESH + reattached);
         assert!(replica_silence_bound() < MEMBERSHIP_TTL);
         assert!(SILENCE_TIMEOUT >= REPLICA_REFRESH * 3);
+    }
+
+    #[test]
+    fn a_replica_cut_off_from_the_store_lets_its_members_go_before_the_others_count_them_gone() {
+        // Noticed within one refresh (and its bounded write) past the cut-off; the member's
+        // next attempt may meet the cut-off replica again (refused at once), the one after
+        // attaches through another, which records it at admission.
+        let noticed = STORE_CUT_OFF + REPLICA_REFRESH * 2;
+        let reattached = noticed + (CONNECT_TIMEOUT + RECONNECT_BACKOFF_MAX) * 2;
+        assert!(reattached <= replica_silence_bound(), "{reattached:?}");
+        assert!(STORE_CUT_OFF >= REPLICA_REFRESH * 3, "a slow write or two is not a cut");
     }
 
     #[test]

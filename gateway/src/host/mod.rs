@@ -185,6 +185,9 @@ impl SupervisorHost for Host {
             served_by: self.replica.name.clone(),
             leaving: false,
         };
+        if *self.replica.cut_off.borrow() {
+            return Err(Status::unavailable(CUT_OFF));
+        }
         match self.replica.store.record_member(&record, timing::MEMBERSHIP_TTL).await {
             Ok(_) => {}
             Err(err @ crate::store::Error::Conflict { .. }) => {
@@ -260,8 +263,9 @@ enum End {
     /// its messages. Its membership ends after the replica's detached grace
     /// ([`timing::DETACHED_GRACE`] by default) unless it attaches again meanwhile.
     Silent,
-    /// Superseded by a newer stream of the member, its token expired, or this replica shutting
-    /// down: the member lives on (and attaches again). Never for a stream the member broke.
+    /// Superseded by a newer stream of the member, its token expired, this replica shutting
+    /// down or cut off from the store: the member lives on (and attaches again). Never for a
+    /// stream the member broke.
     Handover,
 }
 
@@ -293,6 +297,7 @@ impl Session {
         view.mark_changed();
         // A Pod's egress policy changed: the snapshot is built again from the same view.
         let mut policies = replica.policies.as_ref().map(kubernetes::Shared::egress_changes);
+        let mut cut_off = replica.cut_off.clone();
 
         let end = loop {
             tokio::select! {
@@ -411,6 +416,12 @@ impl Session {
                 }
                 () = replica.shutdown.cancelled() => {
                     self.close(Status::unavailable("gateway replica shutting down; reconnect elsewhere")).await;
+                    break End::Handover;
+                }
+                true = async { cut_off.wait_for(|cut| *cut).await.is_ok() } => {
+                    // Nothing to write (it could not be): the member attaches through another
+                    // replica, which records it, and keeps its instances.
+                    self.close(Status::unavailable(CUT_OFF)).await;
                     break End::Handover;
                 }
             }
@@ -579,6 +590,10 @@ impl Session {
         let _ = timeout(Duration::from_millis(500), self.tx.send(Err(status))).await;
     }
 }
+
+/// Why a replica cut off from the store closes and refuses member streams
+/// ([`timing::STORE_CUT_OFF`]).
+const CUT_OFF: &str = "this gateway replica cannot reach the pool's store; attach through another replica";
 
 /// What a membership refresh found.
 enum Refreshed {

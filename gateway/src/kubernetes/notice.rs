@@ -238,16 +238,35 @@ fn stopped_at_the_deadline(before: &View, after: &View, install_namespace: &str,
             (None, Some(term)) => format!(" (last term {term})"),
             (None, None) => String::new(),
         };
+        // What the last owner reported in that term: whether a workload process was identified
+        // (the sidecar stops one only then).
+        let identified = term.and_then(|term| {
+            [after, before]
+                .into_iter()
+                .find_map(|view| view.reports.get(&instance.route).filter(|r| r.term == term))
+                .map(|report| report.workload_pid)
+        });
+        let (action, what) = match identified {
+            Some(0) => (
+                "GiveUp",
+                "no supervisor took it over before its recovery deadline; no workload process had been identified, so nothing was stopped".to_owned(),
+            ),
+            Some(pid) => (
+                "Stop",
+                format!("the workload (PID {pid}) was stopped because no supervisor took it over before its recovery deadline"),
+            ),
+            None => (
+                "Stop",
+                "the workload was stopped because no supervisor took it over before its recovery deadline".to_owned(),
+            ),
+        };
         out.push(Notice {
             regarding: workload_pod(instance),
             related: owner.map(|owner| member_pod(install_namespace, owner)),
             warning: true,
             reason: REASON_SUPERVISOR_RECOVERY_FAILED,
-            action: "Stop",
-            note: format!(
-                "instance {}/{}: the workload was stopped because no supervisor took it over before its recovery deadline{last}",
-                instance.namespace, instance.name
-            ),
+            action,
+            note: format!("instance {}/{}: {what}{last}", instance.namespace, instance.name),
         });
     }
 }

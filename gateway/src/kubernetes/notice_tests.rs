@@ -274,6 +274,57 @@ fn a_workload_stopped_at_its_recovery_deadline_is_a_warning_on_its_pod_once() {
     assert!(diff(&before, &deregistered, "ns").is_empty());
 }
 
+/// The last owner's report in the withdrawn term says whether a workload process had been
+/// identified; the sidecar stops one only then, and the Event says which it was.
+#[test]
+fn a_deadline_missed_with_no_identified_workload_says_nothing_was_stopped() {
+    let reported = |pid: i64, term: u64| {
+        let mut before = view(1_000);
+        before.instances.insert("r".into(), instance("r"));
+        before
+            .assignments
+            .insert("r".into(), assignment("r", "supervisor-0", 3, AssignmentPhase::Active));
+        before.reports.insert(
+            "r".into(),
+            crate::store::Report {
+                route: "r".into(),
+                term: Term::new(term),
+                member: "supervisor-0".into(),
+                process_id: "p".into(),
+                phase: crate::store::ReportPhase::Active,
+                message: String::new(),
+                workload_pid: pid,
+                progress: 0,
+                reported_by: "gw".into(),
+                updated_at_ms: 0,
+                policy: None,
+            },
+        );
+        let mut after = before.clone();
+        after.now_ms = 2_000;
+        after
+            .instances
+            .insert("r".into(), stopped(instance("r"), Some("supervisor-0"), Some(3)));
+        let notices = diff(&before, &after, "ns");
+        assert_eq!(notices.len(), 1, "{notices:?}");
+        (notices[0].action, notices[0].note.clone())
+    };
+    let (action, note) = reported(0, 3);
+    assert_eq!(action, "GiveUp");
+    assert_eq!(
+        note,
+        "instance team-a/agent-a: no supervisor took it over before its recovery deadline; no workload \
+         process had been identified, so nothing was stopped (last owner supervisor-0, term 3)"
+    );
+    let (action, note) = reported(41, 3);
+    assert_eq!(action, "Stop");
+    assert!(note.contains("the workload (PID 41) was stopped"), "{note}");
+    // A report of another term says nothing about this one.
+    let (action, note) = reported(0, 2);
+    assert_eq!(action, "Stop");
+    assert!(note.contains(": the workload was stopped because"), "{note}");
+}
+
 #[test]
 fn an_instance_nobody_can_take_is_a_warning_when_the_reason_appears_or_changes() {
     // No member at all: a new Pod's instance cannot be placed, and the note says why.

@@ -80,7 +80,7 @@ impl<C: Cluster> PoolWriter<C> {
                 continue;
             }
             let unsupervised = self.shared.with(|index| {
-                pool_status::UnsupervisedPods::count(index.unsupervised_labelled().map(|p| p.reason.as_str()))
+                pool_status::UnsupervisedPods::count(super::supervised::unsupervised_reasons(index, &view))
             });
             let next = pool_status::desired(&view, Some(&held), unsupervised, applied.as_ref());
             let fresh = applied_at.elapsed() < pool_status::HEARTBEAT;

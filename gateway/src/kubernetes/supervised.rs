@@ -45,6 +45,35 @@ impl Supervised {
     }
 }
 
+/// How long an owner may serve an instance without an identified workload process before the
+/// pool counts its Pod unsupervised: a workload that talks to its socket connects moments
+/// after it starts, and in a Pod the sidecar finds a silent one in the PID namespace.
+pub const UNIDENTIFIED_GRACE_MS: i64 = 30_000;
+
+/// The reason code the pool counts such a Pod under: served, but with no workload process
+/// identified nothing can stop or vouch for the workload.
+pub const NOT_IDENTIFIED: &str = "workload_not_identified";
+
+/// The reason codes of the Pods the pool counts unsupervised: those of labelled namespaces the
+/// webhook admitted without supervision, and those an owner has served for
+/// [`UNIDENTIFIED_GRACE_MS`] without an identified workload process.
+pub fn unsupervised_reasons<'a>(index: &'a Index, view: &View) -> Vec<&'a str> {
+    let mut reasons: Vec<&str> = index.unsupervised_labelled().map(|p| p.reason.as_str()).collect();
+    let served_unidentified = view.instances.values().filter(|i| {
+        !i.withdrawn
+            && index.has_pod(&i.uid)
+            && !index.finished().contains(&i.uid)
+            && index.is_labelled(&i.namespace)
+            && view.current_assignment(&i.route).is_some_and(|a| {
+                a.phase == AssignmentPhase::Active
+                    && view.now_ms.saturating_sub(a.updated_at_ms) >= UNIDENTIFIED_GRACE_MS
+                    && of_instance(view, Some(i)).reason == "WorkloadNotIdentified"
+            })
+    });
+    reasons.extend(served_unidentified.map(|_| NOT_IDENTIFIED));
+    reasons
+}
+
 /// The condition every Pod the index knows of should carry, by UID.
 pub fn desired(index: &Index, view: &View) -> BTreeMap<String, (Pod, Supervised)> {
     let by_uid: BTreeMap<&str, &InstanceRecord> = view
@@ -192,6 +221,34 @@ mod tests {
         assert_eq!(reason_of(&v, &index, "r1"), (false, "Recovering"));
         v.instances.get_mut("r3").unwrap().withdrawn = true;
         assert_eq!(reason_of(&v, &index, "r3"), (false, "Withdrawn"));
+    }
+
+    /// A Pod its owner serves without an identified workload cannot be stopped or vouched for:
+    /// the pool counts it unsupervised once the grace has passed, only in labelled namespaces,
+    /// and never once the workload is identified or the Pod finished.
+    #[test]
+    fn a_pod_served_without_an_identified_workload_counts_as_unsupervised_after_the_grace() {
+        let mut v = view();
+        let mut index = pods_of(&v);
+        for r in ["r1", "r2", "r3"] {
+            v.reports.get_mut(r).unwrap().workload_pid = 42;
+            v.assignments.get_mut(r).unwrap().updated_at_ms = v.now_ms - UNIDENTIFIED_GRACE_MS;
+        }
+        v.reports.get_mut("r2").unwrap().workload_pid = 0;
+        assert!(unsupervised_reasons(&index, &v).is_empty(), "not a labelled namespace");
+        index.apply_namespace("ns");
+        assert_eq!(unsupervised_reasons(&index, &v), vec![NOT_IDENTIFIED]);
+        // Within the grace (just activated): not yet.
+        v.assignments.get_mut("r2").unwrap().updated_at_ms = v.now_ms - UNIDENTIFIED_GRACE_MS + 1;
+        assert!(unsupervised_reasons(&index, &v).is_empty());
+        v.assignments.get_mut("r2").unwrap().updated_at_ms = v.now_ms - UNIDENTIFIED_GRACE_MS;
+        let served = &v.instances["r2"];
+        index.apply_finished(Pod {
+            namespace: served.namespace.clone(),
+            name: served.name.clone(),
+            uid: served.uid.clone(),
+        });
+        assert!(unsupervised_reasons(&index, &v).is_empty(), "a finished Pod");
     }
 
     #[test]

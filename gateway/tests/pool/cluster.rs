@@ -150,6 +150,78 @@ impl Pausable {
     }
 }
 
+/// A TCP path to the database that can be cut the way a partition cuts it: no reset, no
+/// error, nothing delivered either way until it heals (a NetworkPolicy, a broken route).
+pub struct Cuttable {
+    pub address: SocketAddr,
+    cut: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Cuttable {
+    /// A path to `upstream` (`host:port`).
+    pub async fn start(upstream: String) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let (cut, is_cut) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let (upstream, is_cut) = (upstream.clone(), is_cut.clone());
+                tokio::spawn(async move {
+                    let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                        return;
+                    };
+                    let (client_read, client_write) = client.into_split();
+                    let (server_read, server_write) = server.into_split();
+                    tokio::join!(
+                        forward(client_read, server_write, is_cut.clone()),
+                        forward(server_read, client_write, is_cut),
+                    );
+                });
+            }
+        });
+        Self { address, cut, task }
+    }
+
+    /// `url` (a PostgreSQL URL on 127.0.0.1) through this path instead.
+    pub fn url(&self, url: &str, upstream: &str) -> String {
+        url.replacen(upstream, &self.address.to_string(), 1)
+    }
+
+    pub fn cut(&self) {
+        self.cut.send_replace(true);
+    }
+
+    pub fn heal(&self) {
+        self.cut.send_replace(false);
+    }
+}
+
+impl Drop for Cuttable {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Copy `from` to `to`, holding whatever arrives while the path is cut.
+async fn forward(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut cut: watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut buffer = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if cut.wait_for(|cut| !*cut).await.is_err() || to.write_all(&buffer[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
 /// Start a [`Pausable`] replica named `name` on `url`.
 pub async fn start_pausable_replica(name: &str, url: &str, credentials: &std::path::Path) -> Pausable {
     let health = std::net::TcpListener::bind("127.0.0.1:0")

@@ -48,6 +48,14 @@ mod paused_replica {
     );
 }
 
+/// A replica whose path to the database is cut (`cluster::Cuttable`): PostgreSQL only (SQLite
+/// is a file every replica opens).
+mod cut_off_replica {
+    on_postgres!(scenarios;
+        a_replica_cut_off_from_the_store_lets_its_members_attach_elsewhere,
+    );
+}
+
 mod with_kubernetes {
     on_both_backends!(kubernetes;
         secrets_follow_labels_and_pods_decide_desired_instances,

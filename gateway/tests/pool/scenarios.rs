@@ -14,8 +14,8 @@ use proto::registry::v1::{DeregisterRequest, RecoveryFailedRequest};
 use proto::trust::{Claims, DEFAULT_ISSUER, Expectation, GrantClaims, Kind, ProofClaims};
 
 use crate::cluster::{
-    Behaviour, Identity, Member, Pausable, Replica, Tokens, channel, identity, instance_ref, receipt, register,
-    register_as, start_pausable_replica, start_replica, start_replica_with, wait_assignments, with_token,
+    Behaviour, Cuttable, Identity, Member, Pausable, Replica, Tokens, channel, identity, instance_ref, receipt,
+    register, register_as, start_pausable_replica, start_replica, start_replica_with, wait_assignments, with_token,
 };
 use crate::support::{TestDb, wait_for, wait_until_db_time};
 
@@ -253,6 +253,40 @@ pub async fn a_stream_ended_by_its_member_removes_the_membership_at_once(db: &Te
     pool.stop().await;
 }
 
+/// Members m-a (through replica 0) and m-b (through replica 1), four instances placed with
+/// some on m-a: both members' streams, and m-a's instances with their terms.
+async fn some_instances_on_m_a(pool: &Pool, db: &TestDb) -> (Member, Member, BTreeMap<String, Term>) {
+    let a = pool.member(0, "m-a", Behaviour::Healthy).await;
+    let b = pool.member(1, "m-b", Behaviour::Healthy).await;
+    wait_members(db, 2).await;
+    for name in ["agent-0", "agent-1", "agent-2", "agent-3"] {
+        pool.register(name).await.unwrap();
+    }
+    let placed = wait_assignments(&db.store, "all placed, some on m-a", |a| {
+        a.len() == 4 && a.iter().any(|a| a.member == "m-a")
+    })
+    .await;
+    let on_a = placed
+        .iter()
+        .filter(|a| a.member == "m-a")
+        .map(|a| (a.route.clone(), a.term))
+        .collect();
+    (a, b, on_a)
+}
+
+/// Every instance of `on_a` is still m-a's, at its term.
+async fn still_on_m_a(db: &TestDb, on_a: &BTreeMap<String, Term>) {
+    let after = db.store.list_assignments().await.unwrap();
+    for (route, term) in on_a {
+        let a = after.iter().find(|a| &a.route == route).unwrap();
+        assert_eq!(
+            (a.member.as_str(), a.term),
+            ("m-a", *term),
+            "{route} stayed where it was"
+        );
+    }
+}
+
 /// A member that falls silent to the replica serving it — a one-way network cut, a stalled
 /// path — is not gone: the replica ends the stream but keeps the membership for
 /// `timing::DETACHED_GRACE`, and the member, attached again through another replica within it,
@@ -263,21 +297,7 @@ pub async fn a_member_silent_to_its_replica_keeps_its_instances_by_attaching_els
     // cannot fail the test: the code path is the same.
     let grace_ms: i64 = 3_000;
     let pool = Pool::start_with(db, &["--detached-grace-ms", "3000"]).await;
-    let cut = pool.member(0, "m-a", Behaviour::Healthy).await;
-    let _b = pool.member(1, "m-b", Behaviour::Healthy).await;
-    wait_members(db, 2).await;
-    for name in ["agent-0", "agent-1", "agent-2", "agent-3"] {
-        pool.register(name).await.unwrap();
-    }
-    let placed = wait_assignments(&db.store, "all placed, some on m-a", |a| {
-        a.len() == 4 && a.iter().any(|a| a.member == "m-a")
-    })
-    .await;
-    let on_a: BTreeMap<String, Term> = placed
-        .iter()
-        .filter(|a| a.member == "m-a")
-        .map(|a| (a.route.clone(), a.term))
-        .collect();
+    let (cut, _b, on_a) = some_instances_on_m_a(&pool, db).await;
 
     cut.go_silent();
     let mut cut = cut;
@@ -311,15 +331,69 @@ pub async fn a_member_silent_to_its_replica_keeps_its_instances_by_attaching_els
         .await;
     // Past the grace the ended stream had: nothing moved.
     wait_until_db_time(&db.store, kept.expires_at_ms + 500).await;
-    let after = db.store.list_assignments().await.unwrap();
-    for (route, term) in &on_a {
-        let a = after.iter().find(|a| &a.route == route).unwrap();
-        assert_eq!(
-            (a.member.as_str(), a.term),
-            ("m-a", *term),
-            "{route} stayed where it was"
-        );
-    }
+    still_on_m_a(db, &on_a).await;
+    pool.stop().await;
+}
+
+/// A replica cut off from the database (a partition: no reset, nothing delivered) cannot
+/// vouch for its members: past `timing::STORE_CUT_OFF` it closes their streams with
+/// UNAVAILABLE and refuses new ones until it reaches the store again, so they attach through
+/// a replica that can, and keep every instance at its term. Before, it went on answering
+/// their heartbeats, they never moved, and once the others counted the silent replica's
+/// members gone (`timing::replica_silence_bound`) every instance moved though every member
+/// process was healthy.
+pub async fn a_replica_cut_off_from_the_store_lets_its_members_attach_elsewhere(db: &TestDb) {
+    let parsed = url::Url::parse(&db.url).expect("the database URL parses");
+    let upstream = format!(
+        "{}:{}",
+        parsed.host_str().expect("a host"),
+        parsed.port().unwrap_or(5432)
+    );
+    let path = Cuttable::start(upstream.clone()).await;
+    let credentials = tempfile::tempdir().unwrap();
+    let dir = credentials.path().to_str().expect("utf-8 path");
+    let args = ["--credentials-dir", dir];
+    let cut_url = path.url(&db.url, &upstream);
+    let a = start_replica_with("gw-a", &cut_url, &args, None).await;
+    let b = start_replica_with("gw-b", &db.url, &args, None).await;
+    let pool = Pool {
+        tokens: Tokens::load(&db.store).await,
+        replicas: vec![a, b],
+        _credentials: credentials,
+    };
+    let (cut_off, _b, on_a) = some_instances_on_m_a(&pool, db).await;
+
+    path.cut();
+    let cut_at = db.store.now_ms().await.unwrap();
+    let mut cut_off = cut_off;
+    // Bounded only so that a regression fails instead of hanging.
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(30), cut_off.wait_ended())
+        .await
+        .expect("the cut-off replica closes its member's stream");
+    assert_eq!(ended.code(), Code::Unavailable, "{ended:?}");
+    assert!(ended.message().contains("cannot reach the pool's store"), "{ended:?}");
+    let refused = pool
+        .member_with(0, identity("m-a", "m-a-p1", 2, 256), Behaviour::Healthy)
+        .await
+        .err()
+        .expect("the cut-off replica admits no member");
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+
+    let mut again = pool
+        .member_with(1, identity("m-a", "m-a-p1", 3, 256), Behaviour::Healthy)
+        .await
+        .unwrap();
+    again
+        .wait_snapshot("m-a's instances at their terms", |s| {
+            on_a.iter()
+                .all(|(route, term)| s.instances.iter().any(|i| &i.route == route && i.term == term.get()))
+        })
+        .await;
+    // Past the time the others take a silent replica's members for gone: nothing moved.
+    let bound = i64::try_from(proto::timing::replica_silence_bound().as_millis()).unwrap();
+    wait_until_db_time(&db.store, cut_at + bound + 2_000).await;
+    still_on_m_a(db, &on_a).await;
+    path.heal();
     pool.stop().await;
 }
 
