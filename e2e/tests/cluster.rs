@@ -274,6 +274,30 @@ fn lone_pod(namespace: &str, name: &str, image: &str) -> String {
     format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {namespace}\nspec:\n{container}")
 }
 
+/// Pods of the shapes a real namespace holds beside the counting agent (named by what they
+/// test): the container's own UID other than the Pod's; two app containers of one UID (the
+/// agent and a silent one); `shareProcessNamespace: false`; `hostPID: true`.
+fn shape_pods(namespace: &str, image: &str) -> BTreeMap<&'static str, String> {
+    let pod = |name: &str| lone_pod(namespace, name, image);
+    let other_uid = pod("other-uid")
+        .replacen("spec:\n", "spec:\n  securityContext:\n    runAsUser: 65532\n", 1)
+        .replacen("runAsUser: 65532\n        allow", "runAsUser: 65533\n        allow", 1);
+    let agent = pod("two-apps");
+    let (head, container) = agent.split_once("  containers:\n").expect("a containers list");
+    let silent = container
+        .replacen("name: agent", "name: helper", 1)
+        .replace(r#""--interval-ms", "100"]"#, r#""--interval-ms", "100", "--silent"]"#);
+    let two_apps = format!("{head}  containers:\n{container}{silent}");
+    let private_pids = pod("private-pids").replacen("spec:\n", "spec:\n  shareProcessNamespace: false\n", 1);
+    let host_pids = pod("host-pids").replacen("spec:\n", "spec:\n  hostPID: true\n", 1);
+    BTreeMap::from([
+        ("other-uid", other_uid),
+        ("two-apps", two_apps),
+        ("private-pids", private_pids),
+        ("host-pids", host_pids),
+    ])
+}
+
 /// The egress step's upstream (a Pod of its own, not injected) behind three Services, and the
 /// namespace's default `SandboxPolicy`: one Service allowed on every method and path, one for
 /// GET under /docs/ only, one not at all.
@@ -563,6 +587,11 @@ async fn the_user_flow_on_a_real_cluster() {
         .await;
     flow.step("Pod shapes: a root Pod, a Job that finishes", Flow::pod_shapes)
         .await;
+    flow.step(
+        "Pod shapes: UIDs, two containers, a private or the host's PID namespace",
+        Flow::more_pod_shapes,
+    )
+    .await;
     flow.step("egress: a SandboxPolicy decides, through a handoff", Flow::egress)
         .await;
     flow.step(
@@ -1966,6 +1995,70 @@ impl Flow {
         check(left.trim() == format!("pod/{supervised}"), || {
             format!("the finished Job Pod is still there: {left}")
         })?;
+        self.kubectl.run(&["delete", "namespace", &ns, "--wait=false"]).await?;
+        Ok(())
+    }
+
+    /// Each shape has its outcome: supervised for real (identified PID, Supervised True) when
+    /// the sidecar can identify and stop the workload, else admitted unchanged with a warning,
+    /// the label, the annotation and a NotSupervised Event; a Pod in the host's PID namespace is
+    /// refused with the reason.
+    async fn more_pod_shapes(&mut self) -> Result<(), Error> {
+        let ns = format!("{}-more-shapes", self.namespace);
+        self.kubectl.run(&["create", "namespace", &ns]).await?;
+        self.kubectl.run(&["label", "namespace", &ns, LABEL]).await?;
+        self.secret_present_in(&ns, true).await?;
+        let pods = shape_pods(&ns, &self.image);
+
+        let refused = self.kubectl.apply(&pods["host-pids"]).await;
+        check(
+            matches!(&refused, Err(Error::Failed { stderr, .. }) if stderr.contains("spec.hostPID is true")),
+            || format!("a hostPID Pod is refused with the reason: {refused:?}"),
+        )?;
+        let (_, warned) = self.kubectl.apply_warned(&pods["private-pids"]).await?;
+        check(
+            warned.contains("Warning: not supervised:") && warned.contains("shareProcessNamespace: false"),
+            || format!("kubectl shows why a Pod with a private PID namespace is not supervised: {warned:?}"),
+        )?;
+        let (_, warned) = self.kubectl.apply_warned(&pods["two-apps"]).await?;
+        check(warned.contains("2 app containers"), || {
+            format!("kubectl warns that two app containers are identified on connection: {warned:?}")
+        })?;
+        self.kubectl.apply(&pods["other-uid"]).await?;
+
+        let kubectl = self.kubectl.clone();
+        let private = wait_for("the private-PID Pod running", 2 * MINUTE, || async {
+            let pod = kubectl.json(&["get", "pod", "private-pids", "-n", &ns]).await.ok()?;
+            (pod.pointer("/status/phase") == Some(&Value::from("Running"))).then_some(pod)
+        })
+        .await?;
+        check(
+            private.pointer("/metadata/labels/supervision.openshell.ai~1not-supervised")
+                == Some(&Value::from("process_namespace_off"))
+                && private.pointer("/spec/shareProcessNamespace") == Some(&Value::from(false))
+                && private.pointer("/spec/initContainers").is_none(),
+            || format!("the private-PID Pod is unchanged but for the label and annotation: {private}"),
+        )?;
+        self.event_in(&ns, "private-pids", "NotSupervised").await?;
+
+        let pool = self.pool.clone();
+        for name in ["other-uid", "two-apps"] {
+            let pid = wait_for(&format!("{name} supervised with its PID"), 2 * MINUTE, || async {
+                let status = pool.status().await.ok()?;
+                let i = status.of(&ns).into_iter().find(|i| i.name == name)?;
+                (i.settled() && i.workload_pid != 0).then_some(i.workload_pid)
+            })
+            .await?;
+            wait_for(&format!("{name}'s Supervised condition True"), MINUTE, || async {
+                let pod = kubectl.json(&["get", "pod", name, "-n", &ns]).await.ok()?;
+                let conditions = pod.pointer("/status/conditions")?.as_array()?.clone();
+                conditions
+                    .into_iter()
+                    .find(|c| c["type"] == "supervision.openshell.ai/Supervised" && c["status"] == "True")
+            })
+            .await?;
+            eprintln!("   {name}: supervised as PID {pid}");
+        }
         self.kubectl.run(&["delete", "namespace", &ns, "--wait=false"]).await?;
         Ok(())
     }
