@@ -881,6 +881,15 @@ impl Flow {
     }
 
     /// The first `reason` Event on the object `name` of `namespace`, once there is one.
+    /// Pod `name` of `namespace` once it runs.
+    async fn running_pod(&self, namespace: &str, name: &str) -> Result<Value, Error> {
+        wait_for(&format!("Pod {name} running"), 2 * MINUTE, || async {
+            let pod = self.kubectl.json(&["get", "pod", name, "-n", namespace]).await.ok()?;
+            (pod.pointer("/status/phase") == Some(&Value::from("Running"))).then_some(pod)
+        })
+        .await
+    }
+
     async fn event_in(&self, namespace: &str, name: &str, reason: &str) -> Result<Value, Error> {
         let what = format!("a {reason} Event on {name}");
         wait_for(&what, MINUTE, || async {
@@ -1919,11 +1928,7 @@ impl Flow {
             || format!("kubectl shows the not-supervised warning for a root Pod: {warned:?}"),
         )?;
         let kubectl = self.kubectl.clone();
-        let root = wait_for("the root Pod running", 2 * MINUTE, || async {
-            let pod = kubectl.json(&["get", "pod", "as-root", "-n", &ns]).await.ok()?;
-            (pod.pointer("/status/phase") == Some(&Value::from("Running"))).then_some(pod)
-        })
-        .await?;
+        let root = self.running_pod(&ns, "as-root").await?;
         check(
             root.pointer("/metadata/labels/supervision.openshell.ai~1not-supervised")
                 == Some(&Value::from("runs_as_root"))
@@ -2027,11 +2032,7 @@ impl Flow {
         self.kubectl.apply(&pods["other-uid"]).await?;
 
         let kubectl = self.kubectl.clone();
-        let private = wait_for("the private-PID Pod running", 2 * MINUTE, || async {
-            let pod = kubectl.json(&["get", "pod", "private-pids", "-n", &ns]).await.ok()?;
-            (pod.pointer("/status/phase") == Some(&Value::from("Running"))).then_some(pod)
-        })
-        .await?;
+        let private = self.running_pod(&ns, "private-pids").await?;
         check(
             private.pointer("/metadata/labels/supervision.openshell.ai~1not-supervised")
                 == Some(&Value::from("process_namespace_off"))
