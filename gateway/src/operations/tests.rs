@@ -115,6 +115,24 @@ fn a_drain_moves_at_most_max_parallel_at_term_plus_one_to_the_least_loaded() {
     assert_eq!((recorded[0].phase, recorded[0].moves), (OperationPhase::Running, 2));
 }
 
+/// A finished Job's Pod keeps its (withdrawn) instance record while the Pod exists: a drain
+/// moves only live instances, counts only those, and succeeds with the withdrawn one left.
+#[test]
+fn a_drain_moves_only_instances_still_desired() {
+    let mut v = pool(&["a", "b"], &[("r1", "a"), ("finished", "a")]);
+    v.instances.get_mut("finished").unwrap().withdrawn = true;
+    v.operations.push(op(OperationKind::Drain, "a", 4));
+    let batches = plan(&v);
+    assert_eq!(moves(&batches), [("r1".into(), "b".into(), 2)], "the withdrawn one stays");
+    // r1 settled on b: drained, though the withdrawn record still names a.
+    let a = v.assignments.get_mut("r1").unwrap();
+    a.member = "b".into();
+    a.process_id = "b-p".into();
+    a.term = Term::new(2);
+    let done = ops(&plan(&v));
+    assert_eq!(done[0].phase, OperationPhase::Succeeded, "{done:?}");
+}
+
 #[test]
 fn a_drain_waits_for_handoffs_in_flight_then_succeeds_and_keeps_the_member_out() {
     let mut v = pool(&["a", "b"], &[("r1", "a")]);
