@@ -246,6 +246,36 @@ spec:
     )
 }
 
+/// A suspended CronJob whose runs count for `seconds` and finish (a run is started by hand,
+/// as `kubectl create job --from=cronjob/…` does).
+fn cron_job(namespace: &str, image: &str, seconds: u64) -> String {
+    let container: String = agent_container(image)
+        .replace(
+            r#""--interval-ms", "100"]"#,
+            &format!(r#""--interval-ms", "100", "--for-seconds", "{seconds}"]"#),
+        )
+        .lines()
+        .map(|line| format!("    {line}\n"))
+        .collect();
+    format!(
+        r#"apiVersion: batch/v1
+kind: CronJob
+metadata:
+  name: nightly
+  namespace: {namespace}
+spec:
+  schedule: "0 0 1 1 *"
+  suspend: true
+  jobTemplate:
+    spec:
+      backoffLimit: 0
+      template:
+        spec:
+          restartPolicy: Never
+{container}"#
+    )
+}
+
 /// A Pod whose container runs as root (it never finds a socket and keeps trying).
 fn root_pod(namespace: &str, image: &str) -> String {
     format!(
@@ -588,7 +618,7 @@ async fn the_user_flow_on_a_real_cluster() {
     flow.step("Pod shapes: a root Pod, a Job that finishes", Flow::pod_shapes)
         .await;
     flow.step(
-        "Pod shapes: UIDs, two containers, a private or the host's PID namespace",
+        "Pod shapes: UIDs, two containers, a private or the host's PID namespace, a CronJob",
         Flow::more_pod_shapes,
     )
     .await;
@@ -2060,6 +2090,36 @@ impl Flow {
             .await?;
             eprintln!("   {name}: supervised as PID {pid}");
         }
+
+        // A CronJob's run: supervised while it runs; its finished Pod, kept as the CronJob's
+        // history, leaves the pool.
+        self.kubectl.apply(&cron_job(&ns, &self.image, 5)).await?;
+        self.kubectl
+            .run(&["create", "job", "nightly-now", "--from=cronjob/nightly", "-n", &ns])
+            .await?;
+        let run = wait_for("the CronJob's run supervised with its PID", 2 * MINUTE, || async {
+            let status = pool.status().await.ok()?;
+            let i = status
+                .of(&ns)
+                .into_iter()
+                .find(|i| i.name.starts_with("nightly-now-"))?;
+            (i.settled() && i.workload_pid != 0).then(|| i.name.clone())
+        })
+        .await?;
+        wait_for("the CronJob's run complete", 2 * MINUTE, || async {
+            let job = kubectl.json(&["get", "job", "nightly-now", "-n", &ns]).await.ok()?;
+            (job.pointer("/status/succeeded") == Some(&Value::from(1))).then_some(())
+        })
+        .await?;
+        self.event_in(&ns, &run, "WorkloadFinished").await?;
+        let status = self.pool.status().await?;
+        check(!status.of(&ns).iter().any(|i| i.name == run), || {
+            format!("the finished run's instance left the pool: {:?}", status.of(&ns))
+        })?;
+        let kept = self.kubectl.run(&["get", "pod", &run, "-n", &ns, "-o", "name"]).await?;
+        check(kept.trim() == format!("pod/{run}"), || {
+            format!("the finished run's Pod is kept: {kept}")
+        })?;
         self.kubectl.run(&["delete", "namespace", &ns, "--wait=false"]).await?;
         Ok(())
     }

@@ -123,7 +123,11 @@ fn a_drain_moves_only_instances_still_desired() {
     v.instances.get_mut("finished").unwrap().withdrawn = true;
     v.operations.push(op(OperationKind::Drain, "a", 4));
     let batches = plan(&v);
-    assert_eq!(moves(&batches), [("r1".into(), "b".into(), 2)], "the withdrawn one stays");
+    assert_eq!(
+        moves(&batches),
+        [("r1".into(), "b".into(), 2)],
+        "the withdrawn one stays"
+    );
     // r1 settled on b: drained, though the withdrawn record still names a.
     let a = v.assignments.get_mut("r1").unwrap();
     a.member = "b".into();
