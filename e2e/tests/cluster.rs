@@ -911,6 +911,34 @@ impl Flow {
     }
 
     /// The first `reason` Event on the object `name` of `namespace`, once there is one.
+    /// Job `job`'s Pod supervised with its PID while it runs, then, once the Job succeeded, a
+    /// `WorkloadFinished` Event and its instance out of the pool: the Pod's name.
+    async fn job_supervised_until_it_finishes(&self, ns: &str, job: &str) -> Result<String, Error> {
+        let prefix = format!("{job}-");
+        let pod = wait_for(
+            &format!("Job {job}'s Pod supervised with its PID"),
+            2 * MINUTE,
+            || async {
+                let status = self.pool.status().await.ok()?;
+                let i = status.of(ns).into_iter().find(|i| i.name.starts_with(&prefix))?;
+                (i.settled() && i.workload_pid != 0).then(|| i.name.clone())
+            },
+        )
+        .await?;
+        eprintln!("   {pod}: supervised; waiting for the Job to finish");
+        wait_for(&format!("Job {job} complete"), 2 * MINUTE, || async {
+            let found = self.kubectl.json(&["get", "job", job, "-n", ns]).await.ok()?;
+            (found.pointer("/status/succeeded") == Some(&Value::from(1))).then_some(())
+        })
+        .await?;
+        self.event_in(ns, &pod, "WorkloadFinished").await?;
+        let status = self.pool.status().await?;
+        check(!status.of(ns).iter().any(|i| i.name == pod), || {
+            format!("the finished Pod's instance left the pool: {:?}", status.of(ns))
+        })?;
+        Ok(pod)
+    }
+
     /// Pod `name` of `namespace` once it runs.
     async fn running_pod(&self, namespace: &str, name: &str) -> Result<Value, Error> {
         wait_for(&format!("Pod {name} running"), 2 * MINUTE, || async {
@@ -1978,23 +2006,7 @@ impl Flow {
 
         self.kubectl.apply(&finite_job(&ns, &self.image, 30)).await?;
         let pool = self.pool.clone();
-        let supervised = wait_for("the Job's agent supervised with its PID", MINUTE, || async {
-            let status = pool.status().await.ok()?;
-            let job = status.of(&ns).into_iter().find(|i| i.name.starts_with("finite-"))?;
-            (job.settled() && job.workload_pid != 0).then(|| job.name.clone())
-        })
-        .await?;
-        eprintln!("   {supervised}: supervised; waiting for the Job to finish");
-        wait_for("the Job complete", 2 * MINUTE, || async {
-            let job = kubectl.json(&["get", "job", "finite", "-n", &ns]).await.ok()?;
-            (job.pointer("/status/succeeded") == Some(&Value::from(1))).then_some(())
-        })
-        .await?;
-        self.event_in(&ns, &supervised, "WorkloadFinished").await?;
-        let status = self.pool.status().await?;
-        check(status.of(&ns).is_empty(), || {
-            format!("the finished Job's instance left the pool: {:?}", status.of(&ns))
-        })?;
+        let supervised = self.job_supervised_until_it_finishes(&ns, "finite").await?;
 
         // A workload that never talks to the socket: identified as its container's main
         // process, supervised with its PID.
@@ -2097,25 +2109,7 @@ impl Flow {
         self.kubectl
             .run(&["create", "job", "nightly-now", "--from=cronjob/nightly", "-n", &ns])
             .await?;
-        let run = wait_for("the CronJob's run supervised with its PID", 2 * MINUTE, || async {
-            let status = pool.status().await.ok()?;
-            let i = status
-                .of(&ns)
-                .into_iter()
-                .find(|i| i.name.starts_with("nightly-now-"))?;
-            (i.settled() && i.workload_pid != 0).then(|| i.name.clone())
-        })
-        .await?;
-        wait_for("the CronJob's run complete", 2 * MINUTE, || async {
-            let job = kubectl.json(&["get", "job", "nightly-now", "-n", &ns]).await.ok()?;
-            (job.pointer("/status/succeeded") == Some(&Value::from(1))).then_some(())
-        })
-        .await?;
-        self.event_in(&ns, &run, "WorkloadFinished").await?;
-        let status = self.pool.status().await?;
-        check(!status.of(&ns).iter().any(|i| i.name == run), || {
-            format!("the finished run's instance left the pool: {:?}", status.of(&ns))
-        })?;
+        let run = self.job_supervised_until_it_finishes(&ns, "nightly-now").await?;
         let kept = self.kubectl.run(&["get", "pod", &run, "-n", &ns, "-o", "name"]).await?;
         check(kept.trim() == format!("pod/{run}"), || {
             format!("the finished run's Pod is kept: {kept}")
