@@ -236,7 +236,9 @@ impl Reads {
 
 /// Record that replica `name` is running every [`timing::REPLICA_REFRESH`], until `shutdown`;
 /// `cut_off` says whether the last record that succeeded is [`timing::STORE_CUT_OFF`] old
-/// (the member streams let their members go, see [`crate::host`]).
+/// (the member streams let their members go, see [`crate::host`]). A record is given that long
+/// to land: a slow store that still takes the writes (a contended SQLite lock) is reached, and
+/// cutting every replica's members off over it would move nothing but streams, all at once.
 pub async fn beat(store: Store, name: String, cut_off: watch::Sender<bool>, shutdown: CancellationToken) {
     let mut every = tokio::time::interval(timing::REPLICA_REFRESH);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -245,7 +247,7 @@ pub async fn beat(store: Store, name: String, cut_off: watch::Sender<bool>, shut
         tokio::select! {
             () = shutdown.cancelled() => return,
             _ = every.tick() => {
-                match tokio::time::timeout(timing::REPLICA_REFRESH, store.refresh_replica(&name)).await {
+                match tokio::time::timeout(timing::STORE_CUT_OFF, store.refresh_replica(&name)).await {
                     Ok(Ok(())) => recorded_at = Instant::now(),
                     Ok(Err(err)) => warn!(error = %err, "cannot record that this replica is running"),
                     Err(_) => warn!("recording that this replica is running timed out"),

@@ -236,10 +236,11 @@ mod tests {
 
     #[test]
     fn a_replica_cut_off_from_the_store_lets_its_members_go_before_the_others_count_them_gone() {
-        // Noticed within one refresh (and its bounded write) past the cut-off; the member's
-        // next attempt may meet the cut-off replica again (refused at once), the one after
-        // attaches through another, which records it at admission.
-        let noticed = STORE_CUT_OFF + REPLICA_REFRESH * 2;
+        // Noticed at the latest when the write after the last one that landed (started a
+        // refresh later) has waited out the cut-off; the member's next attempt may meet the
+        // cut-off replica again (refused at once), the one after attaches through another,
+        // which records it at admission.
+        let noticed = REPLICA_REFRESH + STORE_CUT_OFF;
         let reattached = noticed + (CONNECT_TIMEOUT + RECONNECT_BACKOFF_MAX) * 2;
         assert!(reattached <= replica_silence_bound(), "{reattached:?}");
         assert!(STORE_CUT_OFF >= REPLICA_REFRESH * 3, "a slow write or two is not a cut");
