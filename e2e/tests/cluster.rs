@@ -246,17 +246,12 @@ spec:
     )
 }
 
-/// A suspended CronJob whose runs count for `seconds` and finish (a run is started by hand,
-/// as `kubectl create job --from=cronjob/…` does).
+/// A suspended CronJob whose runs are [`finite_job`]'s (a run is started by hand, as
+/// `kubectl create job --from=cronjob/…` does).
 fn cron_job(namespace: &str, image: &str, seconds: u64) -> String {
-    let container: String = agent_container(image)
-        .replace(
-            r#""--interval-ms", "100"]"#,
-            &format!(r#""--interval-ms", "100", "--for-seconds", "{seconds}"]"#),
-        )
-        .lines()
-        .map(|line| format!("    {line}\n"))
-        .collect();
+    let job = finite_job(namespace, image, seconds);
+    let (_, spec) = job.split_once("spec:\n").expect("the Job's spec");
+    let template: String = spec.lines().map(|line| format!("    {line}\n")).collect();
     format!(
         r#"apiVersion: batch/v1
 kind: CronJob
@@ -268,11 +263,7 @@ spec:
   suspend: true
   jobTemplate:
     spec:
-      backoffLimit: 0
-      template:
-        spec:
-          restartPolicy: Never
-{container}"#
+{template}"#
     )
 }
 
