@@ -2,7 +2,8 @@
 //! audience, answered by the API server. Only Pod-bound tokens (projected ServiceAccount
 //! tokens) name a Pod; the namespace, ServiceAccount, Pod name and Pod UID all come from the
 //! review, never from the caller. Answers are cached briefly (by the token's SHA-256, never the
-//! token), reviews are bounded in time and in concurrency — [`MAX_IN_FLIGHT`] in all and
+//! token), each review runs to its end in a task of its own and a caller of the same token
+//! joins it ([`Answers`]: a caller that gave up does not throw the review away), reviews are bounded in time and in concurrency — [`MAX_IN_FLIGHT`] in all and
 //! [`MAX_IN_FLIGHT_PER_SOURCE`] per peer, so one source cannot hold every slot — and the API
 //! server's answer — which echoes the token — is never logged.
 //!
@@ -20,7 +21,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, TokenReviewStatus};
 use kube::api::PostParams;
 use kube::{Api, Client};
-use tokio::sync::Semaphore;
+use std::future::Future;
+
+use tokio::sync::{Semaphore, watch};
 
 /// How long a review's answer is reused. The API server caches successful authentications
 /// for about 10 s itself, so a token of a deleted Pod is refused within ~20 s either way.
@@ -202,63 +205,144 @@ pub trait Review: Send + Sync + 'static {
     async fn review(&self, token: &str, source: Source) -> Result<Account, Error>;
 }
 
-/// A review's answer and until when it is reused.
-type Kept = (Instant, Result<Account, Error>);
-
-/// Answers kept for a while, keyed by the token's digest.
-#[derive(Debug, Default)]
-pub struct Cache {
-    answers: Mutex<HashMap<Vec<u8>, Kept>>,
+/// What is known of one token: an answer reused until an instant, or a review in flight.
+#[derive(Debug)]
+enum Entry {
+    Kept(Instant, Result<Account, Error>),
+    Asking(watch::Receiver<Option<Result<Account, Error>>>),
 }
 
-impl Cache {
-    pub fn get(&self, digest: &[u8], now: Instant) -> Option<Result<Account, Error>> {
-        let answers = self.answers.lock().unwrap_or_else(|p| p.into_inner());
-        answers
-            .get(digest)
-            .filter(|(until, _)| *until > now)
-            .map(|(_, answer)| answer.clone())
-    }
+/// Answers kept for a while, keyed by the token's digest, and the reviews in flight.
+///
+/// A review runs to its end in a task of its own and its answer is kept whoever still waits:
+/// a member must have its Attach answered within [`proto::timing::CONNECT_TIMEOUT`], so a
+/// review slower than that, dropped with the call and started over by the retry, would keep
+/// the member out for as long as the API server stays slow. A token asked about again joins
+/// the review in flight (one review per token at a time).
+#[derive(Debug, Default)]
+pub struct Answers {
+    entries: Mutex<HashMap<Vec<u8>, Entry>>,
+}
 
+impl Answers {
     /// Keep `answer` (not an `Unavailable` one: that says nothing about the token).
     pub fn put(&self, digest: Vec<u8>, answer: &Result<Account, Error>, now: Instant) {
         let keep_for = match answer {
-            Ok(_) => CACHE_FOR,
-            Err(Error::Unavailable(_) | Error::Busy | Error::Malformed(_)) => return,
-            Err(Error::Refused(_) | Error::NotPodBound) => CACHE_REFUSAL_FOR,
+            Ok(_) => Some(CACHE_FOR),
+            Err(Error::Unavailable(_) | Error::Busy | Error::Malformed(_)) => None,
+            Err(Error::Refused(_) | Error::NotPodBound) => Some(CACHE_REFUSAL_FOR),
         };
-        let mut answers = self.answers.lock().unwrap_or_else(|p| p.into_inner());
-        if answers.len() >= MAX_CACHED {
-            answers.retain(|_, (until, _)| *until > now);
-            if answers.len() >= MAX_CACHED {
-                answers.clear();
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(keep_for) = keep_for else {
+            entries.remove(&digest);
+            return;
+        };
+        Self::make_room(&mut entries, now);
+        entries.insert(digest, Entry::Kept(now + keep_for, answer.clone()));
+    }
+
+    /// The answer for `digest`: kept, joined in flight, or asked by `ask` in a task of its own
+    /// (holding `in_flight` until it ends), waiting at most [`REVIEW_TIMEOUT`] for it.
+    pub async fn answer<A>(
+        self: &Arc<Self>,
+        digest: Vec<u8>,
+        in_flight: impl FnOnce() -> Result<InFlight, Error>,
+        ask: A,
+    ) -> Result<Account, Error>
+    where
+        A: Future<Output = Result<Account, Error>> + Send + 'static,
+    {
+        let mut answer = {
+            let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+            let now = Instant::now();
+            match entries.get(&digest) {
+                Some(Entry::Kept(until, answer)) if *until > now => return answer.clone(),
+                Some(Entry::Asking(answer)) => answer.clone(),
+                _ => {
+                    let in_flight = in_flight()?;
+                    let (tell, answer) = watch::channel(None);
+                    Self::make_room(&mut entries, now);
+                    entries.insert(digest.clone(), Entry::Asking(answer.clone()));
+                    let answers = Arc::clone(self);
+                    tokio::spawn(async move {
+                        let _in_flight = in_flight;
+                        let answer = match tokio::time::timeout(REVIEW_TIMEOUT, ask).await {
+                            Ok(answer) => answer,
+                            Err(_) => Err(Error::Unavailable(format!("no answer within {REVIEW_TIMEOUT:?}"))),
+                        };
+                        answers.put(digest, &answer, Instant::now());
+                        tell.send_replace(Some(answer));
+                    });
+                    answer
+                }
             }
+        };
+        let waited = tokio::time::timeout(REVIEW_TIMEOUT, answer.wait_for(Option::is_some)).await;
+        match waited {
+            Ok(Ok(answer)) => answer
+                .clone()
+                .unwrap_or_else(|| Err(Error::Unavailable("no answer".into()))),
+            Ok(Err(_)) => Err(Error::Unavailable("the review ended without an answer".into())),
+            Err(_) => Err(Error::Unavailable(format!("no answer within {REVIEW_TIMEOUT:?}"))),
         }
-        answers.insert(digest, (now + keep_for, answer.clone()));
+    }
+
+    /// The answer kept for `digest` at `now`, if any.
+    #[cfg(test)]
+    fn kept(&self, digest: &[u8], now: Instant) -> Option<Result<Account, Error>> {
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        match entries.get(digest) {
+            Some(Entry::Kept(until, answer)) if *until > now => Some(answer.clone()),
+            _ => None,
+        }
+    }
+
+    /// Room for one more entry: expired answers go, then every answer (reviews in flight
+    /// stay: each is bounded by its task).
+    fn make_room(entries: &mut HashMap<Vec<u8>, Entry>, now: Instant) {
+        if entries.len() < MAX_CACHED {
+            return;
+        }
+        entries.retain(|_, entry| match entry {
+            Entry::Kept(until, _) => *until > now,
+            Entry::Asking(_) => true,
+        });
+        if entries.len() >= MAX_CACHED {
+            entries.retain(|_, entry| matches!(entry, Entry::Asking(_)));
+        }
     }
 }
 
 /// Reviews through the API server (`create tokenreviews` permission).
 pub struct Kube {
+    asker: Arc<Asker>,
+    answers: Arc<Answers>,
+    per_source: PerSource,
+}
+
+/// What a review task needs.
+struct Asker {
     client: Client,
     audience: String,
-    cache: Cache,
     permits: Semaphore,
-    per_source: PerSource,
 }
 
 impl Kube {
     pub fn new(client: Client, audience: impl Into<String>) -> Self {
         Self {
-            client,
-            audience: audience.into(),
-            cache: Cache::default(),
-            permits: Semaphore::new(MAX_IN_FLIGHT),
+            asker: Arc::new(Asker {
+                client,
+                audience: audience.into(),
+                permits: Semaphore::new(MAX_IN_FLIGHT),
+            }),
+            answers: Arc::default(),
             per_source: PerSource::default(),
         }
     }
+}
 
-    async fn ask(&self, token: &str) -> Result<Account, Error> {
+impl Asker {
+    async fn ask(&self, token: String) -> Result<Account, Error> {
         let _permit = self
             .permits
             .acquire()
@@ -266,7 +350,7 @@ impl Kube {
             .map_err(|_| Error::Unavailable("shutting down".into()))?;
         let review = TokenReview {
             spec: TokenReviewSpec {
-                token: token.to_owned(),
+                token,
                 audiences: Some(vec![self.audience.clone()]),
             },
             ..TokenReview::default()
@@ -286,20 +370,19 @@ impl Review for Kube {
     async fn review(&self, token: &str, source: Source) -> Result<Account, Error> {
         plausible(
             token,
-            &self.audience,
+            &self.asker.audience,
             proto::trust::unix_ms(std::time::SystemTime::now()) / 1000,
         )?;
         let digest = proto::sha256(token.as_bytes());
-        if let Some(answer) = self.cache.get(&digest, Instant::now()) {
-            return answer;
-        }
-        let _in_flight = self.per_source.enter(source, MAX_IN_FLIGHT_PER_SOURCE)?;
-        let answer = match tokio::time::timeout(REVIEW_TIMEOUT, self.ask(token)).await {
-            Ok(answer) => answer,
-            Err(_) => Err(Error::Unavailable(format!("no answer within {REVIEW_TIMEOUT:?}"))),
-        };
-        self.cache.put(digest, &answer, Instant::now());
-        answer
+        let asker = Arc::clone(&self.asker);
+        let token = token.to_owned();
+        self.answers
+            .answer(
+                digest,
+                || self.per_source.enter(source, MAX_IN_FLIGHT_PER_SOURCE),
+                async move { asker.ask(token).await },
+            )
+            .await
     }
 }
 
@@ -426,17 +509,126 @@ mod tests {
     }
 
     #[test]
-    fn the_cache_keeps_answers_briefly_and_never_an_outage() {
-        let cache = Cache::default();
+    fn answers_are_kept_briefly_and_never_an_outage() {
+        let answers = Answers::default();
         let now = Instant::now();
         let ok = account(&fixture("tokenreview-bound-pod-token-authenticated.json"));
-        cache.put(vec![1], &ok, now);
-        cache.put(vec![2], &Err(Error::Refused("no".into())), now);
-        cache.put(vec![3], &Err(Error::Unavailable("down".into())), now);
-        assert_eq!(cache.get(&[1], now + Duration::from_secs(1)), Some(ok));
-        assert!(cache.get(&[1], now + CACHE_FOR).is_none());
-        assert!(cache.get(&[2], now + Duration::from_secs(1)).is_some());
-        assert!(cache.get(&[2], now + CACHE_REFUSAL_FOR).is_none());
-        assert!(cache.get(&[3], now).is_none());
+        answers.put(vec![1], &ok, now);
+        answers.put(vec![2], &Err(Error::Refused("no".into())), now);
+        answers.put(vec![3], &Err(Error::Unavailable("down".into())), now);
+        assert_eq!(answers.kept(&[1], now + Duration::from_secs(1)), Some(ok));
+        assert!(answers.kept(&[1], now + CACHE_FOR).is_none());
+        assert!(answers.kept(&[2], now + Duration::from_secs(1)).is_some());
+        assert!(answers.kept(&[2], now + CACHE_REFUSAL_FOR).is_none());
+        assert!(answers.kept(&[3], now).is_none());
+    }
+
+    /// A review that answers `answer` once `gate` opens, counting how often it was asked.
+    fn gated(
+        asked: &Arc<std::sync::atomic::AtomicUsize>,
+        gate: &watch::Receiver<bool>,
+        answer: Result<Account, Error>,
+    ) -> impl Future<Output = Result<Account, Error>> + Send + 'static {
+        asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut gate = gate.clone();
+        async move {
+            let _ = gate.wait_for(|open| *open).await;
+            answer
+        }
+    }
+
+    /// Answers, a source's slots, a count of reviews asked, a gate they wait on, a good answer.
+    struct Setup {
+        answers: Arc<Answers>,
+        per_source: PerSource,
+        asked: Arc<std::sync::atomic::AtomicUsize>,
+        open: watch::Sender<bool>,
+        gate: watch::Receiver<bool>,
+        ok: Result<Account, Error>,
+    }
+
+    impl Setup {
+        fn new() -> Self {
+            let (open, gate) = watch::channel(false);
+            Self {
+                answers: Arc::default(),
+                per_source: PerSource::default(),
+                asked: Arc::default(),
+                open,
+                gate,
+                ok: account(&fixture("tokenreview-bound-pod-token-authenticated.json")),
+            }
+        }
+    }
+
+    fn slot(per_source: &PerSource) -> impl FnOnce() -> Result<InFlight, Error> + '_ {
+        || per_source.enter(None, MAX_IN_FLIGHT_PER_SOURCE)
+    }
+
+    #[tokio::test]
+    async fn a_review_slower_than_its_caller_is_still_kept_and_the_retry_does_not_ask_again() {
+        let t = Setup::new();
+
+        // The caller gives up (a member's 1 s connect time-out) before the API server t.answers.
+        let first = t
+            .answers
+            .answer(vec![7], slot(&t.per_source), gated(&t.asked, &t.gate, t.ok.clone()));
+        assert!(tokio::time::timeout(Duration::from_millis(20), first).await.is_err());
+        t.open.send_replace(true);
+
+        // Its retry joins the review still in flight, or finds its answer kept: never a second review.
+        let retry = t.answers.answer(vec![7], slot(&t.per_source), async {
+            Err(Error::Unavailable("t.asked again".into()))
+        });
+        assert_eq!(retry.await, t.ok);
+        assert_eq!(t.asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // The review's slot of its source is given back when it ends.
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while !t.per_source.in_flight.lock().unwrap().is_empty() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the review's slot is given back");
+    }
+
+    #[tokio::test]
+    async fn callers_of_one_token_share_one_review() {
+        let t = Setup::new();
+        let first = t
+            .answers
+            .answer(vec![7], slot(&t.per_source), gated(&t.asked, &t.gate, t.ok.clone()));
+        let second = t.answers.answer(vec![7], slot(&t.per_source), async {
+            Err(Error::Unavailable("t.asked again".into()))
+        });
+        let other = t.answers.answer(
+            vec![8],
+            slot(&t.per_source),
+            gated(&t.asked, &t.gate, Err(Error::NotPodBound)),
+        );
+        t.open.send_replace(true);
+        let (first, second, other) = tokio::join!(first, second, other);
+        assert_eq!((first, second), (t.ok.clone(), t.ok));
+        assert_eq!(other, Err(Error::NotPodBound));
+        assert_eq!(t.asked.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn an_outage_is_asked_again_and_a_busy_source_asks_nothing() {
+        let answers = Arc::new(Answers::default());
+        let per_source = PerSource::default();
+        let down = answers.answer(vec![7], slot(&per_source), async {
+            Err(Error::Unavailable("down".into()))
+        });
+        assert!(matches!(down.await, Err(Error::Unavailable(_))));
+        let ok = account(&fixture("tokenreview-bound-pod-token-authenticated.json"));
+        let answer = ok.clone();
+        assert_eq!(
+            answers.answer(vec![7], slot(&per_source), async move { answer }).await,
+            ok
+        );
+
+        let busy = answers.answer(vec![9], || Err(Error::Busy), async { panic!("asked while busy") });
+        assert_eq!(busy.await, Err(Error::Busy));
     }
 }
