@@ -841,6 +841,25 @@ impl Flow {
     }
 
     /// The agent Pods of the test namespace: name → agent container state.
+    /// A lone Pod `name` in `ns` whose workload never talks to the socket, applied and
+    /// supervised as its container's main process: its PID.
+    async fn silent_supervised(&self, ns: &str, name: &str) -> Result<u32, Error> {
+        let silent = lone_pod(ns, name, &self.image)
+            .replace(r#""--interval-ms", "100"]"#, r#""--interval-ms", "100", "--silent"]"#);
+        self.kubectl.apply(&silent).await?;
+        let pool = self.pool.clone();
+        wait_for(
+            &format!("the silent workload {name} supervised with its PID"),
+            2 * MINUTE,
+            || async {
+                let status = pool.status().await.ok()?;
+                let silent = status.of(ns).into_iter().find(|i| i.name == name)?;
+                (silent.settled() && silent.workload_pid != 0).then_some(silent.workload_pid)
+            },
+        )
+        .await
+    }
+
     async fn agent_pods(&self) -> Result<BTreeMap<String, Agent>, Error> {
         let list = self.kubectl.json(&["get", "pods", "-n", &self.namespace]).await?;
         let mut out = BTreeMap::new();
@@ -1395,9 +1414,31 @@ impl Flow {
     /// nothing left on the member, no agent restarted), and a running drain cancelled by
     /// deleting its object. That drain is of the other member while the first stays drained:
     /// with two members it has nowhere to move anything, so it is Running (waiting) until
-    /// cancelled, whatever the timing. Deleting the first object puts its member back.
+    /// cancelled, whatever the timing; a third, with a 3 s deadline, fails, and `kubectl wait`
+    /// for `Succeeded` does not return for it. Deleting the first object puts its member back.
     async fn declared_drain(&mut self) -> Result<(), Error> {
         let base = self.baseline().await?;
+        // A finished Job Pod (of the Pod-shapes step, when it ran) is no instance to move.
+        let shapes = format!("{}-shapes", self.namespace);
+        let finished = self
+            .kubectl
+            .run(&[
+                "get",
+                "pods",
+                "-n",
+                &shapes,
+                "--field-selector=status.phase=Succeeded",
+                "-o",
+                "name",
+            ])
+            .await
+            .unwrap_or_default();
+        check(base.status.of(&shapes).is_empty(), || {
+            format!(
+                "no instance of the finished Pods {finished:?} is in the pool: {:?}",
+                base.status
+            )
+        })?;
         let member = base.busiest.clone();
         let owned = |status: &Status, m: &str| -> BTreeSet<String> {
             status
@@ -1550,6 +1591,36 @@ impl Flow {
             format!("the cancelled drain moved nothing: {left:?}")
         })?;
 
+        // A drain that fails (nowhere to move, its deadline passes): `kubectl wait` for
+        // `Complete` returns, for `Succeeded` it does not — a script that waits as the docs say
+        // never takes a failure for success.
+        let mut late: Value = serde_json::from_str(&pool_operation(&self.install, "drain-late", &other, false))
+            .map_err(|e| Error::Check(e.to_string()))?;
+        late["spec"]["timeoutSeconds"] = 3.into();
+        self.kubectl.apply(&late.to_string()).await?;
+        let wait = |condition: &'static str, timeout: &'static str| {
+            let install = self.install.clone();
+            let kubectl = self.kubectl.clone();
+            async move {
+                kubectl
+                    .run(&["wait", condition, "spoolop/drain-late", "-n", &install, timeout])
+                    .await
+            }
+        };
+        wait("--for=condition=Complete", "--timeout=120s").await?;
+        check(wait("--for=condition=Succeeded", "--timeout=5s").await.is_err(), || {
+            "kubectl wait --for=condition=Succeeded returns for a failed drain".to_owned()
+        })?;
+        let failed = self.pool_operation_status("drain-late", "Failed").await?;
+        check(
+            condition_of(&failed, "Succeeded").is_some_and(|(s, r)| s == "False" && r == "Failed"),
+            || format!("a failed drain is Succeeded=False (Failed): {failed}"),
+        )?;
+        self.event_in(&self.install, "drain-late", "Failed").await?;
+        self.kubectl
+            .run(&["delete", "spoolop", "drain-late", "-n", &self.install, "--timeout=60s"])
+            .await?;
+
         // Deleting the succeeded drain's object puts the member back in service.
         self.kubectl
             .run(&[
@@ -1560,6 +1631,12 @@ impl Flow {
                 &self.install,
                 "--timeout=60s",
             ])
+            .await?;
+        if !finished.trim().is_empty() {
+            eprintln!("   drained beside a finished Job Pod: {}", finished.trim());
+        }
+        self.kubectl
+            .run(&["delete", "namespace", &shapes, "--ignore-not-found", "--wait=false"])
             .await?;
         self.member_active(&member, MINUTE).await
     }
@@ -1964,7 +2041,8 @@ impl Flow {
     /// and is counted by the `SupervisorPool` (Degraded, PodsNotSupervised); a Job's agent is
     /// supervised for real (its PID in the status) until it exits 0, when its instance leaves
     /// the pool at once with a WorkloadFinished Event, and the pool is AsExpected again once
-    /// the root Pod is gone, with the finished Job Pod still there.
+    /// the root Pod is gone, with the finished Job Pod still there (it stays until the
+    /// declared drain).
     async fn pod_shapes(&mut self) -> Result<(), Error> {
         let ns = format!("{}-shapes", self.namespace);
         self.kubectl.run(&["create", "namespace", &ns]).await?;
@@ -1996,20 +2074,11 @@ impl Flow {
         .await?;
 
         self.kubectl.apply(&finite_job(&ns, &self.image, 30)).await?;
-        let pool = self.pool.clone();
         let supervised = self.job_supervised_until_it_finishes(&ns, "finite").await?;
 
         // A workload that never talks to the socket: identified as its container's main
         // process, supervised with its PID.
-        let silent = lone_pod(&ns, "silent", &self.image)
-            .replace(r#""--interval-ms", "100"]"#, r#""--interval-ms", "100", "--silent"]"#);
-        self.kubectl.apply(&silent).await?;
-        let pid = wait_for("the silent workload supervised with its PID", 2 * MINUTE, || async {
-            let status = pool.status().await.ok()?;
-            let silent = status.of(&ns).into_iter().find(|i| i.name == "silent")?;
-            (silent.settled() && silent.workload_pid != 0).then_some(silent.workload_pid)
-        })
-        .await?;
+        let pid = self.silent_supervised(&ns, "silent").await?;
         let condition = wait_for("the silent Pod's Supervised condition True", MINUTE, || async {
             let pod = kubectl.json(&["get", "pod", "silent", "-n", &ns]).await.ok()?;
             let conditions = pod.pointer("/status/conditions")?.as_array()?.clone();
@@ -2033,7 +2102,8 @@ impl Flow {
         check(left.trim() == format!("pod/{supervised}"), || {
             format!("the finished Job Pod is still there: {left}")
         })?;
-        self.kubectl.run(&["delete", "namespace", &ns, "--wait=false"]).await?;
+        // The namespace stays, with its finished Job Pod, until the declared drain has shown
+        // that a drain moves only live instances.
         Ok(())
     }
 
@@ -2786,6 +2856,10 @@ impl Flow {
 
     async fn no_member(&mut self) -> Result<(), Error> {
         let ns = self.namespace.clone();
+        // Beside the agents, a workload that never talks to the socket: it too is stopped at
+        // the missed deadline and supervised again after its restart, identified anew.
+        let pid = self.silent_supervised(&ns, "silent").await?;
+        eprintln!("   silent: supervised as PID {pid}");
         self.kubectl
             .run(&[
                 "scale",
