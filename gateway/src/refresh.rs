@@ -3,6 +3,7 @@
 //! ([`follow_writes`]: PostgreSQL notifications, or on SQLite a poll of the write counts),
 //! and this replica's liveness record ([`beat`]).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,7 +31,12 @@ pub async fn refresh(store: Store, publish: watch::Sender<Arc<View>>, wake: Arc<
             full_read_at = Instant::now();
         }
         let since = previous.as_deref().filter(|_| !full);
-        match tokio::time::timeout(REFRESH_INTERVAL * 10, View::reload(&store, since)).await {
+        let read = patiently(View::reload(&store, since), || {
+            reads.failed();
+            warn!(after = ?READ_SLOW, "reading the pool is slow");
+        })
+        .await;
+        match read {
             Ok(Ok(mut view)) => {
                 view.blackout = reads.succeeded(view.now_ms);
                 for m in view.orphaned(timing::replica_silence_bound()) {
@@ -60,7 +66,7 @@ pub async fn refresh(store: Store, publish: watch::Sender<Arc<View>>, wake: Arc<
             }
             Err(_) => {
                 reads.failed();
-                warn!("reading the pool timed out");
+                warn!(after = ?READ_GIVE_UP, "reading the pool timed out");
             }
         }
         if again {
@@ -70,6 +76,26 @@ pub async fn refresh(store: Store, publish: watch::Sender<Arc<View>>, wake: Arc<
             () = shutdown.cancelled() => return,
             () = wake.notified() => {}
             () = tokio::time::sleep(REFRESH_INTERVAL) => {}
+        }
+    }
+}
+
+/// A read of the pool slower than this counts as a blackout (other replicas' silence meanwhile
+/// is forgiven, [`View::blackout`]); it is still awaited.
+pub const READ_SLOW: Duration = Duration::from_secs(2);
+/// A read of the pool is given up after this (a store whose path is cut without a reset).
+pub const READ_GIVE_UP: Duration = Duration::from_secs(30);
+
+/// `read`'s output, awaited for up to [`READ_GIVE_UP`]; `slow` is called once it took
+/// [`READ_SLOW`]. A slow read (a large pool, a contended store) is still awaited: thrown away
+/// at a time-out, it would be started over and never published.
+async fn patiently<T>(read: impl Future<Output = T>, slow: impl FnOnce()) -> Result<T, tokio::time::error::Elapsed> {
+    tokio::pin!(read);
+    match tokio::time::timeout(READ_SLOW, &mut read).await {
+        Ok(done) => Ok(done),
+        Err(_) => {
+            slow();
+            tokio::time::timeout(READ_GIVE_UP - READ_SLOW, read).await
         }
     }
 }
@@ -361,5 +387,26 @@ mod tests {
             Some((300, 30_300)),
             "kept: the grace runs from its end"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_read_is_awaited_and_said_slow_a_hung_one_given_up() {
+        let mut said = 0;
+        let quick = patiently(async { 1 }, || said += 1).await;
+        assert_eq!((quick, said), (Ok(1), 0));
+
+        let slow = patiently(
+            async {
+                tokio::time::sleep(READ_SLOW * 3).await;
+                2
+            },
+            || said += 1,
+        )
+        .await;
+        assert_eq!((slow, said), (Ok(2), 1));
+
+        let hung = patiently(std::future::pending::<()>(), || said += 1).await;
+        assert!(hung.is_err());
+        assert_eq!(said, 2);
     }
 }
