@@ -12,7 +12,8 @@
 //!
 //! No lock is held across a gateway call: one fetch is in flight at a time, shared by every
 //! caller that needs it (`futures::future::Shared`), while callers the cached bundle serves
-//! are answered from it at once.
+//! are answered from it at once. A fetch runs in a task of its own and keeps its answer, so
+//! it progresses and counts whether or not a caller still waits.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex as SyncMutex, PoisonError};
@@ -50,12 +51,11 @@ pub(crate) struct TrustStore {
     file: Option<Mutex<BundleFile>>,
     /// recovery.v1.TrustBundle (the gateway's client; a scripted one in the unit tests).
     ask: Ask,
-    /// The bundle last fetched from the gateway.
-    cached: SyncMutex<Option<Cached>>,
-    /// The gateway's bundle, fetched when a token's key is in neither the cached nor the
+    /// The bundle last fetched from the gateway, kept by the fetch itself (whether or not a
+    /// caller still waits). Also asked for when a token's key is in neither the cached nor the
     /// re-read file (a delivery not yet refreshed by the kubelet, or overwritten by a stale
-    /// writer): at most once per [`MIN_FORCED_REFRESH`].
-    fetched: SyncMutex<Option<(Instant, Arc<TrustBundle>)>>,
+    /// writer): then fetched at most once per [`MIN_FORCED_REFRESH`].
+    cached: Arc<SyncMutex<Option<Cached>>>,
     /// The one TrustBundle call in flight, joined by every caller that needs one.
     inflight: SyncMutex<Option<Fetch>>,
 }
@@ -64,7 +64,7 @@ pub(crate) struct TrustStore {
 type Ask = Arc<dyn Fn() -> BoxFuture<'static, Result<TrustBundleResponse, CallError>> + Send + Sync>;
 
 /// A TrustBundle call and its parsed answer, shareable between callers.
-type Fetch = Shared<BoxFuture<'static, Result<(Arc<TrustBundle>, Duration), String>>>;
+type Fetch = Shared<BoxFuture<'static, Result<Arc<TrustBundle>, String>>>;
 
 struct Cached {
     bundle: Arc<TrustBundle>,
@@ -87,8 +87,7 @@ impl TrustStore {
         Self {
             file: file.map(|path| Mutex::new(BundleFile::new(path))),
             ask,
-            cached: SyncMutex::new(None),
-            fetched: SyncMutex::new(None),
+            cached: Arc::default(),
             inflight: SyncMutex::new(None),
         }
     }
@@ -133,14 +132,7 @@ impl TrustStore {
             }
         }
         match self.fetch().await {
-            Ok((bundle, refresh_after)) => {
-                *lock(&self.cached) = Some(Cached {
-                    bundle: Arc::clone(&bundle),
-                    refresh_after,
-                    loaded: Instant::now(),
-                });
-                Ok(bundle)
-            }
+            Ok(bundle) => Ok(bundle),
             Err(fetch_error) => {
                 if let Some(file_error) = &file_error {
                     tracing::warn!(%file_error, %fetch_error, "no trust bundle");
@@ -152,24 +144,40 @@ impl TrustStore {
 
     /// The gateway's own bundle, fetched at most once per [`MIN_FORCED_REFRESH`].
     async fn gateway_bundle(&self) -> Result<Arc<TrustBundle>, AuthError> {
-        if let Some((at, bundle)) = lock(&self.fetched).as_ref()
-            && at.elapsed() < MIN_FORCED_REFRESH
+        if let Some(c) = lock(&self.cached).as_ref()
+            && c.loaded.elapsed() < MIN_FORCED_REFRESH
         {
-            return Ok(Arc::clone(bundle));
+            return Ok(Arc::clone(&c.bundle));
         }
-        let (bundle, _) = self.fetch().await.map_err(AuthError::Unavailable)?;
-        *lock(&self.fetched) = Some((Instant::now(), Arc::clone(&bundle)));
-        Ok(bundle)
+        self.fetch().await.map_err(AuthError::Unavailable)
     }
 
-    /// Joins the TrustBundle call in flight, or starts one; no lock is held while it runs.
-    async fn fetch(&self) -> Result<(Arc<TrustBundle>, Duration), String> {
+    /// Joins the TrustBundle call in flight, or starts one; no lock is held while it runs. The
+    /// call runs in a task of its own and keeps its bundle: a caller that gave up (a sidecar's
+    /// hello has a deadline) neither stalls it nor throws its answer away.
+    async fn fetch(&self) -> Result<Arc<TrustBundle>, String> {
         let call = {
             let mut inflight = lock(&self.inflight);
             match inflight.as_ref() {
                 Some(call) if call.peek().is_none() => call.clone(),
                 _ => {
-                    let call = fetch((self.ask)()).boxed().shared();
+                    let cached = Arc::clone(&self.cached);
+                    let ask = (self.ask)();
+                    let task = tokio::spawn(async move {
+                        let (bundle, refresh_after) = fetch(ask).await?;
+                        *lock(&cached) = Some(Cached {
+                            bundle: Arc::clone(&bundle),
+                            refresh_after,
+                            loaded: Instant::now(),
+                        });
+                        Ok(bundle)
+                    });
+                    let call = async move {
+                        task.await
+                            .unwrap_or_else(|err| Err(format!("the TrustBundle call ended: {err}")))
+                    }
+                    .boxed()
+                    .shared();
                     *inflight = Some(call.clone());
                     call
                 }
@@ -298,5 +306,24 @@ mod tests {
         within(forced).await.unwrap().unwrap();
         within(joined).await.unwrap().unwrap();
         assert_eq!(count.load(Ordering::SeqCst), 2, "one call per refresh");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fetch_whose_caller_gave_up_still_completes_and_serves_the_next_caller() {
+        let (store, mut asked, count) = scripted();
+        // The caller (a sidecar's hello with its deadline) gives up before the gateway answers.
+        let gave_up = tokio::time::timeout(Duration::from_millis(100), store.bundle(false)).await;
+        assert!(gave_up.is_err());
+        within(asked.recv()).await.unwrap().send(Ok(bundle())).unwrap();
+        // Nobody waits now: the fetch completes on its own and keeps its bundle.
+        within(async {
+            while lock(&store.cached).is_none() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        within(store.bundle(false)).await.unwrap();
+        within(store.gateway_bundle()).await.unwrap();
+        assert_eq!(count.load(Ordering::SeqCst), 1, "no second call");
     }
 }
