@@ -91,6 +91,18 @@ pub enum Error {
         #[source]
         source: sqlx::migrate::MigrateError,
     },
+    /// A newer build migrated the database past what this build can run against.
+    #[error(
+        "the database schema on {url} is at migration {newest}, applied by a newer build, and needs a build \
+         whose newest migration is at least {oldest_reader}; this build's is {ours}: run the newer build \
+         (docs/operate.md, \"Upgrades and rollbacks\")"
+    )]
+    SchemaTooNew {
+        url: String,
+        newest: i64,
+        oldest_reader: i64,
+        ours: i64,
+    },
     /// The database answered a statement with an error (or timed out).
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),

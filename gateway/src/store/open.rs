@@ -101,10 +101,32 @@ impl Store {
     }
 
     async fn migrate(&self, shown: &str) -> Result<()> {
-        let migrator = match self.backend {
+        let mut migrator = match self.backend {
             Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
             Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
         };
+        // A newer build may have applied migrations this one does not know (a rollback, or
+        // an older replica restarting during a rolling upgrade): it runs on, unless the
+        // schema says it needs a newer build.
+        let ours = migrator.iter().map(|m| m.version).max().unwrap_or(0);
+        if let Some(schema) = self.schema_compatibility().await
+            && schema.newest > ours
+        {
+            if schema.oldest_reader > ours {
+                return Err(Error::SchemaTooNew {
+                    url: shown.to_owned(),
+                    newest: schema.newest,
+                    oldest_reader: schema.oldest_reader,
+                    ours,
+                });
+            }
+            tracing::warn!(
+                schema = schema.newest,
+                ours,
+                "the database schema is newer than this build (a newer build applied it); it stays compatible, running on"
+            );
+            migrator.set_ignore_missing(true);
+        }
         // PostgreSQL serialises concurrent migrators with an advisory lock;
         // SQLite has none, so a replica that loses the race to another
         // process (it finds a migration recorded or a table there) waits a
@@ -127,6 +149,34 @@ impl Store {
                 }
             }
         }
+    }
+}
+
+/// What the database says of its schema before this build migrates it.
+struct SchemaCompatibility {
+    /// The newest migration applied.
+    newest: i64,
+    /// The oldest newest-migration a build may have to run against it.
+    oldest_reader: i64,
+}
+
+impl Store {
+    /// `None` on a database no migration ran on yet.
+    async fn schema_compatibility(&self) -> Option<SchemaCompatibility> {
+        let newest: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations")
+            .fetch_one(&self.pool)
+            .await
+            .ok()
+            .flatten();
+        let newest = newest?;
+        // Before migration 17 there is no marker: every build of then read every schema.
+        let oldest_reader: i64 = sqlx::query_scalar("SELECT oldest_reader FROM schema_compatibility WHERE id = 1")
+            .fetch_optional(&self.pool)
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or(0);
+        Some(SchemaCompatibility { newest, oldest_reader })
     }
 }
 
