@@ -97,6 +97,7 @@ pub async fn run(setup: &Setup) -> Result<(Vec<Figures>, String), Error> {
         plaintext: false,
         agent_interval_ms: crate::local::AGENT_INTERVAL_MS,
         members_on_standby: false,
+        cuttable_runtime: false,
         policy: None,
         secrets: None,
     })

@@ -49,6 +49,18 @@ async fn a_paused_owner_is_replaced_and_fenced_out_when_it_resumes() {
     assert!(outcome.notes.contains("fenced out"), "{}", outcome.notes);
 }
 
+/// The path from an owner's sidecars to it cut (no reset), the owner fine towards the
+/// gateways: before, nothing moved and every workload was stopped at its recovery deadline
+/// (its PID would change).
+/// The owner gives the terms up, its instances move to the other member, and once the path
+/// heals nothing moves back and no answer of the old terms reaches a workload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_its_sidecars_cannot_reach_is_replaced_before_their_deadline() {
+    let outcome = run("unreachable-owner").await;
+    assert_workloads_survived(&outcome);
+    assert!(outcome.notes.contains("fenced out"), "{}", outcome.notes);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_coordinator_is_replaced_without_touching_workloads() {
     assert_workloads_survived(&run("coordinator-failover").await);

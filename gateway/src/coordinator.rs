@@ -183,11 +183,22 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
                 batches.push(batch);
             }
             Decision::Recover { route, from, to, term } => {
-                info!(%route, from = %from.member, to = %to.member, term = term.get(), "recovering instance from a gone owner");
-                let message = format!(
-                    "owner {} (process {}) is gone; moving to {} at term {term}",
-                    from.member, from.process_id, to.member
-                );
+                let message = if from.failed {
+                    // A live owner that gave its term up (fenced, a refused grant, or its
+                    // sidecar cannot reach it) says why in its report.
+                    let why = view.reports.get(&route).map_or("", |r| r.message.as_str());
+                    info!(%route, from = %from.member, to = %to.member, term = term.get(), why, "recovering instance its owner gave up");
+                    format!(
+                        "owner {} (process {}) gave term {} up ({why}); moving to {} at term {term}",
+                        from.member, from.process_id, from.term, to.member
+                    )
+                } else {
+                    info!(%route, from = %from.member, to = %to.member, term = term.get(), "recovering instance from a gone owner");
+                    format!(
+                        "owner {} (process {}) is gone; moving to {} at term {term}",
+                        from.member, from.process_id, to.member
+                    )
+                };
                 let op = match open_recoveries.get(route.as_str()) {
                     // A further attempt of the same episode keeps its deadline.
                     Some(op) => Operation {

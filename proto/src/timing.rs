@@ -28,6 +28,21 @@ pub const REPLICA_REFRESH: Duration = Duration::from_secs(1);
 /// Bound on one connection attempt (TCP, TLS and the first gateway reply).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// Longest bound a reconnecting member gives one attempt. A link whose round trip makes a
+/// connect (TCP, TLS, the first reply: about four round trips) slower than
+/// [`CONNECT_TIMEOUT`] would otherwise never carry a stream again; after every
+/// [`RECONNECT_ATTEMPTS`] attempts in a row that timed out, the bound doubles up to this
+/// ([`attempt_timeout`]), and any attempt that got an answer resets it.
+pub const CONNECT_TIMEOUT_MAX: Duration = Duration::from_secs(8);
+
+/// The bound on a reconnect attempt after `timed_out` attempts in a row timed out:
+/// [`CONNECT_TIMEOUT`], doubled after every [`RECONNECT_ATTEMPTS`] of them, at most
+/// [`CONNECT_TIMEOUT_MAX`].
+pub fn attempt_timeout(timed_out: u32) -> Duration {
+    let doublings = (timed_out / RECONNECT_ATTEMPTS).min(4);
+    (CONNECT_TIMEOUT * 2u32.pow(doublings)).min(CONNECT_TIMEOUT_MAX)
+}
+
 /// Backoff between reconnect attempts: starts here, doubles, capped below.
 pub const RECONNECT_BACKOFF_INITIAL: Duration = Duration::from_millis(100);
 pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_millis(500);
@@ -50,6 +65,15 @@ pub const RUNTIME_SILENCE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Minimum spacing of `RecoveryHello` messages from one sidecar.
 pub const RECOVERY_HELLO_INTERVAL: Duration = Duration::from_secs(1);
+
+/// An owner that lost its sidecar's stream at its active term, and whose sidecar has not come
+/// back for this long, gives the term up (reports it `FAILED`): the sidecar lives (its
+/// recovery deadline is far off) but cannot reach this owner — a cut route, a stale conntrack
+/// entry, a NetworkPolicy — while the owner is fine towards the gateways. The coordinator then
+/// moves the instance to another member, which the sidecar's next `RecoveryHello` reaches. A
+/// sidecar that can reach its owner is back well within it: one hello, a redirect held for
+/// [`RECOVERY_HELLO_INTERVAL`] by the member it reached, one connect.
+pub const SIDECAR_AWAY_BOUND: Duration = Duration::from_secs(3);
 
 /// Longest lifetime of a recovery grant.
 pub const MAX_GRANT_LIFETIME: Duration = Duration::from_secs(30);
@@ -244,6 +268,30 @@ mod tests {
         let reattached = noticed + (CONNECT_TIMEOUT + RECONNECT_BACKOFF_MAX) * 2;
         assert!(reattached <= replica_silence_bound(), "{reattached:?}");
         assert!(STORE_CUT_OFF >= REPLICA_REFRESH * 3, "a slow write or two is not a cut");
+    }
+
+    #[test]
+    fn an_owner_its_sidecar_cannot_reach_gives_up_long_before_the_deadline() {
+        // A sidecar that can reach its owner is back first: a hello, the redirect the member
+        // it reached holds for one hello interval, a connect.
+        assert!(SIDECAR_AWAY_BOUND >= RECOVERY_HELLO_INTERVAL * 2 + CONNECT_TIMEOUT);
+        // One that cannot is moved with most of the default deadline to spare: both ends'
+        // silence, the bound, the move (a refresh) and the sidecar's next hello and connect.
+        let moved = RUNTIME_SILENCE_TIMEOUT + SIDECAR_AWAY_BOUND + RECOVERY_HELLO_INTERVAL * 2 + CONNECT_TIMEOUT;
+        assert!(moved * 4 <= RECOVERY_DEADLINE, "{moved:?}");
+    }
+
+    #[test]
+    fn a_slow_link_gets_longer_attempts_only_after_a_round_of_time_outs() {
+        // The first round over three replicas is as fast as ever: the reconnect budget holds.
+        for n in 0..RECONNECT_ATTEMPTS {
+            assert_eq!(attempt_timeout(n), CONNECT_TIMEOUT);
+        }
+        assert_eq!(attempt_timeout(RECONNECT_ATTEMPTS), CONNECT_TIMEOUT * 2);
+        assert_eq!(attempt_timeout(RECONNECT_ATTEMPTS * 2), CONNECT_TIMEOUT * 4);
+        assert_eq!(attempt_timeout(u32::MAX), CONNECT_TIMEOUT_MAX);
+        // A link of 1 s each way (a connect is about four round trips) connects at the cap.
+        assert!(CONNECT_TIMEOUT_MAX >= Duration::from_secs(8));
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! after status changes, at most one per [`REPORT_WINDOW`], and
 //! Leaving once on graceful shutdown. No gateway message for [`timing::SILENCE_TIMEOUT`]
 //! closes the stream. Reconnects rotate over the gateway replicas with
-//! [`timing::reconnect_backoff`], each attempt bounded by [`timing::CONNECT_TIMEOUT`], forever:
+//! [`timing::reconnect_backoff`], each attempt bounded by [`timing::CONNECT_TIMEOUT`] — longer
+//! after a round of attempts that all timed out ([`timing::attempt_timeout`]: a slow link
+//! degrades, it does not break) — forever:
 //! also after the gateway superseded the stream (ABORTED) or refused a hello because another
 //! process holds the member name — neither proves this process is not the member's live one
 //! (whoever holds the member's token can attach), so neither makes it exit. A closed stream
@@ -104,6 +106,8 @@ pub(crate) struct Attachment {
     readiness: Arc<Readiness>,
     /// The stream left for silence, until the next one is attached.
     left_open: Option<LeftOpen>,
+    /// Attempts in a row that timed out (none got an answer): the next one's bound.
+    timed_out: u32,
 }
 
 impl Attachment {
@@ -127,6 +131,7 @@ impl Attachment {
             leave_by: None,
             readiness,
             left_open: None,
+            timed_out: 0,
         }
     }
 
@@ -139,7 +144,14 @@ impl Attachment {
             self.next_endpoint += 1;
             self.epoch += 1;
             tracing::debug!(%endpoint, epoch = self.epoch, "attaching to gateway");
-            let flow = match self.attach(&endpoint).await {
+            let attempt = self.attach(&endpoint).await;
+            self.timed_out = match &attempt {
+                Err(AttemptError::Timeout(_) | AttemptError::Connect(ConnectError::Timeout { .. })) => {
+                    self.timed_out.saturating_add(1)
+                }
+                _ => 0,
+            };
+            let flow = match attempt {
                 Ok((outbound, inbound)) => {
                     tracing::info!(%endpoint, epoch = self.epoch, "attached to gateway");
                     if self.left_open.take().is_some() {
@@ -205,16 +217,17 @@ impl Attachment {
                 .authorize(&mut request)
                 .map_err(|_| Status::internal("token is not valid metadata"))?;
         }
+        let bound = timing::attempt_timeout(self.timed_out);
         let attempt = async {
-            let channel = self.tls.connect(endpoint, timing::CONNECT_TIMEOUT).await?;
+            let channel = self.tls.connect(endpoint, bound).await?;
             let mut client = SupervisorHostClient::new(channel)
                 .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
             Ok::<_, AttemptError>(client.attach(request).await?)
         };
-        let response = tokio::time::timeout(timing::CONNECT_TIMEOUT, attempt)
+        let response = tokio::time::timeout(bound, attempt)
             .await
-            .map_err(|_| AttemptError::Timeout(timing::CONNECT_TIMEOUT))??;
+            .map_err(|_| AttemptError::Timeout(bound))??;
         Ok((outbound, response.into_inner()))
     }
 

@@ -193,6 +193,39 @@ async fn an_unreachable_replica_is_skipped() {
     assert_eq!(connection.hello.connection_epoch, 2, "the failed attempt used epoch 1");
 }
 
+/// A link whose every chunk arrives 700 ms late each way: opening a stream takes a round trip
+/// or more, beyond the 1 s connect bound. Before, every attempt timed out and the member never
+/// attached again for as long as the link stayed slow; now a round of time-outs doubles the
+/// bound, and a stream holds (the gateway's snapshot is acknowledged on it).
+#[tokio::test]
+async fn a_slow_link_still_carries_a_stream_once_attempts_get_longer() {
+    let mut gateway = FakeGateway::start().await;
+    let upstream = gateway.endpoint.trim_start_matches("http://").to_owned();
+    let slow = plumbing::fault::Path::start(upstream).await.unwrap();
+    slow.slow(std::time::Duration::from_millis(700));
+    let endpoint = format!("http://{}", slow.address);
+    let _member = Member::start("supervisor-0", &[&endpoint], "t");
+    let held = async {
+        loop {
+            // Attempts that time out reach the gateway too; only a held stream acknowledges.
+            let mut connection = gateway.next_connection().await;
+            connection.send(snapshot(1, vec![])).await;
+            while let Some(message) = connection.next().await {
+                if matches!(message.kind, Some(Kind::Ack(ref ack)) if ack.revision == 1) {
+                    return connection.hello.connection_epoch;
+                }
+            }
+        }
+    };
+    let epoch = tokio::time::timeout(std::time::Duration::from_secs(90), held)
+        .await
+        .expect("a stream held over the slow link");
+    assert!(
+        epoch > u64::from(timing::RECONNECT_ATTEMPTS),
+        "the first round timed out: epoch {epoch}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_silent_gateway_is_left_for_another_replica() {
     let mut silent = FakeGateway::start().await;

@@ -84,6 +84,7 @@ pub async fn run(settings: &Settings) -> Result<Report, Error> {
         plaintext: false,
         agent_interval_ms: crate::local::AGENT_INTERVAL_MS,
         members_on_standby: false,
+        cuttable_runtime: true,
         policy: Some(policy),
         secrets: None,
     };
@@ -267,6 +268,8 @@ impl<'a> Driver<'a> {
             Action::Resume(t) => format!("SIGCONT {}", name(t)),
             Action::Restart(t) => format!("restart {}", name(t)),
             Action::HaltDatabase => "stop the database".into(),
+            Action::CutSidecars(m) => format!("cut {}'s sidecars off", name(&Target::Member(*m))),
+            Action::HealSidecars(m) => format!("heal {}'s sidecars' path", name(&Target::Member(*m))),
             Action::ResumeDatabase => "start the database".into(),
             Action::Drain { member, max_parallel } => {
                 format!("drain {} (max_parallel {max_parallel})", name(&Target::Member(*member)))
@@ -289,6 +292,15 @@ impl<'a> Driver<'a> {
                 }
             }
             Action::ResumeDatabase => self.resume_database().await?,
+            Action::CutSidecars(m) | Action::HealSidecars(m) => {
+                if let Some(path) = self.pool.members.get(*m).and_then(|m| m.path.as_ref()) {
+                    if matches!(action, Action::CutSidecars(_)) {
+                        path.cut();
+                    } else {
+                        path.heal();
+                    }
+                }
+            }
             Action::Drain { member, max_parallel } => {
                 let target = self
                     .pool
@@ -357,6 +369,9 @@ impl<'a> Driver<'a> {
     /// Whatever a plan left paused or down is resumed or restarted.
     async fn heal(&mut self) -> Result<(), Error> {
         self.resume_database().await?;
+        for path in self.pool.members.iter().filter_map(|m| m.path.as_ref()) {
+            path.heal();
+        }
         let (gateways, members) = {
             let health = lock(&self.health);
             (

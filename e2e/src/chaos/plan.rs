@@ -27,6 +27,9 @@ pub enum Fault {
     StreamHolderPause,
     /// The database server stopped (immediate) for 3–20 s; only on a private PostgreSQL.
     DatabaseOutage,
+    /// The path from a busy member's sidecars to its runtime port cut (no reset: a broken
+    /// route) for 1–12 s, the member fine towards the gateways.
+    SidecarsCutOff,
     /// A drain of a busy member (max_parallel 1–3) with one of the faults above during it.
     DrainDuringFault,
     /// A rebalance (max_parallel 1–3) with one of the faults above during it.
@@ -46,6 +49,7 @@ impl Fault {
             Self::StandbyPause => "standby-pause",
             Self::StreamHolderPause => "stream-holder-pause",
             Self::DatabaseOutage => "database-outage",
+            Self::SidecarsCutOff => "sidecars-cut-off",
             Self::DrainDuringFault => "drain-during-fault",
             Self::RebalanceDuringFault => "rebalance-during-fault",
             Self::Overlapping => "overlapping",
@@ -53,7 +57,7 @@ impl Fault {
     }
 
     /// The single faults, which the composite kinds combine.
-    const SINGLE: [Self; 8] = [
+    const SINGLE: [Self; 9] = [
         Self::MemberKill,
         Self::MemberPause,
         Self::CoordinatorKill,
@@ -62,6 +66,7 @@ impl Fault {
         Self::StandbyPause,
         Self::StreamHolderPause,
         Self::DatabaseOutage,
+        Self::SidecarsCutOff,
     ];
 
     /// Every kind: the single faults, then the composites (the order the seed draws from).
@@ -90,6 +95,9 @@ pub enum Action {
     Restart(Target),
     HaltDatabase,
     ResumeDatabase,
+    /// Cut the path from member `0`'s sidecars to it.
+    CutSidecars(usize),
+    HealSidecars(usize),
     Drain {
         member: usize,
         max_parallel: u32,
@@ -272,6 +280,14 @@ fn single(
             push(0, Action::HaltDatabase);
             push(rng.random_range(3000..=20_000), Action::ResumeDatabase);
         }
+        Fault::SidecarsCutOff => {
+            let Some(Target::Member(member)) = pick(rng, free(members(snapshot.busy_members()), used)) else {
+                return;
+            };
+            used.push(Target::Member(member));
+            push(0, Action::CutSidecars(member));
+            push(rng.random_range(1000..=12_000), Action::HealSidecars(member));
+        }
         Fault::DrainDuringFault | Fault::RebalanceDuringFault | Fault::Overlapping => {}
     }
 }
@@ -323,7 +339,11 @@ mod tests {
                     Action::Kill(t) => open.push(Action::Restart(*t)),
                     Action::Pause(t) => open.push(Action::Resume(*t)),
                     Action::HaltDatabase => open.push(Action::ResumeDatabase),
-                    heal @ (Action::Restart(_) | Action::Resume(_) | Action::ResumeDatabase) => {
+                    Action::CutSidecars(m) => open.push(Action::HealSidecars(*m)),
+                    heal @ (Action::Restart(_)
+                    | Action::Resume(_)
+                    | Action::ResumeDatabase
+                    | Action::HealSidecars(_)) => {
                         let at = open.iter().position(|a| a == heal);
                         assert!(at.is_some(), "{plan:?}: {heal:?} heals nothing");
                         open.remove(at.unwrap_or_default());

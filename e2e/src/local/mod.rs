@@ -87,6 +87,9 @@ pub struct Config {
     /// Where that policy's credentials are (`DIR/<secret>/<key>`, as Kubernetes mounts a
     /// Secret; `supervisor --egress-secrets`).
     pub secrets: Option<PathBuf>,
+    /// Members' runtime ports behind a [`plumbing::fault::Path`] each, which the route directory names:
+    /// a member's sidecars can be cut off from it while it stays fine towards the gateways.
+    pub cuttable_runtime: bool,
 }
 
 /// The agents' default counting period: a report every 50 ms, so a gap in the observed
@@ -103,8 +106,12 @@ pub struct Gateway {
 
 pub struct Member {
     pub name: String,
-    /// Where sidecars reach it.
+    /// Where sidecars reach it (through `path` when there is one).
     pub runtime_address: String,
+    /// Where its runtime service listens, `127.0.0.1:port`.
+    listen: String,
+    /// The path its sidecars reach it by ([`Config::cuttable_runtime`]).
+    pub path: Option<plumbing::fault::Path>,
     /// The plain-HTTP health port (`/readyz`, `/metrics`), `127.0.0.1:port`.
     pub health: String,
     pub process: Process,
@@ -222,7 +229,7 @@ impl LocalPool {
         })
         .await?;
         for i in 0..pool.config.members {
-            pool.start_member(&format!("supervisor-{i}"))?;
+            pool.start_member(&format!("supervisor-{i}")).await?;
         }
         for i in 0..pool.config.sandboxes {
             pool.start_sandbox(&format!("sandbox-{i}"))?;
@@ -282,13 +289,28 @@ impl LocalPool {
         Ok(Process::spawn(name, &binary("gateway")?, &args, &env, log)?)
     }
 
-    pub fn start_member(&mut self, name: &str) -> Result<(), Error> {
+    pub async fn start_member(&mut self, name: &str) -> Result<(), Error> {
         let runtime = format!("127.0.0.1:{}", free_port()?);
         let health = format!("127.0.0.1:{}", free_port()?);
-        let process = self.spawn_member(name, &runtime, &health)?;
+        let path = if self.config.cuttable_runtime {
+            Some(
+                plumbing::fault::Path::start(runtime.clone())
+                    .await
+                    .map_err(|source| Error::Io {
+                        path: format!("a path to {runtime}"),
+                        source,
+                    })?,
+            )
+        } else {
+            None
+        };
+        let runtime_address = self.url(&path.as_ref().map_or(runtime.clone(), |p| p.address.to_string()));
+        let process = self.spawn_member(name, &runtime, &runtime_address, &health)?;
         self.members.push(Member {
             name: name.into(),
-            runtime_address: self.url(&runtime),
+            runtime_address,
+            listen: runtime,
+            path,
             health,
             process,
         });
@@ -301,17 +323,18 @@ impl LocalPool {
         let Some(member) = self.members.get(index) else {
             return Ok(());
         };
-        let (name, runtime, health) = (
+        let (name, runtime, address, health) = (
             member.name.clone(),
-            address_of(&member.runtime_address),
+            member.listen.clone(),
+            member.runtime_address.clone(),
             member.health.clone(),
         );
         self.members[index].process.kill().await;
-        self.members[index].process = self.spawn_member(&name, &runtime, &health)?;
+        self.members[index].process = self.spawn_member(&name, &runtime, &address, &health)?;
         Ok(())
     }
 
-    fn spawn_member(&self, name: &str, runtime: &str, health: &str) -> Result<Process, Error> {
+    fn spawn_member(&self, name: &str, runtime: &str, address: &str, health: &str) -> Result<Process, Error> {
         let mut env = vec![
             ("OPENSHELL_SUPERVISOR_POOL_MEMBER".to_owned(), name.to_owned()),
             (
@@ -328,6 +351,10 @@ impl LocalPool {
                     .to_string(),
             ),
             ("OPENSHELL_SUPERVISOR_RUNTIME_LISTEN".to_owned(), runtime.to_owned()),
+            (
+                "OPENSHELL_SUPERVISOR_POOL_RUNTIME_ADDRESS".to_owned(),
+                address.to_owned(),
+            ),
             ("OPENSHELL_SUPERVISOR_HEALTH_LISTEN".to_owned(), health.to_owned()),
         ];
         if let Some(policy) = &self.config.policy {

@@ -1,5 +1,6 @@
 //! The failure scenarios: the coordinator killed or paused, an owner killed or paused (and
-//! fenced out when it resumes), the database stopped for [`OUTAGE`].
+//! fenced out when it resumes) or cut off from its sidecars, the database stopped for
+//! [`OUTAGE`].
 
 use super::*;
 
@@ -52,10 +53,30 @@ pub(super) async fn coordinator(pool: &mut LocalPool, store: &Store, signal: Sig
     })
 }
 
-/// Kill (or pause) the member owning the most instances; measure until all
-/// its instances are active under another owner. A paused owner is resumed
-/// afterwards and must stay fenced out.
-pub(super) async fn owner(pool: &mut LocalPool, store: &Store, signal: Signal) -> Result<Outcome, Error> {
+/// What befalls the owner in [`owner`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum OwnerFault {
+    /// A signal to its process (SIGSTOP is followed by SIGCONT once its instances moved).
+    Signal(Signal),
+    /// The path from its sidecars to its runtime port cut (no reset), the process and its
+    /// links to the gateways fine; healed once its instances moved.
+    Unreachable,
+}
+
+impl std::fmt::Display for OwnerFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Signal(signal) => write!(f, "{signal} of the owner"),
+            Self::Unreachable => f.write_str("the owner cut off from its sidecars"),
+        }
+    }
+}
+
+/// Kill, pause or cut off from its sidecars the member owning the most instances; measure
+/// until all its instances are active under another owner. A paused owner is resumed, a cut
+/// one healed, afterwards: nothing may move back to it, and no answer of its old term may
+/// reach a workload.
+pub(super) async fn owner(pool: &mut LocalPool, store: &Store, fault: OwnerFault) -> Result<Outcome, Error> {
     let assignments = store.list_assignments().await?;
     let mut load: BTreeMap<&str, usize> = BTreeMap::new();
     for a in &assignments {
@@ -84,7 +105,14 @@ pub(super) async fn owner(pool: &mut LocalPool, store: &Store, signal: Signal) -
         .ok_or_else(|| Error::Scenario(format!("owner {victim} is not a member of this pool")))?;
 
     let injected = now_ms();
-    pool.members[index].process.signal(signal)?;
+    match fault {
+        OwnerFault::Signal(signal) => pool.members[index].process.signal(signal)?,
+        OwnerFault::Unreachable => pool.members[index]
+            .path
+            .as_ref()
+            .ok_or_else(|| Error::Scenario("the pool's runtime ports are not cuttable".into()))?
+            .cut(),
+    }
     let activated = until(
         "the instances active under a new owner",
         Duration::from_secs(90),
@@ -114,20 +142,32 @@ pub(super) async fn owner(pool: &mut LocalPool, store: &Store, signal: Signal) -
     .await?;
 
     let mut notes = format!("owner {victim} held {}", routes.join(", "));
-    if signal == Signal::SIGSTOP {
+    let back = match fault {
+        OwnerFault::Signal(Signal::SIGSTOP) => {
+            pool.members[index].process.signal(Signal::SIGCONT)?;
+            Some("resumed")
+        }
+        OwnerFault::Unreachable => {
+            if let Some(path) = &pool.members[index].path {
+                path.heal();
+            }
+            Some("reachable again")
+        }
+        OwnerFault::Signal(_) => None,
+    };
+    if let Some(back) = back {
         let resumed = now_ms();
-        pool.members[index].process.signal(Signal::SIGCONT)?;
-        // The resumed owner reconnects; nothing may move back to it, and no
-        // answer from its old term may reach a workload.
+        // The old owner is back; nothing may move back to it, and no answer from its old
+        // term may reach a workload.
         tokio::time::sleep(Duration::from_secs(4)).await;
         let after = store.list_assignments().await?;
-        let back = after
+        let moved_back = after
             .iter()
             .filter(|a| routes.contains(&a.route) && a.member == victim)
             .count();
-        if back > 0 {
+        if moved_back > 0 {
             return Err(Error::Scenario(format!(
-                "{back} instance(s) went back to the resumed owner"
+                "{moved_back} instance(s) went back to the {back} owner"
             )));
         }
         let late: usize = sandboxes
@@ -142,10 +182,12 @@ pub(super) async fn owner(pool: &mut LocalPool, store: &Store, signal: Signal) -
             .sum();
         if late > 0 {
             return Err(Error::Scenario(format!(
-                "{late} answer(s) from the paused owner's old term after it resumed"
+                "{late} answer(s) from the old owner's term after it was {back}"
             )));
         }
-        notes.push_str("; resumed owner fenced out (no answers from its old term, nothing moved back)");
+        notes.push_str(&format!(
+            "; {back} owner fenced out (no answers from its old term, nothing moved back)"
+        ));
     }
     let observed: Vec<Observed> = sandboxes.iter().map(|s| observe(pool, s)).collect();
     let pids_after = reported_pids(store, &routes).await?;
@@ -153,7 +195,7 @@ pub(super) async fn owner(pool: &mut LocalPool, store: &Store, signal: Signal) -
         scenario: String::new(),
         backend: String::new(),
         seconds: end.saturating_sub(injected) as f64 / 1000.0,
-        measures: format!("{signal} of the owner → its instances active under a new owner"),
+        measures: format!("{fault} → its instances active under a new owner"),
         pids_preserved: pids_before == pids_after && !pids_before.is_empty(),
         pids_before,
         pids_after,

@@ -1,6 +1,7 @@
 //! Failure and maintenance scenarios on a local pool of real processes, with
 //! measurements: coordinator failover (kill -9 and pause), supervisor crash
-//! recovery, paused-owner recovery with the resumed owner fenced out, and the
+//! recovery, paused-owner recovery with the resumed owner fenced out, an owner its sidecars
+//! cannot reach (a cut path, no reset) replaced before their deadline, and the
 //! planned moves — a drain of two sessions and a rebalance — through the
 //! operator API. Each scenario starts a fresh pool, waits for steady state,
 //! injects the failure or starts the operation, and measures from the store
@@ -22,15 +23,16 @@ mod faults;
 mod planned;
 
 pub(crate) use database::fresh_database;
-use faults::{coordinator, outage, owner};
+use faults::{OwnerFault, coordinator, outage, owner};
 pub(crate) use planned::{Planned, operator, planned};
 
 /// The scenarios, in the order they run.
-pub const ALL: [&str; 6] = [
+pub const ALL: [&str; 7] = [
     "coordinator-failover",
     "coordinator-pause",
     "supervisor-crash",
     "paused-owner",
+    "unreachable-owner",
     "drain",
     "rebalance",
 ];
@@ -115,6 +117,7 @@ pub async fn run(name: &str, setup: &Setup) -> Result<Outcome, Error> {
         plaintext: false,
         agent_interval_ms: crate::local::AGENT_INTERVAL_MS,
         members_on_standby: false,
+        cuttable_runtime: name == "unreachable-owner",
         policy: None,
         secrets: None,
     };
@@ -127,8 +130,9 @@ pub async fn run(name: &str, setup: &Setup) -> Result<Outcome, Error> {
         match name {
             "coordinator-failover" => coordinator(&mut pool, &store, Signal::SIGKILL).await,
             "coordinator-pause" => coordinator(&mut pool, &store, Signal::SIGSTOP).await,
-            "supervisor-crash" => owner(&mut pool, &store, Signal::SIGKILL).await,
-            "paused-owner" => owner(&mut pool, &store, Signal::SIGSTOP).await,
+            "supervisor-crash" => owner(&mut pool, &store, OwnerFault::Signal(Signal::SIGKILL)).await,
+            "paused-owner" => owner(&mut pool, &store, OwnerFault::Signal(Signal::SIGSTOP)).await,
+            "unreachable-owner" => owner(&mut pool, &store, OwnerFault::Unreachable).await,
             "drain" => planned(&pool, &store, Planned::Drain).await,
             "rebalance" => planned(&pool, &store, Planned::Rebalance).await,
             "database-outage" => match server.as_mut() {

@@ -14,8 +14,8 @@ use proto::registry::v1::{DeregisterRequest, RecoveryFailedRequest};
 use proto::trust::{Claims, DEFAULT_ISSUER, Expectation, GrantClaims, Kind, ProofClaims};
 
 use crate::cluster::{
-    Behaviour, Cuttable, Identity, Member, Pausable, Replica, Tokens, channel, identity, instance_ref, receipt,
-    register, register_as, start_pausable_replica, start_replica, start_replica_with, wait_assignments, with_token,
+    Behaviour, Identity, Member, Pausable, Replica, Tokens, channel, identity, instance_ref, receipt, register,
+    register_as, start_pausable_replica, start_replica, start_replica_with, wait_assignments, with_token,
 };
 use crate::support::{TestDb, wait_for, wait_until_db_time};
 
@@ -349,11 +349,13 @@ pub async fn a_replica_cut_off_from_the_store_lets_its_members_attach_elsewhere(
         parsed.host_str().expect("a host"),
         parsed.port().unwrap_or(5432)
     );
-    let path = Cuttable::start(upstream.clone()).await;
+    let path = plumbing::fault::Path::start(upstream.clone())
+        .await
+        .expect("a path to the database");
     let credentials = tempfile::tempdir().unwrap();
     let dir = credentials.path().to_str().expect("utf-8 path");
     let args = ["--credentials-dir", dir];
-    let cut_url = path.url(&db.url, &upstream);
+    let cut_url = db.url.replacen(&upstream, &path.address.to_string(), 1);
     let a = start_replica_with("gw-a", &cut_url, &args, None).await;
     let b = start_replica_with("gw-b", &db.url, &args, None).await;
     let pool = Pool {

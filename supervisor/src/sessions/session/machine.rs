@@ -12,6 +12,7 @@ use proto::common::v1::{InstancePhase, InstanceRef};
 use proto::host::v1::{InstanceCounters, InstanceStatus};
 use proto::runtime::v1::supervisor_message::Kind;
 use proto::runtime::v1::{Release, Relinquish, Stopped, sidecar_message};
+use proto::timing;
 use tracing::{debug, info, warn};
 
 use super::effect::{Effect, Event, Now, StreamId};
@@ -76,6 +77,9 @@ pub(crate) struct Machine {
     pub(super) ever_connected: bool,
     /// The relaying stream of the active term was lost (RECOVERING).
     pub(super) lost_at_active: bool,
+    /// Since when no sidecar stream is held after the active term's was lost: past
+    /// [`timing::SIDECAR_AWAY_BOUND`] the term is given up ([`Machine::away`]).
+    away_since: Option<Instant>,
     pub(super) call: Option<Call>,
     /// The term whose sidecar's audit records are being stored, while they are.
     pub(super) audit_call: Option<u64>,
@@ -110,6 +114,7 @@ impl Machine {
             sidecar: None,
             ever_connected: false,
             lost_at_active: false,
+            away_since: None,
             call: None,
             audit_call: None,
             stop: None,
@@ -160,6 +165,11 @@ impl Machine {
             Event::Orphaned => return self.finish(),
         }
         self.advance();
+        self.away_since = if self.away() {
+            self.away_since.or(Some(self.now.at))
+        } else {
+            None
+        };
         self.publish();
         if started {
             info!(phase = %self.published.phase(), "session started");
@@ -187,10 +197,26 @@ impl Machine {
         let counters = self
             .counters_pending
             .then_some(self.counters_announced + COUNTER_REPORT_INTERVAL);
-        [self.grant_deadline, self.stop.as_ref().map(|s| s.until), counters]
-            .into_iter()
-            .flatten()
-            .min()
+        let give_up = self.away_since.map(|since| since + timing::SIDECAR_AWAY_BOUND);
+        [
+            self.grant_deadline,
+            self.stop.as_ref().map(|s| s.until),
+            counters,
+            give_up,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// The sidecar of the active term is away: its stream was lost, no other is held, and no
+    /// stop is in progress (a stop waits for the sidecar on its own bound).
+    fn away(&self) -> bool {
+        matches!(self.stage, Stage::Active { .. })
+            && self.lost_at_active
+            && self.sidecar.is_none()
+            && self.stop.is_none()
+            && self.ended.is_none()
     }
 
     fn finish(&mut self) -> Vec<Effect> {
@@ -396,6 +422,18 @@ impl Machine {
         let now = self.now.at;
         if self.counters_pending && now >= self.counters_announced + COUNTER_REPORT_INTERVAL {
             self.announce();
+        }
+        if self
+            .away_since
+            .is_some_and(|since| now >= since + timing::SIDECAR_AWAY_BOUND)
+        {
+            self.away_since = None;
+            self.fail(format!(
+                "the sidecar has not come back for {:?} since its stream was lost: giving term {} up \
+                 so that a member it can reach takes the instance over",
+                timing::SIDECAR_AWAY_BOUND,
+                self.term
+            ));
         }
         if self.grant_deadline.is_some_and(|d| now >= d) {
             self.grant_deadline = None;

@@ -46,6 +46,47 @@ fn a_new_stream_replaces_the_held_one_and_losing_the_relaying_one_is_recovering(
     assert_eq!(h.phase(), (InstancePhase::Active, String::new()));
 }
 
+/// A sidecar that cannot reach its owner (a cut route; the owner is fine towards the
+/// gateways) would otherwise wait out its whole recovery deadline and be stopped: the owner
+/// gives the term up, and the coordinator moves the instance to a member the sidecar reaches.
+#[test]
+fn an_owner_whose_sidecar_stays_away_gives_the_term_up() {
+    let bound = proto::timing::SIDECAR_AWAY_BOUND;
+    let mut h = Harness::attached(3);
+    let lost_at = h.now.at;
+    assert_eq!(names(&h.lose(1)), ["drop 1", "publish RECOVERING", "announce"]);
+    assert_eq!(h.m.next_wake(), Some(lost_at + bound));
+    h.advance(bound - Duration::from_millis(1));
+    h.on(Event::Tick);
+    assert_eq!(h.phase().0, InstancePhase::Recovering);
+    h.advance(Duration::from_millis(1));
+    assert_eq!(names(&h.on(Event::Tick)), ["publish FAILED", "announce"]);
+    let (phase, message) = h.phase();
+    assert_eq!(phase, InstancePhase::Failed);
+    assert!(message.contains("giving term 3 up"), "{message}");
+    // Back after all: held, not attached at the term given up; a higher term takes it on.
+    assert!(io(&h.connect(2, 3, false)).is_empty());
+    assert_eq!(h.phase().0, InstancePhase::Failed);
+}
+
+#[test]
+fn a_sidecar_back_within_the_bound_keeps_the_term() {
+    let bound = proto::timing::SIDECAR_AWAY_BOUND;
+    let mut h = Harness::attached(3);
+    h.lose(1);
+    h.advance(bound - Duration::from_millis(1));
+    assert_eq!(io(&h.connect(2, 3, false)), ["send 2 Attached"]);
+    assert_eq!(h.m.next_wake(), None);
+    h.advance(bound);
+    h.on(Event::Tick);
+    assert_eq!(h.phase(), (InstancePhase::Active, String::new()));
+    // Lost again: the bound starts over.
+    h.lose(2);
+    h.advance(bound - Duration::from_millis(1));
+    h.on(Event::Tick);
+    assert_eq!(h.phase().0, InstancePhase::Recovering);
+}
+
 #[test]
 fn a_recovery_hello_on_the_relaying_stream_is_decided_again() {
     let mut h = Harness::attached(3);
