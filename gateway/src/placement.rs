@@ -129,7 +129,13 @@ pub fn plan(desired: &BTreeSet<String>, owners: &BTreeMap<String, Owner>, live: 
         {
             *n = n.saturating_sub(1);
         }
-        match least_loaded(pick_from, &load) {
+        // Others full or none open: the passed-over member takes it again rather than nobody
+        // (a live owner that gave its term up has room: its load was just given back).
+        let picked = match least_loaded(pick_from, &load) {
+            Err(_) if !std::ptr::eq(pick_from, live) => least_loaded(live, &load),
+            picked => picked,
+        };
+        match picked {
             Ok(to) => {
                 *load.entry(to.member.clone()).or_default() += 1;
                 decisions.push(match owner {
@@ -510,6 +516,18 @@ mod tests {
         let decisions = plan(&desired, &owners, &[member("a")]);
         assert!(
             matches!(&decisions[0], Decision::Recover { to, term, .. } if to.member == "a" && *term == Term::new(3))
+        );
+        // The others full: the failed member gets it again rather than nobody.
+        let full = Candidate {
+            capacity: 1,
+            ..member("b")
+        };
+        owners.insert("ns/y".into(), owner("b", 1));
+        let desired: BTreeSet<String> = owners.keys().cloned().collect();
+        let decisions = plan(&desired, &owners, &[member("a"), full]);
+        assert!(
+            matches!(&decisions[..], [Decision::Recover { to, term, .. }] if to.member == "a" && *term == Term::new(3)),
+            "{decisions:?}"
         );
     }
 

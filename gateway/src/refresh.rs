@@ -34,8 +34,11 @@ pub async fn refresh(store: Store, publish: watch::Sender<Arc<View>>, wake: Arc<
         let read = patiently(View::reload(&store, since), || {
             reads.failed();
             warn!(after = ?READ_SLOW, "reading the pool is slow");
-        })
-        .await;
+        });
+        let read = tokio::select! {
+            () = shutdown.cancelled() => return,
+            read = read => read,
+        };
         match read {
             Ok(Ok(mut view)) => {
                 view.blackout = reads.succeeded(view.now_ms);

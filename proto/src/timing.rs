@@ -70,10 +70,12 @@ pub const RECOVERY_HELLO_INTERVAL: Duration = Duration::from_secs(1);
 /// back for this long, gives the term up (reports it `FAILED`): the sidecar lives (its
 /// recovery deadline is far off) but cannot reach this owner — a cut route, a stale conntrack
 /// entry, a NetworkPolicy — while the owner is fine towards the gateways. The coordinator then
-/// moves the instance to another member, which the sidecar's next `RecoveryHello` reaches. A
-/// sidecar that can reach its owner is back well within it: one hello, a redirect held for
-/// [`RECOVERY_HELLO_INTERVAL`] by the member it reached, one connect.
-pub const SIDECAR_AWAY_BOUND: Duration = Duration::from_secs(3);
+/// moves the instance to another member, which the sidecar's next `RecoveryHello` reaches; a
+/// sidecar that comes back first is attached again and the term is not given up. A sidecar
+/// that can reach its owner is back well within it: it notices the silence up to a heartbeat
+/// after the owner, its first hello may meet another member that holds it for one
+/// [`RECOVERY_HELLO_INTERVAL`] before redirecting it, then one backoff and one connect.
+pub const SIDECAR_AWAY_BOUND: Duration = Duration::from_secs(4);
 
 /// Longest lifetime of a recovery grant.
 pub const MAX_GRANT_LIFETIME: Duration = Duration::from_secs(30);
@@ -272,9 +274,11 @@ mod tests {
 
     #[test]
     fn an_owner_its_sidecar_cannot_reach_gives_up_long_before_the_deadline() {
-        // A sidecar that can reach its owner is back first: a hello, the redirect the member
-        // it reached holds for one hello interval, a connect.
-        assert!(SIDECAR_AWAY_BOUND >= RECOVERY_HELLO_INTERVAL * 2 + CONNECT_TIMEOUT);
+        // A sidecar that can reach its owner is back first: it notices a heartbeat later than
+        // the owner, the member its hello met holds it for one hello interval, then a backoff
+        // and a connect.
+        let back = RUNTIME_HEARTBEAT_INTERVAL + RECOVERY_HELLO_INTERVAL + RECONNECT_BACKOFF_MAX + CONNECT_TIMEOUT;
+        assert!(SIDECAR_AWAY_BOUND >= back, "{back:?}");
         // One that cannot is moved with most of the default deadline to spare: both ends'
         // silence, the bound, the move (a refresh) and the sidecar's next hello and connect.
         let moved = RUNTIME_SILENCE_TIMEOUT + SIDECAR_AWAY_BOUND + RECOVERY_HELLO_INTERVAL * 2 + CONNECT_TIMEOUT;

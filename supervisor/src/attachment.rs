@@ -149,7 +149,11 @@ impl Attachment {
                 Err(AttemptError::Timeout(_) | AttemptError::Connect(ConnectError::Timeout { .. })) => {
                     self.timed_out.saturating_add(1)
                 }
-                _ => 0,
+                // A gateway answered: the link carries a stream in time.
+                Ok(_) | Err(AttemptError::Status(_)) => 0,
+                // A refused connection or an unreadable token says nothing of a slow link
+                // (one replica down must not keep the bound short for the others).
+                Err(_) => self.timed_out,
             };
             let flow = match attempt {
                 Ok((outbound, inbound)) => {

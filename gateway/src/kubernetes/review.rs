@@ -266,11 +266,16 @@ impl Answers {
                     let answers = Arc::clone(self);
                     tokio::spawn(async move {
                         let _in_flight = in_flight;
+                        // However the task ends, the token is not left "asking" for good.
+                        let mut asking = Asking {
+                            answers,
+                            digest: Some(digest),
+                        };
                         let answer = match tokio::time::timeout(REVIEW_TIMEOUT, ask).await {
                             Ok(answer) => answer,
                             Err(_) => Err(Error::Unavailable(format!("no answer within {REVIEW_TIMEOUT:?}"))),
                         };
-                        answers.put(digest, &answer, Instant::now());
+                        asking.answered(&answer);
                         tell.send_replace(Some(answer));
                     });
                     answer
@@ -309,6 +314,34 @@ impl Answers {
         });
         if entries.len() >= MAX_CACHED {
             entries.retain(|_, entry| matches!(entry, Entry::Asking(_)));
+        }
+    }
+}
+
+/// A review in flight; dropped before its answer (the task ended otherwise), it forgets the
+/// token's entry so that the next caller asks again.
+struct Asking {
+    answers: Arc<Answers>,
+    /// `None` once answered.
+    digest: Option<Vec<u8>>,
+}
+
+impl Asking {
+    fn answered(&mut self, answer: &Result<Account, Error>) {
+        if let Some(digest) = self.digest.take() {
+            self.answers.put(digest, answer, Instant::now());
+        }
+    }
+}
+
+impl Drop for Asking {
+    fn drop(&mut self) {
+        let Some(digest) = self.digest.take() else {
+            return;
+        };
+        let mut entries = self.answers.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if matches!(entries.get(&digest), Some(Entry::Asking(_))) {
+            entries.remove(&digest);
         }
     }
 }

@@ -109,7 +109,7 @@ impl Store {
         // an older replica restarting during a rolling upgrade): it runs on, unless the
         // schema says it needs a newer build.
         let ours = migrator.iter().map(|m| m.version).max().unwrap_or(0);
-        if let Some(schema) = self.schema_compatibility().await
+        if let Some(schema) = self.schema_compatibility().await?
             && schema.newest > ours
         {
             if schema.oldest_reader > ours {
@@ -162,23 +162,31 @@ struct SchemaCompatibility {
 
 impl Store {
     /// `None` on a database no migration ran on yet.
-    async fn schema_compatibility(&self) -> Option<SchemaCompatibility> {
+    async fn schema_compatibility(&self) -> Result<Option<SchemaCompatibility>> {
+        // No table yet (a fresh database) reads as no migration.
         let newest: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations")
             .fetch_one(&self.pool)
             .await
             .ok()
             .flatten();
-        let newest = newest?;
-        // Before migration 17 there is no marker: every build of then read every schema.
-        let oldest_reader: i64 = sqlx::query_scalar("SELECT oldest_reader FROM schema_compatibility WHERE id = 1")
-            .fetch_optional(&self.pool)
-            .await
-            .ok()
-            .flatten()
-            .unwrap_or(0);
-        Some(SchemaCompatibility { newest, oldest_reader })
+        let Some(newest) = newest else {
+            return Ok(None);
+        };
+        // Before the marker's migration every build read every schema; after it, a marker
+        // that cannot be read is an error, never "any build will do".
+        let oldest_reader = if newest < MARKER_MIGRATION {
+            0
+        } else {
+            sqlx::query_scalar("SELECT oldest_reader FROM schema_compatibility WHERE id = 1")
+                .fetch_one(&self.pool)
+                .await?
+        };
+        Ok(Some(SchemaCompatibility { newest, oldest_reader }))
     }
 }
+
+/// The migration that added `schema_compatibility`.
+const MARKER_MIGRATION: i64 = 17;
 
 /// How often a SQLite migrator that lost the race to another process tries again (about
 /// 5 s in all).

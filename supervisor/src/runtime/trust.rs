@@ -16,6 +16,7 @@
 //! it progresses and counts whether or not a caller still waits.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as SyncMutex, PoisonError};
 use std::time::Duration;
 
@@ -57,7 +58,7 @@ pub(crate) struct TrustStore {
     /// writer): then fetched at most once per [`MIN_FORCED_REFRESH`].
     cached: Arc<SyncMutex<Option<Cached>>>,
     /// The one TrustBundle call in flight, joined by every caller that needs one.
-    inflight: SyncMutex<Option<Fetch>>,
+    inflight: SyncMutex<Option<(Fetch, Arc<AtomicBool>)>>,
 }
 
 /// Starts a recovery.v1.TrustBundle call.
@@ -159,11 +160,16 @@ impl TrustStore {
         let call = {
             let mut inflight = lock(&self.inflight);
             match inflight.as_ref() {
-                Some(call) if call.peek().is_none() => call.clone(),
+                // Joined only while the task runs: an ended one's answer is in the cache, or
+                // was an error worth asking again.
+                Some((call, done)) if !done.load(Ordering::Acquire) => call.clone(),
                 _ => {
                     let cached = Arc::clone(&self.cached);
                     let ask = (self.ask)();
+                    let done = Arc::new(AtomicBool::new(false));
+                    let ended = Arc::clone(&done);
                     let task = tokio::spawn(async move {
+                        let _ended = SetOnDrop(ended);
                         let (bundle, refresh_after) = fetch(ask).await?;
                         *lock(&cached) = Some(Cached {
                             bundle: Arc::clone(&bundle),
@@ -178,12 +184,21 @@ impl TrustStore {
                     }
                     .boxed()
                     .shared();
-                    *inflight = Some(call.clone());
+                    *inflight = Some((call.clone(), done));
                     call
                 }
             }
         };
         call.await
+    }
+}
+
+/// Sets its flag when dropped: at the end of the task that holds it, however it ends.
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
     }
 }
 
@@ -325,5 +340,34 @@ mod tests {
         within(store.bundle(false)).await.unwrap();
         within(store.gateway_bundle()).await.unwrap();
         assert_eq!(count.load(Ordering::SeqCst), 1, "no second call");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_fetch_nobody_waited_for_is_asked_again_not_joined() {
+        let (store, mut asked, count) = scripted();
+        let gave_up = tokio::time::timeout(Duration::from_millis(100), store.bundle(false)).await;
+        assert!(gave_up.is_err());
+        within(asked.recv())
+            .await
+            .unwrap()
+            .send(Err(CallError::Invalid("down")))
+            .unwrap();
+        // The failed fetch ends with nobody waiting; a later caller asks again.
+        within(async {
+            while !lock(&store.inflight)
+                .as_ref()
+                .is_some_and(|(_, done)| done.load(Ordering::Acquire))
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        let again = tokio::spawn({
+            let store = Arc::new(store);
+            async move { store.bundle(false).await.map(|_| ()) }
+        });
+        within(asked.recv()).await.unwrap().send(Ok(bundle())).unwrap();
+        within(again).await.unwrap().unwrap();
+        assert_eq!(count.load(Ordering::SeqCst), 2);
     }
 }

@@ -77,9 +77,16 @@ pub(crate) struct Machine {
     pub(super) ever_connected: bool,
     /// The relaying stream of the active term was lost (RECOVERING).
     pub(super) lost_at_active: bool,
-    /// Since when no sidecar stream is held after the active term's was lost: past
+    /// A sidecar stream was held at this term (the relaying one, or one that took the grant
+    /// before the activation).
+    pub(super) met_this_term: bool,
+    /// Since when no sidecar stream is held after one was, at the active term: past
     /// [`timing::SIDECAR_AWAY_BOUND`] the term is given up ([`Machine::away`]).
     away_since: Option<Instant>,
+    /// The sidecar stayed away past the bound: the term is reported FAILED so that the
+    /// coordinator moves the instance to a member the sidecar reaches — until the sidecar comes
+    /// back at this term first, which attaches it again.
+    pub(super) gave_up: bool,
     pub(super) call: Option<Call>,
     /// The term whose sidecar's audit records are being stored, while they are.
     pub(super) audit_call: Option<u64>,
@@ -114,7 +121,9 @@ impl Machine {
             sidecar: None,
             ever_connected: false,
             lost_at_active: false,
+            met_this_term: false,
             away_since: None,
+            gave_up: false,
             call: None,
             audit_call: None,
             stop: None,
@@ -209,14 +218,15 @@ impl Machine {
         .min()
     }
 
-    /// The sidecar of the active term is away: its stream was lost, no other is held, and no
-    /// stop is in progress (a stop waits for the sidecar on its own bound).
+    /// The sidecar of the active term is away: a stream of it was held at this term, none is
+    /// now, and no stop is in progress (a stop waits for the sidecar on its own bound).
     fn away(&self) -> bool {
         matches!(self.stage, Stage::Active { .. })
-            && self.lost_at_active
+            && (self.lost_at_active || self.met_this_term)
             && self.sidecar.is_none()
             && self.stop.is_none()
             && self.ended.is_none()
+            && !self.gave_up
     }
 
     fn finish(&mut self) -> Vec<Effect> {
@@ -284,6 +294,7 @@ impl Machine {
         if fence > self.term {
             return self.fenced(id, fence);
         }
+        self.met_this_term = true;
         self.sidecar = Some(Sidecar {
             id,
             opening,
@@ -428,12 +439,8 @@ impl Machine {
             .is_some_and(|since| now >= since + timing::SIDECAR_AWAY_BOUND)
         {
             self.away_since = None;
-            self.fail(format!(
-                "the sidecar has not come back for {:?} since its stream was lost: giving term {} up \
-                 so that a member it can reach takes the instance over",
-                timing::SIDECAR_AWAY_BOUND,
-                self.term
-            ));
+            self.gave_up = true;
+            warn!(bound = ?timing::SIDECAR_AWAY_BOUND, "the sidecar stayed away; giving the term up");
         }
         if self.grant_deadline.is_some_and(|d| now >= d) {
             self.grant_deadline = None;
@@ -541,6 +548,17 @@ impl Machine {
         }
         let (phase, message) = match &self.stage {
             Stage::Failed(reason) => return (InstancePhase::Failed, reason.clone()),
+            Stage::Active { .. } if self.gave_up => {
+                return (
+                    InstancePhase::Failed,
+                    format!(
+                        "the sidecar has not come back for {:?} since its stream was lost: giving term {} up \
+                         so that a member it can reach takes the instance over",
+                        timing::SIDECAR_AWAY_BOUND,
+                        self.term
+                    ),
+                );
+            }
             Stage::Active { .. } if self.sidecar.as_ref().is_some_and(|s| s.attached) => (InstancePhase::Active, ""),
             Stage::Active { .. } if self.lost_at_active => (
                 InstancePhase::Recovering,

@@ -131,6 +131,9 @@ impl Machine {
             self.grant_deadline = None;
             self.counters = Default::default();
             self.lost_at_active = false;
+            // The stream held, if any, stays: the sidecar was met at the new term too.
+            self.met_this_term = self.sidecar.is_some();
+            self.gave_up = false;
             if let Some(sidecar) = &mut self.sidecar {
                 sidecar.presented = false;
                 sidecar.receipted = false;
@@ -204,6 +207,9 @@ impl Machine {
         };
         info!(stream = sidecar.id, "sidecar attached at the active term");
         sidecar.attached = true;
+        if std::mem::take(&mut self.gave_up) {
+            info!("the sidecar came back before a higher term: the term is not given up");
+        }
         self.send(Kind::Attached(attached));
         self.install_policy();
     }

@@ -64,8 +64,27 @@ fn an_owner_whose_sidecar_stays_away_gives_the_term_up() {
     let (phase, message) = h.phase();
     assert_eq!(phase, InstancePhase::Failed);
     assert!(message.contains("giving term 3 up"), "{message}");
-    // Back after all: held, not attached at the term given up; a higher term takes it on.
-    assert!(io(&h.connect(2, 3, false)).is_empty());
+    // Not armed again while given up.
+    assert_eq!(h.m.next_wake(), None);
+    // Back before a higher term came: attached again, the term not given up.
+    assert_eq!(io(&h.connect(2, 3, false)), ["send 2 Attached"]);
+    assert_eq!(h.phase(), (InstancePhase::Active, String::new()));
+}
+
+/// A stream lost after it took the grant but before the activation was confirmed on it: the
+/// owner activates with no sidecar held, and the sidecar that cannot reach it is moved too.
+#[test]
+fn a_sidecar_lost_between_its_receipt_and_the_confirm_is_waited_for_the_same_bound() {
+    let bound = proto::timing::SIDECAR_AWAY_BOUND;
+    let mut h = Harness::reserved(4);
+    assert_eq!(io(&h.connect(1, 3, false)), ["issue grant 4"]);
+    assert_eq!(io(&h.on(granted(4))), ["send 1 GrantPresentation"]);
+    assert_eq!(io(&h.message(1, receipt(4, "g"))), ["activate"]);
+    h.lose(1);
+    h.on(activated(4));
+    assert_eq!(h.m.next_wake(), Some(h.now.at + bound));
+    h.advance(bound);
+    h.on(Event::Tick);
     assert_eq!(h.phase().0, InstancePhase::Failed);
 }
 
