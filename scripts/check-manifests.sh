@@ -16,7 +16,8 @@
 # scripts/check-pool-certs.sh (the certificate script against a fake kubectl).
 #
 # Needs kubectl (with its built-in kustomize) and python3. Installs kubernetes-validate from
-# PyPI into .local/check-manifests-venv on first use (or with pip --user if venv is missing).
+# PyPI into the repository's .local/check-manifests-venv on first use (nothing outside the
+# checkout), unless python3 already imports it.
 # Custom resources without a built-in schema (cert-manager's Certificate and Issuer, the
 # Prometheus Operator's PodMonitor and PrometheusRule) are skipped by the schema validation,
 # with a note.
@@ -42,15 +43,11 @@ elif python3 -c 'import kubernetes_validate, yaml' 2>/dev/null; then
   PYTHON="python3"
 else
   echo "check-manifests: installing kubernetes-validate==$KV_VERSION from PyPI" >&2
-  if python3 -m venv "$VENV" >/dev/null 2>&1; then
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "kubernetes-validate==$KV_VERSION" \
-      || die "pip install kubernetes-validate failed"
-    PYTHON="$VENV/bin/python"
-  else
-    python3 -m pip install --quiet --user --disable-pip-version-check "kubernetes-validate==$KV_VERSION" \
-      || die "pip install --user kubernetes-validate failed"
-    PYTHON="python3"
-  fi
+  python3 -m venv "$VENV" >/dev/null 2>&1 \
+    || die "cannot make a Python venv in $VENV (Debian: apt-get install python3-venv), or install kubernetes-validate==$KV_VERSION yourself"
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "kubernetes-validate==$KV_VERSION" \
+    || die "pip install kubernetes-validate failed"
+  PYTHON="$VENV/bin/python"
   "$PYTHON" -c 'import kubernetes_validate, yaml' || die "kubernetes-validate is not importable after install"
 fi
 

@@ -18,6 +18,7 @@ use tonic::Status;
 use tracing::warn;
 
 use crate::kubernetes::review::{self, Review};
+use crate::refusals::About;
 use crate::store::Store;
 use crate::tokens::Keyring;
 
@@ -160,8 +161,13 @@ impl Keys {
                     "a pool member's credential is not an instance's",
                 ));
             }
+            let route = format!("{}/{}", account.namespace, account.pod_name);
+            crate::refusals::record(About {
+                route: Some(&route),
+                ..About::default()
+            });
             return Ok(InstanceCaller {
-                route: format!("{}/{}", account.namespace, account.pod_name),
+                route,
                 namespace: account.namespace,
                 name: account.pod_name,
                 uid: Some(account.pod_uid),
@@ -173,6 +179,10 @@ impl Keys {
             .map_err(|err| Status::unauthenticated(format!("instance token refused: {err}")))?;
         let route =
             trust::route_of(&claims.sub).ok_or_else(|| Status::unauthenticated("the instance token names no route"))?;
+        crate::refusals::record(About {
+            route: Some(route),
+            ..About::default()
+        });
         Ok(InstanceCaller {
             route: route.to_owned(),
             namespace: claims.extra.namespace,
@@ -199,6 +209,10 @@ impl Keys {
                 .and_then(|t| t.exp)
                 .map(|exp| exp.saturating_mul(1000))
                 .unwrap_or_else(|| trust::unix_ms(std::time::SystemTime::now()).saturating_add(lifetime_ms));
+            crate::refusals::record(About {
+                member: Some(&account.pod_name),
+                ..About::default()
+            });
             return Ok(MemberCaller {
                 member: account.pod_name,
                 expires_at_ms,
@@ -207,6 +221,10 @@ impl Keys {
         let principal = self.verify(Kind::Supervisor, token).await?;
         let member = trust::member_of(&principal.subject)
             .ok_or_else(|| Status::unauthenticated("the supervisor token names no member"))?;
+        crate::refusals::record(About {
+            member: Some(member),
+            ..About::default()
+        });
         Ok(MemberCaller {
             member: member.to_owned(),
             expires_at_ms: principal.expires_at_ms,

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{Instrument, info, info_span, warn};
 
 use crate::operations;
 use crate::placement::Decision;
@@ -81,25 +81,32 @@ pub async fn run(replica: Arc<Replica>, mut lease: watch::Receiver<Option<Lease>
             continue;
         }
         planned = Some((Arc::clone(&current), Instant::now()));
+        // Every line of the round (its decisions, each naming its route and member, and its
+        // writes) carries the coordinator term it was planned under.
+        let round = info_span!("round", term = held.term.get());
         let started = Instant::now();
-        let writes = plan(&current, replica.recovery_deadline_ms, &mut unplaced);
+        let writes = round.in_scope(|| plan(&current, replica.recovery_deadline_ms, &mut unplaced));
         replica.metrics.planned(started.elapsed());
         if writes.is_empty() {
             continue;
         }
-        for batch in writes {
-            match replica.store.write_fenced(&held, &batch).await {
-                Ok(()) => replica.metrics.written(&batch),
-                Err(store::Error::Fenced(why)) => {
-                    warn!(term = held.term.get(), reason = %why, "coordinator write fenced; stepping back");
-                    break;
-                }
-                Err(err) => {
-                    warn!(error = %err, "coordinator write failed; will retry on the next view");
-                    planned = None;
+        async {
+            for batch in writes {
+                match replica.store.write_fenced(&held, &batch).await {
+                    Ok(()) => replica.metrics.written(&batch),
+                    Err(store::Error::Fenced(why)) => {
+                        warn!(term = held.term.get(), reason = %why, "coordinator write fenced; stepping back");
+                        break;
+                    }
+                    Err(err) => {
+                        warn!(error = %err, "coordinator write failed; will retry on the next view");
+                        planned = None;
+                    }
                 }
             }
         }
+        .instrument(round)
+        .await;
         wrote_at_ms = replica.store.now_ms().await.unwrap_or(current.now_ms);
         replica.wake.notify_one();
     }

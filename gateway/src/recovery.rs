@@ -102,6 +102,11 @@ impl SupervisorRecovery for Recovery {
             ));
         }
         let term = Term::from_wire(request.term).map_err(|err| Status::invalid_argument(err.to_string()))?;
+        crate::refusals::record(crate::refusals::About {
+            route: Some(&request.route),
+            term: Some(request.term),
+            ..Default::default()
+        });
         let instance = self.instance(&request.route, true).await?;
         // Bound to what the store records, in the transaction that records the grant: the
         // reservation is the caller's member's, for the process the store records as that
@@ -148,6 +153,11 @@ impl SupervisorRecovery for Recovery {
             return Err(Status::invalid_argument("the grant is too large"));
         }
         check_route(&receipt.route)?;
+        crate::refusals::record(crate::refusals::About {
+            route: Some(&receipt.route),
+            term: Some(receipt.term),
+            ..Default::default()
+        });
         let digest = proto::sha256(request.grant.as_bytes());
         if receipt.grant_digest != digest {
             return Err(Status::failed_precondition("the receipt is not bound to this grant"));

@@ -10,6 +10,10 @@
 //! No line holds a credential: the refusal's message never quotes the token (`auth`), and
 //! the call's bearer token is cut out of it here all the same.
 //!
+//! [`Logged`] also opens the call's span (`rpc`, with the method, the peer, and the `route`,
+//! `member` and `term` the handler learns: [`record`]), so every line a call writes, on any
+//! replica, says whose it was.
+//!
 //! A hand-written window rather than `governor`: the suppressed count of each source has to
 //! be kept and reported anyway, which is the whole per-source map; governor (not in
 //! Cargo.lock) would only answer "allowed or not" on top of it.
@@ -25,7 +29,8 @@ use tonic::codegen::{BoxFuture, Service, http};
 use tonic::server::NamedService;
 use tonic::transport::server::TcpConnectInfo;
 use tonic::{Code, Status};
-use tracing::warn;
+use tracing::field::Empty;
+use tracing::{Instrument, Span, info_span, warn};
 
 /// The window refusals are counted in.
 pub const INTERVAL: Duration = Duration::from_secs(10);
@@ -241,16 +246,43 @@ where
             .map(|t| t.trim().to_owned());
         let rpc = request.uri().path().to_owned();
         let refusals = self.refusals.clone();
-        let answer = self.inner.call(request);
-        Box::pin(async move {
-            let response = answer.await?;
-            if let Some(status) = Status::from_header_map(response.headers())
-                && is_refusal(status.code())
-            {
-                refusals.refused(source, &rpc, &status, token.as_deref());
+        let span = info_span!("rpc", rpc = %rpc, peer = ?source, route = Empty, member = Empty, term = Empty);
+        let answer = span.in_scope(|| self.inner.call(request));
+        Box::pin(
+            async move {
+                let response = answer.await?;
+                if let Some(status) = Status::from_header_map(response.headers())
+                    && is_refusal(status.code())
+                {
+                    refusals.refused(source, &rpc, &status, token.as_deref());
+                }
+                Ok(response)
             }
-            Ok(response)
-        })
+            .instrument(span),
+        )
+    }
+}
+
+/// What a call is about, once its handler knows it: recorded in the call's span (opened by
+/// [`Logged`]), so every later line of the call carries it. Outside a call, nothing.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct About<'a> {
+    pub route: Option<&'a str>,
+    pub member: Option<&'a str>,
+    pub term: Option<u64>,
+}
+
+/// Records `about` in the current call's span.
+pub fn record(about: About<'_>) {
+    let span = Span::current();
+    if let Some(route) = about.route {
+        span.record("route", tracing::field::display(route));
+    }
+    if let Some(member) = about.member {
+        span.record("member", tracing::field::display(member));
+    }
+    if let Some(term) = about.term {
+        span.record("term", term);
     }
 }
 
@@ -352,6 +384,54 @@ mod tests {
                 .unwrap()
                 .to_owned();
             std::future::ready(Ok(Status::unauthenticated(format!("refused {token}")).into_http()))
+        }
+    }
+
+    /// A handler that records what its call is about and logs a line.
+    #[derive(Clone)]
+    struct Handling;
+
+    impl Service<http::Request<()>> for Handling {
+        type Response = http::Response<tonic::body::Body>;
+        type Error = std::convert::Infallible;
+        type Future = BoxFuture<Self::Response, Self::Error>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: http::Request<()>) -> Self::Future {
+            Box::pin(async {
+                tokio::task::yield_now().await;
+                record(About {
+                    route: Some("team-a/agent-0"),
+                    member: Some("supervisor-1"),
+                    term: Some(7),
+                });
+                tracing::info!("granted");
+                Ok(http::Response::new(tonic::body::Body::empty()))
+            })
+        }
+    }
+
+    #[test]
+    fn every_line_of_a_call_names_its_method_route_member_and_term() {
+        let refusals = Arc::new(Refusals::new(Counter::default()));
+        let mut service = Logged::new(Handling, refusals);
+        let lines = logged(|| {
+            let mut request = http::Request::new(());
+            *request.uri_mut() = "/recovery.v1.SupervisorRecovery/IssueGrant".parse().unwrap();
+            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            runtime.block_on(service.call(request)).unwrap();
+        });
+        let line = lines.lines().find(|l| l.contains("granted")).expect(&lines);
+        for field in [
+            "rpc{rpc=/recovery.v1.SupervisorRecovery/IssueGrant",
+            "route=team-a/agent-0",
+            "member=supervisor-1",
+            "term=7",
+        ] {
+            assert!(line.contains(field), "{field} missing from {line}");
         }
     }
 

@@ -13,7 +13,6 @@ use std::time::Duration;
 use clap::Parser;
 use proto::pool::v1::GetSupervisorPoolStatusRequest;
 use proto::pool::v1::supervisor_pool_client::SupervisorPoolClient;
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
@@ -31,19 +30,9 @@ const WAIT: Duration = Duration::from_secs(20);
 
 /// The pool's CA and the gateways' certificate for localhost, as files in `dir`: (CA, cert, key).
 fn pki(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(vec!["localhost".to_owned()])
-        .unwrap()
-        .signed_by(&key, &ca)
-        .unwrap();
-    let files = (dir.join("ca.crt"), dir.join("tls.crt"), dir.join("tls.key"));
-    std::fs::write(&files.0, ca.pem()).unwrap();
-    std::fs::write(&files.1, leaf.pem()).unwrap();
-    std::fs::write(&files.2, key.serialize_pem()).unwrap();
-    files
+    let ca = testkit::pki::Ca::new();
+    let (cert, key) = ca.leaf(&["localhost"]).write(dir, "tls");
+    (ca.write(dir.join("ca.crt")), cert, key)
 }
 
 /// One in-process replica on TLS, sharing the SQLite store in `dir`.

@@ -9,20 +9,13 @@ use std::time::Duration;
 use clap::Parser;
 use proto::pool::v1::GetSupervisorPoolStatusRequest;
 use proto::pool::v1::supervisor_pool_client::SupervisorPoolClient;
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use tokio_util::sync::CancellationToken;
 
 /// A CA and a server certificate it signed for localhost; returns (CA PEM, cert PEM, key PEM).
 fn pki() -> (String, String, String) {
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
-        .unwrap()
-        .signed_by(&key, &ca)
-        .unwrap();
-    (ca.pem(), leaf.pem(), key.serialize_pem())
+    let ca = testkit::pki::Ca::new();
+    let leaf = ca.leaf(&["localhost", "127.0.0.1"]);
+    (ca.pem(), leaf.cert, leaf.key)
 }
 
 fn write(dir: &Path, name: &str, contents: &str) -> String {

@@ -19,8 +19,6 @@
 pub mod bundle;
 pub mod cmdline;
 pub mod dialer;
-#[cfg(feature = "fault")]
-pub mod fault;
 pub mod file;
 pub mod gateway;
 pub mod listener;

@@ -10,7 +10,8 @@ pub enum LogFormat {
     /// Human-readable lines.
     #[default]
     Text,
-    /// One JSON object a line (no span list).
+    /// One JSON object a line: the event's fields, its innermost span (`span`) and the list
+    /// of spans it is in (`spans`), each with its fields (`route`, `member`, `term`, …).
     Json,
 }
 
@@ -32,7 +33,7 @@ pub fn init(format: LogFormat, default_filter: &str) {
         .with_writer(std::io::stderr);
     // Only the first global subscriber counts (tests may install one earlier).
     let _ = match format {
-        LogFormat::Json => builder.json().with_current_span(false).try_init(),
+        LogFormat::Json => builder.json().try_init(),
         LogFormat::Text => builder.try_init(),
     };
 }

@@ -17,7 +17,6 @@ use proto::recovery::v1::supervisor_recovery_server::{SupervisorRecovery, Superv
 use proto::recovery::v1::{
     ActivateRequest, ActivateResponse, IssueGrantRequest, IssueGrantResponse, TrustBundleRequest, TrustBundleResponse,
 };
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use rustls::pki_types::ServerName;
 use tokio::io::AsyncReadExt as _;
 use tokio::net::{TcpSocket, TcpStream};
@@ -53,22 +52,12 @@ struct Pki {
 
 fn pki() -> Pki {
     let dir = tempfile::tempdir().unwrap();
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let issuer = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let cert = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
-        .unwrap()
-        .signed_by(&key, &issuer)
-        .unwrap();
-    let path = |name: &str| dir.path().join(name);
-    std::fs::write(path("ca.crt"), issuer.pem()).unwrap();
-    std::fs::write(path("tls.crt"), cert.pem()).unwrap();
-    std::fs::write(path("tls.key"), key.serialize_pem()).unwrap();
+    let ca = testkit::pki::Ca::new();
+    let (cert, key) = ca.leaf(&["localhost", "127.0.0.1"]).write(dir.path(), "tls");
     Pki {
-        ca: path("ca.crt"),
-        cert: path("tls.crt"),
-        key: path("tls.key"),
+        ca: ca.write(dir.path().join("ca.crt")),
+        cert,
+        key,
         _dir: dir,
     }
 }

@@ -5,6 +5,7 @@
 use anyhow::Context;
 use clap::Parser;
 use sidecar::{Config, Outcome};
+use tracing::Instrument;
 
 fn main() -> anyhow::Result<()> {
     // Before anything reads a secret: no workload process may read this one's memory,
@@ -39,13 +40,18 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     // Without a command the sidecar is a Pod's long-lived container: once the instance has
     // ended it stays up (idle) until the Pod stops it, instead of being restarted.
     let idle_after_end = config.command.is_empty();
+    // Every line names the route this sidecar serves, so one Pod's story reads the same in
+    // the sidecar's log as in the gateways' and members' (their spans carry `route` too).
+    let span = tracing::info_span!("sidecar", route = %config.route());
     let mut outcome = sidecar::run(config.clone(), shutdown.clone())
+        .instrument(span.clone())
         .await
         .context("sidecar failed")?;
     // The workload's process ended (or was stopped at the recovery deadline) and the kubelet
     // restarts its container: the next run supervises its next process as the next generation.
     while config.supervises_next(outcome) && !shutdown.is_cancelled() {
         outcome = sidecar::run(config.clone(), shutdown.clone())
+            .instrument(span.clone())
             .await
             .context("sidecar failed")?;
     }

@@ -284,22 +284,15 @@ async fn the_proxy_decides_from_the_installed_revision_and_explains_refusals() {
 /// An HTTPS upstream on loopback with a certificate for `localhost` from a throwaway CA:
 /// (port, the CA's PEM, how many requests it read).
 async fn tls_upstream() -> (u16, String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
-    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
-    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().expect("key")).expect("ca");
-    let key = KeyPair::generate().expect("key");
-    let leaf = CertificateParams::new(vec!["localhost".to_owned()])
-        .expect("params")
-        .signed_by(&key, &ca)
-        .expect("leaf");
+    let ca = testkit::pki::Ca::new();
+    let leaf = ca.leaf(&["localhost"]);
     let config = rustls::ServerConfig::builder_with_provider(plumbing::tls::provider())
         .with_safe_default_protocol_versions()
         .expect("versions")
         .with_no_client_auth()
         .with_single_cert(
-            vec![leaf.der().clone()],
-            rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).expect("key"),
+            vec![leaf.der.clone().into()],
+            rustls::pki_types::PrivateKeyDer::try_from(leaf.key_der.clone()).expect("key"),
         )
         .expect("config");
     let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));

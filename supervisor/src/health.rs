@@ -183,9 +183,9 @@ mod tests {
         // The Secret is not there yet.
         assert!(store.reload().is_err());
         assert_eq!(readiness.check(), Err("no serving certificate loaded yet"));
-        let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
-        std::fs::write(&cert, certified.cert.pem()).unwrap();
-        std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
+        let leaf = testkit::pki::Ca::new().leaf(&["localhost"]);
+        std::fs::write(&cert, leaf.cert).unwrap();
+        std::fs::write(&key, leaf.key).unwrap();
         store.reload().unwrap();
         assert_eq!(readiness.check(), Ok(()));
     }

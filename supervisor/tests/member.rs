@@ -201,7 +201,7 @@ async fn an_unreachable_replica_is_skipped() {
 async fn a_slow_link_still_carries_a_stream_once_attempts_get_longer() {
     let mut gateway = FakeGateway::start().await;
     let upstream = gateway.endpoint.trim_start_matches("http://").to_owned();
-    let slow = plumbing::fault::Path::start(upstream).await.unwrap();
+    let slow = testkit::fault::Path::start(upstream).await.unwrap();
     slow.slow(std::time::Duration::from_millis(700));
     let endpoint = format!("http://{}", slow.address);
     let _member = Member::start("supervisor-0", &[&endpoint], "t");

@@ -87,7 +87,7 @@ pub struct Config {
     /// Where that policy's credentials are (`DIR/<secret>/<key>`, as Kubernetes mounts a
     /// Secret; `supervisor --egress-secrets`).
     pub secrets: Option<PathBuf>,
-    /// Members' runtime ports behind a [`plumbing::fault::Path`] each, which the route directory names:
+    /// Members' runtime ports behind a [`testkit::fault::Path`] each, which the route directory names:
     /// a member's sidecars can be cut off from it while it stays fine towards the gateways.
     pub cuttable_runtime: bool,
 }
@@ -111,7 +111,7 @@ pub struct Member {
     /// Where its runtime service listens, `127.0.0.1:port`.
     listen: String,
     /// The path its sidecars reach it by ([`Config::cuttable_runtime`]).
-    pub path: Option<plumbing::fault::Path>,
+    pub path: Option<testkit::fault::Path>,
     /// The plain-HTTP health port (`/readyz`, `/metrics`), `127.0.0.1:port`.
     pub health: String,
     pub process: Process,
@@ -294,7 +294,7 @@ impl LocalPool {
         let health = format!("127.0.0.1:{}", free_port()?);
         let path = if self.config.cuttable_runtime {
             Some(
-                plumbing::fault::Path::start(runtime.clone())
+                testkit::fault::Path::start(runtime.clone())
                     .await
                     .map_err(|source| Error::Io {
                         path: format!("a path to {runtime}"),

@@ -122,20 +122,14 @@ impl TestDb {
     }
 }
 
-/// Poll `check` until it returns `Some`, failing after `limit` polls of 10 ms.
+/// Poll `check` until it returns `Some`, failing after `polls` polls ([`testkit::wait::until`]).
 /// A bound on a wait for a condition, not a timing assertion.
-pub async fn wait_for<T, F, Fut>(what: &str, limit: u32, mut check: F) -> T
+pub async fn wait_for<T, F, Fut>(what: &str, polls: u32, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    for _ in 0..limit {
-        if let Some(value) = check().await {
-            return value;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    panic!("gave up waiting for {what}");
+    testkit::wait::until(what, testkit::wait::POLL * polls, check).await
 }
 
 /// Wait until the database clock has passed `at_ms`.

@@ -133,10 +133,7 @@ fn pod_token_in(namespace: &str, account: &str, pod: &str) -> String {
 pub async fn secrets_follow_labels_and_pods_decide_desired_instances(db: &TestDb) {
     let shared = Shared::default();
     let dir = tempfile::tempdir().unwrap();
-    let ca = rcgen::generate_simple_self_signed(vec!["ca".to_owned()])
-        .unwrap()
-        .cert
-        .pem();
+    let ca = testkit::pki::Ca::new().pem();
     let ca_file = dir.path().join("ca.crt");
     std::fs::write(&ca_file, &ca).unwrap();
     let scope = Scope {

@@ -48,7 +48,7 @@ mod paused_replica {
     );
 }
 
-/// A replica whose path to the database is cut (`plumbing::fault::Path`): PostgreSQL only (SQLite
+/// A replica whose path to the database is cut (`testkit::fault::Path`): PostgreSQL only (SQLite
 /// is a file every replica opens).
 mod cut_off_replica {
     on_postgres!(scenarios;

@@ -349,7 +349,7 @@ pub async fn a_replica_cut_off_from_the_store_lets_its_members_attach_elsewhere(
         parsed.host_str().expect("a host"),
         parsed.port().unwrap_or(5432)
     );
-    let path = plumbing::fault::Path::start(upstream.clone())
+    let path = testkit::fault::Path::start(upstream.clone())
         .await
         .expect("a path to the database");
     let credentials = tempfile::tempdir().unwrap();

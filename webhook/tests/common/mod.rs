@@ -3,7 +3,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use http_body_util::{BodyExt as _, Full};
 use hyper::body::Bytes;
@@ -47,12 +46,8 @@ pub fn fixture(name: &str) -> Value {
 
 /// A self-signed certificate for `localhost`; returns (cert PEM, key PEM, cert DER).
 pub fn self_signed(cn_hint: &str) -> (String, String, Vec<u8>) {
-    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string(), cn_hint.to_string()]).unwrap();
-    (
-        certified.cert.pem(),
-        certified.signing_key.serialize_pem(),
-        certified.cert.der().to_vec(),
-    )
+    let leaf = testkit::pki::Ca::new().leaf(&["localhost", cn_hint]);
+    (leaf.cert, leaf.key, leaf.der)
 }
 
 /// Accepts any server certificate: the tests compare the served certificate themselves.
@@ -187,24 +182,8 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<(u16, St
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
-/// Poll `check` until it returns `Some`, or fail after `timeout`.
-pub async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+#[allow(unused_imports)]
+pub use testkit::wait::until as wait_until;
 
 /// A webhook server on loopback ports (HTTPS and health).
 pub struct Running {

@@ -1,4 +1,4 @@
-//! Network faults for tests (feature `fault`; no production binary has it): a [`Path`] is a
+//! Network faults: a [`Path`] is a
 //! TCP proxy on loopback in front of one port. Cut, it fails the way a broken route, a stale
 //! conntrack entry or a NetworkPolicy fails a link — no reset, nothing delivered: established
 //! connections go silent (what arrives meanwhile is held and delivered at the heal) and new
