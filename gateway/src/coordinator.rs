@@ -21,7 +21,8 @@ use crate::pool::View;
 use crate::replica::Replica;
 use crate::room;
 use crate::store::{
-    self, Assignment, AssignmentPhase, FencedWrite, Lease, Operation, OperationKind, OperationPhase, Term,
+    self, Assignment, AssignmentPhase, CoordinatorTerm, FencedWrite, Lease, Operation, OperationKind, OperationPhase,
+    OwnershipTerm,
 };
 
 /// Run while the replica runs; reconcile whenever this replica holds the
@@ -32,11 +33,11 @@ pub async fn run(replica: Arc<Replica>, mut lease: watch::Receiver<Option<Lease>
     // After a write, wait for a view read after it, so a stale read does
     // not plan the same change twice.
     let mut wrote_at_ms = 0;
-    let mut started: Option<Term> = None;
+    let mut started: Option<CoordinatorTerm> = None;
     // The view last planned, and when: an unchanged pool is planned again only as its
     // deadlines may come.
     let mut planned: Option<(Arc<View>, Instant)> = None;
-    let mut forgot: Option<(Term, Instant)> = None;
+    let mut forgot: Option<(CoordinatorTerm, Instant)> = None;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
@@ -159,7 +160,11 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
         match decision {
             Decision::Place { route, to } => {
                 // Above every term the route ever had (a withdrawn generation's included).
-                let term = view.instances.get(&route).map_or(Term::ZERO, |i| i.last_term).next();
+                let term = view
+                    .instances
+                    .get(&route)
+                    .map_or(OwnershipTerm::ZERO, |i| i.last_term)
+                    .next();
                 info!(%route, member = %to.member, term = term.get(), "placing instance");
                 let next = reserved(&route, &to.member, &to.process_id, term, generation(&route), term);
                 placements.push(FencedWrite::Assign {
@@ -233,7 +238,10 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
                         updated_at_ms: 0,
                     },
                 };
-                let placed_term = view.assignments.get(&route).map_or(Term::new(1), |a| a.placed_term);
+                let placed_term = view
+                    .assignments
+                    .get(&route)
+                    .map_or(OwnershipTerm::new(1), |a| a.placed_term);
                 let next = reserved(
                     &route,
                     &to.member,
@@ -320,7 +328,14 @@ fn settle(view: &View, op: &Operation) -> Option<Operation> {
     })
 }
 
-fn reserved(route: &str, member: &str, process_id: &str, term: Term, generation: i64, placed_term: Term) -> Assignment {
+fn reserved(
+    route: &str,
+    member: &str,
+    process_id: &str,
+    term: OwnershipTerm,
+    generation: i64,
+    placed_term: OwnershipTerm,
+) -> Assignment {
     Assignment {
         route: route.to_owned(),
         member: member.to_owned(),
@@ -329,7 +344,7 @@ fn reserved(route: &str, member: &str, process_id: &str, term: Term, generation:
         phase: AssignmentPhase::Reserved,
         generation,
         placed_term,
-        coordinator_term: Term::ZERO,
+        coordinator_term: crate::store::CoordinatorTerm::ZERO,
         updated_at_ms: 0,
     }
 }
@@ -355,7 +370,7 @@ mod tests {
                 material: SecretBytes::default(),
                 registered_at_ms: 0,
                 withdrawn: false,
-                last_term: Term::new(0),
+                last_term: OwnershipTerm::new(0),
                 withdrawn_reason: None,
             },
         );
@@ -395,7 +410,14 @@ mod tests {
     fn assign(v: &mut View, member: &str, term: u64) {
         v.assignments.insert(
             "r".into(),
-            reserved("r", member, &format!("{member}-p"), Term::new(term), 1, Term::new(1)),
+            reserved(
+                "r",
+                member,
+                &format!("{member}-p"),
+                OwnershipTerm::new(term),
+                1,
+                OwnershipTerm::new(1),
+            ),
         );
     }
 
@@ -433,7 +455,14 @@ mod tests {
         for route in more_routes(&mut v, 150) {
             v.assignments.insert(
                 route.clone(),
-                reserved(&route, "gone", "gone-p", Term::new(3), 1, Term::new(1)),
+                reserved(
+                    &route,
+                    "gone",
+                    "gone-p",
+                    OwnershipTerm::new(3),
+                    1,
+                    OwnershipTerm::new(1),
+                ),
             );
         }
         assign(&mut v, "gone", 3);
@@ -459,7 +488,7 @@ mod tests {
             else {
                 panic!("a compare-and-set and its operation: {pair:?}");
             };
-            assert_eq!(*expected, Term::new(3));
+            assert_eq!(*expected, OwnershipTerm::new(3));
             assert_eq!(
                 (op.kind, op.target.as_str()),
                 (OperationKind::Recover, next.route.as_str())
@@ -512,8 +541,11 @@ mod tests {
         else {
             panic!("expected a compare-and-set and an operation: {:?}", batches[0]);
         };
-        assert_eq!(*expected, Term::new(3));
-        assert_eq!((next.term, next.phase), (Term::new(4), AssignmentPhase::Reserved));
+        assert_eq!(*expected, OwnershipTerm::new(3));
+        assert_eq!(
+            (next.term, next.phase),
+            (OwnershipTerm::new(4), AssignmentPhase::Reserved)
+        );
         assert_eq!(
             (op.kind, op.phase, op.deadline_at_ms),
             (OperationKind::Recover, OperationPhase::Running, Some(70_000))
@@ -574,7 +606,7 @@ mod tests {
             "r".into(),
             Report {
                 route: "r".into(),
-                term: Term::new(4),
+                term: OwnershipTerm::new(4),
                 member: "b".into(),
                 process_id: "b-p".into(),
                 phase: ReportPhase::Active,

@@ -2,8 +2,8 @@
 //! (it has read the pool from the store recently; the gRPC port's `grpc.health.v1` status
 //! follows the same [`Health::check`]), `/metrics` (Prometheus: the replica's one registry,
 //! [`crate::metrics`]). It serves from the start: until the store is open (the database may
-//! not be reachable yet) `/healthz` answers 200, `/readyz` 503 and `/metrics` the connection
-//! counters (the rest at zero).
+//! not be reachable yet, or its schema may be too new for this build) `/healthz` answers 200,
+//! `/readyz` 503 with the reason and `/metrics` the connection counters (the rest at zero).
 
 use std::sync::Arc;
 
@@ -32,10 +32,15 @@ pub struct Health {
     pub certificate: Option<Arc<CertStore>>,
 }
 
-/// `None` while the gateway waits for the database.
-pub type Readiness = watch::Receiver<Option<Health>>;
+/// Where the replica is: waiting for its store (and why), or serving.
+#[derive(Clone)]
+pub enum Stage {
+    /// The store is not open yet: the reason, for `/readyz`.
+    Waiting(String),
+    Serving(Health),
+}
 
-const WAITING: &str = "waiting for the database\n";
+pub type Readiness = watch::Receiver<Stage>;
 
 /// What the port's handlers read.
 #[derive(Clone)]
@@ -57,8 +62,9 @@ pub async fn serve(listener: Listener, health: Readiness, metrics: Arc<Metrics>,
 /// Ready once the store is open, the pool view is fresh and, with TLS, a certificate is
 /// loaded; 503 with the reason otherwise.
 async fn ready(State(port): State<Port>) -> impl IntoResponse {
-    let Some(health) = port.health.borrow().clone() else {
-        return (StatusCode::SERVICE_UNAVAILABLE, WAITING.to_owned());
+    let health = match port.health.borrow().clone() {
+        Stage::Serving(health) => health,
+        Stage::Waiting(why) => return (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
     };
     match health.check().await {
         Ok(()) => (StatusCode::OK, "ready\n".to_owned()),

@@ -145,7 +145,7 @@ pub async fn run_with<C: kubernetes::Cluster + Clone>(
     // the database is unreachable, but alive.
     let stop = CancellationToken::new();
     let _stop_on_return = stop.clone().drop_guard();
-    let (health_tx, health_rx) = watch::channel(None);
+    let (health_tx, health_rx) = watch::channel(health::Stage::Waiting("waiting for the database".to_owned()));
     if let Some(address) = &settings.health_listen {
         let health = TcpListener::bind(address).await.map_err(|source| Error::Listen {
             address: address.clone(),
@@ -154,7 +154,7 @@ pub async fn run_with<C: kubernetes::Cluster + Clone>(
         let health = plumbing::listener::Listener::new(health, limits.clone(), connections.listener("health"));
         tokio::spawn(health::serve(health, health_rx, metrics.clone(), stop.clone()));
     }
-    let Some(store) = open_store(&url, &settings.store_options(), &shutdown).await? else {
+    let Some(store) = open_store(&url, &settings.store_options(), &health_tx, &shutdown).await? else {
         return Ok(());
     };
     let store = store.with_keks(Arc::new(keks));
@@ -299,7 +299,7 @@ pub async fn run_with<C: kubernetes::Cluster + Clone>(
         lease: lease_rx.clone(),
         certificate: certificate.clone(),
     };
-    health_tx.send_replace(Some(health.clone()));
+    health_tx.send_replace(health::Stage::Serving(health.clone()));
     let listener = plumbing::listener::Listener::new(listener, limits, connections.listener("grpc")).with_tls(tls);
     let served = server::serve(listener, health, shutdown.clone()).await;
     // The election releases the lease on its way out.
@@ -315,13 +315,20 @@ pub async fn run_with<C: kubernetes::Cluster + Clone>(
 /// The first and the longest wait between attempts to reach the database.
 const OPEN_RETRY_FIRST: Duration = Duration::from_millis(200);
 const OPEN_RETRY_MAX: Duration = Duration::from_secs(5);
+/// The wait between looks at a schema too new for this build: it changes only when a build
+/// migrates or a rollback restores the database, so looking often only fills the log.
+const OPEN_RETRY_SCHEMA: Duration = Duration::from_secs(30);
 
-/// Open the store, retrying with jittered exponential backoff while the
-/// database cannot be reached (it may start after the gateway). A bad URL or
-/// a failed migration ends the gateway at once. `None`: shut down meanwhile.
+/// Open the store, retrying with jittered exponential backoff while the database cannot be
+/// reached (it may start after the gateway), and every [`OPEN_RETRY_SCHEMA`] while its schema
+/// is too new for this build (a rollback past a breaking migration, or this build's replica
+/// restarted during an upgrade): alive and unready with the reason on `/readyz` meanwhile, so
+/// a rollout stalls on it instead of a crash loop, and the replicas still serving stay. A bad
+/// URL or a failed migration ends the gateway at once. `None`: shut down meanwhile.
 async fn open_store(
     url: &str,
     options: &store::Options,
+    stage: &watch::Sender<health::Stage>,
     shutdown: &CancellationToken,
 ) -> Result<Option<store::Store>, Error> {
     let mut delay = OPEN_RETRY_FIRST;
@@ -333,8 +340,30 @@ async fn open_store(
         let err = match opened {
             Ok(store) => return Ok(Some(store)),
             Err(err @ store::Error::Connect { .. }) => err,
+            Err(
+                err @ store::Error::SchemaTooNew {
+                    newest,
+                    oldest_reader,
+                    ours,
+                    ..
+                },
+            ) => {
+                tracing::error!(attempt, retry_in_s = OPEN_RETRY_SCHEMA.as_secs(), error = %err,
+                                "this build cannot run on the database's schema; waiting unready");
+                // Without the database's address: the health port is plain HTTP.
+                stage.send_replace(health::Stage::Waiting(format!(
+                    "the database schema is at migration {newest} and needs a build whose newest migration \
+                     is at least {oldest_reader}; this build's is {ours}: run the newer build"
+                )));
+                tokio::select! {
+                    () = shutdown.cancelled() => return Ok(None),
+                    () = tokio::time::sleep(OPEN_RETRY_SCHEMA) => {}
+                }
+                continue;
+            }
             Err(err) => return Err(err.into()),
         };
+        stage.send_replace(health::Stage::Waiting("waiting for the database".to_owned()));
         // Half to all of the delay, so replicas that started together spread out.
         let wait = delay.mul_f64(rand::random_range(0.5..=1.0));
         tracing::warn!(attempt, database = %store::redact_url(url), retry_in_ms = wait.as_millis() as u64,

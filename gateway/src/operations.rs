@@ -29,7 +29,7 @@ pub use request::from_request;
 
 use crate::placement::{Candidate, least_loaded};
 use crate::pool::View;
-use crate::store::{Assignment, AssignmentPhase, FencedWrite, Operation, OperationKind, OperationPhase, Term};
+use crate::store::{Assignment, AssignmentPhase, FencedWrite, Operation, OperationKind, OperationPhase};
 
 /// Concurrent handoffs off leaving members (no operation asks for them).
 pub const LEAVING_PARALLEL: usize = 8;
@@ -218,7 +218,7 @@ impl<'v> Round<'v> {
                 phase: AssignmentPhase::Reserved,
                 generation: a.generation,
                 placed_term: a.placed_term,
-                coordinator_term: Term::ZERO,
+                coordinator_term: crate::store::CoordinatorTerm::ZERO,
                 updated_at_ms: 0,
             },
         }]);

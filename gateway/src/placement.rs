@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::store::Term;
+use crate::store::OwnershipTerm;
 
 /// Hard cap of instances per member, whatever a member offers.
 pub const MAX_INSTANCES_PER_MEMBER: usize = proto::MAX_INSTANCES_PER_MEMBER as usize;
@@ -32,7 +32,7 @@ pub struct Candidate {
 pub struct Owner {
     pub member: String,
     pub process_id: String,
-    pub term: Term,
+    pub term: OwnershipTerm,
     /// The owner reported it cannot run the instance at this term (a refused
     /// grant or activation, or it acknowledged the term without hosting it).
     pub failed: bool,
@@ -51,7 +51,7 @@ pub enum Decision {
         route: String,
         from: Owner,
         to: Candidate,
-        term: Term,
+        term: OwnershipTerm,
     },
     /// Another workload registered the route since the assignment was made: place the new
     /// one as if new, on `to` at `term` (the stale term + 1, so terms never repeat).
@@ -59,11 +59,11 @@ pub enum Decision {
         route: String,
         from: Owner,
         to: Candidate,
-        term: Term,
+        term: OwnershipTerm,
     },
     /// The instance is no longer desired (withdrawn, ended): drop the assignment at once,
     /// whether or not its owner lives (a live owner releases the session).
-    Withdraw { route: String, term: Term },
+    Withdraw { route: String, term: OwnershipTerm },
     /// No member can take the route.
     Unplaced { route: String, reason: String },
 }
@@ -220,7 +220,7 @@ mod tests {
         Owner {
             member: member.into(),
             process_id: format!("{member}-p1"),
-            term: Term::new(term),
+            term: OwnershipTerm::new(term),
             failed: false,
             stale: false,
         }
@@ -236,7 +236,7 @@ mod tests {
                         Owner {
                             member: to.member.clone(),
                             process_id: to.process_id.clone(),
-                            term: Term::new(1),
+                            term: OwnershipTerm::new(1),
                             failed: false,
                             stale: false,
                         },
@@ -277,7 +277,7 @@ mod tests {
         let decisions = plan(&routes(9), &owners, &live);
         apply(&mut owners, &decisions);
         assert_eq!(per_member(&owners).values().copied().collect::<Vec<_>>(), vec![3, 3, 3]);
-        assert!(owners.values().all(|o| o.term == Term::new(1)));
+        assert!(owners.values().all(|o| o.term == OwnershipTerm::new(1)));
     }
 
     #[test]
@@ -321,13 +321,13 @@ mod tests {
                     route: "ns/a1".into(),
                     from: owner("a", 4),
                     to: member("c"),
-                    term: Term::new(5)
+                    term: OwnershipTerm::new(5)
                 },
                 Decision::Recover {
                     route: "ns/a2".into(),
                     from: owner("a", 1),
                     to: member("b"),
-                    term: Term::new(2)
+                    term: OwnershipTerm::new(2)
                 },
             ],
             "least loaded first: c had none, then b and c tie at one and b wins by name"
@@ -349,7 +349,7 @@ mod tests {
                 route: "ns/x".into(),
                 from: owner("a", 7),
                 to: restarted,
-                term: Term::new(8)
+                term: OwnershipTerm::new(8)
             }]
         );
     }
@@ -374,7 +374,7 @@ mod tests {
                 route: "ns/x".into(),
                 from: owner("a", 2),
                 to: member("b"),
-                term: Term::new(3)
+                term: OwnershipTerm::new(3)
             }]
         );
         apply(&mut owners, &decisions);
@@ -462,11 +462,11 @@ mod tests {
             vec![
                 Decision::Withdraw {
                     route: "ns/deleted-gone".into(),
-                    term: Term::new(3)
+                    term: OwnershipTerm::new(3)
                 },
                 Decision::Withdraw {
                     route: "ns/deleted-live".into(),
-                    term: Term::new(2)
+                    term: OwnershipTerm::new(2)
                 }
             ]
         );
@@ -509,13 +509,13 @@ mod tests {
                     ..owner("a", 2)
                 },
                 to: member("b"),
-                term: Term::new(3)
+                term: OwnershipTerm::new(3)
             }]
         );
         // Alone, the failed member gets another try at a new term.
         let decisions = plan(&desired, &owners, &[member("a")]);
         assert!(
-            matches!(&decisions[0], Decision::Recover { to, term, .. } if to.member == "a" && *term == Term::new(3))
+            matches!(&decisions[0], Decision::Recover { to, term, .. } if to.member == "a" && *term == OwnershipTerm::new(3))
         );
         // The others full: the failed member gets it again rather than nobody.
         let full = Candidate {
@@ -526,7 +526,7 @@ mod tests {
         let desired: BTreeSet<String> = owners.keys().cloned().collect();
         let decisions = plan(&desired, &owners, &[member("a"), full]);
         assert!(
-            matches!(&decisions[..], [Decision::Recover { to, term, .. }] if to.member == "a" && *term == Term::new(3)),
+            matches!(&decisions[..], [Decision::Recover { to, term, .. }] if to.member == "a" && *term == OwnershipTerm::new(3)),
             "{decisions:?}"
         );
     }
@@ -549,7 +549,7 @@ mod tests {
                 route: "ns/x".into(),
                 from: stale,
                 to: member("b"),
-                term: Term::new(5)
+                term: OwnershipTerm::new(5)
             }],
             "least loaded, the stale assignment counting for nothing, and never an old term again"
         );
@@ -561,7 +561,7 @@ mod tests {
         let only_x: BTreeMap<String, Owner> = owners.into_iter().filter(|(r, _)| r == "ns/x").collect();
         let decisions = plan(&["ns/x".to_owned()].into(), &only_x, &[full]);
         assert!(
-            matches!(&decisions[0], Decision::Replace { to, term, .. } if to.member == "a" && *term == Term::new(5))
+            matches!(&decisions[0], Decision::Replace { to, term, .. } if to.member == "a" && *term == OwnershipTerm::new(5))
         );
     }
 }

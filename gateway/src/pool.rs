@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use proto::common::v1::{InstanceRef, RouteDirectoryEntry};
-use proto::host::v1::{OwnedInstance, OwnershipPhase, Snapshot};
+use proto::host::v1::{AssignmentPhase as WirePhase, OwnedInstance, Snapshot};
 use proto::timing;
 
 use crate::placement::{Candidate, Owner};
@@ -390,8 +390,8 @@ impl View {
                     instance: Some(instance_ref(instance)),
                     term: a.term.get(),
                     phase: match a.phase {
-                        AssignmentPhase::Reserved => OwnershipPhase::Reserved,
-                        AssignmentPhase::Active => OwnershipPhase::Active,
+                        AssignmentPhase::Reserved => WirePhase::Reserved,
+                        AssignmentPhase::Active => WirePhase::Active,
                     } as i32,
                     credentials: member_credentials(instance),
                     grant: String::new(),

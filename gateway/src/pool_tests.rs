@@ -1,6 +1,6 @@
 //! Unit tests of the pool view (`pool.rs`).
 use super::*;
-use crate::store::{SecretBytes, Term};
+use crate::store::{OwnershipTerm, SecretBytes};
 
 fn view() -> View {
     let mut v = View {
@@ -26,7 +26,7 @@ fn view() -> View {
                 material: SecretBytes(Material::new(&binding, &[9u8; 32]).encode()),
                 registered_at_ms: 0,
                 withdrawn,
-                last_term: Term::new(0),
+                last_term: OwnershipTerm::new(0),
                 withdrawn_reason: None,
             },
         );
@@ -38,11 +38,11 @@ fn view() -> View {
                 route: route.into(),
                 member: member.into(),
                 process_id: format!("{member}-p"),
-                term: Term::new(term),
+                term: OwnershipTerm::new(term),
                 phase: AssignmentPhase::Active,
                 generation: 1,
-                placed_term: Term::new(1),
-                coordinator_term: Term::new(1),
+                placed_term: OwnershipTerm::new(1),
+                coordinator_term: crate::store::CoordinatorTerm::new(1),
                 updated_at_ms: 0,
             },
         );

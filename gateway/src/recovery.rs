@@ -21,7 +21,7 @@ use tracing::{info, warn};
 
 use crate::input::check_route;
 use crate::replica::Replica;
-use crate::store::{self, Activation, Checkpoint, GrantRecord, InstanceRecord, Term};
+use crate::store::{self, Activation, Checkpoint, GrantRecord, InstanceRecord, OwnershipTerm};
 
 /// Longest compact grant accepted back in `Activate`.
 const MAX_GRANT_BYTES: usize = 4096;
@@ -101,7 +101,7 @@ impl SupervisorRecovery for Recovery {
                 "a grant needs a term, a member and a process_id",
             ));
         }
-        let term = Term::from_wire(request.term).map_err(|err| Status::invalid_argument(err.to_string()))?;
+        let term = OwnershipTerm::from_wire(request.term).map_err(|err| Status::invalid_argument(err.to_string()))?;
         crate::refusals::record(crate::refusals::About {
             route: Some(&request.route),
             term: Some(request.term),
@@ -199,7 +199,7 @@ impl SupervisorRecovery for Recovery {
             start_ticks: i64::try_from(workload.start_time_ticks).unwrap_or(i64::MAX),
             exe_digest: workload.exe_digest.clone(),
         };
-        let term = Term::from_wire(receipt.term).map_err(|err| Status::invalid_argument(err.to_string()))?;
+        let term = OwnershipTerm::from_wire(receipt.term).map_err(|err| Status::invalid_argument(err.to_string()))?;
         // The store checks the reservation and the grant row are the caller's too.
         let activation = Activation {
             route: receipt.route.clone(),

@@ -301,7 +301,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use crate::store::{
-        Assignment, AssignmentPhase, Operation, OperationKind, OperationPhase, Report, ReportPhase, Term,
+        Assignment, AssignmentPhase, Operation, OperationKind, OperationPhase, OwnershipTerm, Report, ReportPhase,
     };
 
     #[test]
@@ -332,11 +332,11 @@ mod tests {
             route: "r1".into(),
             member: "m2".into(),
             process_id: "m2-p1".into(),
-            term: Term::new(2),
+            term: OwnershipTerm::new(2),
             phase: AssignmentPhase::Reserved,
             generation: 1,
-            placed_term: Term::new(1),
-            coordinator_term: Term::new(1),
+            placed_term: OwnershipTerm::new(1),
+            coordinator_term: crate::store::CoordinatorTerm::new(1),
             updated_at_ms: 0,
         };
         view.now_ms = 60_000;
@@ -344,7 +344,7 @@ mod tests {
         view.assignments = BTreeMap::from([("r1".to_owned(), handoff.clone())]).into();
         assert!(awaits_writes(&view), "a reserved term waits for its activation");
         let first = Assignment {
-            term: Term::new(1),
+            term: OwnershipTerm::new(1),
             ..handoff.clone()
         };
         view.assignments = BTreeMap::from([("r1".to_owned(), first)]).into();
@@ -358,7 +358,7 @@ mod tests {
         view.now_ms = 60_000;
         let hosting = Report {
             route: "r1".into(),
-            term: Term::new(2),
+            term: OwnershipTerm::new(2),
             member: "m2".into(),
             process_id: "m2-p1".into(),
             phase: ReportPhase::Active,

@@ -22,7 +22,7 @@ use crate::auth::InstanceCaller;
 use crate::input::check_route;
 use crate::registration::{Binding, Material};
 use crate::replica::Replica;
-use crate::store::{Registered, Registration, SecretBytes, Term};
+use crate::store::{OwnershipTerm, Registered, Registration, SecretBytes};
 
 #[derive(Clone)]
 pub struct Registry {
@@ -231,9 +231,9 @@ impl InstanceRegistry for Registry {
         let request = request.into_inner();
         check_route(&request.route)?;
         // 0: the sidecar never activated a term. Above the store's range: refused, not dropped.
-        let fence_term = Term::from_wire(request.fence_term)
+        let fence_term = OwnershipTerm::from_wire(request.fence_term)
             .map_err(|err| Status::invalid_argument(format!("fence_term: {err}")))?;
-        let fence_term = Some(fence_term).filter(|t| *t > Term::ZERO);
+        let fence_term = Some(fence_term).filter(|t| *t > OwnershipTerm::ZERO);
         // Only the workload registered under the route now may report for it: a replaced
         // one (an older Pod of the same name) changes nothing.
         let current = self

@@ -111,12 +111,12 @@ async fn flush(writer: &Writer, store: &Store) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{ReportPhase, Term};
+    use crate::store::{OwnershipTerm, ReportPhase};
 
     fn report(route: &str, term: u64, progress: i64) -> Report {
         Report {
             route: route.into(),
-            term: Term::new(term),
+            term: OwnershipTerm::new(term),
             member: "m".into(),
             process_id: "p".into(),
             phase: ReportPhase::Active,
@@ -148,7 +148,7 @@ mod tests {
         let mut back = writer.take();
         back.sort_by(|x, y| x.0.cmp(&y.0));
         assert_eq!(back.len(), 2);
-        assert_eq!(back[0].1.1.term, Term::new(2), "the newer status of a stays");
+        assert_eq!(back[0].1.1.term, OwnershipTerm::new(2), "the newer status of a stays");
     }
 
     #[tokio::test]

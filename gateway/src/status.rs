@@ -87,7 +87,7 @@ pub async fn print_every(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Term;
+    use crate::store::CoordinatorTerm;
 
     fn view(lease: Option<LeaseView>) -> View {
         View {
@@ -104,7 +104,7 @@ mod tests {
     fn names_the_coordinator() {
         let mine = LeaseView {
             holder: "gw/1".into(),
-            term: Term::new(4),
+            term: CoordinatorTerm::new(4),
             expires_at_ms: 5000,
             now_ms: 1000,
         };

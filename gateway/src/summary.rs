@@ -12,7 +12,7 @@ use proto::pool::v1::{
 
 use crate::operations;
 use crate::pool::{View, instance_ref};
-use crate::store::{self, AssignmentPhase, LeaseView, OperationKind, OperationPhase, Term};
+use crate::store::{self, AssignmentPhase, LeaseView, OperationKind, OperationPhase, OwnershipTerm};
 
 /// Build the status answer from a view and the lease row. Pure.
 pub fn status(view: &View, lease: Option<&LeaseView>, served_by: &str) -> GetSupervisorPoolStatusResponse {
@@ -74,7 +74,7 @@ pub fn status(view: &View, lease: Option<&LeaseView>, served_by: &str) -> GetSup
                 owner_member: a.map(|a| a.member.clone()).unwrap_or_default(),
                 owner_process_id: a.map(|a| a.process_id.clone()).unwrap_or_default(),
                 // No current assignment: term 0 on the wire.
-                term: a.map_or(Term::ZERO, |a| a.term).get(),
+                term: a.map_or(OwnershipTerm::ZERO, |a| a.term).get(),
                 reserved: a.is_some_and(|a| a.phase == AssignmentPhase::Reserved),
                 phase: r.and_then(|r| r.phase.wire()).unwrap_or_default() as i32,
                 last_report_at_ms: r.map_or(0, |r| r.updated_at_ms),

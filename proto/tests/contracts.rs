@@ -55,7 +55,7 @@ fn round_trip<M: Message + Default + PartialEq + std::fmt::Debug>(msg: &M) -> Te
 
 #[test]
 fn host_snapshot_round_trips() -> TestResult {
-    use host::v1::{GatewayMessage, OwnedInstance, OwnershipPhase, Snapshot, gateway_message};
+    use host::v1::{AssignmentPhase, GatewayMessage, OwnedInstance, Snapshot, gateway_message};
     let msg = GatewayMessage {
         kind: Some(gateway_message::Kind::Snapshot(Snapshot {
             revision: 5,
@@ -63,7 +63,7 @@ fn host_snapshot_round_trips() -> TestResult {
                 route: "team-a/agent-0".into(),
                 instance: Some(instance()),
                 term: 8,
-                phase: OwnershipPhase::Reserved.into(),
+                phase: AssignmentPhase::Reserved.into(),
                 credentials: b"{\"material\":true}".to_vec(),
                 grant: "eyJ.eyJ.sig".into(),
                 grant_expires_at_ms: 1_700_000_030_000,

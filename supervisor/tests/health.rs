@@ -7,7 +7,7 @@ mod support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use proto::host::v1::OwnershipPhase::Active as Owned;
+use proto::host::v1::AssignmentPhase::Active as Owned;
 use support::{FakeGateway, WAIT, owned, snapshot, within};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

@@ -6,7 +6,7 @@ mod support;
 use std::collections::BTreeSet;
 
 use proto::common::v1::InstancePhase::{Active, Relinquished, Starting, Stopped};
-use proto::host::v1::OwnershipPhase::{Active as Owned, Reserved};
+use proto::host::v1::AssignmentPhase::{Active as Owned, Reserved};
 use proto::host::v1::Snapshot;
 use proto::host::v1::member_message::Kind;
 use proto::runtime::v1::supervisor_runtime_client::SupervisorRuntimeClient;

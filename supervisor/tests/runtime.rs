@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use proto::common::v1::InstancePhase::{Active, Failed, Relinquished, Starting, Stopped};
 use proto::common::v1::{InstanceRef, RouteDirectoryEntry};
-use proto::host::v1::OwnershipPhase::{Active as Owned, Reserved};
+use proto::host::v1::AssignmentPhase::{Active as Owned, Reserved};
 use proto::host::v1::{OwnedInstance, Snapshot, StatusReport};
 use proto::runtime::v1::supervisor_message::Kind;
 use proto::runtime::v1::workload_request::Kind as Request;

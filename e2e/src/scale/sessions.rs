@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use gateway::store::{AssignmentPhase, Options, Store, Term};
+use gateway::store::{AssignmentPhase, Options, OwnershipTerm, Store};
 use nix::sys::signal::Signal;
 use serde::Serialize;
 
@@ -231,7 +231,7 @@ fn other_member<'a>(pool: &'a LocalPool, member: &str) -> Option<&'a str> {
 
 /// SIGKILL `member`; measured until every session it held is active elsewhere.
 async fn crash(pool: &LocalPool, store: &Store, member: &str, sandboxes: &[String]) -> Result<Step, Error> {
-    let held: Vec<(String, Term)> = store
+    let held: Vec<(String, OwnershipTerm)> = store
         .list_assignments()
         .await?
         .into_iter()

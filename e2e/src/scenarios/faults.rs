@@ -87,7 +87,7 @@ pub(super) async fn owner(pool: &mut LocalPool, store: &Store, fault: OwnerFault
         .max_by_key(|(_, n)| **n)
         .map(|(m, _)| (*m).to_owned())
         .ok_or_else(|| Error::Scenario("no owner".into()))?;
-    let moved: Vec<(String, gateway::store::Term)> = assignments
+    let moved: Vec<(String, gateway::store::OwnershipTerm)> = assignments
         .iter()
         .filter(|a| a.member == victim)
         .map(|a| (a.route.clone(), a.term))
@@ -229,9 +229,10 @@ pub(super) async fn outage(
         .iter()
         .position(|g| g.name == holder)
         .ok_or_else(|| Error::Scenario(format!("coordinator {holder} is not a gateway of this pool")))?;
-    let owners = |assignments: Vec<gateway::store::Assignment>| -> BTreeMap<String, (String, gateway::store::Term)> {
-        assignments.into_iter().map(|a| (a.route, (a.member, a.term))).collect()
-    };
+    let owners =
+        |assignments: Vec<gateway::store::Assignment>| -> BTreeMap<String, (String, gateway::store::OwnershipTerm)> {
+            assignments.into_iter().map(|a| (a.route, (a.member, a.term))).collect()
+        };
     let before = owners(store.list_assignments().await?);
     let sandboxes: Vec<String> = pool.sandboxes.iter().map(|s| s.name.clone()).collect();
     let pids_before = agent_pids(pool, &sandboxes);

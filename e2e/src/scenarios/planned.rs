@@ -62,7 +62,7 @@ pub(crate) async fn planned(pool: &LocalPool, store: &Store, kind: Planned) -> R
         .await?;
     }
     let before = store.list_assignments().await?;
-    let moving: Vec<(String, gateway::store::Term)> = match kind {
+    let moving: Vec<(String, gateway::store::OwnershipTerm)> = match kind {
         Planned::Drain => before
             .iter()
             .filter(|a| a.member == member)

@@ -29,7 +29,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::kubernetes;
 use crate::replica::Replica;
-use crate::store::{MemberRecord, MemberUpdate, Report, Term};
+use crate::store::{MemberRecord, MemberUpdate, OwnershipTerm, Report};
 use admission::{Admission, RecordCheck, Superseded, check_record};
 use protocol::HostProtocol;
 
@@ -130,7 +130,7 @@ impl SupervisorHost for Host {
             self.replica.metrics.call_denied();
             return Err(denied);
         }
-        let term = Term::from_wire(request.term).map_err(|err| Status::invalid_argument(err.to_string()))?;
+        let term = OwnershipTerm::from_wire(request.term).map_err(|err| Status::invalid_argument(err.to_string()))?;
         let rows = crate::audit::rows(&request.records).map_err(Status::invalid_argument)?;
         let stored = self
             .replica
@@ -524,7 +524,7 @@ impl Session {
                         .filter_map(|c| {
                             // Attributed to a term this stream installed (from an assignment,
                             // so in the store's range): an out-of-range one is never written.
-                            let term = Term::from_wire(c.status.term)
+                            let term = OwnershipTerm::from_wire(c.status.term)
                                 .inspect_err(
                                     |err| warn!(route = %c.status.route, error = %err, "status report dropped"),
                                 )

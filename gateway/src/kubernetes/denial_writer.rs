@@ -37,7 +37,7 @@ impl<C: Cluster> DenialWriter<C> {
     /// Run until `shutdown`, publishing while `lease` is held.
     pub async fn run(self, lease: watch::Receiver<Option<Lease>>, shutdown: CancellationToken) {
         // The term and the storing time up to which its denials were published.
-        let mut published: Option<(crate::store::Term, i64)> = None;
+        let mut published: Option<(crate::store::CoordinatorTerm, i64)> = None;
         let mut failing = false;
         let mut every = rounds(INTERVAL);
         while next_round(&mut every, &shutdown).await {

@@ -11,7 +11,7 @@
 use super::index::Unsupervised;
 use crate::pool::View;
 use crate::room;
-use crate::store::{AssignmentPhase, InstanceRecord, OperationKind, OperationPhase, Term, WithdrawnReason};
+use crate::store::{AssignmentPhase, InstanceRecord, OperationKind, OperationPhase, OwnershipTerm, WithdrawnReason};
 
 pub const REASON_PLACED: &str = "InstancePlaced";
 pub const REASON_RECOVERED: &str = "InstanceRecovered";
@@ -215,7 +215,7 @@ fn failed_recoveries(before: &View, after: &View, out: &mut Vec<Notice>) {
 /// Instances whose sidecar stopped the workload at the recovery deadline since `before`
 /// (withdrawn with that reason): once per workload, whichever replica the report reached.
 fn stopped_at_the_deadline(before: &View, after: &View, install_namespace: &str, out: &mut Vec<Notice>) {
-    fn stopped(i: &InstanceRecord) -> Option<(Option<&str>, Option<Term>)> {
+    fn stopped(i: &InstanceRecord) -> Option<(Option<&str>, Option<OwnershipTerm>)> {
         match &i.withdrawn_reason {
             Some(WithdrawnReason::RecoveryFailed { owner, term }) if i.withdrawn => Some((owner.as_deref(), *term)),
             _ => None,

@@ -1,7 +1,7 @@
 //! Unit tests of [`super::diff`]: which Events a change of the pool view makes.
 
 use super::*;
-use crate::store::{Assignment, MemberRecord, Operation, SecretBytes, Term};
+use crate::store::{Assignment, MemberRecord, Operation, OwnershipTerm, SecretBytes};
 
 fn member(name: &str, expires_at_ms: i64, leaving: bool) -> MemberRecord {
     MemberRecord {
@@ -27,7 +27,7 @@ fn instance(route: &str) -> InstanceRecord {
         material: SecretBytes::default(),
         registered_at_ms: 0,
         withdrawn: false,
-        last_term: Term::new(0),
+        last_term: OwnershipTerm::new(0),
         withdrawn_reason: None,
     }
 }
@@ -37,11 +37,11 @@ fn assignment(route: &str, member: &str, term: u64, phase: AssignmentPhase) -> A
         route: route.into(),
         member: member.into(),
         process_id: format!("{member}-p"),
-        term: Term::new(term),
+        term: OwnershipTerm::new(term),
         phase,
         generation: 1,
-        placed_term: Term::new(1),
-        coordinator_term: Term::new(1),
+        placed_term: OwnershipTerm::new(1),
+        coordinator_term: crate::store::CoordinatorTerm::new(1),
         updated_at_ms: 0,
     }
 }
@@ -196,7 +196,7 @@ fn stopped(mut i: InstanceRecord, owner: Option<&str>, term: Option<u64>) -> Ins
     i.withdrawn = true;
     i.withdrawn_reason = Some(WithdrawnReason::RecoveryFailed {
         owner: owner.map(str::to_owned),
-        term: term.map(Term::new),
+        term: term.map(OwnershipTerm::new),
     });
     i
 }
@@ -288,7 +288,7 @@ fn a_deadline_missed_with_no_identified_workload_says_nothing_was_stopped() {
             "r".into(),
             crate::store::Report {
                 route: "r".into(),
-                term: Term::new(term),
+                term: OwnershipTerm::new(term),
                 member: "supervisor-0".into(),
                 process_id: "p".into(),
                 phase: crate::store::ReportPhase::Active,

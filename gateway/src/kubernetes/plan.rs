@@ -161,7 +161,7 @@ fn orphans(index: &Index, view: &View, grace: Duration) -> Vec<Write> {
 mod tests {
     use super::*;
     use crate::kubernetes::index::Pod;
-    use crate::store::{InstanceRecord, SecretBytes, Term};
+    use crate::store::{InstanceRecord, OwnershipTerm, SecretBytes};
 
     fn scope() -> Scope {
         Scope::new("shared-supervision")
@@ -185,7 +185,7 @@ mod tests {
             material: SecretBytes::default(),
             registered_at_ms,
             withdrawn: false,
-            last_term: Term::new(0),
+            last_term: OwnershipTerm::new(0),
             withdrawn_reason: None,
         }
     }

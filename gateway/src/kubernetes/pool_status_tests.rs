@@ -2,7 +2,8 @@
 
 use super::*;
 use crate::store::{
-    Assignment, AssignmentPhase, InstanceRecord, MemberRecord, Operation, Report, ReportPhase, SecretBytes, Term,
+    Assignment, AssignmentPhase, InstanceRecord, MemberRecord, Operation, OwnershipTerm, Report, ReportPhase,
+    SecretBytes,
 };
 
 fn member(name: &str, expires_at_ms: i64) -> MemberRecord {
@@ -41,7 +42,7 @@ pub(crate) fn view() -> View {
                 material: SecretBytes::default(),
                 registered_at_ms: 0,
                 withdrawn: false,
-                last_term: Term::new(1),
+                last_term: OwnershipTerm::new(1),
                 withdrawn_reason: None,
             },
         );
@@ -51,11 +52,11 @@ pub(crate) fn view() -> View {
                 route: route.into(),
                 member: owner.into(),
                 process_id: format!("{owner}-p"),
-                term: Term::new(1),
+                term: OwnershipTerm::new(1),
                 phase: AssignmentPhase::Active,
                 generation: 1,
-                placed_term: Term::new(1),
-                coordinator_term: Term::new(1),
+                placed_term: OwnershipTerm::new(1),
+                coordinator_term: crate::store::CoordinatorTerm::new(1),
                 updated_at_ms: 0,
             },
         );
@@ -106,7 +107,7 @@ pub(crate) fn running(kind: OperationKind, target: &str) -> Operation {
 pub(crate) fn lease() -> Lease {
     Lease {
         holder: "openshell-gateway-0/4f2a".into(),
-        term: Term::new(3),
+        term: crate::store::CoordinatorTerm::new(3),
         expires_at_ms: 0,
     }
 }
@@ -217,7 +218,7 @@ fn a_lost_member_degrades_the_pool_and_transitions_keep_their_time() {
     let a = v.assignments.get_mut("r3").unwrap();
     a.member = "a".into();
     a.process_id = "a-p".into();
-    a.term = Term::new(2);
+    a.term = OwnershipTerm::new(2);
     report(&mut v, "r3", ReportPhase::Active);
     let status = desired(&v, Some(&lease()), UnsupervisedPods::default(), Some(&status));
     assert_eq!(status.members.len(), 1);

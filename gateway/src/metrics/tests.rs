@@ -3,8 +3,8 @@ use std::collections::BTreeMap;
 
 use crate::pool::View;
 use crate::store::{
-    Assignment, AssignmentPhase, InstanceRecord, MemberRecord, Operation, OperationKind, OperationPhase, Report,
-    ReportPhase, SecretBytes, Term,
+    Assignment, AssignmentPhase, InstanceRecord, MemberRecord, Operation, OperationKind, OperationPhase, OwnershipTerm,
+    Report, ReportPhase, SecretBytes,
 };
 
 fn instance(route: &str) -> InstanceRecord {
@@ -17,7 +17,7 @@ fn instance(route: &str) -> InstanceRecord {
         material: SecretBytes::default(),
         registered_at_ms: 0,
         withdrawn: false,
-        last_term: Term::new(1),
+        last_term: OwnershipTerm::new(1),
         withdrawn_reason: None,
     }
 }
@@ -41,11 +41,11 @@ fn assignment(route: &str, member: &str, term: u64) -> Assignment {
         route: route.into(),
         member: member.into(),
         process_id: format!("{member}-p"),
-        term: Term::new(term),
+        term: OwnershipTerm::new(term),
         phase: AssignmentPhase::Reserved,
         generation: 1,
-        placed_term: Term::new(1),
-        coordinator_term: Term::new(1),
+        placed_term: OwnershipTerm::new(1),
+        coordinator_term: crate::store::CoordinatorTerm::new(1),
         updated_at_ms: 0,
     }
 }
@@ -53,7 +53,7 @@ fn assignment(route: &str, member: &str, term: u64) -> Assignment {
 fn report(route: &str, member: &str, term: u64, phase: ReportPhase) -> Report {
     Report {
         route: route.into(),
-        term: Term::new(term),
+        term: OwnershipTerm::new(term),
         member: member.into(),
         process_id: format!("{member}-p"),
         phase,

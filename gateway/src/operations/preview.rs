@@ -4,7 +4,7 @@
 
 use super::Round;
 use crate::pool::View;
-use crate::store::{AssignmentPhase, FencedWrite, Operation, OperationKind, OperationPhase, Term};
+use crate::store::{AssignmentPhase, FencedWrite, Operation, OperationKind, OperationPhase, OwnershipTerm};
 
 /// One move of a plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -13,7 +13,7 @@ pub struct PlannedMove {
     pub from: String,
     pub to: String,
     /// The term it moves at (its current term + 1).
-    pub term: Term,
+    pub term: OwnershipTerm,
     /// Moves of one wave are in flight together; starts at 1.
     pub wave: u32,
 }

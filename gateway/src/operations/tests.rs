@@ -1,5 +1,5 @@
 use super::*;
-use crate::store::{InstanceRecord, MemberRecord, SecretBytes, Term};
+use crate::store::{InstanceRecord, MemberRecord, OwnershipTerm, SecretBytes};
 
 fn member(name: &str) -> MemberRecord {
     MemberRecord {
@@ -35,7 +35,7 @@ pub(super) fn pool(members: &[&str], placed: &[(&str, &str)]) -> View {
                 material: SecretBytes::default(),
                 registered_at_ms: 0,
                 withdrawn: false,
-                last_term: Term::new(0),
+                last_term: OwnershipTerm::new(0),
                 withdrawn_reason: None,
             },
         );
@@ -45,11 +45,11 @@ pub(super) fn pool(members: &[&str], placed: &[(&str, &str)]) -> View {
                 route: (*route).into(),
                 member: (*owner).into(),
                 process_id: format!("{owner}-p"),
-                term: Term::new(1),
+                term: OwnershipTerm::new(1),
                 phase: AssignmentPhase::Active,
                 generation: 1,
-                placed_term: Term::new(1),
-                coordinator_term: Term::new(1),
+                placed_term: OwnershipTerm::new(1),
+                coordinator_term: crate::store::CoordinatorTerm::new(1),
                 updated_at_ms: 0,
             },
         );
@@ -132,7 +132,7 @@ fn a_drain_moves_only_instances_still_desired() {
     let a = v.assignments.get_mut("r1").unwrap();
     a.member = "b".into();
     a.process_id = "b-p".into();
-    a.term = Term::new(2);
+    a.term = OwnershipTerm::new(2);
     let done = ops(&plan(&v));
     assert_eq!(done[0].phase, OperationPhase::Succeeded, "{done:?}");
 }
@@ -145,7 +145,7 @@ fn a_drain_waits_for_handoffs_in_flight_then_succeeds_and_keeps_the_member_out()
     let a = v.assignments.get_mut("r1").unwrap();
     a.member = "b".into();
     a.process_id = "b-p".into();
-    a.term = Term::new(2);
+    a.term = OwnershipTerm::new(2);
     a.phase = AssignmentPhase::Reserved;
     let batches = plan(&v);
     assert!(moves(&batches).is_empty());
@@ -212,7 +212,7 @@ fn a_rebalance_evens_out_counts_and_then_succeeds() {
         let a = v.assignments.get_mut(&route).unwrap();
         a.member = "b".into();
         a.process_id = "b-p".into();
-        a.term = Term::new(2);
+        a.term = OwnershipTerm::new(2);
     }
     let done = ops(&plan(&v));
     assert_eq!(done[0].phase, OperationPhase::Succeeded);

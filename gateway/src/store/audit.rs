@@ -2,7 +2,7 @@
 //! once per (Pod UID, sequence), only for the member that owns the route at the term it names
 //! (checked in the transaction that stores them), and read back by Pod.
 
-use super::{Error, Result, Store, Term};
+use super::{Error, OwnershipTerm, Result, Store};
 
 /// How long records are kept (the coordinator's retention round forgets older ones).
 pub const AUDIT_RETENTION_MS: i64 = 7 * 24 * 3600 * 1000;
@@ -16,7 +16,7 @@ pub struct AuditEntry {
     pub namespace: String,
     pub name: String,
     pub member: String,
-    pub term: super::Term,
+    pub term: super::OwnershipTerm,
     pub recorded_at_ms: i64,
     pub at_ms: i64,
     pub decision: String,
@@ -71,7 +71,7 @@ impl Store {
         &self,
         route: &str,
         member: &str,
-        term: Term,
+        term: OwnershipTerm,
         records: Vec<AuditEntry>,
     ) -> Result<Recorded> {
         let (route, member) = (route.to_owned(), member.to_owned());
@@ -83,11 +83,11 @@ impl Store {
         &self,
         route: &str,
         member: &str,
-        term: Term,
+        term: OwnershipTerm,
         records: Vec<AuditEntry>,
     ) -> Result<Recorded> {
         let mut tx = self.pool.begin().await?;
-        let owner: Option<(String, Term, String, String, String, String)> = sqlx::query_as(
+        let owner: Option<(String, OwnershipTerm, String, String, String, String)> = sqlx::query_as(
             "SELECT a.member, a.term, a.phase, i.uid, i.namespace, i.name FROM assignments a \
              JOIN instances i ON i.route = a.route WHERE a.route = $1",
         )

@@ -9,7 +9,7 @@ use sqlx::encode::IsNull;
 use sqlx::error::BoxDynError;
 use sqlx::{Decode, Encode, Type};
 
-use super::{Error, LoadedPolicy, Term, WithdrawnKind, WithdrawnReason};
+use super::{Error, LoadedPolicy, OwnershipTerm, WithdrawnKind, WithdrawnReason};
 
 /// A text column holds a value its enum does not know.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -37,7 +37,7 @@ impl From<Flag> for bool {
 pub struct WithdrawnColumns {
     withdrawn_reason: Option<WithdrawnKind>,
     withdrawn_owner: Option<String>,
-    withdrawn_term: Option<Term>,
+    withdrawn_term: Option<OwnershipTerm>,
 }
 
 impl From<WithdrawnColumns> for Option<WithdrawnReason> {

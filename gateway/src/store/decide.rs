@@ -1,7 +1,7 @@
 //! The lease decisions both backends make once they hold the lease row lock
 //! and have sampled the database clock. Pure, so they are tested without I/O.
 
-use super::{Acquire, Error, Fence, FencedWrite, Lease, LeaseView, Term};
+use super::{Acquire, CoordinatorTerm, Error, Fence, FencedWrite, Lease, LeaseView, OwnershipTerm};
 
 /// Acquire: an expired (or never held) lease is taken with the term bumped by
 /// one; a live lease of the same holder is extended in place; a live lease of
@@ -21,7 +21,7 @@ pub(crate) fn acquire(row: &LeaseView, holder: &str, length_ms: i64) -> Acquire 
 
 /// Check a caller's lease against the locked row, at the row's database time.
 pub(crate) fn fence(row: &LeaseView, lease: &Lease) -> Result<(), Fence> {
-    if row.term == Term::ZERO {
+    if row.term == CoordinatorTerm::ZERO {
         return Err(Fence::NoLease);
     }
     if row.term != lease.term || row.holder != lease.holder {
@@ -45,7 +45,7 @@ pub(crate) fn validate(writes: &[FencedWrite]) -> Result<(), Error> {
     for write in writes {
         match write {
             FencedWrite::Assign { expected_term, next }
-                if next.term == Term::ZERO || expected_term.is_some_and(|t| next.term <= t) =>
+                if next.term == OwnershipTerm::ZERO || expected_term.is_some_and(|t| next.term <= t) =>
             {
                 return Err(Error::Invalid(format!(
                     "assignment of {} must move to a term above {:?}, got {}",
@@ -71,7 +71,7 @@ mod tests {
     fn row(holder: &str, term: u64, expires_at_ms: i64, now_ms: i64) -> LeaseView {
         LeaseView {
             holder: holder.into(),
-            term: Term::new(term),
+            term: CoordinatorTerm::new(term),
             expires_at_ms,
             now_ms,
         }
@@ -92,20 +92,26 @@ mod tests {
 
     #[test]
     fn term_bumps_only_when_expired() {
-        assert!(matches!(acquire(&row("a", 4, 2000, 1999), "b", 10), Acquire::HeldBy(r) if r.term == Term::new(4)));
+        assert!(
+            matches!(acquire(&row("a", 4, 2000, 1999), "b", 10), Acquire::HeldBy(r) if r.term == CoordinatorTerm::new(4))
+        );
         let same = acquired(acquire(&row("a", 4, 2000, 1999), "a", 10));
         assert_eq!((same.term.get(), same.expires_at_ms), (4, 2009));
         let next = acquired(acquire(&row("a", 4, 2000, 2000), "b", 10));
         assert_eq!((next.term.get(), next.holder.as_str()), (5, "b"));
         let again = acquired(acquire(&row("a", 4, 2000, 2000), "a", 10));
-        assert_eq!(again.term, Term::new(5), "re-acquiring after expiry is a new term");
+        assert_eq!(
+            again.term,
+            CoordinatorTerm::new(5),
+            "re-acquiring after expiry is a new term"
+        );
     }
 
     #[test]
     fn fence_checks_holder_term_and_expiry() {
         let lease = Lease {
             holder: "a".into(),
-            term: Term::new(3),
+            term: CoordinatorTerm::new(3),
             expires_at_ms: 100,
         };
         assert_eq!(fence(&row("", 0, 0, 0), &lease), Err(Fence::NoLease));
@@ -116,7 +122,7 @@ mod tests {
         ));
         assert!(matches!(
             fence(&row("b", 4, 500, 10), &lease),
-            Err(Fence::Superseded { current_term, .. }) if current_term == Term::new(4)
+            Err(Fence::Superseded { current_term, .. }) if current_term == CoordinatorTerm::new(4)
         ));
         assert!(matches!(
             fence(&row("b", 3, 500, 10), &lease),

@@ -9,7 +9,7 @@ use super::columns::decoded;
 use super::dialect::LockMode;
 use super::keys::{delete_signing_key, put_signing_key};
 use super::operations::{delete_operation, put_operation};
-use super::{Assignment, Error, FencedWrite, Lease, Result, Store, Term, decide};
+use super::{Assignment, CoordinatorTerm, Error, FencedWrite, Lease, OwnershipTerm, Result, Store, decide};
 
 impl Store {
     /// Apply `writes` in one transaction that first locks the lease row in a
@@ -49,7 +49,7 @@ impl Store {
 async fn apply(
     tx: &mut Transaction<'static, Any>,
     write: &FencedWrite,
-    coordinator_term: Term,
+    coordinator_term: CoordinatorTerm,
     now_ms: i64,
 ) -> Result<()> {
     match write {
@@ -119,13 +119,13 @@ async fn forget_retired(tx: &mut Transaction<'static, Any>, before_ms: i64) -> R
 /// Compare-and-set the assignment of `a.route` from `expected_term` to `a`.
 async fn assign(
     tx: &mut Transaction<'static, Any>,
-    expected_term: Option<Term>,
+    expected_term: Option<OwnershipTerm>,
     a: &Assignment,
-    coordinator_term: Term,
+    coordinator_term: CoordinatorTerm,
     now_ms: i64,
 ) -> Result<()> {
     // Terms never repeat on a route, whatever became of its earlier assignments.
-    let last: Option<Term> = sqlx::query_scalar("SELECT last_term FROM instances WHERE route = $1")
+    let last: Option<OwnershipTerm> = sqlx::query_scalar("SELECT last_term FROM instances WHERE route = $1")
         .bind(&a.route)
         .fetch_optional(&mut **tx)
         .await?;
@@ -174,12 +174,12 @@ async fn assign(
 }
 
 /// Describe a failed compare-and-set on an assignment.
-async fn conflict(tx: &mut Transaction<'static, Any>, route: &str, expected: Option<Term>) -> Error {
-    let found: Result<Option<Term>, _> = sqlx::query_scalar("SELECT term FROM assignments WHERE route = $1")
+async fn conflict(tx: &mut Transaction<'static, Any>, route: &str, expected: Option<OwnershipTerm>) -> Error {
+    let found: Result<Option<OwnershipTerm>, _> = sqlx::query_scalar("SELECT term FROM assignments WHERE route = $1")
         .bind(route)
         .fetch_optional(&mut **tx)
         .await;
-    let show = |t: Option<Term>| t.map_or_else(|| "no assignment".to_owned(), |t| format!("term {t}"));
+    let show = |t: Option<OwnershipTerm>| t.map_or_else(|| "no assignment".to_owned(), |t| format!("term {t}"));
     // The conflict stands either way; a term that cannot be read is said so, not guessed.
     let found = found.map_or_else(|err| format!("an unreadable assignment ({err})"), show);
     Error::Conflict {

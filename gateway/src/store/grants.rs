@@ -5,7 +5,7 @@
 use sqlx::{Any, Transaction};
 
 use super::columns::decoded;
-use super::{Activation, AssignmentPhase, Checkpoint, Error, GrantRecord, Result, Store, Term};
+use super::{Activation, AssignmentPhase, Checkpoint, Error, GrantRecord, OwnershipTerm, Result, Store};
 
 impl Store {
     /// Record the one grant of a reserved term: only for the route's current reserved term,
@@ -211,7 +211,7 @@ impl Store {
 /// What a grant and an activation check of a route's assignment.
 #[derive(sqlx::FromRow)]
 struct LockedAssignment {
-    term: Term,
+    term: OwnershipTerm,
     member: String,
     process_id: String,
     phase: AssignmentPhase,

@@ -8,7 +8,9 @@ use sqlx::{Any, Transaction};
 
 use super::columns::{Flag, decoded};
 use super::sealing;
-use super::{Error, InstanceRecord, Registered, Registration, Report, Result, SecretBytes, Store, Term, WithdrawnKind};
+use super::{
+    Error, InstanceRecord, OwnershipTerm, Registered, Registration, Report, Result, SecretBytes, Store, WithdrawnKind,
+};
 
 impl Store {
     /// Register an instance and assign its generation: the same workload (uid) keeps its
@@ -231,7 +233,7 @@ impl Store {
         route: &str,
         uid: &str,
         generation: Option<i64>,
-        fence_term: Option<Term>,
+        fence_term: Option<OwnershipTerm>,
     ) -> Result<bool> {
         let current = "FROM assignments a WHERE a.route = instances.route AND a.generation >= instances.generation";
         let sql = format!(

@@ -4,7 +4,7 @@
 use sqlx::{Any, Transaction};
 
 use super::columns::decoded;
-use super::{Result, SigningKey, Store, Term};
+use super::{CoordinatorTerm, Result, SigningKey, Store};
 
 impl Store {
     pub async fn list_signing_keys(&self) -> Result<Vec<SigningKey>> {
@@ -22,7 +22,7 @@ impl Store {
 pub(super) async fn put_signing_key(
     tx: &mut Transaction<'static, Any>,
     key: &SigningKey,
-    coordinator_term: Term,
+    coordinator_term: CoordinatorTerm,
     now_ms: i64,
 ) -> Result<()> {
     sqlx::query(

@@ -8,7 +8,7 @@ use sqlx::{Any, Transaction};
 
 use super::columns::decoded;
 use super::dialect::LockMode;
-use super::{Acquire, Error, Lease, LeaseView, Result, Store, Term, TermRecord, decide, liveness, millis};
+use super::{Acquire, CoordinatorTerm, Error, Lease, LeaseView, Result, Store, TermRecord, decide, liveness, millis};
 
 impl Store {
     /// This process's liveness key: the suffix of its lease holder id.
@@ -151,7 +151,7 @@ impl Store {
             .fetch_optional(&self.pool)
             .await
             .map_err(decoded("coordinator_lease"))?;
-        Ok(view.filter(|view| view.term > Term::ZERO))
+        Ok(view.filter(|view| view.term > CoordinatorTerm::ZERO))
     }
 
     /// Every term ever granted, oldest first.

@@ -54,7 +54,7 @@ use sqlx::AnyPool;
 pub use audit::{AUDIT_RETENTION_MS, AuditEntry, Denials, Recorded};
 pub use dialect::Backend;
 pub use redact::{redact_url, scrub};
-pub use term::{Negative, OutOfRange, Term};
+pub use term::{CoordinatorTerm, Negative, OutOfRange, OwnershipTerm};
 pub use types::*;
 
 /// Errors of the store. `Fenced` and `Conflict` are the expected, typed
@@ -128,11 +128,14 @@ pub enum Fence {
     NoLease,
     /// Another holder or a later term owns the lease.
     #[error("the lease is at term {current_term}, not term {term}")]
-    Superseded { term: Term, current_term: Term },
+    Superseded {
+        term: CoordinatorTerm,
+        current_term: CoordinatorTerm,
+    },
     /// Same holder and term, but the lease expired by the database clock.
     #[error("lease term {term} expired at {expires_at_ms} (database time {now_ms})")]
     Expired {
-        term: Term,
+        term: CoordinatorTerm,
         expires_at_ms: i64,
         now_ms: i64,
     },

@@ -4,7 +4,7 @@
 use sqlx::{Any, Transaction};
 
 use super::columns::decoded;
-use super::{Error, Operation, OperationKind, OperationPhase, Result, Store, Term};
+use super::{CoordinatorTerm, Error, Operation, OperationKind, OperationPhase, Result, Store};
 
 impl Store {
     pub async fn list_operations(&self) -> Result<Vec<Operation>> {
@@ -128,7 +128,7 @@ fn succeeded_drain() -> String {
 pub(super) async fn put_operation(
     tx: &mut Transaction<'static, Any>,
     op: &Operation,
-    coordinator_term: Term,
+    coordinator_term: CoordinatorTerm,
     now_ms: i64,
 ) -> Result<()> {
     sqlx::query(

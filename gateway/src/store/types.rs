@@ -8,8 +8,8 @@ use std::str::FromStr;
 
 use proto::common::v1::InstancePhase;
 
-use super::Term;
 use super::columns::{Flag, PolicyColumns, UnknownText, WithdrawnColumns};
+use super::{CoordinatorTerm, OwnershipTerm};
 
 /// A coordinator lease as its holder knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,7 +17,7 @@ pub struct Lease {
     /// Unique per gateway process.
     pub holder: String,
     /// The coordinator term: strictly increasing across holders.
-    pub term: Term,
+    pub term: CoordinatorTerm,
     pub expires_at_ms: i64,
 }
 
@@ -25,7 +25,7 @@ pub struct Lease {
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct LeaseView {
     pub holder: String,
-    pub term: Term,
+    pub term: CoordinatorTerm,
     pub expires_at_ms: i64,
     pub now_ms: i64,
 }
@@ -47,7 +47,7 @@ pub enum Acquire {
 /// One granted coordinator term, from the lease log.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct TermRecord {
-    pub term: Term,
+    pub term: CoordinatorTerm,
     pub holder: String,
     pub acquired_at_ms: i64,
     /// When the term's coordinator made its first fenced write.
@@ -61,13 +61,13 @@ pub enum FencedWrite {
     /// must have no assignment yet; otherwise its term must equal it. The new
     /// term must be higher than the expected one.
     Assign {
-        expected_term: Option<Term>,
+        expected_term: Option<OwnershipTerm>,
         next: Assignment,
     },
     /// Remove an assignment whose term is still `expected_term`.
     Unassign {
         route: String,
-        expected_term: Term,
+        expected_term: OwnershipTerm,
     },
     /// Insert or replace a durable operation.
     PutOperation(Operation),
@@ -164,7 +164,7 @@ pub struct InstanceRecord {
     pub withdrawn: bool,
     /// The highest ownership term ever assigned on the route (any generation): the next
     /// placement starts above it.
-    pub last_term: Term,
+    pub last_term: OwnershipTerm,
     /// Why it was withdrawn, when that says more than "no longer desired" (`None` for a
     /// deregistration, a Pod gone, or a desired instance).
     #[sqlx(flatten, try_from = "WithdrawnColumns")]
@@ -177,7 +177,10 @@ pub enum WithdrawnReason {
     /// Its sidecar stopped the workload at the recovery deadline: no supervisor took it over
     /// in time. `owner` and `term`: the assignment it last had when that was reported (the
     /// sidecar's last activated term when it had none), if known.
-    RecoveryFailed { owner: Option<String>, term: Option<Term> },
+    RecoveryFailed {
+        owner: Option<String>,
+        term: Option<OwnershipTerm>,
+    },
 }
 
 impl WithdrawnReason {
@@ -223,7 +226,7 @@ pub enum Registered {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GrantRecord {
     pub route: String,
-    pub term: Term,
+    pub term: OwnershipTerm,
     pub jti: String,
     pub member: String,
     pub process_id: String,
@@ -252,7 +255,7 @@ impl Checkpoint {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Activation {
     pub route: String,
-    pub term: Term,
+    pub term: OwnershipTerm,
     /// The calling member (from its credential): the reservation and the grant must be its.
     pub member: String,
     pub process_id: String,
@@ -265,7 +268,7 @@ pub struct Activation {
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct Report {
     pub route: String,
-    pub term: Term,
+    pub term: OwnershipTerm,
     pub member: String,
     pub process_id: String,
     pub phase: ReportPhase,
@@ -360,15 +363,15 @@ pub struct Assignment {
     pub member: String,
     pub process_id: String,
     /// Ownership term: strictly increasing per route, the runtime fencing token.
-    pub term: Term,
+    pub term: OwnershipTerm,
     pub phase: AssignmentPhase,
     /// The instance generation it was made for: an older one than the route's registered
     /// generation means another workload replaced it, and the assignment is stale.
     pub generation: i64,
     /// The term at which this generation was placed (later terms are recoveries or moves).
-    pub placed_term: Term,
+    pub placed_term: OwnershipTerm,
     /// Coordinator term that wrote it (set by the store).
-    pub coordinator_term: Term,
+    pub coordinator_term: CoordinatorTerm,
     /// Set by the store from the database clock.
     pub updated_at_ms: i64,
 }

@@ -1,12 +1,12 @@
 //! Pool-control scenarios, each on a fresh database.
 use std::collections::BTreeMap;
 
-use gateway::store::{AssignmentPhase, OperationKind, OperationPhase, ReportPhase, Term};
+use gateway::store::{AssignmentPhase, OperationKind, OperationPhase, OwnershipTerm, ReportPhase};
 use proto::host::v1::member_message::Kind as MemberKind;
 use proto::host::v1::{Ack, StatusReport};
 use tonic::Code;
 
-use proto::host::v1::OwnershipPhase;
+use proto::host::v1::AssignmentPhase as WirePhase;
 use proto::recovery::v1::supervisor_recovery_client::SupervisorRecoveryClient;
 use proto::recovery::v1::{ActivateRequest, IssueGrantRequest, IssueGrantResponse, Receipt, TrustBundleRequest};
 use proto::registry::v1::instance_registry_client::InstanceRegistryClient;
@@ -255,7 +255,7 @@ pub async fn a_stream_ended_by_its_member_removes_the_membership_at_once(db: &Te
 
 /// Members m-a (through replica 0) and m-b (through replica 1), four instances placed with
 /// some on m-a: both members' streams, and m-a's instances with their terms.
-async fn some_instances_on_m_a(pool: &Pool, db: &TestDb) -> (Member, Member, BTreeMap<String, Term>) {
+async fn some_instances_on_m_a(pool: &Pool, db: &TestDb) -> (Member, Member, BTreeMap<String, OwnershipTerm>) {
     let a = pool.member(0, "m-a", Behaviour::Healthy).await;
     let b = pool.member(1, "m-b", Behaviour::Healthy).await;
     wait_members(db, 2).await;
@@ -275,7 +275,7 @@ async fn some_instances_on_m_a(pool: &Pool, db: &TestDb) -> (Member, Member, BTr
 }
 
 /// Every instance of `on_a` is still m-a's, at its term.
-async fn still_on_m_a(db: &TestDb, on_a: &BTreeMap<String, Term>) {
+async fn still_on_m_a(db: &TestDb, on_a: &BTreeMap<String, OwnershipTerm>) {
     let after = db.store.list_assignments().await.unwrap();
     for (route, term) in on_a {
         let a = after.iter().find(|a| &a.route == route).unwrap();
@@ -611,7 +611,7 @@ pub async fn reports_count_only_after_the_installing_revision_is_acked(db: &Test
     assert_eq!(reports.len(), 1, "one row per route: nothing at term + 1");
     assert_eq!(
         (reports[0].term, reports[0].phase.as_str()),
-        (Term::new(owned.term), "INSTANCE_PHASE_ACTIVE")
+        (OwnershipTerm::new(owned.term), "INSTANCE_PHASE_ACTIVE")
     );
     assert_eq!(reports[0].member, "m-a");
     pool.stop().await;
@@ -627,7 +627,8 @@ pub async fn only_the_coordinator_writes_assignments(db: &TestDb) {
     }
     wait_assignments(&db.store, "four placed", |a| a.len() == 4).await;
     let history = db.store.lease_history().await.unwrap();
-    let coordinator_terms: BTreeMap<Term, String> = history.iter().map(|t| (t.term, t.holder.clone())).collect();
+    let coordinator_terms: BTreeMap<gateway::store::CoordinatorTerm, String> =
+        history.iter().map(|t| (t.term, t.holder.clone())).collect();
     let lease = db.store.read_lease().await.unwrap().unwrap();
     for a in db.store.list_assignments().await.unwrap() {
         assert_eq!(
@@ -919,7 +920,7 @@ pub async fn grants_are_single_use_and_activation_checks_receipt_and_process(db:
         .wait_snapshot("the reserved instance", |s| s.instances.len() == 1)
         .await;
     let owned = &snapshot.instances[0];
-    assert_eq!(owned.phase, OwnershipPhase::Reserved as i32);
+    assert_eq!(owned.phase, WirePhase::Reserved as i32);
 
     let mut recovery = SupervisorRecoveryClient::new(channel(&pool.endpoint(1)).await);
     let ask = |process: &str, term: u64| IssueGrantRequest {
@@ -1026,7 +1027,7 @@ pub async fn grants_are_single_use_and_activation_checks_receipt_and_process(db:
     assert!(err.message().contains("already activated"), "{err:?}");
     let active = m
         .wait_snapshot("the active term", |s| {
-            s.instances.iter().any(|o| o.phase == OwnershipPhase::Active as i32)
+            s.instances.iter().any(|o| o.phase == WirePhase::Active as i32)
         })
         .await;
     assert_eq!(active.instances[0].term, owned.term);

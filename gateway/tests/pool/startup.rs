@@ -1,6 +1,6 @@
-//! A gateway started before its database is reachable waits for it — alive
-//! (`/healthz` 200) but not ready (`/readyz` 503) — instead of exiting, and
-//! stops at once when shut down while it waits.
+//! A gateway started before its database is reachable, or on a schema too new for its build,
+//! waits — alive (`/healthz` 200) but not ready (`/readyz` 503 with the reason) — instead of
+//! exiting, and stops at once when shut down while it waits.
 
 use std::time::Duration;
 
@@ -133,4 +133,50 @@ async fn shutdown_while_waiting_for_the_database_returns_at_once() {
         .expect("shutdown while waiting for the database must not wait out the connect timeout");
     outcome.unwrap().unwrap();
     drop(silent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_older_than_the_database_schema_waits_unready_instead_of_exiting() {
+    use sqlx::Connection as _;
+    let Some(db) = TestDb::postgres().await else { return };
+    // A newer build migrated the schema and declared this build unable to read it.
+    let mut raw = db.raw().await;
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (9001, 'a newer build', TRUE, '\\x00'::bytea, 1)",
+    )
+    .execute(&mut raw)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE schema_compatibility SET oldest_reader = 9001 WHERE id = 1")
+        .execute(&mut raw)
+        .await
+        .unwrap();
+    let (health, shutdown, task) = start(&db.url, 1000).await;
+
+    let waiting = crate::support::wait_for("/readyz to name the schema", 3000, || async {
+        get(&health, "/readyz")
+            .await
+            .filter(|(code, body)| *code == 503 && body.contains("schema"))
+            .map(|(_, body)| body)
+    })
+    .await;
+    assert!(
+        waiting.contains("at migration 9001") && waiting.contains("at least 9001"),
+        "{waiting}"
+    );
+    assert!(
+        !waiting.contains(&db.url) && !waiting.contains("postgres://"),
+        "{waiting}"
+    );
+    assert_eq!(get(&health, "/healthz").await.map(|(code, _)| code), Some(200));
+    assert!(!task.is_finished(), "the gateway must not exit on a schema too new");
+
+    shutdown.cancel();
+    let outcome = tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .expect("shutdown while waiting on the schema returns at once");
+    outcome.unwrap().unwrap();
+    raw.close().await.unwrap();
+    db.finish().await;
 }

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use gateway::store::{Backend, Checkpoint, Error, FencedWrite, GrantRecord, Registration, SecretBytes, Term};
+use gateway::store::{Backend, Checkpoint, Error, FencedWrite, GrantRecord, OwnershipTerm, Registration, SecretBytes};
 use sqlx::{AnyConnection, Connection, Executor};
 
 use crate::suite::{acquire, active_report, assignment, operation};
@@ -87,7 +87,7 @@ pub async fn an_unknown_value_is_a_corrupt_record_and_changes_nothing(db: &TestD
     // A grant and an activation read the assignment's phase: both refuse, nothing written.
     let grant = GrantRecord {
         route: "r1".into(),
-        term: Term::new(1),
+        term: OwnershipTerm::new(1),
         jti: "j1".into(),
         member: "m1".into(),
         process_id: "m1-p1".into(),

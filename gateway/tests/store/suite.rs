@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use gateway::store::{
-    self, Acquire, Activation, Assignment, AssignmentPhase, Checkpoint, Error, Fence, FencedWrite, GrantRecord, Lease,
-    LoadedPolicy, MemberUpdate, Operation, OperationKind, OperationPhase, Registered, Registration, Report,
-    ReportPhase, SecretBytes, SigningKey, Store, Term, WithdrawnReason,
+    self, Acquire, Activation, Assignment, AssignmentPhase, Checkpoint, CoordinatorTerm, Error, Fence, FencedWrite,
+    GrantRecord, Lease, LoadedPolicy, MemberUpdate, Operation, OperationKind, OperationPhase, OwnershipTerm,
+    Registered, Registration, Report, ReportPhase, SecretBytes, SigningKey, Store, WithdrawnReason,
 };
 use tokio::sync::Mutex;
 
@@ -20,7 +20,7 @@ const SHORT: Duration = Duration::from_millis(300);
 pub fn activation(term: u64, process_id: &str, jti: &str, digest: &[u8], workload: Checkpoint) -> Activation {
     Activation {
         route: "r1".to_owned(),
-        term: Term::new(term),
+        term: OwnershipTerm::new(term),
         member: process_id.split('-').next().unwrap_or_default().to_owned(),
         process_id: process_id.to_owned(),
         jti: jti.to_owned(),
@@ -33,7 +33,7 @@ pub fn activation(term: u64, process_id: &str, jti: &str, digest: &[u8], workloa
 pub fn active_report(route: &str) -> Report {
     Report {
         route: route.into(),
-        term: Term::new(1),
+        term: OwnershipTerm::new(1),
         member: "m1".into(),
         process_id: "m1-p1".into(),
         phase: ReportPhase::Active,
@@ -86,11 +86,11 @@ pub(crate) fn assignment(route: &str, member: &str, term: u64) -> Assignment {
         route: route.into(),
         member: member.into(),
         process_id: format!("{member}-p1"),
-        term: Term::new(term),
+        term: OwnershipTerm::new(term),
         phase: AssignmentPhase::Reserved,
         generation: 1,
-        placed_term: Term::new(1),
-        coordinator_term: Term::new(0),
+        placed_term: OwnershipTerm::new(1),
+        coordinator_term: CoordinatorTerm::new(0),
         updated_at_ms: 0,
     }
 }
@@ -116,7 +116,7 @@ fn assert_fenced(result: Result<(), Error>, want: fn(&Fence) -> bool) {
 pub async fn first_acquire_is_term_one_and_logged(db: &TestDb) {
     assert_eq!(db.store.read_lease().await.unwrap(), None);
     let lease = acquire(&db.store, "gw-a/1", LONG).await;
-    assert_eq!(lease.term, Term::new(1));
+    assert_eq!(lease.term, CoordinatorTerm::new(1));
     let now = db.store.now_ms().await.unwrap();
     assert!(
         lease.expires_at_ms > now && lease.expires_at_ms <= now + 30_000,
@@ -132,7 +132,7 @@ pub async fn first_acquire_is_term_one_and_logged(db: &TestDb) {
         .expect("recorded");
     assert!(started >= history[0].acquired_at_ms);
     // Acquiring again while holding keeps the term and logs nothing new.
-    assert_eq!(acquire(&db.store, "gw-a/1", LONG).await.term, Term::new(1));
+    assert_eq!(acquire(&db.store, "gw-a/1", LONG).await.term, CoordinatorTerm::new(1));
     assert_eq!(db.store.lease_history().await.unwrap().len(), 1);
 }
 
@@ -141,7 +141,7 @@ pub async fn concurrent_contenders_never_share_a_term(db: &TestDb) {
     const TERMS: usize = 40;
     let granted = Arc::new(AtomicUsize::new(0));
     // term -> holders that believed they held it
-    let seen: Arc<Mutex<BTreeMap<Term, Vec<String>>>> = Arc::default();
+    let seen: Arc<Mutex<BTreeMap<CoordinatorTerm, Vec<String>>>> = Arc::default();
     let mut tasks = Vec::new();
     for i in 0..CONTENDERS {
         let store = if i % 2 == 0 {
@@ -227,7 +227,7 @@ pub async fn a_dead_holders_live_lease_is_taken_over_at_once(db: &TestDb) {
     assert!(db.store.holder_alive(&mine).await.unwrap());
     // A takeover that observed an older row does nothing.
     let stale = store::LeaseView {
-        term: Term::new(observed.term.get() - 1),
+        term: CoordinatorTerm::new(observed.term.get() - 1),
         ..observed.clone()
     };
     assert_eq!(db.store.take_over_lease(&mine, LONG, &stale).await.unwrap(), None);
@@ -310,7 +310,7 @@ pub async fn release_expires_at_once_and_keeps_the_term(db: &TestDb) {
         db.store
             .write_fenced(&lease, &[FencedWrite::PutOperation(operation("late"))])
             .await,
-        |f| matches!(f, Fence::Superseded { current_term, .. } if *current_term == Term::new(2)),
+        |f| matches!(f, Fence::Superseded { current_term, .. } if *current_term == CoordinatorTerm::new(2)),
     );
     assert!(db.store.renew_lease(&lease, LONG).await.is_err());
     assert!(
@@ -375,7 +375,7 @@ pub async fn stale_term_write_is_rejected_and_changes_nothing(db: &TestDb) {
     assert_eq!(new.term, old.term.next());
     let stale = [
         FencedWrite::Assign {
-            expected_term: Some(Term::new(1)),
+            expected_term: Some(OwnershipTerm::new(1)),
             next: assignment("r1", "m-stale", 2),
         },
         FencedWrite::PutOperation(operation("stale-op")),
@@ -391,7 +391,7 @@ pub async fn stale_term_write_is_rejected_and_changes_nothing(db: &TestDb) {
     let assignments = other.list_assignments().await.unwrap();
     assert_eq!(
         (assignments[0].term, assignments[0].coordinator_term),
-        (Term::new(2), new.term)
+        (OwnershipTerm::new(2), new.term)
     );
 }
 
@@ -406,7 +406,7 @@ pub async fn rollback_leaves_nothing_behind(db: &TestDb) {
         },
         // Fails: r2 has no assignment at term 7.
         FencedWrite::Assign {
-            expected_term: Some(Term::new(7)),
+            expected_term: Some(OwnershipTerm::new(7)),
             next: assignment("r2", "m1", 8),
         },
     ];
@@ -433,7 +433,7 @@ pub async fn rollback_leaves_nothing_behind(db: &TestDb) {
 pub async fn invalid_writes_are_refused_before_io(db: &TestDb) {
     let lease = acquire(&db.store, "gw-a/1", LONG).await;
     let not_higher = FencedWrite::Assign {
-        expected_term: Some(Term::new(3)),
+        expected_term: Some(OwnershipTerm::new(3)),
         next: assignment("r1", "m1", 3),
     };
     assert!(matches!(
@@ -469,12 +469,12 @@ pub async fn assignment_compare_and_set(db: &TestDb) {
     ));
     // Move to m2 at term 2 from term 1; repeating the move from term 1 conflicts.
     db.store
-        .write_fenced(&lease, &[put(Some(Term::new(1)), assignment("r1", "m2", 2))])
+        .write_fenced(&lease, &[put(Some(OwnershipTerm::new(1)), assignment("r1", "m2", 2))])
         .await
         .unwrap();
     assert!(matches!(
         db.store
-            .write_fenced(&lease, &[put(Some(Term::new(1)), assignment("r1", "m3", 3))])
+            .write_fenced(&lease, &[put(Some(OwnershipTerm::new(1)), assignment("r1", "m3", 3))])
             .await,
         Err(Error::Conflict { .. })
     ));
@@ -486,7 +486,7 @@ pub async fn assignment_compare_and_set(db: &TestDb) {
     assert_eq!((a.phase, a.coordinator_term), (AssignmentPhase::Reserved, lease.term));
     // A later reservation moves the term on; the old term is gone.
     db.store
-        .write_fenced(&lease, &[put(Some(Term::new(2)), assignment("r1", "m3", 3))])
+        .write_fenced(&lease, &[put(Some(OwnershipTerm::new(2)), assignment("r1", "m3", 3))])
         .await
         .unwrap();
     // Unassign needs the current term.
@@ -495,10 +495,13 @@ pub async fn assignment_compare_and_set(db: &TestDb) {
         expected_term,
     };
     assert!(matches!(
-        db.store.write_fenced(&lease, &[unassign(Term::new(2))]).await,
+        db.store.write_fenced(&lease, &[unassign(OwnershipTerm::new(2))]).await,
         Err(Error::Conflict { .. })
     ));
-    db.store.write_fenced(&lease, &[unassign(Term::new(3))]).await.unwrap();
+    db.store
+        .write_fenced(&lease, &[unassign(OwnershipTerm::new(3))])
+        .await
+        .unwrap();
     assert!(db.store.list_assignments().await.unwrap().is_empty());
 }
 
@@ -520,23 +523,29 @@ pub async fn terms_never_repeat_on_a_route(db: &TestDb) {
         .await
         .unwrap();
     db.store
-        .write_fenced(&lease, &[put(Some(Term::new(1)), assignment("r1", "m2", 2))])
+        .write_fenced(&lease, &[put(Some(OwnershipTerm::new(1)), assignment("r1", "m2", 2))])
         .await
         .unwrap();
-    assert_eq!(db.store.instance("r1").await.unwrap().unwrap().last_term, Term::new(2));
+    assert_eq!(
+        db.store.instance("r1").await.unwrap().unwrap().last_term,
+        OwnershipTerm::new(2)
+    );
     assert!(db.store.withdraw_instance("r1", "u1", None).await.unwrap());
     db.store
         .write_fenced(
             &lease,
             &[FencedWrite::Unassign {
                 route: "r1".into(),
-                expected_term: Term::new(2),
+                expected_term: OwnershipTerm::new(2),
             }],
         )
         .await
         .unwrap();
     db.store.register_instance(&registration("u2")).await.unwrap();
-    assert_eq!(db.store.instance("r1").await.unwrap().unwrap().last_term, Term::new(2));
+    assert_eq!(
+        db.store.instance("r1").await.unwrap().unwrap().last_term,
+        OwnershipTerm::new(2)
+    );
     for used in [1, 2] {
         assert!(
             matches!(
@@ -552,7 +561,10 @@ pub async fn terms_never_repeat_on_a_route(db: &TestDb) {
         .write_fenced(&lease, &[put(None, assignment("r1", "m1", 3))])
         .await
         .unwrap();
-    assert_eq!(db.store.instance("r1").await.unwrap().unwrap().last_term, Term::new(3));
+    assert_eq!(
+        db.store.instance("r1").await.unwrap().unwrap().last_term,
+        OwnershipTerm::new(3)
+    );
 }
 
 pub async fn grants_are_single_use_and_activation_is_a_compare_and_set(db: &TestDb) {
@@ -573,7 +585,7 @@ pub async fn grants_are_single_use_and_activation_is_a_compare_and_set(db: &Test
         .unwrap();
     let grant = |term: u64, process: &str, jti: &str| GrantRecord {
         route: "r1".into(),
-        term: Term::new(term),
+        term: OwnershipTerm::new(term),
         jti: jti.into(),
         member: "m1".into(),
         process_id: process.into(),
@@ -633,7 +645,10 @@ pub async fn grants_are_single_use_and_activation_is_a_compare_and_set(db: &Test
 
     // The next owner must present the same process.
     db.store
-        .write_fenced(&lease, &[reserve(Some(Term::new(1)), assignment("r1", "m2", 2))])
+        .write_fenced(
+            &lease,
+            &[reserve(Some(OwnershipTerm::new(1)), assignment("r1", "m2", 2))],
+        )
         .await
         .unwrap();
     let mut next = grant(2, "m2-p1", "j3");
@@ -686,7 +701,7 @@ pub async fn a_member_naming_another_members_process_gets_no_grant_nor_activates
         .unwrap();
     let grant = |member: &str, process: &str, jti: &str| GrantRecord {
         route: "r1".into(),
-        term: Term::new(1),
+        term: OwnershipTerm::new(1),
         jti: jti.into(),
         member: member.into(),
         process_id: process.into(),
@@ -748,12 +763,12 @@ pub async fn a_workload_replaced_under_its_route_starts_fresh(db: &TestDb) {
     };
     let placed = |member: &str, term: u64, generation: i64| Assignment {
         generation,
-        placed_term: Term::new(term),
+        placed_term: OwnershipTerm::new(term),
         ..assignment("r1", member, term)
     };
     let grant = |member: &str, term: u64, jti: &str| GrantRecord {
         route: "r1".into(),
-        term: Term::new(term),
+        term: OwnershipTerm::new(term),
         jti: jti.into(),
         member: member.into(),
         process_id: format!("{member}-p1"),
@@ -788,7 +803,7 @@ pub async fn a_workload_replaced_under_its_route_starts_fresh(db: &TestDb) {
         .write_fenced(
             &lease,
             &[FencedWrite::Assign {
-                expected_term: Some(Term::new(1)),
+                expected_term: Some(OwnershipTerm::new(1)),
                 next: placed("m2", 2, 1),
             }],
         )
@@ -820,7 +835,7 @@ pub async fn a_workload_replaced_under_its_route_starts_fresh(db: &TestDb) {
         .write_fenced(
             &lease,
             &[FencedWrite::Assign {
-                expected_term: Some(Term::new(2)),
+                expected_term: Some(OwnershipTerm::new(2)),
                 next: placed("m1", 3, 2),
             }],
         )
@@ -968,7 +983,7 @@ pub async fn signing_key_rotation_is_fenced(db: &TestDb) {
         .await
         .unwrap();
     let stale = Lease {
-        term: Term::new(lease.term.get() - 1),
+        term: CoordinatorTerm::new(lease.term.get() - 1),
         ..lease.clone()
     };
     assert_fenced(
@@ -1297,7 +1312,7 @@ pub async fn a_withdrawn_workload_revives_as_the_next_generation_only(db: &TestD
     );
     assert!(
         db.store
-            .report_recovery_failed("team-a/agent-0", "u1", None, Some(Term::new(3)))
+            .report_recovery_failed("team-a/agent-0", "u1", None, Some(OwnershipTerm::new(3)))
             .await
             .unwrap()
     );
@@ -1394,7 +1409,7 @@ pub async fn a_missed_recovery_deadline_withdraws_with_the_reason_and_last_owner
     assert_eq!(reason("r1").await, None, "a desired instance has no withdrawal reason");
     assert!(
         !db.store
-            .report_recovery_failed("r1", "other", None, Some(Term::new(3)))
+            .report_recovery_failed("r1", "other", None, Some(OwnershipTerm::new(3)))
             .await
             .unwrap(),
         "only the registered workload reports"
@@ -1402,13 +1417,13 @@ pub async fn a_missed_recovery_deadline_withdraws_with_the_reason_and_last_owner
     // The assignment it last had is recorded; without one, the sidecar's last term.
     assert!(
         db.store
-            .report_recovery_failed("r1", "u1", None, Some(Term::new(2)))
+            .report_recovery_failed("r1", "u1", None, Some(OwnershipTerm::new(2)))
             .await
             .unwrap()
     );
     assert!(
         db.store
-            .report_recovery_failed("r2", "u1", None, Some(Term::new(5)))
+            .report_recovery_failed("r2", "u1", None, Some(OwnershipTerm::new(5)))
             .await
             .unwrap()
     );
@@ -1418,14 +1433,14 @@ pub async fn a_missed_recovery_deadline_withdraws_with_the_reason_and_last_owner
         r1.withdrawn_reason,
         Some(WithdrawnReason::RecoveryFailed {
             owner: Some("m1".into()),
-            term: Some(Term::new(3))
+            term: Some(OwnershipTerm::new(3))
         })
     );
     assert_eq!(
         reason("r2").await,
         Some(WithdrawnReason::RecoveryFailed {
             owner: None,
-            term: Some(Term::new(5))
+            term: Some(OwnershipTerm::new(5))
         })
     );
     assert!(
@@ -1436,7 +1451,7 @@ pub async fn a_missed_recovery_deadline_withdraws_with_the_reason_and_last_owner
         reason("r1").await,
         Some(WithdrawnReason::RecoveryFailed {
             owner: Some("m1".into()),
-            term: Some(Term::new(3))
+            term: Some(OwnershipTerm::new(3))
         })
     );
     // Any other withdrawal has no reason; a new workload on the route starts without one.
@@ -1557,7 +1572,7 @@ pub async fn every_write_to_a_table_the_pool_view_reads_is_counted(db: &TestDb) 
 pub async fn reports_never_regress_in_term(db: &TestDb) {
     let report = |term: u64, phase: ReportPhase| Report {
         route: "team-a/agent-0".into(),
-        term: Term::new(term),
+        term: OwnershipTerm::new(term),
         member: format!("m{term}"),
         process_id: "p".into(),
         phase,
@@ -1583,7 +1598,7 @@ pub async fn reports_never_regress_in_term(db: &TestDb) {
     );
     assert_eq!(reports[0].progress, 7);
     db.store.record_report(&report(3, ReportPhase::Starting)).await.unwrap();
-    assert_eq!(db.store.list_reports().await.unwrap()[0].term, Term::new(3));
+    assert_eq!(db.store.list_reports().await.unwrap()[0].term, OwnershipTerm::new(3));
     // The sidecar's answer to the policy install is kept with the report, and replaced by the
     // next one (absent again: nothing reported in that term yet).
     let loaded = LoadedPolicy {
@@ -1615,7 +1630,7 @@ pub async fn migrations_are_idempotent_across_replicas(db: &TestDb) {
     let opens = (0..4).map(|_| db.replica());
     let stores = futures::future::join_all(opens).await;
     let lease = acquire(&stores[3], "gw-d/1", LONG).await;
-    assert_eq!(lease.term, Term::new(1));
+    assert_eq!(lease.term, CoordinatorTerm::new(1));
     for store in stores {
         store.close().await;
     }
@@ -1638,7 +1653,7 @@ pub async fn a_newer_builds_migrations_are_run_against_within_the_compatibility_
     sqlx::query(&newer).execute(&mut raw).await.unwrap();
     let compatible = db.replica().await;
     let lease = acquire(&compatible, "gw-old/1", LONG).await;
-    assert_eq!(lease.term, Term::new(1), "the older build works on");
+    assert_eq!(lease.term, CoordinatorTerm::new(1), "the older build works on");
     compatible.close().await;
 
     sqlx::query("UPDATE schema_compatibility SET oldest_reader = 9001 WHERE id = 1")
@@ -1836,7 +1851,7 @@ pub async fn audit_records_are_stored_once_and_only_for_the_active_owner(db: &Te
     assert!(
         denied(
             db.store
-                .record_audit("ns/pod", "m1", Term::new(1), vec![record(1)])
+                .record_audit("ns/pod", "m1", OwnershipTerm::new(1), vec![record(1)])
                 .await
         ),
         "nobody owns it yet"
@@ -1858,7 +1873,7 @@ pub async fn audit_records_are_stored_once_and_only_for_the_active_owner(db: &Te
     assert!(
         denied(
             db.store
-                .record_audit("ns/pod", "m2", Term::new(1), vec![record(1)])
+                .record_audit("ns/pod", "m2", OwnershipTerm::new(1), vec![record(1)])
                 .await
         ),
         "another member"
@@ -1866,14 +1881,14 @@ pub async fn audit_records_are_stored_once_and_only_for_the_active_owner(db: &Te
     assert!(
         denied(
             db.store
-                .record_audit("ns/pod", "m1", Term::new(2), vec![record(1)])
+                .record_audit("ns/pod", "m1", OwnershipTerm::new(2), vec![record(1)])
                 .await
         ),
         "another term"
     );
     let first = db
         .store
-        .record_audit("ns/pod", "m1", Term::new(1), vec![record(1), record(2)])
+        .record_audit("ns/pod", "m1", OwnershipTerm::new(1), vec![record(1), record(2)])
         .await
         .unwrap();
     assert_eq!(
@@ -1889,7 +1904,7 @@ pub async fn audit_records_are_stored_once_and_only_for_the_active_owner(db: &Te
     };
     let second = db
         .store
-        .record_audit("ns/pod", "m1", Term::new(1), vec![again, allowed])
+        .record_audit("ns/pod", "m1", OwnershipTerm::new(1), vec![again, allowed])
         .await
         .unwrap();
     assert_eq!(
@@ -1917,7 +1932,7 @@ pub async fn audit_records_are_stored_once_and_only_for_the_active_owner(db: &Te
         ..record(sequence)
     };
     db.store
-        .record_audit("ns/pod", "m1", Term::new(1), vec![twice(4), twice(5)])
+        .record_audit("ns/pod", "m1", OwnershipTerm::new(1), vec![twice(4), twice(5)])
         .await
         .unwrap();
     let stored = db.store.list_audit("ns", "pod", 0, 0, 100).await.unwrap();

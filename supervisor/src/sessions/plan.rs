@@ -18,11 +18,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use proto::common::v1::{InstanceRef, RouteDirectoryEntry};
-use proto::host::v1::{OwnershipPhase, Snapshot};
+use proto::host::v1::{AssignmentPhase, Snapshot};
 
 pub use super::material::{Credentials, Grant};
 
-/// Whether a term is held as a pending takeover or activated (host.proto `OwnershipPhase`
+/// Whether a term is held as a pending takeover or activated (host.proto `AssignmentPhase`
 /// without UNSPECIFIED, which the planner treats as keep).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum TermPhase {
@@ -97,11 +97,11 @@ pub fn apply(current: &Sessions, snapshot: &Snapshot) -> Vec<Action> {
         if !mentioned.insert(route) {
             continue;
         }
-        let phase = match OwnershipPhase::try_from(owned.phase) {
-            Ok(OwnershipPhase::Reserved) => TermPhase::Reserved,
-            Ok(OwnershipPhase::Active) => TermPhase::Active,
+        let phase = match AssignmentPhase::try_from(owned.phase) {
+            Ok(AssignmentPhase::Reserved) => TermPhase::Reserved,
+            Ok(AssignmentPhase::Active) => TermPhase::Active,
             // UNSPECIFIED or unknown: like keep_routes.
-            Ok(OwnershipPhase::Unspecified) | Err(_) => continue,
+            Ok(AssignmentPhase::Unspecified) | Err(_) => continue,
         };
         let Some(instance) = owned.instance.as_ref().filter(|_| owned.term >= 1 && !route.is_empty()) else {
             continue; // An invalid entry never releases or replaces what is held.
@@ -205,7 +205,7 @@ mod tests {
         }
     }
 
-    fn owned(route: &str, term: u64, phase: OwnershipPhase, credentials: &[u8]) -> OwnedInstance {
+    fn owned(route: &str, term: u64, phase: AssignmentPhase, credentials: &[u8]) -> OwnedInstance {
         OwnedInstance {
             route: route.into(),
             instance: Some(instance(route, 1)),
@@ -250,8 +250,8 @@ mod tests {
     fn hosts_new_instances_at_their_term() {
         let snap = snapshot(
             vec![
-                owned("a", 1, OwnershipPhase::Active, b"cred-a"),
-                owned("b", 4, OwnershipPhase::Reserved, b""),
+                owned("a", 1, AssignmentPhase::Active, b"cred-a"),
+                owned("b", 4, AssignmentPhase::Reserved, b""),
             ],
             &[],
             &[],
@@ -276,17 +276,17 @@ mod tests {
     #[test]
     fn a_held_instance_at_the_same_term_is_left_alone() {
         let current = Sessions::from([held("a", 2, TermPhase::Active)]);
-        let snap = snapshot(vec![owned("a", 2, OwnershipPhase::Active, b"cred")], &[], &[]);
+        let snap = snapshot(vec![owned("a", 2, AssignmentPhase::Active, b"cred")], &[], &[]);
         assert_eq!(apply(&current, &snap), vec![]);
         // A lagging RESERVED view of a term already active does not step it back.
-        let snap = snapshot(vec![owned("a", 2, OwnershipPhase::Reserved, b"")], &[], &[]);
+        let snap = snapshot(vec![owned("a", 2, AssignmentPhase::Reserved, b"")], &[], &[]);
         assert_eq!(apply(&current, &snap), vec![]);
     }
 
     #[test]
     fn a_higher_term_moves_the_existing_session() {
         let current = Sessions::from([held("a", 2, TermPhase::Active)]);
-        let snap = snapshot(vec![owned("a", 3, OwnershipPhase::Reserved, b"")], &[], &[]);
+        let snap = snapshot(vec![owned("a", 3, AssignmentPhase::Reserved, b"")], &[], &[]);
         assert_eq!(
             apply(&current, &snap),
             vec![Action::Move {
@@ -299,14 +299,14 @@ mod tests {
     #[test]
     fn lower_terms_are_ignored_and_never_release() {
         let current = Sessions::from([held("a", 5, TermPhase::Reserved)]);
-        let snap = snapshot(vec![owned("a", 4, OwnershipPhase::Active, b"old")], &[], &[]);
+        let snap = snapshot(vec![owned("a", 4, AssignmentPhase::Active, b"old")], &[], &[]);
         assert_eq!(apply(&current, &snap), vec![]);
     }
 
     #[test]
     fn same_term_activation_and_first_material_update_the_session() {
         let current = Sessions::from([held("a", 2, TermPhase::Reserved)]);
-        let snap = snapshot(vec![owned("a", 2, OwnershipPhase::Active, b"")], &[], &[]);
+        let snap = snapshot(vec![owned("a", 2, AssignmentPhase::Active, b"")], &[], &[]);
         assert_eq!(
             apply(&current, &snap),
             vec![Action::Update {
@@ -318,7 +318,7 @@ mod tests {
         let mut without_material = held("b", 1, TermPhase::Reserved);
         without_material.1.has_credentials = false;
         let current = Sessions::from([without_material]);
-        let snap = snapshot(vec![owned("b", 1, OwnershipPhase::Reserved, b"cred")], &[], &[]);
+        let snap = snapshot(vec![owned("b", 1, AssignmentPhase::Reserved, b"cred")], &[], &[]);
         assert_eq!(
             apply(&current, &snap),
             vec![Action::Update {
@@ -330,7 +330,7 @@ mod tests {
 
     #[test]
     fn a_snapshot_grant_reaches_the_session_of_a_reserved_term_once() {
-        let mut with_grant = owned("a", 3, OwnershipPhase::Reserved, b"cred");
+        let mut with_grant = owned("a", 3, AssignmentPhase::Reserved, b"cred");
         with_grant.grant = "h.c.s".into();
         with_grant.grant_expires_at_ms = 99;
         let snap = snapshot(vec![with_grant.clone()], &[], &[]);
@@ -355,7 +355,7 @@ mod tests {
         current.get_mut("a").unwrap().has_grant = true;
         assert_eq!(apply(&current, &snap), vec![]);
         // An active term never carries a grant.
-        with_grant.phase = OwnershipPhase::Active as i32;
+        with_grant.phase = AssignmentPhase::Active as i32;
         let snap = snapshot(vec![with_grant], &[], &[]);
         let host = apply(&Sessions::new(), &snap);
         assert!(matches!(&host[0], Action::Host { assignment, .. } if assignment.grant.is_none()));
@@ -364,9 +364,9 @@ mod tests {
     #[test]
     fn empty_credentials_never_revoke_material() {
         let current = Sessions::from([held("a", 1, TermPhase::Active)]);
-        let snap = snapshot(vec![owned("a", 1, OwnershipPhase::Active, b"")], &[], &[]);
+        let snap = snapshot(vec![owned("a", 1, AssignmentPhase::Active, b"")], &[], &[]);
         assert_eq!(apply(&current, &snap), vec![]);
-        let snap = snapshot(vec![owned("a", 2, OwnershipPhase::Active, b"")], &[], &[]);
+        let snap = snapshot(vec![owned("a", 2, AssignmentPhase::Active, b"")], &[], &[]);
         // The move carries no material: the session keeps what it holds.
         assert_eq!(
             apply(&current, &snap),
@@ -382,8 +382,8 @@ mod tests {
         let current = Sessions::from([held("a", 1, TermPhase::Active), held("b", 1, TermPhase::Active)]);
         let snap = snapshot(
             vec![
-                owned("a", 2, OwnershipPhase::Reserved, b""),
-                owned("b", 1, OwnershipPhase::Active, b""),
+                owned("a", 2, AssignmentPhase::Reserved, b""),
+                owned("b", 1, AssignmentPhase::Active, b""),
             ],
             &["a", "not-held"],
             &[],
@@ -394,7 +394,7 @@ mod tests {
     #[test]
     fn omission_releases_and_never_stops() {
         let current = Sessions::from([held("a", 1, TermPhase::Active), held("b", 1, TermPhase::Active)]);
-        let snap = snapshot(vec![owned("b", 1, OwnershipPhase::Active, b"")], &[], &[]);
+        let snap = snapshot(vec![owned("b", 1, AssignmentPhase::Active, b"")], &[], &[]);
         assert_eq!(apply(&current, &snap), vec![Action::Release { route: "a".into() }]);
         let empty = snapshot(vec![], &[], &[]);
         assert_eq!(
@@ -409,19 +409,19 @@ mod tests {
     #[test]
     fn keep_routes_and_unspecified_phases_keep_what_is_held() {
         let current = Sessions::from([held("a", 1, TermPhase::Active), held("b", 1, TermPhase::Reserved)]);
-        let snap = snapshot(vec![owned("b", 9, OwnershipPhase::Unspecified, b"")], &[], &["a", "c"]);
+        let snap = snapshot(vec![owned("b", 9, AssignmentPhase::Unspecified, b"")], &[], &["a", "c"]);
         assert_eq!(apply(&current, &snap), vec![]);
         // An unspecified phase for a route not held does not host it either.
-        let snap = snapshot(vec![owned("c", 1, OwnershipPhase::Unspecified, b"")], &[], &["a", "b"]);
+        let snap = snapshot(vec![owned("c", 1, AssignmentPhase::Unspecified, b"")], &[], &["a", "b"]);
         assert_eq!(apply(&Sessions::new(), &snap), vec![]);
     }
 
     #[test]
     fn invalid_entries_are_kept_not_released() {
         let current = Sessions::from([held("a", 1, TermPhase::Active), held("b", 1, TermPhase::Active)]);
-        let mut no_instance = owned("a", 2, OwnershipPhase::Active, b"");
+        let mut no_instance = owned("a", 2, AssignmentPhase::Active, b"");
         no_instance.instance = None;
-        let zero_term = owned("b", 0, OwnershipPhase::Active, b"");
+        let zero_term = owned("b", 0, AssignmentPhase::Active, b"");
         let snap = snapshot(vec![no_instance, zero_term], &[], &[]);
         assert_eq!(apply(&current, &snap), vec![]);
     }
@@ -429,7 +429,7 @@ mod tests {
     #[test]
     fn another_generation_under_a_held_route_releases_the_old_one_first() {
         let current = Sessions::from([held("a", 7, TermPhase::Active)]);
-        let mut next = owned("a", 1, OwnershipPhase::Reserved, b"new");
+        let mut next = owned("a", 1, AssignmentPhase::Reserved, b"new");
         next.instance = Some(instance("a", 2));
         let snap = snapshot(vec![next], &[], &[]);
         assert_eq!(
@@ -449,8 +449,8 @@ mod tests {
     fn duplicate_routes_use_the_first_entry() {
         let snap = snapshot(
             vec![
-                owned("a", 1, OwnershipPhase::Active, b""),
-                owned("a", 9, OwnershipPhase::Active, b""),
+                owned("a", 1, AssignmentPhase::Active, b""),
+                owned("a", 9, AssignmentPhase::Active, b""),
             ],
             &[],
             &[],
@@ -469,8 +469,8 @@ mod tests {
         ]);
         let snap = snapshot(
             vec![
-                owned("new", 1, OwnershipPhase::Active, b""),
-                owned("move", 2, OwnershipPhase::Active, b""),
+                owned("new", 1, AssignmentPhase::Active, b""),
+                owned("move", 2, AssignmentPhase::Active, b""),
             ],
             &["stop"],
             &[],

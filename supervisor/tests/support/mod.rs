@@ -17,7 +17,7 @@ use proto::common::v1::{InstancePhase, InstanceRef};
 use proto::host::v1::member_message::Kind;
 use proto::host::v1::supervisor_host_server::{SupervisorHost, SupervisorHostServer};
 use proto::host::v1::{
-    GatewayMessage, HeartbeatAck, Hello, InstanceStatus, MemberMessage, OwnedInstance, OwnershipPhase, Snapshot,
+    AssignmentPhase, GatewayMessage, HeartbeatAck, Hello, InstanceStatus, MemberMessage, OwnedInstance, Snapshot,
     StatusReport, gateway_message,
 };
 use proto::recovery::v1::supervisor_recovery_server::SupervisorRecoveryServer;
@@ -373,7 +373,7 @@ pub fn instance(name: &str) -> InstanceRef {
     }
 }
 
-pub fn owned(route: &str, term: u64, phase: OwnershipPhase) -> OwnedInstance {
+pub fn owned(route: &str, term: u64, phase: AssignmentPhase) -> OwnedInstance {
     OwnedInstance {
         route: route.into(),
         instance: Some(instance(route)),
@@ -423,7 +423,7 @@ pub fn material(route: &str, instance: &InstanceRef, token: &str) -> Vec<u8> {
 }
 
 /// An owned instance carrying real registration material (workload token `token-<route>`).
-pub fn placed(route: &str, instance: &InstanceRef, term: u64, phase: OwnershipPhase) -> OwnedInstance {
+pub fn placed(route: &str, instance: &InstanceRef, term: u64, phase: AssignmentPhase) -> OwnedInstance {
     OwnedInstance {
         route: route.into(),
         instance: Some(instance.clone()),
