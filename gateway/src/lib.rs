@@ -28,6 +28,7 @@ pub mod replica;
 pub mod reports;
 pub mod room;
 pub mod server;
+pub mod sessions;
 pub mod status;
 pub mod store;
 pub mod summary;

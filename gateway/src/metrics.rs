@@ -25,7 +25,6 @@ use tokio_util::sync::CancellationToken;
 
 pub use pool::{Figures, GaugeSet};
 
-use crate::host::protocol::Dropped;
 use crate::pool::View;
 use crate::store::{FencedWrite, Lease, OperationKind, OperationPhase};
 
@@ -269,13 +268,9 @@ impl Metrics {
         }
     }
 
-    /// A member message dropped.
-    pub fn dropped(&self, why: Dropped) {
-        let reason = match why {
-            Dropped::AckNeverSent => "ack_never_sent",
-            Dropped::AckRegressed => "ack_regressed",
-            Dropped::OversizedReport => "report_oversized",
-        };
+    /// A member message dropped, for `reason` (one of a fixed set: the member stream's
+    /// `Dropped::reason`).
+    pub fn dropped(&self, reason: &'static str) {
         self.messages_dropped.get_or_create(&ReasonLabels { reason }).inc();
     }
 

@@ -7,8 +7,8 @@ use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Keys;
-use crate::host::admission::Sessions;
 use crate::pool::View;
+use crate::sessions::Sessions;
 use crate::store::Store;
 
 /// How long a caller that needs a pool view read after its request waits for the refresh.

@@ -7,7 +7,6 @@
 //! `admission` (one session per member) and `stream` (revisions, acks and
 //! term attribution) are pure; this file is the I/O around them.
 
-pub mod admission;
 pub mod protocol;
 
 use std::pin::Pin;
@@ -29,8 +28,8 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::kubernetes;
 use crate::replica::Replica;
+use crate::sessions::{Admission, RecordCheck, Superseded, check_record};
 use crate::store::{MemberRecord, MemberUpdate, OwnershipTerm, Report};
-use admission::{Admission, RecordCheck, Superseded, check_record};
 use protocol::HostProtocol;
 
 /// The `SupervisorHost` service of one replica.
@@ -512,7 +511,7 @@ impl Session {
             }
             Some(MemberKind::Ack(ack)) => match protocol.on_ack(ack.revision) {
                 Ok(()) => {}
-                Err(dropped) => metrics.dropped(dropped),
+                Err(dropped) => metrics.dropped(dropped.reason()),
             },
             Some(MemberKind::StatusReport(report)) => match protocol.attribute(&report, encoded_len) {
                 Ok(statuses) => {
@@ -547,7 +546,7 @@ impl Session {
                         .collect();
                     replica.reports.submit(self.stream_id, records, urgent);
                 }
-                Err(dropped) => metrics.dropped(dropped),
+                Err(dropped) => metrics.dropped(dropped.reason()),
             },
             Some(MemberKind::Leaving(leaving)) => {
                 info!(reason = %plumbing::text::bounded(&leaving.reason, 256), "member announced it is leaving");

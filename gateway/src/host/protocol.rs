@@ -22,6 +22,17 @@ pub enum Dropped {
     OversizedReport,
 }
 
+impl Dropped {
+    /// The `reason` label of `openshell_gateway_member_messages_dropped_total`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Dropped::AckNeverSent => "ack_never_sent",
+            Dropped::AckRegressed => "ack_regressed",
+            Dropped::OversizedReport => "report_oversized",
+        }
+    }
+}
+
 /// A status attributed to a term: the member acknowledged the revision that
 /// installed the term before it reported.
 #[derive(Debug, Clone, PartialEq, Eq)]

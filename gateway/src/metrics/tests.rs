@@ -212,7 +212,7 @@ fn committed_writes_count_failed_recoveries_and_finished_operations() {
     ]);
     metrics.recovery_failed_reported();
     metrics.call_denied();
-    metrics.dropped(Dropped::OversizedReport);
+    metrics.dropped("report_oversized");
     metrics.planned(std::time::Duration::from_millis(3));
     let text = metrics.encode().unwrap();
     for line in [
