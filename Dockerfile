@@ -22,6 +22,9 @@ ARG RUST_VERSION=1.90
 ARG RUNTIME_IMAGE=gcr.io/distroless/cc-debian12:nonroot
 
 FROM rust:${RUST_VERSION}-bookworm AS build
+# The commit the binaries name in --version (scripts/build-images.sh passes it); empty: none.
+ARG OPENSHELL_BUILD_COMMIT=""
+ENV OPENSHELL_BUILD_COMMIT=${OPENSHELL_BUILD_COMMIT}
 WORKDIR /src
 COPY . .
 # The cache mounts keep the registry and the target directory between builds; the binaries

@@ -39,6 +39,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 
+# The commit the binaries say in --version (plumbing::build), when this is a git checkout.
+COMMIT="$(git -C "$ROOT" rev-parse --short=12 HEAD 2>/dev/null || true)"
+
 if [ -z "$TAG" ]; then
   TAG="$(sed -n '/^\[workspace.package\]/,/^\[/s/^version *= *"\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -n1)"
   [ -n "$TAG" ] || die "cannot read the workspace version from Cargo.toml; pass --tag"
@@ -53,7 +56,8 @@ TARGETS=(gateway supervisor sidecar webhook agent)
 for target in "${TARGETS[@]}"; do
   image="$PREFIX/$target:$TAG"
   echo "== $image" >&2
-  "$ENGINE" build --target "$target" --tag "$image" ${EXTRA[@]+"${EXTRA[@]}"} "$ROOT"
+  "$ENGINE" build --target "$target" --tag "$image" --build-arg "OPENSHELL_BUILD_COMMIT=$COMMIT" \
+    ${EXTRA[@]+"${EXTRA[@]}"} "$ROOT"
   if [ "$PUSH" -eq 1 ]; then
     "$ENGINE" push "$image"
   fi

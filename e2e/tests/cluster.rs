@@ -1260,7 +1260,35 @@ impl Flow {
         // Return the member to service.
         let id = operation_id(&out)?;
         self.pool.poolctl(&["cancel", id]).await?;
-        self.member_active(&member, MINUTE).await
+        self.member_active(&member, MINUTE).await?;
+        self.one_build_everywhere().await
+    }
+
+    /// Every gateway replica, member and sidecar reports the build of this run's images (the
+    /// release with its commit), and nothing is outside the compatibility policy.
+    async fn one_build_everywhere(&self) -> Result<(), Error> {
+        let out = self.pool.poolctl(&["status", "-o", "json"]).await?;
+        let status: Value =
+            serde_json::from_str(&out).map_err(|err| Error::Check(format!("poolctl status -o json: {err}: {out}")))?;
+        let builds = status["builds"].as_array().cloned().unwrap_or_default();
+        let versions: std::collections::BTreeSet<&str> = builds.iter().filter_map(|b| b["version"].as_str()).collect();
+        let components: std::collections::BTreeSet<&str> =
+            builds.iter().filter_map(|b| b["component"].as_str()).collect();
+        check(
+            components == ["gateway", "member", "sidecar"].into_iter().collect()
+                && versions.len() == 1
+                && versions.iter().all(|v| v.contains('+')),
+            || format!("every part reports the one build of this run, with its commit: {builds:?}"),
+        )?;
+        check(status["buildWarnings"].as_array().is_some_and(Vec::is_empty), || {
+            format!("no build outside the policy: {}", status["buildWarnings"])
+        })?;
+        println!(
+            "builds: {} parts, all {}",
+            builds.len(),
+            versions.iter().next().copied().unwrap_or_default()
+        );
+        Ok(())
     }
 
     /// Before the drain of `member`: a Pod of an unlabelled namespace gets a token of the

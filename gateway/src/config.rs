@@ -16,7 +16,7 @@ const DEFAULT_DETACHED_GRACE_MS: u64 = {
 };
 
 #[derive(Debug, Clone, Parser)]
-#[command(name = "gateway", version, about = "Shared-supervision gateway replica")]
+#[command(name = "gateway", version = plumbing::build::version(), about = "Shared-supervision gateway replica")]
 pub struct Settings {
     /// Database URL: postgres://… for production, sqlite:… for the embedded
     /// store. Unset: an SQLite file in --data-dir.

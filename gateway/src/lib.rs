@@ -29,6 +29,7 @@ pub mod reports;
 pub mod room;
 pub mod server;
 pub mod sessions;
+pub mod skew;
 pub mod status;
 pub mod store;
 pub mod summary;

@@ -143,9 +143,11 @@ impl SupervisorPool for Operator {
         let unavailable = |err: &dyn std::fmt::Display| Status::unavailable(format!("cannot read the pool: {err}"));
         let view = self.replica.fresh_view().await.map_err(|e| unavailable(&e))?;
         let lease = store.read_lease().await.map_err(|e| unavailable(&e))?;
+        let builds = store.builds().await.map_err(|e| unavailable(&e))?;
         Ok(Response::new(summary::status(
             &view,
             lease.as_ref(),
+            &builds,
             &self.replica.name,
         )))
     }

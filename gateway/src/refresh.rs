@@ -15,6 +15,7 @@ use tracing::{info, warn};
 use crate::operations;
 use crate::pool::{FULL_READ_EVERY, REFRESH_INTERVAL, View};
 use crate::store::Store;
+use crate::store::builds::{Component, GATEWAY_BUILD_EVERY};
 
 /// Re-read the pool every [`REFRESH_INTERVAL`], or at once when `wake` is
 /// notified, and publish it, until `shutdown`. Members whose serving replica went silent
@@ -263,7 +264,8 @@ impl Reads {
     }
 }
 
-/// Record that replica `name` is running every [`timing::REPLICA_REFRESH`], until `shutdown`;
+/// Record that replica `name` is running every [`timing::REPLICA_REFRESH`] (and its build every
+/// [`GATEWAY_BUILD_EVERY`]), until `shutdown`;
 /// `cut_off` says whether the last record that succeeded is [`timing::STORE_CUT_OFF`] old
 /// (the member streams let their members go, see [`crate::host`]). A record is given that long
 /// to land: a slow store that still takes the writes (a contended SQLite lock) is reached, and
@@ -272,10 +274,19 @@ pub async fn beat(store: Store, name: String, cut_off: watch::Sender<bool>, shut
     let mut every = tokio::time::interval(timing::REPLICA_REFRESH);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut recorded_at = Instant::now();
+    let mut build_recorded: Option<Instant> = None;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
             _ = every.tick() => {
+                if build_recorded.is_none_or(|at| at.elapsed() >= GATEWAY_BUILD_EVERY) {
+                    let record = store.record_build(Component::Gateway, &name, plumbing::build::version());
+                    match tokio::time::timeout(timing::STORE_CUT_OFF, record).await {
+                        Ok(Ok(())) => build_recorded = Some(Instant::now()),
+                        Ok(Err(err)) => warn!(error = %err, "cannot record this replica's build"),
+                        Err(_) => warn!("recording this replica's build timed out"),
+                    }
+                }
                 match tokio::time::timeout(timing::STORE_CUT_OFF, store.refresh_replica(&name)).await {
                     Ok(Ok(())) => recorded_at = Instant::now(),
                     Ok(Err(err)) => warn!(error = %err, "cannot record that this replica is running"),

@@ -150,7 +150,21 @@ impl InstanceRegistry for Registry {
             Err(err) => return Err(Status::unavailable(format!("cannot record the instance: {err}"))),
         };
         self.replica.wake.notify_one();
-        info!(route = %request.route, generation, "instance registered");
+        info!(route = %request.route, generation, sidecar = %plumbing::text::bounded(&request.build_version, crate::store::builds::MAX_VERSION_BYTES), "instance registered");
+        // The sidecar's build, for the status; the registration does not wait for it.
+        let (store, route, version) = (
+            self.replica.store.clone(),
+            request.route.clone(),
+            request.build_version.clone(),
+        );
+        tokio::spawn(async move {
+            if let Err(err) = store
+                .record_build(crate::store::builds::Component::Sidecar, &route, &version)
+                .await
+            {
+                tracing::debug!(%route, error = %err, "cannot record the sidecar's build");
+            }
+        });
 
         // A route new to the pool, in a pool that will place one more: answered from the
         // published view at once (nothing to say about its owner yet). Otherwise from a view

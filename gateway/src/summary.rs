@@ -6,16 +6,27 @@
 use std::collections::BTreeMap;
 
 use proto::pool::v1::{
-    Coordinator, GetSupervisorPoolStatusResponse, InstanceSummary, Member, MemberState, OperationPlan, PlannedMove,
-    RefusedMove,
+    Build, Coordinator, GetSupervisorPoolStatusResponse, InstanceSummary, Member, MemberState, OperationPlan,
+    PlannedMove, RefusedMove,
 };
 
 use crate::operations;
 use crate::pool::{View, instance_ref};
 use crate::store::{self, AssignmentPhase, LeaseView, OperationKind, OperationPhase, OwnershipTerm};
 
-/// Build the status answer from a view and the lease row. Pure.
-pub fn status(view: &View, lease: Option<&LeaseView>, served_by: &str) -> GetSupervisorPoolStatusResponse {
+/// Build the status answer from a view, the lease row and the builds the pool runs
+/// ([`store::Store::builds`]). Pure.
+pub fn status(
+    view: &View,
+    lease: Option<&LeaseView>,
+    builds: &[store::builds::Build],
+    served_by: &str,
+) -> GetSupervisorPoolStatusResponse {
+    let member_builds: BTreeMap<&str, &str> = builds
+        .iter()
+        .filter(|b| b.component == store::builds::Component::Member)
+        .map(|b| (b.name.as_str(), b.version.as_str()))
+        .collect();
     let drains: BTreeMap<&str, OperationPhase> = view
         .operations
         .iter()
@@ -54,7 +65,10 @@ pub fn status(view: &View, lease: Option<&LeaseView>, served_by: &str) -> GetSup
             runtime_address: m.runtime_address.clone(),
             served_by: m.served_by.clone(),
             connection_epoch: u64::try_from(m.epoch).unwrap_or(0),
-            build_version: String::new(),
+            build_version: member_builds
+                .get(m.member.as_str())
+                .map(|v| (*v).to_owned())
+                .unwrap_or_default(),
             expires_at_ms: m.expires_at_ms,
         })
         .collect();
@@ -96,6 +110,15 @@ pub fn status(view: &View, lease: Option<&LeaseView>, served_by: &str) -> GetSup
         operations,
         observed_at_ms: view.now_ms,
         served_by: served_by.to_owned(),
+        builds: builds
+            .iter()
+            .map(|b| Build {
+                component: b.component.as_str().to_owned(),
+                name: b.name.clone(),
+                version: b.version.clone(),
+            })
+            .collect(),
+        build_warnings: crate::skew::warnings(builds),
     }
 }
 

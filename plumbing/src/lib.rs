@@ -16,6 +16,7 @@
 //! | [`validate`] | http(s) addresses, routes, member names |
 //! | [`text`] | truncation by bytes on a character boundary |
 
+pub mod build;
 pub mod bundle;
 pub mod cmdline;
 pub mod dialer;

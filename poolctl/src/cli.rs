@@ -20,7 +20,7 @@ Exit codes:
 #[derive(Debug, Parser)]
 #[command(
     name = "poolctl",
-    version,
+    version = plumbing::build::version(),
     about = "Operate a shared-supervision pool through the operator API of its gateways",
     after_help = EXIT_CODES_HELP
 )]

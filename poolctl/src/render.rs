@@ -150,6 +150,7 @@ pub fn status_json(status: &GetSupervisorPoolStatusResponse) -> Value {
                 "capacity": m.capacity,
                 "runtimeAddress": m.runtime_address,
                 "servedBy": m.served_by,
+                "build": m.build_version,
             })
         })
         .collect();
@@ -181,6 +182,12 @@ pub fn status_json(status: &GetSupervisorPoolStatusResponse) -> Value {
         "members": members,
         "instances": instances,
         "operations": operations,
+        "builds": status.builds.iter().map(|b| json!({
+            "component": b.component,
+            "name": b.name,
+            "version": b.version,
+        })).collect::<Vec<_>>(),
+        "buildWarnings": status.build_warnings,
     })
 }
 
@@ -209,6 +216,7 @@ pub fn status_table(status: &GetSupervisorPoolStatusResponse) -> String {
             ]
         }),
     ));
+    out.extend(builds_table(status));
     if !status.instances.is_empty() {
         out.push(table(
             &["INSTANCE", "OWNER", "TERM", "PHASE", "PID", "PROGRESS"],
@@ -250,6 +258,30 @@ pub fn status_table(status: &GetSupervisorPoolStatusResponse) -> String {
         out.extend(open.into_iter().map(operation_line));
     }
     out.join("\n")
+}
+
+/// The builds the pool runs, counted by component and version, then what is outside the
+/// compatibility policy (one `warning:` line each). Nothing when no part reported a build.
+fn builds_table(status: &GetSupervisorPoolStatusResponse) -> Vec<String> {
+    let mut counts: std::collections::BTreeMap<(&str, &str), usize> = std::collections::BTreeMap::new();
+    for build in &status.builds {
+        *counts
+            .entry((build.component.as_str(), build.version.as_str()))
+            .or_default() += 1;
+    }
+    let mut out = Vec::new();
+    if !counts.is_empty() {
+        out.push(table(
+            &["BUILD", "VERSION", "COUNT"],
+            &[2],
+            counts.into_iter().map(|((component, version), count)| {
+                let version = if version.is_empty() { "(none reported)" } else { version };
+                vec![component.to_owned(), version.to_owned(), count.to_string()]
+            }),
+        ));
+    }
+    out.extend(status.build_warnings.iter().map(|w| format!("warning: {w}")));
+    out
 }
 
 /// A dry run for people: the moves by wave, then what would not move.

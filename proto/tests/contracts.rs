@@ -153,8 +153,8 @@ fn registry_register_round_trips() -> TestResult {
 #[test]
 fn pool_status_round_trips() -> TestResult {
     use pool::v1::{
-        Coordinator, GetSupervisorPoolStatusResponse, InstanceSummary, Member, MemberState, Operation, OperationKind,
-        OperationPhase,
+        Build, Coordinator, GetSupervisorPoolStatusResponse, InstanceSummary, Member, MemberState, Operation,
+        OperationKind, OperationPhase,
     };
     round_trip(&GetSupervisorPoolStatusResponse {
         coordinator: Some(Coordinator {
@@ -204,6 +204,12 @@ fn pool_status_round_trips() -> TestResult {
         }],
         observed_at_ms: 1_700_000_001_500,
         served_by: "gateway-0".into(),
+        builds: vec![Build {
+            component: "sidecar".into(),
+            name: "team-a/agent-0".into(),
+            version: "0.1.0+3f1c2ab9e0d4".into(),
+        }],
+        build_warnings: vec!["1 sidecar reports no build".into()],
     })
 }
 

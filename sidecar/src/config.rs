@@ -13,7 +13,7 @@ pub use plumbing::logging::LogFormat;
 #[derive(Clone, Debug, Parser)]
 #[command(
     name = "sidecar",
-    version,
+    version = plumbing::build::version(),
     about = "Shared-supervision sidecar: fence, relay and recovery clock of one workload"
 )]
 pub struct Config {

@@ -139,6 +139,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
         }),
         registration_material: material.encode(),
         workload: pinned.as_ref().map(|p| p.identity.clone()),
+        build_version: plumbing::build::version().to_owned(),
     };
     let (registered_tx, registered) = mpsc::channel(1);
     let renewal = tokio::spawn({

@@ -208,7 +208,7 @@ impl Attachment {
             connection_epoch: self.epoch,
             runtime_address: self.identity.runtime_address.clone(),
             capacity: self.identity.capacity,
-            build_version: env!("CARGO_PKG_VERSION").to_owned(),
+            build_version: plumbing::build::version().to_owned(),
             process_started_at_ms: self.identity.started_at_ms,
             directory_deltas: true,
         };

@@ -25,7 +25,7 @@ pub const EGRESS_SECRETS_ENV: &str = "OPENSHELL_EGRESS_SECRETS";
 
 /// Settings of one pool member process.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "supervisor", version, about = "Shared-supervision pool member")]
+#[command(name = "supervisor", version = plumbing::build::version(), about = "Shared-supervision pool member")]
 pub struct Config {
     /// Stable member name: the supervisor Pod name in Kubernetes (DNS-1123 subdomain).
     /// Required.

@@ -25,7 +25,7 @@ async fn hello_carries_identity_and_the_token_from_the_file() {
     assert_eq!(uuid::Uuid::parse_str(&hello.process_id).unwrap().get_version_num(), 4);
     assert_eq!(hello.connection_epoch, 1);
     assert_eq!(hello.capacity, 7);
-    assert_eq!(hello.build_version, env!("CARGO_PKG_VERSION"));
+    assert_eq!(hello.build_version, plumbing::build::version());
     assert!(hello.process_started_at_ms > 0);
     assert_eq!(connection.token.as_deref(), Some("token-one"));
 

@@ -36,7 +36,7 @@ fn grpc_address(address: &str) -> bool {
 
 /// OpenShell shared-supervision mutating admission webhook.
 #[derive(Clone, Debug, Parser)]
-#[command(name = "webhook", version, about)]
+#[command(name = "webhook", version = plumbing::build::version(), about)]
 pub struct Config {
     /// HTTPS address serving POST /mutate.
     #[arg(long, env = "OPENSHELL_WEBHOOK_LISTEN", default_value = "0.0.0.0:9443")]
@@ -231,7 +231,7 @@ impl Config {
             egress_redirect: crate::inject::Redirect::Off,
             token_audience: self.token_audience.clone(),
             token_expiration_seconds: self.token_expiration_seconds,
-            version: env!("CARGO_PKG_VERSION").into(),
+            version: plumbing::build::version().into(),
         }
     }
 

@@ -16,7 +16,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 async fn main() -> anyhow::Result<()> {
     let config = Config::parse();
     plumbing::logging::init(config.log_format, "info");
-    tracing::info!(version = env!("CARGO_PKG_VERSION"), ?config, "starting");
+    tracing::info!(version = plumbing::build::version(), ?config, "starting");
     config.validate().context("invalid configuration")?;
     let listeners = Listeners::bind(&config)
         .await

@@ -296,7 +296,7 @@ fn assert_injected(pod: &Pod, mode: SidecarMode, original: &Value) {
     // The annotation records version and mode.
     let annotations = pod.metadata.annotations.as_ref().unwrap();
     let record: Value = serde_json::from_str(&annotations[INJECTED_ANNOTATION]).unwrap();
-    assert_eq!(record["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(record["version"], plumbing::build::version());
     assert_eq!(record["mode"], mode.as_str());
     assert_eq!(record["volumes"], json!([TOKEN_VOLUME, SOCKET_VOLUME, STATE_VOLUME]));
 }

@@ -73,6 +73,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             instance: Some(instance.clone()),
             registration_material: Vec::new(),
             workload: None,
+            build_version: String::new(),
         };
         let answer = code(registry.register(request(register, token)?).await);
         println!("probe call=Register claim={claim} code={answer}");

@@ -29,6 +29,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use crate::kubernetes;
 use crate::replica::Replica;
 use crate::sessions::{Admission, RecordCheck, Superseded, check_record};
+use crate::store::builds::Component;
 use crate::store::{MemberRecord, MemberUpdate, OwnershipTerm, Report};
 use protocol::HostProtocol;
 
@@ -188,7 +189,19 @@ impl SupervisorHost for Host {
             return Err(Status::unavailable(CUT_OFF));
         }
         match self.replica.store.record_member(&record, timing::MEMBERSHIP_TTL).await {
-            Ok(_) => {}
+            Ok(_) => {
+                // The member's build, for the status; the attach does not wait for it.
+                let (store, member, version) = (
+                    self.replica.store.clone(),
+                    record.member.clone(),
+                    hello.build_version.clone(),
+                );
+                tokio::spawn(async move {
+                    if let Err(err) = store.record_build(Component::Member, &member, &version).await {
+                        tracing::debug!(%member, error = %err, "cannot record the member's build");
+                    }
+                });
+            }
             Err(err @ crate::store::Error::Conflict { .. }) => {
                 return Err(Status::failed_precondition(err.to_string()));
             }

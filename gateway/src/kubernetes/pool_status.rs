@@ -177,7 +177,7 @@ pub fn desired(
     unsupervised: UnsupervisedPods,
     previous: Option<&PoolStatus>,
 ) -> PoolStatus {
-    let summary = summary::status(view, None, "");
+    let summary = summary::status(view, None, &[], "");
     let unplaced = room::unplaced(view);
     let members: Vec<MemberStatus> = summary
         .members

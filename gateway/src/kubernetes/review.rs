@@ -267,7 +267,7 @@ impl Answers {
                     tokio::spawn(async move {
                         let _in_flight = in_flight;
                         // However the task ends, the token is not left "asking" for good.
-                        let mut asking = Asking {
+                        let mut asking = Pending {
                             answers,
                             digest: Some(digest),
                         };
@@ -320,13 +320,13 @@ impl Answers {
 
 /// A review in flight; dropped before its answer (the task ended otherwise), it forgets the
 /// token's entry so that the next caller asks again.
-struct Asking {
+struct Pending {
     answers: Arc<Answers>,
     /// `None` once answered.
     digest: Option<Vec<u8>>,
 }
 
-impl Asking {
+impl Pending {
     fn answered(&mut self, answer: &Result<Account, Error>) {
         if let Some(digest) = self.digest.take() {
             self.answers.put(digest, answer, Instant::now());
@@ -334,7 +334,7 @@ impl Asking {
     }
 }
 
-impl Drop for Asking {
+impl Drop for Pending {
     fn drop(&mut self) {
         let Some(digest) = self.digest.take() else {
             return;

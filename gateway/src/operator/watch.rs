@@ -85,6 +85,7 @@ pub fn shown(status: &GetSupervisorPoolStatusResponse) -> GetSupervisorPoolStatu
 async fn follow(replica: Arc<Replica>, publish: watch::Sender<Shared>, joined: Arc<Notify>) {
     let mut views = replica.view.clone();
     let mut lease: Option<LeaseView> = None;
+    let mut builds: Vec<crate::store::builds::Build> = Vec::new();
     let mut forced = false;
     loop {
         tokio::select! {
@@ -100,7 +101,10 @@ async fn follow(replica: Arc<Replica>, publish: watch::Sender<Shared>, joined: A
         if let Ok(read) = replica.store.read_lease().await {
             lease = read;
         }
-        let next = crate::summary::status(&view, lease.as_ref(), &replica.name);
+        if let Ok(read) = replica.store.builds().await {
+            builds = read;
+        }
+        let next = crate::summary::status(&view, lease.as_ref(), &builds, &replica.name);
         publish.send_if_modified(|current| {
             let changed = forced || current.as_deref().is_none_or(|c| shown(c) != shown(&next));
             if changed {

@@ -104,6 +104,16 @@ async fn forget_retired(tx: &mut Transaction<'static, Any>, before_ms: i64) -> R
     .bind(before_ms)
     .execute(&mut **tx)
     .await?;
+    // Builds of what is gone: sidecars of forgotten routes, members without a record, gateway
+    // replicas silent for the retention.
+    sqlx::query(
+        "DELETE FROM builds WHERE (component = 'sidecar' AND NOT EXISTS (SELECT 1 FROM instances i WHERE i.route = builds.name)) \
+           OR (component = 'member' AND NOT EXISTS (SELECT 1 FROM members m WHERE m.member = builds.name)) \
+           OR (component = 'gateway' AND seen_at_ms < $1)",
+    )
+    .bind(before_ms)
+    .execute(&mut **tx)
+    .await?;
     if forgotten.rows_affected() > 0 {
         for table in ["grants", "instance_reports"] {
             sqlx::query(&format!(

@@ -29,6 +29,7 @@
 //! `columns.rs`.
 
 mod audit;
+pub mod builds;
 pub mod columns;
 mod decide;
 mod dialect;

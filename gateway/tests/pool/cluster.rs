@@ -416,6 +416,7 @@ pub fn registration(namespace: &str, name: &str, uid: &str) -> RegisterRequest {
             generation: 0,
         }),
         workload: None,
+        build_version: "0.9.0+sidecar".into(),
     }
 }
 

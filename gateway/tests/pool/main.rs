@@ -96,6 +96,7 @@ mod with_operations {
     on_both_backends!(operations;
         drain_and_rebalance_move_instances_at_term_plus_one,
         a_dry_run_lists_the_moves_a_drain_then_makes_and_writes_nothing,
+        the_status_names_every_live_build_and_what_is_outside_the_policy,
     );
 }
 

@@ -369,3 +369,65 @@ pub async fn a_dry_run_lists_the_moves_a_drain_then_makes_and_writes_nothing(db:
     second.stop().await;
     first.stop().await;
 }
+
+pub async fn the_status_names_every_live_build_and_what_is_outside_the_policy(db: &TestDb) {
+    let credentials = tempfile::tempdir().unwrap();
+    let replica = start_replica("gw-builds", &db.url, credentials.path()).await;
+    let endpoint = replica.endpoint();
+    let operator = token(credentials.path(), "operator").await;
+    let tokens = crate::cluster::Tokens::load(&db.store).await;
+    // The test member says "test" (not a version); the test sidecar "0.9.0+sidecar".
+    let mut members = attach_members(db, &endpoint, &tokens, &[("m-a", 16)]).await;
+    register(&endpoint, &tokens.instance("agent-0"), "agent-0")
+        .await
+        .unwrap();
+    let status = |operator: String, endpoint: String| async move {
+        SupervisorPoolClient::new(channel(&endpoint).await)
+            .get_supervisor_pool_status(with_token(GetSupervisorPoolStatusRequest {}, &operator))
+            .await
+            .unwrap()
+            .into_inner()
+    };
+    let shown = wait_for("every build in the status", 2000, || async {
+        let shown = status(operator.clone(), endpoint.clone()).await;
+        (shown.builds.len() == 3).then_some(shown)
+    })
+    .await;
+    let builds: Vec<(&str, &str, &str)> = shown
+        .builds
+        .iter()
+        .map(|b| (b.component.as_str(), b.name.as_str(), b.version.as_str()))
+        .collect();
+    assert_eq!(
+        builds,
+        vec![
+            ("gateway", "gw-builds", plumbing::build::version()),
+            ("member", "m-a", "test"),
+            ("sidecar", "default/agent-0", "0.9.0+sidecar"),
+        ]
+    );
+    assert_eq!(shown.members[0].build_version, "test");
+    let gateway_line = semver::Version::parse(plumbing::build::version()).unwrap().minor;
+    assert_eq!(
+        shown.build_warnings,
+        vec![
+            "1 member reports no build (older than build reporting, or not a version)".to_owned(),
+            format!("1 sidecar of 0.9 is newer than every gateway (0.{gateway_line}): upgrade the pool first"),
+        ]
+    );
+    // A member whose stream ended is not counted any more (a second hello ends it).
+    members[0]
+        .send(proto::host::v1::member_message::Kind::Hello(proto::host::v1::Hello {
+            member: "m-a".into(),
+            process_id: "m-a-p1".into(),
+            ..Default::default()
+        }))
+        .await;
+    members[0].wait_ended().await;
+    wait_for("the member's build gone with it", 2000, || async {
+        let shown = status(operator.clone(), endpoint.clone()).await;
+        shown.builds.iter().all(|b| b.component != "member").then_some(())
+    })
+    .await;
+    replica.stop().await;
+}

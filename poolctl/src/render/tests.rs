@@ -165,3 +165,35 @@ fn a_dry_run_prints_moves_by_wave_and_what_would_not_move() {
     assert_eq!(json["refused"][0]["route"], "team-a/agent-1");
     assert_eq!(json["completes"], false);
 }
+
+#[test]
+fn builds_are_counted_by_component_and_version_and_skew_is_a_warning() {
+    let build = |component: &str, name: &str, version: &str| proto::pool::v1::Build {
+        component: component.into(),
+        name: name.into(),
+        version: version.into(),
+    };
+    let mut status = pool();
+    assert!(
+        !status_table(&status).contains("BUILD"),
+        "nothing reported, nothing shown"
+    );
+    status.builds = vec![
+        build("gateway", "gateway-0", "0.2.0+aa"),
+        build("member", "supervisor-0", "0.2.0+aa"),
+        build("sidecar", "team-a/agent-0", "0.2.0+aa"),
+        build("sidecar", "team-a/agent-1", ""),
+    ];
+    status.build_warnings = vec!["1 sidecar reports no build (older than build reporting, or not a version)".into()];
+    let text = status_table(&status);
+    let lines: Vec<&str> = text.lines().collect();
+    for row in [
+        ["gateway", "0.2.0+aa", "1"].as_slice(),
+        &["member", "0.2.0+aa", "1"],
+        &["sidecar", "0.2.0+aa", "1"],
+        &["sidecar", "(none", "reported)", "1"],
+    ] {
+        assert!(lines.iter().any(|l| words(l) == row), "{row:?} in {text}");
+    }
+    assert!(text.contains("warning: 1 sidecar reports no build"), "{text}");
+}

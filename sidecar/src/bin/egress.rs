@@ -16,7 +16,7 @@ use tokio::io::AsyncWriteExt;
 #[derive(Debug, Parser)]
 #[command(
     name = "egress",
-    version,
+    version = plumbing::build::version(),
     about = "Egress redirection of a supervised Pod: its network rules and its dialer"
 )]
 struct Args {

@@ -176,7 +176,7 @@ impl Default for InjectConfig {
             egress_redirect: Redirect::Off,
             token_audience: proto::trust::KUBERNETES_AUDIENCE.into(),
             token_expiration_seconds: 3600,
-            version: env!("CARGO_PKG_VERSION").into(),
+            version: plumbing::build::version().into(),
         }
     }
 }

@@ -1,0 +1,93 @@
+//! Which build each part of the pool runs: gateway replicas, members and sidecars record their
+//! [`plumbing::build::version`] (`builds` table), and the status reads the builds of what is
+//! live now ([`Store::builds`]); [`crate::skew`] says what is outside the compatibility policy.
+
+use super::{Result, Store};
+
+/// The parts of the pool that report a build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Component {
+    Gateway,
+    Member,
+    Sidecar,
+}
+
+impl Component {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Component::Gateway => "gateway",
+            Component::Member => "member",
+            Component::Sidecar => "sidecar",
+        }
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        [Component::Gateway, Component::Member, Component::Sidecar]
+            .into_iter()
+            .find(|c| c.as_str() == text)
+    }
+}
+
+/// One live part and its build.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Build {
+    pub component: Component,
+    /// The replica, the member, or the sidecar's route.
+    pub name: String,
+    pub version: String,
+}
+
+/// A gateway replica's record counts as live this long after it was written (replicas write
+/// theirs every [`GATEWAY_BUILD_EVERY`]).
+pub const GATEWAY_BUILD_LIVE_MS: i64 = 10 * 60 * 1000;
+/// How often a replica writes its build again.
+pub const GATEWAY_BUILD_EVERY: std::time::Duration = std::time::Duration::from_secs(3 * 60);
+/// A version longer than this is cut (a build's version is `0.2.0+<40 hex>` at most).
+pub const MAX_VERSION_BYTES: usize = 96;
+
+impl Store {
+    /// Records that `name` of `component` runs `version` (cut to [`MAX_VERSION_BYTES`]).
+    pub async fn record_build(&self, component: Component, name: &str, version: &str) -> Result<()> {
+        let version = plumbing::text::bounded(version, MAX_VERSION_BYTES);
+        let clock = self.backend.clock_expr();
+        sqlx::query(&format!(
+            "INSERT INTO builds (component, name, version, seen_at_ms) VALUES ($1, $2, $3, ({clock})) \
+             ON CONFLICT (component, name) DO UPDATE SET version = excluded.version, seen_at_ms = excluded.seen_at_ms"
+        ))
+        .bind(component.as_str())
+        .bind(name)
+        .bind(version)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The builds of what is live now: gateway replicas that wrote theirs within
+    /// [`GATEWAY_BUILD_LIVE_MS`], members with a live membership record, sidecars of desired
+    /// instances. Sorted by component, then name.
+    pub async fn builds(&self) -> Result<Vec<Build>> {
+        let clock = self.backend.clock_expr();
+        let rows: Vec<(String, String, String)> = sqlx::query_as(&format!(
+            "SELECT b.component, b.name, b.version FROM builds b WHERE \
+               (b.component = 'gateway' AND b.seen_at_ms > ({clock}) - $1) \
+               OR (b.component = 'member' AND EXISTS \
+                    (SELECT 1 FROM members m WHERE m.member = b.name AND m.expires_at_ms > ({clock}))) \
+               OR (b.component = 'sidecar' AND EXISTS \
+                    (SELECT 1 FROM instances i WHERE i.route = b.name AND NOT i.withdrawn)) \
+             ORDER BY b.component, b.name"
+        ))
+        .bind(GATEWAY_BUILD_LIVE_MS)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(component, name, version)| {
+                Some(Build {
+                    component: Component::parse(&component)?,
+                    name,
+                    version,
+                })
+            })
+            .collect())
+    }
+}
