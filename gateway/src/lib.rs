@@ -246,6 +246,11 @@ pub async fn run_with<C: kubernetes::Cluster + Clone>(
             cut_off_tx,
             stop.clone(),
         )),
+        tokio::spawn(refresh::record_build(
+            store.clone(),
+            settings.replica.clone(),
+            stop.clone(),
+        )),
         tokio::spawn(reports::run(replica.reports.clone(), store.clone(), stop.clone())),
         tokio::spawn(coordinator::run(replica.clone(), lease_rx.clone(), stop.clone())),
         tokio::spawn({

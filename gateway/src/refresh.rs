@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use proto::timing;
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::operations;
 use crate::pool::{FULL_READ_EVERY, REFRESH_INTERVAL, View};
@@ -264,8 +264,7 @@ impl Reads {
     }
 }
 
-/// Record that replica `name` is running every [`timing::REPLICA_REFRESH`] (and its build every
-/// [`GATEWAY_BUILD_EVERY`]), until `shutdown`;
+/// Record that replica `name` is running every [`timing::REPLICA_REFRESH`], until `shutdown`;
 /// `cut_off` says whether the last record that succeeded is [`timing::STORE_CUT_OFF`] old
 /// (the member streams let their members go, see [`crate::host`]). A record is given that long
 /// to land: a slow store that still takes the writes (a contended SQLite lock) is reached, and
@@ -274,19 +273,10 @@ pub async fn beat(store: Store, name: String, cut_off: watch::Sender<bool>, shut
     let mut every = tokio::time::interval(timing::REPLICA_REFRESH);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut recorded_at = Instant::now();
-    let mut build_recorded: Option<Instant> = None;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
             _ = every.tick() => {
-                if build_recorded.is_none_or(|at| at.elapsed() >= GATEWAY_BUILD_EVERY) {
-                    let record = store.record_build(Component::Gateway, &name, plumbing::build::version());
-                    match tokio::time::timeout(timing::STORE_CUT_OFF, record).await {
-                        Ok(Ok(())) => build_recorded = Some(Instant::now()),
-                        Ok(Err(err)) => warn!(error = %err, "cannot record this replica's build"),
-                        Err(_) => warn!("recording this replica's build timed out"),
-                    }
-                }
                 match tokio::time::timeout(timing::STORE_CUT_OFF, store.refresh_replica(&name)).await {
                     Ok(Ok(())) => recorded_at = Instant::now(),
                     Ok(Err(err)) => warn!(error = %err, "cannot record that this replica is running"),
@@ -302,6 +292,27 @@ pub async fn beat(store: Store, name: String, cut_off: watch::Sender<bool>, shut
                     cut_off.send_replace(cut);
                 }
             }
+        }
+    }
+}
+
+/// Record this replica's build ([`plumbing::build::version`]) for the status, at once and then
+/// every [`GATEWAY_BUILD_EVERY`] (every [`timing::REPLICA_REFRESH`] while it fails), until
+/// `shutdown`. Its own task: a slow store never delays [`beat`].
+pub async fn record_build(store: Store, name: String, shutdown: CancellationToken) {
+    loop {
+        let record = store.record_build(Component::Gateway, &name, plumbing::build::version());
+        let wait = match tokio::time::timeout(timing::STORE_CUT_OFF, record).await {
+            Ok(Ok(())) => GATEWAY_BUILD_EVERY,
+            Ok(Err(err)) => {
+                debug!(error = %err, "cannot record this replica's build; trying again");
+                timing::REPLICA_REFRESH
+            }
+            Err(_) => timing::REPLICA_REFRESH,
+        };
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(wait) => {}
         }
     }
 }

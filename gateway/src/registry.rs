@@ -22,7 +22,7 @@ use crate::auth::InstanceCaller;
 use crate::input::check_route;
 use crate::registration::{Binding, Material};
 use crate::replica::Replica;
-use crate::store::{OwnershipTerm, Registered, Registration, SecretBytes};
+use crate::store::{OwnershipTerm, Registered, Registration, SecretBytes, builds};
 
 #[derive(Clone)]
 pub struct Registry {
@@ -150,21 +150,13 @@ impl InstanceRegistry for Registry {
             Err(err) => return Err(Status::unavailable(format!("cannot record the instance: {err}"))),
         };
         self.replica.wake.notify_one();
-        info!(route = %request.route, generation, sidecar = %plumbing::text::bounded(&request.build_version, crate::store::builds::MAX_VERSION_BYTES), "instance registered");
-        // The sidecar's build, for the status; the registration does not wait for it.
-        let (store, route, version) = (
-            self.replica.store.clone(),
-            request.route.clone(),
-            request.build_version.clone(),
-        );
-        tokio::spawn(async move {
-            if let Err(err) = store
-                .record_build(crate::store::builds::Component::Sidecar, &route, &version)
-                .await
-            {
-                tracing::debug!(%route, error = %err, "cannot record the sidecar's build");
-            }
-        });
+        let sidecar = builds::sanitized(&request.build_version);
+        info!(route = %request.route, generation, %sidecar, "instance registered");
+        // The sidecar's build, for the status: bounded, never a reason to refuse.
+        let build = store.record_build(builds::Component::Sidecar, &request.route, sidecar);
+        if !matches!(tokio::time::timeout(builds::RECORD_TIMEOUT, build).await, Ok(Ok(()))) {
+            tracing::debug!(route = %request.route, "the sidecar's build was not recorded");
+        }
 
         // A route new to the pool, in a pool that will place one more: answered from the
         // published view at once (nothing to say about its owner yet). Otherwise from a view

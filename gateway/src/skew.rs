@@ -8,7 +8,10 @@
 //! - gateways and members of lines `N` and `N−1` run side by side (a rolling upgrade or a
 //!   rollback); older ones are outside the policy;
 //! - sidecars of lines `N−2` to `N` are served (they live as long as their Pods); older ones,
-//!   and sidecars newer than every gateway (the webhook upgraded before the pool), are outside.
+//!   and sidecars newer than the pool (the webhook upgraded before the pool), are outside.
+//!
+//! The step from the last 0.x line to 1.0 is outside any window (`Line::behind` is `None`
+//! across it): 1.0's changelog says what that upgrade takes.
 //!
 //! Every build outside the policy is named in one sentence per line and component; so are
 //! parts that report no build (they predate reporting one).
@@ -96,9 +99,9 @@ pub fn warnings(builds: &[Build]) -> Vec<String> {
             };
             let (is, reports) = if count == 1 { ("is", "reports") } else { ("are", "report") };
             match line {
-                None => format!("{what} {reports} no build (older than build reporting, or not a version)"),
+                None => format!("{what} {reports} no release version (none, or one that is not a version)"),
                 Some(line) if line > newest => {
-                    format!("{what} of {line} {is} newer than every gateway ({newest}): upgrade the pool first")
+                    format!("{what} of {line} {is} newer than the pool ({newest}): upgrade the pool first")
                 }
                 Some(line) => {
                     let back = if component == Component::Sidecar {
@@ -161,9 +164,9 @@ mod tests {
             warnings(&builds),
             vec![
                 "1 member of 0.2 is more than 1 release line(s) behind 0.4: outside the compatibility policy",
-                "1 sidecar reports no build (older than build reporting, or not a version)",
+                "1 sidecar reports no release version (none, or one that is not a version)",
                 "2 sidecars of 0.1 are more than 2 release line(s) behind 0.4: outside the compatibility policy",
-                "1 sidecar of 0.5 is newer than every gateway (0.4): upgrade the pool first",
+                "1 sidecar of 0.5 is newer than the pool (0.4): upgrade the pool first",
             ]
         );
     }

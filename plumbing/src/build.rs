@@ -1,5 +1,5 @@
 //! Which build a binary is: the release (the workspace's semantic version) and, for a build
-//! made by the release or image scripts, the commit it was made from (`OPENSHELL_BUILD_COMMIT`
+//! made by the image scripts, the commit it was made from (`OPENSHELL_BUILD_COMMIT`
 //! at compile time). Every binary's `--version`, a member's `build_version` in its hello, the
 //! webhook's `injected` annotation and the sidecar's registration say [`version`].
 
@@ -9,7 +9,8 @@ use std::sync::LazyLock;
 pub const RELEASE: &str = env!("CARGO_PKG_VERSION");
 
 /// The commit the build was made from, when the build said so (`OPENSHELL_BUILD_COMMIT`;
-/// `scripts/cluster-images`' build and the Dockerfile set it). A developer build has none.
+/// `scripts/test-cluster`'s release build and `scripts/build-images.sh` through the Dockerfile
+/// set it). A developer build has none.
 pub const COMMIT: Option<&str> = option_env!("OPENSHELL_BUILD_COMMIT");
 
 static VERSION: LazyLock<String> = LazyLock::new(|| version_of(RELEASE, COMMIT));

@@ -7,7 +7,7 @@
 //! | [`fault`] | a TCP path that can be cut (no reset, bytes held) and slowed |
 //!
 //! A dev-dependency of the service crates and a dependency of `e2e` (the local pool and the
-//! scenarios cut links): no production binary links it (`scripts/check-modules.sh` fails if one
+//! scenarios cut links): no production binary links it (`scripts/check-deps.sh` fails if one
 //! does).
 
 // Test support fails the test that uses it, with a message, rather than returning errors.

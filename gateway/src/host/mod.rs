@@ -4,7 +4,7 @@
 //! reports, keep the membership record fresh, and end the stream on silence,
 //! supersession, token expiry or shutdown.
 //!
-//! `admission` (one session per member) and `stream` (revisions, acks and
+//! [`crate::sessions`] (one session per member) and [`protocol`] (revisions, acks and
 //! term attribution) are pure; this file is the I/O around them.
 
 pub mod protocol;
@@ -29,7 +29,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use crate::kubernetes;
 use crate::replica::Replica;
 use crate::sessions::{Admission, RecordCheck, Superseded, check_record};
-use crate::store::builds::Component;
+use crate::store::builds::{Component, RECORD_TIMEOUT};
 use crate::store::{MemberRecord, MemberUpdate, OwnershipTerm, Report};
 use protocol::HostProtocol;
 
@@ -189,19 +189,7 @@ impl SupervisorHost for Host {
             return Err(Status::unavailable(CUT_OFF));
         }
         match self.replica.store.record_member(&record, timing::MEMBERSHIP_TTL).await {
-            Ok(_) => {
-                // The member's build, for the status; the attach does not wait for it.
-                let (store, member, version) = (
-                    self.replica.store.clone(),
-                    record.member.clone(),
-                    hello.build_version.clone(),
-                );
-                tokio::spawn(async move {
-                    if let Err(err) = store.record_build(Component::Member, &member, &version).await {
-                        tracing::debug!(%member, error = %err, "cannot record the member's build");
-                    }
-                });
-            }
+            Ok(_) => {}
             Err(err @ crate::store::Error::Conflict { .. }) => {
                 return Err(Status::failed_precondition(err.to_string()));
             }
@@ -250,6 +238,7 @@ impl SupervisorHost for Host {
             tx,
             superseded,
             token_expires_at_ms: caller.expires_at_ms,
+            build_version: hello.build_version.clone(),
         };
         tokio::spawn(session.run(inbound).instrument(span));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx)) as Outbound))
@@ -291,11 +280,28 @@ struct Session {
     tx: mpsc::Sender<Result<GatewayMessage, Status>>,
     superseded: watch::Receiver<Option<Superseded>>,
     token_expires_at_ms: i64,
+    /// What the member's hello said its build is (recorded once the stream runs).
+    build_version: String,
 }
 
 impl Session {
     async fn run(mut self, mut inbound: Streaming<MemberMessage>) {
         let replica = self.host.replica.clone();
+        // The member's build, for the status: once per admitted stream, bounded, beside the
+        // stream (never delaying its first snapshot), and ended with it.
+        let recording = tokio::spawn({
+            let (store, member, version) = (
+                replica.store.clone(),
+                self.identity.member.clone(),
+                std::mem::take(&mut self.build_version),
+            );
+            async move {
+                let build = store.record_build(Component::Member, &member, &version);
+                if !matches!(tokio::time::timeout(RECORD_TIMEOUT, build).await, Ok(Ok(()))) {
+                    tracing::debug!("the member's build was not recorded");
+                }
+            }
+        });
         let mut view = replica.view.clone();
         let mut superseded = self.superseded.clone();
         let mut protocol = HostProtocol::new(self.identity.directory_deltas);
@@ -438,6 +444,7 @@ impl Session {
                 }
             }
         };
+        recording.abort();
 
         self.host.end_session(&self.identity, self.stream_id);
         replica.reports.forget(self.stream_id);

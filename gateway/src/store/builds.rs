@@ -42,13 +42,27 @@ pub struct Build {
 pub const GATEWAY_BUILD_LIVE_MS: i64 = 10 * 60 * 1000;
 /// How often a replica writes its build again.
 pub const GATEWAY_BUILD_EVERY: std::time::Duration = std::time::Duration::from_secs(3 * 60);
-/// A version longer than this is cut (a build's version is `0.2.0+<40 hex>` at most).
+/// The longest version kept (a build's version is `0.2.0+<40 hex>` at most).
 pub const MAX_VERSION_BYTES: usize = 96;
+/// How long a caller's write of its build may take: it is recorded inline (bounded, after the
+/// call is admitted), never in a task of its own per call.
+pub const RECORD_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// What a peer said its version is, as it may be stored and shown: semantic-version characters
+/// only (`[0-9A-Za-z.+-]`), at most [`MAX_VERSION_BYTES`]; anything else is kept as `""`
+/// ("no build reported"), so no control character or escape reaches a log line or a terminal.
+pub fn sanitized(version: &str) -> &str {
+    let fits = version.len() <= MAX_VERSION_BYTES
+        && version
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'+' | b'-'));
+    if fits { version } else { "" }
+}
 
 impl Store {
-    /// Records that `name` of `component` runs `version` (cut to [`MAX_VERSION_BYTES`]).
+    /// Records that `name` of `component` runs `version` ([`sanitized`]).
     pub async fn record_build(&self, component: Component, name: &str, version: &str) -> Result<()> {
-        let version = plumbing::text::bounded(version, MAX_VERSION_BYTES);
+        let version = sanitized(version);
         let clock = self.backend.clock_expr();
         sqlx::query(&format!(
             "INSERT INTO builds (component, name, version, seen_at_ms) VALUES ($1, $2, $3, ({clock})) \
@@ -89,5 +103,20 @@ impl Store {
                 })
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_version_characters_are_kept() {
+        assert_eq!(sanitized("0.2.0+3f1c2ab9e0d4"), "0.2.0+3f1c2ab9e0d4");
+        assert_eq!(sanitized("1.0.0-rc.1"), "1.0.0-rc.1");
+        assert_eq!(sanitized("0.2.0\nlevel=ERROR fake line"), "");
+        assert_eq!(sanitized("\u{1b}[31m0.2.0"), "");
+        assert_eq!(sanitized(&"1".repeat(MAX_VERSION_BYTES + 1)), "");
+        assert_eq!(sanitized(""), "");
     }
 }

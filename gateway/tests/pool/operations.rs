@@ -411,8 +411,8 @@ pub async fn the_status_names_every_live_build_and_what_is_outside_the_policy(db
     assert_eq!(
         shown.build_warnings,
         vec![
-            "1 member reports no build (older than build reporting, or not a version)".to_owned(),
-            format!("1 sidecar of 0.9 is newer than every gateway (0.{gateway_line}): upgrade the pool first"),
+            "1 member reports no release version (none, or one that is not a version)".to_owned(),
+            format!("1 sidecar of 0.9 is newer than the pool (0.{gateway_line}): upgrade the pool first"),
         ]
     );
     // A member whose stream ended is not counted any more (a second hello ends it).

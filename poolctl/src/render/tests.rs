@@ -184,7 +184,7 @@ fn builds_are_counted_by_component_and_version_and_skew_is_a_warning() {
         build("sidecar", "team-a/agent-0", "0.2.0+aa"),
         build("sidecar", "team-a/agent-1", ""),
     ];
-    status.build_warnings = vec!["1 sidecar reports no build (older than build reporting, or not a version)".into()];
+    status.build_warnings = vec!["1 sidecar reports no release version (none, or one that is not a version)".into()];
     let text = status_table(&status);
     let lines: Vec<&str> = text.lines().collect();
     for row in [
@@ -195,5 +195,5 @@ fn builds_are_counted_by_component_and_version_and_skew_is_a_warning() {
     ] {
         assert!(lines.iter().any(|l| words(l) == row), "{row:?} in {text}");
     }
-    assert!(text.contains("warning: 1 sidecar reports no build"), "{text}");
+    assert!(text.contains("warning: 1 sidecar reports no release version"), "{text}");
 }
