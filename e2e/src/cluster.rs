@@ -1,7 +1,7 @@
 //! A real cluster through `kubectl` (for the cluster test, which runs only where `KUBECONFIG`
 //! is set): bounded calls, JSON output, and waiting on conditions.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -315,6 +315,19 @@ pub struct Operation {
     /// `pending`, `running`, `succeeded`, `failed` or `cancelled`.
     pub phase: String,
     pub requested_by: String,
+    /// The moves it made.
+    #[serde(default)]
+    pub moves: u32,
+}
+
+/// One live part of the pool and the build it runs, as `poolctl status -o json` shows it.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct Build {
+    /// `gateway`, `member` or `sidecar`.
+    pub component: String,
+    /// The replica, the member, or the sidecar's route.
+    pub name: String,
+    pub version: String,
 }
 
 /// `poolctl status -o json`, the parts the test reads.
@@ -325,12 +338,26 @@ pub struct Status {
     pub instances: Vec<Instance>,
     #[serde(default)]
     pub operations: Vec<Operation>,
+    #[serde(default)]
+    pub builds: Vec<Build>,
+    /// What is outside the compatibility policy.
+    #[serde(default, rename = "buildWarnings")]
+    pub build_warnings: Vec<String>,
 }
 
 impl Status {
     /// The instances of `namespace`.
     pub fn of(&self, namespace: &str) -> Vec<&Instance> {
         self.instances.iter().filter(|i| i.namespace == namespace).collect()
+    }
+
+    /// The versions the live parts of `component` run.
+    pub fn versions_of(&self, component: &str) -> BTreeSet<&str> {
+        self.builds
+            .iter()
+            .filter(|b| b.component == component)
+            .map(|b| b.version.as_str())
+            .collect()
     }
 }
 

@@ -25,6 +25,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "cluster/upgrade.rs"]
+mod upgrade;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::path::PathBuf;
@@ -575,8 +578,12 @@ struct Flow {
     kubectl: Kubectl,
     pool: Pool,
     install: String,
+    /// The overlay installed now (a path `kubectl apply -k` takes).
+    overlay: String,
     namespace: String,
     image: String,
+    /// `OPENSHELL_E2E_ONLY`: run only the steps whose names contain one of these words.
+    only: Option<String>,
     measured: Vec<Measured>,
 }
 
@@ -586,19 +593,7 @@ async fn the_user_flow_on_a_real_cluster() {
         eprintln!("skipped: OPENSHELL_E2E_CLUSTER is not 1 (scripts/test-cluster runs this test)");
         return;
     }
-    let kubectl = Kubectl;
-    let install = "openshell-supervision".to_owned();
-    let mut flow = Flow {
-        pool: Pool {
-            kubectl: kubectl.clone(),
-            namespace: install.clone(),
-        },
-        kubectl,
-        install,
-        namespace: format!("openshell-e2e-{}", std::process::id()),
-        image: env_or("OPENSHELL_E2E_AGENT_IMAGE", "localhost/openshell/agent:dev"),
-        measured: Vec::new(),
-    };
+    let mut flow = Flow::new(this_build_overlay(), std::env::var("OPENSHELL_E2E_ONLY").ok());
     let started = Instant::now();
     flow.step("install", Flow::install).await;
     flow.step("label a namespace and run agents", Flow::supervise).await;
@@ -657,7 +652,30 @@ async fn the_user_flow_on_a_real_cluster() {
     flow.print_table(started.elapsed());
 }
 
+/// The overlay of this build's images (`OPENSHELL_E2E_OVERLAY`, default `kustomize/overlays/test`).
+fn this_build_overlay() -> String {
+    Flow::root_arg(&env_or("OPENSHELL_E2E_OVERLAY", "kustomize/overlays/test"))
+}
+
 impl Flow {
+    fn new(overlay: String, only: Option<String>) -> Flow {
+        let kubectl = Kubectl;
+        let install = "openshell-supervision".to_owned();
+        Flow {
+            pool: Pool {
+                kubectl: kubectl.clone(),
+                namespace: install.clone(),
+            },
+            kubectl,
+            install,
+            overlay,
+            namespace: format!("openshell-e2e-{}", std::process::id()),
+            image: env_or("OPENSHELL_E2E_AGENT_IMAGE", "localhost/openshell/agent:dev"),
+            only,
+            measured: Vec::new(),
+        }
+    }
+
     /// Run one step; on failure dump the components' logs and fail with the step's name.
     async fn step<'a, F, Fut>(&'a mut self, name: &str, body: F)
     where
@@ -667,7 +685,7 @@ impl Flow {
         // OPENSHELL_E2E_ONLY=a,b: only the steps whose names contain one of these, with the
         // install, the first agents and the uninstall they need (while working on a step).
         let needed = ["install", "label a namespace and run agents", "uninstall"];
-        if let Ok(only) = std::env::var("OPENSHELL_E2E_ONLY")
+        if let Some(only) = &self.only
             && !needed.contains(&name)
             && !only.split(',').any(|part| !part.is_empty() && name.contains(part))
         {
@@ -678,12 +696,12 @@ impl Flow {
         let started = Instant::now();
         let kubectl = self.kubectl.clone();
         let namespaces = [self.install.clone(), self.namespace.clone()];
+        let overlay = self.overlay.clone();
         if let Err(err) = body(self).await {
             let dir = PathBuf::from(env_or("OPENSHELL_E2E_LOGS", "target/cluster-logs"));
             let namespaces: Vec<&str> = namespaces.iter().map(String::as_str).collect();
             dump_logs(&kubectl, &namespaces, &dir).await;
             // Leave a long-lived cluster as it was found (kube-node goes down anyway).
-            let overlay = Self::root_arg(&env_or("OPENSHELL_E2E_OVERLAY", "kustomize/overlays/test"));
             let _ = kubectl
                 .run(&["delete", "namespace", namespaces[1], "--wait=false"])
                 .await;
@@ -703,7 +721,7 @@ impl Flow {
     async fn install(&mut self) -> Result<(), Error> {
         // The install guide's commands as written (docs/install.md; INSTALL_GUIDE), with this
         // test's overlay.
-        let overlay = Self::root_arg(&env_or("OPENSHELL_E2E_OVERLAY", "kustomize/overlays/test"));
+        let overlay = self.overlay.clone();
         let namespace = self.namespace.clone();
         for command in &INSTALL_GUIDE[..3] {
             self.run_guide(command, &overlay, &namespace).await?;
@@ -1267,25 +1285,26 @@ impl Flow {
     /// Every gateway replica, member and sidecar reports the build of this run's images (the
     /// release with its commit), and nothing is outside the compatibility policy.
     async fn one_build_everywhere(&self) -> Result<(), Error> {
-        let out = self.pool.poolctl(&["status", "-o", "json"]).await?;
-        let status: Value =
-            serde_json::from_str(&out).map_err(|err| Error::Check(format!("poolctl status -o json: {err}: {out}")))?;
-        let builds = status["builds"].as_array().cloned().unwrap_or_default();
-        let versions: std::collections::BTreeSet<&str> = builds.iter().filter_map(|b| b["version"].as_str()).collect();
-        let components: std::collections::BTreeSet<&str> =
-            builds.iter().filter_map(|b| b["component"].as_str()).collect();
+        let status = self.pool.status().await?;
+        let versions: BTreeSet<&str> = status.builds.iter().map(|b| b.version.as_str()).collect();
+        let components: BTreeSet<&str> = status.builds.iter().map(|b| b.component.as_str()).collect();
         check(
             components == ["gateway", "member", "sidecar"].into_iter().collect()
                 && versions.len() == 1
                 && versions.iter().all(|v| v.contains('+')),
-            || format!("every part reports the one build of this run, with its commit: {builds:?}"),
+            || {
+                format!(
+                    "every part reports the one build of this run, with its commit: {:?}",
+                    status.builds
+                )
+            },
         )?;
-        check(status["buildWarnings"].as_array().is_some_and(Vec::is_empty), || {
-            format!("no build outside the policy: {}", status["buildWarnings"])
+        check(status.build_warnings.is_empty(), || {
+            format!("no build outside the policy: {:?}", status.build_warnings)
         })?;
         println!(
             "builds: {} parts, all {}",
-            builds.len(),
+            status.builds.len(),
             versions.iter().next().copied().unwrap_or_default()
         );
         Ok(())
@@ -2997,7 +3016,7 @@ impl Flow {
     }
 
     async fn uninstall(&mut self) -> Result<(), Error> {
-        let overlay = Self::root_arg(&env_or("OPENSHELL_E2E_OVERLAY", "kustomize/overlays/test"));
+        let overlay = self.overlay.clone();
         self.kubectl
             .run(&["delete", "-k", &overlay, "--wait=true", "--timeout=180s"])
             .await?;

@@ -2,7 +2,9 @@
 //! calls, the sidecar's registration calls, poolctl): the endpoints in turn, each connect bounded,
 //! staying on a replica that answers. Retries between calls back off with
 //! [`proto::timing::reconnect_backoff`] (jittered); the bearer header is
-//! [`Token::authorize`](crate::token::Token::authorize).
+//! [`Token::authorize`](crate::token::Token::authorize). A call a replica provably did not
+//! process ([`never_processed`]: a replica shutting down refused it) may go to another even
+//! where calls are sent at most once.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -130,9 +132,43 @@ impl Gateways {
     }
 }
 
+/// Whether the replica provably never handed the call to a handler: it refused the call's
+/// HTTP/2 stream (`REFUSED_STREAM`), or sent a graceful `GOAWAY` that left the stream out — a
+/// replica shutting down does so for every stream it will not serve, and the client fails a
+/// call it had not sent yet the same way. Such a call can be sent to another replica without
+/// being processed twice. Any other failure (a reset, a time-out, a broken connection, an
+/// answer) may come after the handler ran.
+pub fn never_processed(status: &tonic::Status) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(err) = cause {
+        if let Some(h2) = err.downcast_ref::<h2::Error>() {
+            let refused = h2.reason() == Some(h2::Reason::REFUSED_STREAM);
+            let left_out = h2.is_go_away() && h2.is_remote() && h2.reason() == Some(h2::Reason::NO_ERROR);
+            return refused || left_out;
+        }
+        cause = err.source();
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_refused_stream_counts_as_never_processed() {
+        let refused = tonic::Status::from_error(Box::new(h2::Error::from(h2::Reason::REFUSED_STREAM)));
+        assert!(never_processed(&refused), "{refused:?}");
+        // What a handler answered, a reset after the request, or no cause at all: it may have run.
+        for status in [
+            tonic::Status::unavailable("the replica answered"),
+            tonic::Status::from_error(Box::new(h2::Error::from(h2::Reason::CANCEL))),
+            tonic::Status::from_error(Box::new(h2::Error::from(h2::Reason::INTERNAL_ERROR))),
+            tonic::Status::from_error(Box::new(std::io::Error::from(std::io::ErrorKind::BrokenPipe))),
+        ] {
+            assert!(!never_processed(&status), "{status:?}");
+        }
+    }
 
     #[tokio::test]
     async fn dialing_moves_on_to_the_replica_that_answers_and_stays() -> Result<(), Box<dyn std::error::Error>> {

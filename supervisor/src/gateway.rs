@@ -2,16 +2,19 @@
 //! single-use IssueGrant and Activate calls, and the trust bundle) and of
 //! `host.v1.SupervisorHost.RecordAudit` (idempotent: the gateway keeps each record once).
 //!
-//! Single use (recovery.proto "Retry rule"): a call is sent at most once. Only reaching a
+//! Single use (recovery.proto "Retry rule"): a call is processed at most once. Reaching a
 //! replica is retried (over the endpoints in turn, each bounded by
-//! [`timing::CONNECT_TIMEOUT`], the CA bundle read again for each), because nothing was sent yet; once the request is on the wire
-//! any error, including a lost response or [`CALL_TIMEOUT`], is final and the caller reports
+//! [`timing::CONNECT_TIMEOUT`], the CA bundle read again for each), because nothing was sent
+//! yet; so is a call the replica provably never processed
+//! ([`never_processed`](plumbing::gateway::never_processed): a replica shutting down refused
+//! its stream), on the next replica, each replica once. Any other error once the request is
+//! on the wire, including a lost response or [`CALL_TIMEOUT`], is final and the caller reports
 //! the instance FAILED for that term.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use plumbing::gateway::{DialError, Gateways};
+use plumbing::gateway::{DialError, Gateways, never_processed};
 
 use plumbing::tls::ClientTls;
 use proto::host::v1::supervisor_host_client::SupervisorHostClient;
@@ -22,6 +25,7 @@ use proto::recovery::v1::{
 };
 use proto::timing;
 use tonic::transport::Channel;
+use tracing::warn;
 
 use crate::config::{self, TokenError};
 
@@ -60,20 +64,25 @@ impl Gateway {
         }
     }
 
-    /// recovery.v1.IssueGrant, sent at most once.
+    /// recovery.v1.IssueGrant, processed at most once.
     pub(crate) async fn issue_grant(&self, request: IssueGrantRequest) -> Result<IssueGrantResponse, CallError> {
-        let (mut client, request) = self.prepare(request).await?;
-        let response = bounded(client.issue_grant(request)).await?;
+        let response = self
+            .send("IssueGrant", request, |channel, request| async move {
+                recovery(channel).issue_grant(request).await
+            })
+            .await?;
         if response.grant.is_empty() || response.grant.len() > proto::trust::MAX_TOKEN_BYTES {
             return Err(CallError::Invalid("the grant is empty or oversized"));
         }
         Ok(response)
     }
 
-    /// recovery.v1.Activate, sent at most once.
+    /// recovery.v1.Activate, processed at most once.
     pub(crate) async fn activate(&self, request: ActivateRequest) -> Result<ActivationProof, CallError> {
-        let (mut client, request) = self.prepare(request).await?;
-        let activation = bounded(client.activate(request))
+        let activation = self
+            .send("Activate", request, |channel, request| async move {
+                recovery(channel).activate(request).await
+            })
             .await?
             .activation
             .ok_or(CallError::Invalid("no activation"))?;
@@ -85,32 +94,49 @@ impl Gateway {
 
     /// recovery.v1.TrustBundle (idempotent, so the caller may ask again later).
     pub(crate) async fn trust_bundle(&self) -> Result<TrustBundleResponse, CallError> {
-        let (mut client, request) = self.prepare(TrustBundleRequest {}).await?;
-        bounded(client.trust_bundle(request)).await
+        self.send("TrustBundle", TrustBundleRequest {}, |channel, request| async move {
+            recovery(channel).trust_bundle(request).await
+        })
+        .await
     }
 
     /// host.v1.RecordAudit: stores a sidecar's audit records (idempotent).
     pub(crate) async fn record_audit(&self, request: RecordAuditRequest) -> Result<RecordAuditResponse, CallError> {
-        let (channel, request) = self.connect(request).await?;
-        let mut client = SupervisorHostClient::new(channel)
-            .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
-        bounded(client.record_audit(request)).await
+        self.send("RecordAudit", request, |channel, request| async move {
+            SupervisorHostClient::new(channel)
+                .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(proto::MAX_MESSAGE_BYTES)
+                .record_audit(request)
+                .await
+        })
+        .await
+    }
+
+    /// Sends `message` with `call` to the first reachable replica, starting after the one used
+    /// last; when that replica provably did not process it, to the next one, each replica once.
+    async fn send<T, R, F, Fut>(&self, rpc: &str, message: T, call: F) -> Result<R, CallError>
+    where
+        T: Clone,
+        F: Fn(Channel, tonic::Request<T>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<R>, tonic::Status>>,
+    {
+        let mut replicas_left = self.gateways.endpoints().len();
+        loop {
+            let (channel, request) = self.connect(message.clone()).await?;
+            match bounded(call(channel, request)).await {
+                Err(CallError::Status(status)) if replicas_left > 1 && never_processed(&status) => {
+                    replicas_left -= 1;
+                    warn!(rpc, replica = self.gateways.current(), error = %status.message(),
+                        "the gateway replica did not process the call (shutting down?): sending it to the next");
+                    self.gateways.skip();
+                }
+                outcome => return outcome,
+            }
+        }
     }
 
     /// Reads the token and connects to the first reachable replica, starting after the one
     /// used last. Nothing has been sent when this fails.
-    async fn prepare<T>(
-        &self,
-        message: T,
-    ) -> Result<(SupervisorRecoveryClient<Channel>, tonic::Request<T>), CallError> {
-        let (channel, request) = self.connect(message).await?;
-        let client = SupervisorRecoveryClient::new(channel)
-            .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
-        Ok((client, request))
-    }
-
     async fn connect<T>(&self, message: T) -> Result<(Channel, tonic::Request<T>), CallError> {
         let mut request = tonic::Request::new(message);
         request.set_timeout(CALL_TIMEOUT);
@@ -120,6 +146,12 @@ impl Gateway {
         let channel = self.gateways.connect(timing::CONNECT_TIMEOUT).await?;
         Ok((channel, request))
     }
+}
+
+fn recovery(channel: Channel) -> SupervisorRecoveryClient<Channel> {
+    SupervisorRecoveryClient::new(channel)
+        .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(proto::MAX_MESSAGE_BYTES)
 }
 
 async fn bounded<T>(call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>) -> Result<T, CallError> {

@@ -21,7 +21,7 @@ use proto::runtime::v1::{FetchCredential, Liveness, ReportProgress, WorkloadRequ
 use proto::trust::{Claims, DEFAULT_ISSUER, Expectation, Kind as TokenKind, ProofClaims};
 use support::recovery::{Call, Keys, Script};
 use support::sidecar::{FakeSidecar, WORKLOAD_PID, attach, recovery_hello};
-use support::{Connection, FakeGateway, Member, placed, shows, status};
+use support::{Connection, FakeGateway, Member, ShuttingDownReplica, placed, shows, status};
 use tokio::time::Instant;
 use tonic::{Code, Status};
 
@@ -59,13 +59,19 @@ struct Pool {
 
 impl Pool {
     async fn start() -> Self {
+        Self::start_behind(&[]).await
+    }
+
+    /// A pool whose member dials `first` before the gateway (fake replicas that fail).
+    async fn start_behind(first: &[&str]) -> Self {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_test_writer()
             .try_init();
         let mut gateway = FakeGateway::start().await;
         gateway.recovery.place(ROUTE, generation(1));
-        let member = Member::start("supervisor-0", &[&gateway.endpoint], SUPERVISOR_TOKEN);
+        let endpoints: Vec<&str> = first.iter().copied().chain([gateway.endpoint.as_str()]).collect();
+        let member = Member::start("supervisor-0", &endpoints, SUPERVISOR_TOKEN);
         let connection = gateway.next_connection().await;
         let runtime_address = connection.hello.runtime_address.clone();
         Self {
@@ -411,6 +417,22 @@ async fn issue_grant_and_activate_are_sent_once_even_when_the_response_is_lost()
     let issued: Vec<u64> = pool.gateway.recovery.issued().iter().map(|r| r.term).collect();
     assert_eq!(issued, vec![1, 2], "one IssueGrant per term");
     assert_eq!(pool.gateway.recovery.activated().len(), 1, "Activate was retried");
+}
+
+#[tokio::test]
+async fn a_call_a_replica_in_shutdown_left_unprocessed_goes_to_the_next_replica() {
+    // The first replica is shutting down: its GOAWAY leaves every stream out. IssueGrant and
+    // Activate, sent at most once, may go to the next replica because the first provably
+    // processed nothing — a planned move meeting a rolling gateway is not a failed term.
+    let refusing = ShuttingDownReplica::start().await;
+    let mut pool = Pool::start_behind(&[&refusing.endpoint]).await;
+    let instance = generation(1);
+    pool.own(vec![placed(ROUTE, &instance, 1, Reserved)]).await;
+    let _sidecar = pool.take_over(&instance, 1, 0).await;
+    assert!(refusing.connections() > 0, "the shutting-down replica was tried first");
+    let issued: Vec<u64> = pool.gateway.recovery.issued().iter().map(|r| r.term).collect();
+    assert_eq!(issued, vec![1], "one IssueGrant, processed by the replica that serves");
+    assert_eq!(pool.gateway.recovery.activated().len(), 1, "one Activate");
 }
 
 #[tokio::test]

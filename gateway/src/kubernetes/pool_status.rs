@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::operations;
 use crate::pool::View;
 use crate::room;
+use crate::store::builds::Build;
 use crate::store::{Lease, Operation, OperationKind, OperationPhase};
 use crate::summary;
 use proto::common::v1::InstancePhase;
@@ -75,7 +76,42 @@ pub struct PoolStatus {
     pub unsupervised_pods: UnsupervisedPods,
     /// Drains and rebalances running (and drains that keep their member out).
     pub operations: Vec<OperationStatus>,
+    /// The builds that run, counted by part and version.
+    pub builds: Vec<BuildCount>,
+    /// What runs outside the compatibility policy ([`crate::skew`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub build_warnings: Vec<String>,
     pub conditions: Vec<Condition>,
+}
+
+/// How many live parts of one kind run one build.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BuildCount {
+    /// `gateway`, `member` or `sidecar`.
+    pub component: String,
+    pub version: String,
+    pub count: u32,
+}
+
+impl BuildCount {
+    /// `builds` counted by component and version, in that order.
+    pub fn count(builds: &[Build]) -> Vec<BuildCount> {
+        let mut counts: BTreeMap<(&str, &str), u32> = BTreeMap::new();
+        for build in builds {
+            *counts
+                .entry((build.component.as_str(), build.version.as_str()))
+                .or_default() += 1;
+        }
+        counts
+            .into_iter()
+            .map(|((component, version), count)| BuildCount {
+                component: component.to_owned(),
+                version: version.to_owned(),
+                count,
+            })
+            .collect()
+    }
 }
 
 /// A condition in the standard shape (`metav1.Condition`), so `kubectl wait
@@ -169,12 +205,14 @@ pub struct OperationStatus {
 }
 
 /// The status the pool object should have, `unsupervised` the running Pods admitted without
-/// supervision (from the index). `previous` is the status last applied: a condition whose
-/// status did not change keeps its `lastTransitionTime`. Pure.
+/// supervision (from the index), `builds` what the live parts run (from the store).
+/// `previous` is the status last applied: a condition whose status did not change keeps its
+/// `lastTransitionTime`. Pure.
 pub fn desired(
     view: &View,
     lease: Option<&Lease>,
     unsupervised: UnsupervisedPods,
+    builds: &[Build],
     previous: Option<&PoolStatus>,
 ) -> PoolStatus {
     let summary = summary::status(view, None, &[], "");
@@ -235,6 +273,8 @@ pub fn desired(
         instances: counts,
         unsupervised_pods: unsupervised,
         operations: operations_of(view),
+        builds: BuildCount::count(builds),
+        build_warnings: crate::skew::warnings(builds),
         conditions,
     }
 }

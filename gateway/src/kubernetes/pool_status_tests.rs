@@ -127,7 +127,7 @@ fn state(status: &PoolStatus, type_: &str) -> (String, String) {
 
 #[test]
 fn a_healthy_pool_is_ready_with_its_coordinator_members_and_counts() {
-    let status = desired(&view(), Some(&lease()), UnsupervisedPods::default(), None);
+    let status = desired(&view(), Some(&lease()), UnsupervisedPods::default(), &[], None);
     assert_eq!(
         status.coordinator,
         Some(CoordinatorStatus {
@@ -173,13 +173,13 @@ fn a_healthy_pool_is_ready_with_its_coordinator_members_and_counts() {
     later.now_ms += 5_000;
     assert!(!differs(
         &status,
-        &desired(&later, Some(&lease()), UnsupervisedPods::default(), Some(&status))
+        &desired(&later, Some(&lease()), UnsupervisedPods::default(), &[], Some(&status))
     ));
 }
 
 #[test]
 fn without_a_lease_it_is_not_ready_and_says_so() {
-    let status = desired(&view(), None, UnsupervisedPods::default(), None);
+    let status = desired(&view(), None, UnsupervisedPods::default(), &[], None);
     assert_eq!(status.coordinator, None);
     assert_eq!(state(&status, READY), ("False".into(), "NoCoordinator".into()));
     assert_eq!(
@@ -190,11 +190,11 @@ fn without_a_lease_it_is_not_ready_and_says_so() {
 
 #[test]
 fn a_lost_member_degrades_the_pool_and_transitions_keep_their_time() {
-    let before = desired(&view(), Some(&lease()), UnsupervisedPods::default(), None);
+    let before = desired(&view(), Some(&lease()), UnsupervisedPods::default(), &[], None);
     let mut v = view();
     v.now_ms += 5_000;
     v.members.get_mut("b").unwrap().expires_at_ms = 0;
-    let status = desired(&v, Some(&lease()), UnsupervisedPods::default(), Some(&before));
+    let status = desired(&v, Some(&lease()), UnsupervisedPods::default(), &[], Some(&before));
     assert_eq!(state(&status, DEGRADED), ("True".into(), "MembersLost".into()));
     assert!(
         get(&status, DEGRADED).message.contains('b'),
@@ -220,7 +220,7 @@ fn a_lost_member_degrades_the_pool_and_transitions_keep_their_time() {
     a.process_id = "a-p".into();
     a.term = OwnershipTerm::new(2);
     report(&mut v, "r3", ReportPhase::Active);
-    let status = desired(&v, Some(&lease()), UnsupervisedPods::default(), Some(&status));
+    let status = desired(&v, Some(&lease()), UnsupervisedPods::default(), &[], Some(&status));
     assert_eq!(status.members.len(), 1);
     assert_eq!(state(&status, DEGRADED), ("False".into(), "AsExpected".into()));
 }
@@ -237,7 +237,7 @@ fn unplaceable_instances_make_it_unready_with_placements_reason() {
         ..v.instances["r1"].clone()
     };
     v.instances.insert("r4".into(), r4);
-    let status = desired(&v, Some(&lease()), UnsupervisedPods::default(), None);
+    let status = desired(&v, Some(&lease()), UnsupervisedPods::default(), &[], None);
     assert_eq!(state(&status, READY), ("False".into(), "InstancesUnplaced".into()));
     assert!(
         get(&status, READY).message.contains("at capacity"),
@@ -253,7 +253,7 @@ fn a_running_drain_shows_its_progress_and_a_drained_member_its_state() {
     let mut v = view();
     let drain = running(OperationKind::Drain, "a");
     v.operations.push(drain.clone());
-    let status = desired(&v, Some(&lease()), UnsupervisedPods::default(), None);
+    let status = desired(&v, Some(&lease()), UnsupervisedPods::default(), &[], None);
     assert_eq!(status.operations.len(), 1);
     let op = &status.operations[0];
     assert_eq!(
@@ -269,7 +269,7 @@ fn a_running_drain_shows_its_progress_and_a_drained_member_its_state() {
         moves: 2,
         ..drain
     };
-    let status = desired(&v, Some(&lease()), UnsupervisedPods::default(), None);
+    let status = desired(&v, Some(&lease()), UnsupervisedPods::default(), &[], None);
     assert_eq!(
         (status.operations[0].moves_done, status.operations[0].moves_total),
         (2, 2)
@@ -277,7 +277,7 @@ fn a_running_drain_shows_its_progress_and_a_drained_member_its_state() {
     assert_eq!(status.members[0].state, "drained");
     // Every member out: not ready.
     v.members.get_mut("b").unwrap().leaving = true;
-    let status = desired(&v, Some(&lease()), UnsupervisedPods::default(), None);
+    let status = desired(&v, Some(&lease()), UnsupervisedPods::default(), &[], None);
     assert_eq!(state(&status, READY), ("False".into(), "NoMemberTakesInstances".into()));
 }
 
@@ -288,7 +288,7 @@ fn every_field_written_is_declared_in_the_crd() {
     const CRD: &str = include_str!("../../../manifests/supervisorpool-crd.yaml");
     let mut v = view();
     v.operations.push(running(OperationKind::Rebalance, ""));
-    let status = desired(&v, Some(&lease()), UnsupervisedPods::default(), None);
+    let status = desired(&v, Some(&lease()), UnsupervisedPods::default(), &[], None);
     assert!(!status.operations.is_empty() && !status.members.is_empty());
     let undeclared = undeclared(CRD, &serde_json::to_value(&status).unwrap());
     assert!(undeclared.is_empty(), "not in the CRD schema: {undeclared:?}");
@@ -320,7 +320,7 @@ fn failed_instances_degrade_the_pool() {
     let mut v = view();
     report(&mut v, "r2", ReportPhase::Failed);
     report(&mut v, "r3", ReportPhase::Starting);
-    let status = desired(&v, Some(&lease()), UnsupervisedPods::default(), None);
+    let status = desired(&v, Some(&lease()), UnsupervisedPods::default(), &[], None);
     assert_eq!(
         (
             status.instances.active,
@@ -432,7 +432,7 @@ fn the_pool_crd_enforces_what_its_text_states_and_declares_what_is_written() {
             ..running(OperationKind::Drain, "a")
         });
         listed.extend(
-            desired(&v, Some(&lease()), UnsupervisedPods::default(), None)
+            desired(&v, Some(&lease()), UnsupervisedPods::default(), &[], None)
                 .operations
                 .into_iter()
                 .map(|o| o.phase),
@@ -450,10 +450,10 @@ fn the_pool_crd_enforces_what_its_text_states_and_declares_what_is_written() {
 
 #[test]
 fn running_pods_admitted_without_supervision_degrade_the_pool() {
-    let status = desired(&view(), Some(&lease()), UnsupervisedPods::default(), None);
+    let status = desired(&view(), Some(&lease()), UnsupervisedPods::default(), &[], None);
     assert_eq!(state(&status, DEGRADED), ("False".into(), "AsExpected".into()));
     let unsupervised = UnsupervisedPods::count(["runs_as_root", "uid_mismatch", "runs_as_root"]);
-    let status = desired(&view(), Some(&lease()), unsupervised, Some(&status));
+    let status = desired(&view(), Some(&lease()), unsupervised, &[], Some(&status));
     assert_eq!(state(&status, DEGRADED), ("True".into(), "PodsNotSupervised".into()));
     assert_eq!(state(&status, READY).0, "True", "the pool itself serves");
     assert_eq!(status.unsupervised_pods.total, 3);
@@ -468,7 +468,7 @@ fn running_pods_admitted_without_supervision_degrade_the_pool() {
 
 #[test]
 fn a_status_nobody_refreshed_is_marked_unknown_once_and_a_fresh_one_never() {
-    let status = desired(&view(), Some(&lease()), UnsupervisedPods::default(), None);
+    let status = desired(&view(), Some(&lease()), UnsupervisedPods::default(), &[], None);
     let observed = status.observed_at.clone().expect("the status says when it was read");
     let now_ms = view().now_ms;
     let short = UNCHANGED_FOR - std::time::Duration::from_secs(1);
@@ -513,4 +513,52 @@ fn an_empty_count_by_reason_is_left_out_of_the_status() {
     assert_eq!(json["byReason"]["runs_as_root"], 1);
     let back: UnsupervisedPods = serde_json::from_value(serde_json::json!({ "total": 0 })).unwrap();
     assert_eq!(back, UnsupervisedPods::default());
+}
+
+#[test]
+fn the_builds_that_run_are_counted_and_what_is_outside_the_policy_said() {
+    use crate::store::builds::{Build, Component};
+    let build = |component, name: &str, version: &str| Build {
+        component,
+        name: name.into(),
+        version: version.into(),
+    };
+    let builds = [
+        build(Component::Gateway, "gw-0", "0.2.0+aaaa"),
+        build(Component::Gateway, "gw-1", "0.2.0+aaaa"),
+        build(Component::Member, "m-0", "0.2.0+aaaa"),
+        build(Component::Sidecar, "ns/a", "0.1.0+bbbb"),
+        build(Component::Sidecar, "ns/b", "0.1.0+bbbb"),
+        build(Component::Sidecar, "ns/c", "0.3.0"),
+    ];
+    let status = desired(&view(), Some(&lease()), UnsupervisedPods::default(), &builds, None);
+    let counted: Vec<(&str, &str, u32)> = status
+        .builds
+        .iter()
+        .map(|b| (b.component.as_str(), b.version.as_str(), b.count))
+        .collect();
+    assert_eq!(
+        counted,
+        vec![
+            ("gateway", "0.2.0+aaaa", 2),
+            ("member", "0.2.0+aaaa", 1),
+            ("sidecar", "0.1.0+bbbb", 2),
+            ("sidecar", "0.3.0", 1),
+        ]
+    );
+    assert_eq!(status.build_warnings.len(), 1, "{:?}", status.build_warnings);
+    assert!(
+        status.build_warnings[0].contains("newer than the pool"),
+        "{:?}",
+        status.build_warnings
+    );
+    let written = serde_json::to_value(&status).unwrap();
+    assert_eq!(written["builds"][0]["count"], 2);
+    assert!(written["buildWarnings"].is_array());
+    let quiet = desired(&view(), Some(&lease()), UnsupervisedPods::default(), &builds[..5], None);
+    let written = serde_json::to_value(&quiet).unwrap();
+    assert!(
+        written.get("buildWarnings").is_none(),
+        "no warnings, no field: {written}"
+    );
 }

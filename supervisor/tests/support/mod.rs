@@ -443,3 +443,48 @@ pub fn status<'a>(report: &'a StatusReport, route: &str) -> Option<&'a InstanceS
 pub fn shows(report: &StatusReport, route: &str, term: u64, phase: InstancePhase) -> bool {
     status(report, route).is_some_and(|s| s.term == term && InstancePhase::from_wire(s.phase) == phase)
 }
+
+/// A gateway replica shutting down, as HTTP/2 shows it: every connection gets the server's
+/// SETTINGS and at once a graceful GOAWAY that leaves every stream out (last stream 0,
+/// NO_ERROR), so no call on it is processed. Counts the connections.
+pub struct ShuttingDownReplica {
+    pub endpoint: String,
+    connections: Arc<AtomicU64>,
+}
+
+impl ShuttingDownReplica {
+    pub async fn start() -> Self {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        const PREFACE: usize = 24;
+        // SETTINGS (empty), then GOAWAY: length 8, type 7, stream 0, last stream 0, NO_ERROR.
+        const FRAMES: [u8; 26] = [
+            0, 0, 0, 4, 0, 0, 0, 0, 0, //
+            0, 0, 8, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        ];
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let connections = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&connections);
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut preface = [0u8; PREFACE];
+                    if socket.read_exact(&mut preface).await.is_err() {
+                        return;
+                    }
+                    let _ = socket.write_all(&FRAMES).await;
+                    // Hold the connection (as a draining server does) until the client leaves.
+                    let mut rest = [0u8; 1024];
+                    while matches!(socket.read(&mut rest).await, Ok(n) if n > 0) {}
+                });
+            }
+        });
+        Self { endpoint, connections }
+    }
+
+    /// How many connections it refused so far.
+    pub fn connections(&self) -> u64 {
+        self.connections.load(Ordering::SeqCst)
+    }
+}
