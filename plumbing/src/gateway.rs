@@ -110,9 +110,23 @@ impl Gateways {
         self.next.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Makes the next [`connect`](Self::connect) start after replica `index` (as
+    /// [`connect_to_one`](Self::connect_to_one) returned it), unless another caller moved it on
+    /// already: two calls refused by the same replica move past it once, not back to it.
+    pub fn skip_past(&self, index: usize) {
+        let _ = self
+            .next
+            .compare_exchange(index, index + 1, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
     /// Connects to the first replica that answers, each attempt bounded by `limit`, starting
     /// at the current one; the replica that answers stays current. Nothing is sent.
     pub async fn connect(&self, limit: Duration) -> Result<Channel, DialError> {
+        self.connect_to_one(limit).await.map(|(channel, _)| channel)
+    }
+
+    /// [`connect`](Self::connect), also saying which replica answered.
+    pub async fn connect_to_one(&self, limit: Duration) -> Result<(Channel, usize), DialError> {
         if self.endpoints.is_empty() {
             return Err(DialError::NoEndpoints);
         }
@@ -123,7 +137,7 @@ impl Gateways {
             match self.tls.connect(&self.endpoints[index], limit).await {
                 Ok(channel) => {
                     self.next.store(index, Ordering::Relaxed);
-                    return Ok(channel);
+                    return Ok((channel, index));
                 }
                 Err(err) => errors.push(err.to_string()),
             }
@@ -137,7 +151,9 @@ impl Gateways {
 /// replica shutting down does so for every stream it will not serve, and the client fails a
 /// call it had not sent yet the same way. Such a call can be sent to another replica without
 /// being processed twice. Any other failure (a reset, a time-out, a broken connection, an
-/// answer) may come after the handler ran.
+/// answer) may come after the handler ran. For unary and server-streaming calls only: a
+/// GOAWAY can fail a call whose headers already left, which is safe because its body (the
+/// request message) then never does, so no unary handler runs.
 pub fn never_processed(status: &tonic::Status) -> bool {
     let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
     while let Some(err) = cause {

@@ -7,7 +7,7 @@
 //! [`timing::CONNECT_TIMEOUT`], the CA bundle read again for each), because nothing was sent
 //! yet; so is a call the replica provably never processed
 //! ([`never_processed`](plumbing::gateway::never_processed): a replica shutting down refused
-//! its stream), on the next replica, each replica once. Any other error once the request is
+//! its stream), on the next replica, each replica once (twice with one endpoint: a Service). Any other error once the request is
 //! on the wire, including a lost response or [`CALL_TIMEOUT`], is final and the caller reports
 //! the instance FAILED for that term.
 
@@ -113,22 +113,24 @@ impl Gateway {
     }
 
     /// Sends `message` with `call` to the first reachable replica, starting after the one used
-    /// last; when that replica provably did not process it, to the next one, each replica once.
+    /// last; when that replica provably did not process it, to the next one — each endpoint
+    /// once, and with one endpoint (a Service in front of the replicas) once more, on a new
+    /// connection, which the Service sends to a replica that is not shutting down.
     async fn send<T, R, F, Fut>(&self, rpc: &str, message: T, call: F) -> Result<R, CallError>
     where
         T: Clone,
         F: Fn(Channel, tonic::Request<T>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<R>, tonic::Status>>,
     {
-        let mut replicas_left = self.gateways.endpoints().len();
+        let mut attempts_left = self.gateways.endpoints().len().max(2);
         loop {
-            let (channel, request) = self.connect(message.clone()).await?;
+            let (channel, index, request) = self.connect(message.clone()).await?;
+            attempts_left -= 1;
             match bounded(call(channel, request)).await {
-                Err(CallError::Status(status)) if replicas_left > 1 && never_processed(&status) => {
-                    replicas_left -= 1;
-                    warn!(rpc, replica = self.gateways.current(), error = %status.message(),
-                        "the gateway replica did not process the call (shutting down?): sending it to the next");
-                    self.gateways.skip();
+                Err(CallError::Status(status)) if attempts_left > 0 && never_processed(&status) => {
+                    warn!(rpc, replica = %self.gateways.endpoints()[index], error = %status.message(),
+                        "the gateway replica did not process the call (shutting down?): sending it again elsewhere");
+                    self.gateways.skip_past(index);
                 }
                 outcome => return outcome,
             }
@@ -136,15 +138,15 @@ impl Gateway {
     }
 
     /// Reads the token and connects to the first reachable replica, starting after the one
-    /// used last. Nothing has been sent when this fails.
-    async fn connect<T>(&self, message: T) -> Result<(Channel, tonic::Request<T>), CallError> {
+    /// used last: the channel and the replica's index. Nothing has been sent when this fails.
+    async fn connect<T>(&self, message: T) -> Result<(Channel, usize, tonic::Request<T>), CallError> {
         let mut request = tonic::Request::new(message);
         request.set_timeout(CALL_TIMEOUT);
         if let Some(path) = &self.token_file {
             config::read_token(path).await?.authorize(&mut request)?;
         }
-        let channel = self.gateways.connect(timing::CONNECT_TIMEOUT).await?;
-        Ok((channel, request))
+        let (channel, index) = self.gateways.connect_to_one(timing::CONNECT_TIMEOUT).await?;
+        Ok((channel, index, request))
     }
 }
 

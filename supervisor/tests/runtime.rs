@@ -429,7 +429,7 @@ async fn a_call_a_replica_in_shutdown_left_unprocessed_goes_to_the_next_replica(
     let instance = generation(1);
     pool.own(vec![placed(ROUTE, &instance, 1, Reserved)]).await;
     let _sidecar = pool.take_over(&instance, 1, 0).await;
-    assert!(refusing.connections() > 0, "the shutting-down replica was tried first");
+    assert!(refusing.refused() > 0, "the shutting-down replica was tried first");
     let issued: Vec<u64> = pool.gateway.recovery.issued().iter().map(|r| r.term).collect();
     assert_eq!(issued, vec![1], "one IssueGrant, processed by the replica that serves");
     assert_eq!(pool.gateway.recovery.activated().len(), 1, "one Activate");

@@ -2,6 +2,8 @@
 //! [`plumbing::build::version`] (`builds` table), and the status reads the builds of what is
 //! live now ([`Store::builds`]); [`crate::skew`] says what is outside the compatibility policy.
 
+use proto::timing;
+
 use super::{Result, Store};
 
 /// The parts of the pool that report a build.
@@ -37,10 +39,8 @@ pub struct Build {
     pub version: String,
 }
 
-/// A gateway replica's record counts as live this long after it was written (replicas write
-/// theirs every [`GATEWAY_BUILD_EVERY`]).
-pub const GATEWAY_BUILD_LIVE_MS: i64 = 10 * 60 * 1000;
-/// How often a replica writes its build again.
+/// How often a replica writes its build again (its build counts while its liveness record,
+/// refreshed every second, does: [`Store::builds`]).
 pub const GATEWAY_BUILD_EVERY: std::time::Duration = std::time::Duration::from_secs(3 * 60);
 /// The longest version kept (a build's version is `0.2.0+<40 hex>` at most).
 pub const MAX_VERSION_BYTES: usize = 96;
@@ -76,21 +76,29 @@ impl Store {
         Ok(())
     }
 
-    /// The builds of what is live now: gateway replicas that wrote theirs within
-    /// [`GATEWAY_BUILD_LIVE_MS`], members with a live membership record, sidecars of desired
-    /// instances. Sorted by component, then name.
+    /// The builds of what is live now: gateway replicas that recorded that they run within
+    /// [`timing::replica_silence_bound`] (so a replica a rollout replaced drops out within
+    /// seconds), members with a live membership record, sidecars of desired instances. Sorted
+    /// by component, then name.
     pub async fn builds(&self) -> Result<Vec<Build>> {
+        self.builds_within(timing::replica_silence_bound()).await
+    }
+
+    /// [`Store::builds`], with gateway replicas live while their record of running is younger
+    /// than `replica_live`.
+    pub async fn builds_within(&self, replica_live: std::time::Duration) -> Result<Vec<Build>> {
         let clock = self.backend.clock_expr();
         let rows: Vec<(String, String, String)> = sqlx::query_as(&format!(
             "SELECT b.component, b.name, b.version FROM builds b WHERE \
-               (b.component = 'gateway' AND b.seen_at_ms > ({clock}) - $1) \
+               (b.component = 'gateway' AND EXISTS \
+                    (SELECT 1 FROM replicas r WHERE r.replica = b.name AND r.refreshed_at_ms > ({clock}) - $1)) \
                OR (b.component = 'member' AND EXISTS \
                     (SELECT 1 FROM members m WHERE m.member = b.name AND m.expires_at_ms > ({clock}))) \
                OR (b.component = 'sidecar' AND EXISTS \
                     (SELECT 1 FROM instances i WHERE i.route = b.name AND NOT i.withdrawn)) \
              ORDER BY b.component, b.name"
         ))
-        .bind(GATEWAY_BUILD_LIVE_MS)
+        .bind(i64::try_from(replica_live.as_millis()).unwrap_or(i64::MAX))
         .fetch_all(&self.pool)
         .await?;
         Ok(rows

@@ -42,6 +42,7 @@ on_both_backends!(suite;
     a_member_that_left_keeps_an_expired_leaving_record,
     a_superseded_stream_cannot_refresh_over_the_newer_record,
     members_of_a_silent_replica_expire_unless_it_runs_or_they_moved,
+    a_gateways_build_counts_while_its_replica_runs,
     operation_requests_are_idempotent_and_cancels_wait_for_the_coordinator,
     registration_assigns_generations_and_withdrawal_sticks,
     a_withdrawn_workload_revives_as_the_next_generation_only,

@@ -1236,6 +1236,41 @@ pub async fn members_of_a_silent_replica_expire_unless_it_runs_or_they_moved(db:
     assert!(!still.unwrap().is_live(now));
 }
 
+/// A gateway replica's build counts while the replica records that it runs, so a replica a
+/// rollout replaced drops out of the builds within seconds, not when its build row ages.
+pub async fn a_gateways_build_counts_while_its_replica_runs(db: &TestDb) {
+    use gateway::store::builds::Component;
+    let live = Duration::from_millis(300);
+    db.store
+        .record_build(Component::Gateway, "gw-a", "0.2.0+a")
+        .await
+        .unwrap();
+    db.store
+        .record_build(Component::Gateway, "gw-b", "0.1.0+b")
+        .await
+        .unwrap();
+    db.store.refresh_replica("gw-a").await.unwrap();
+    let names = |builds: Vec<gateway::store::builds::Build>| -> Vec<String> {
+        builds
+            .into_iter()
+            .map(|b| format!("{}={}", b.name, b.version))
+            .collect()
+    };
+    assert_eq!(
+        names(db.store.builds_within(live).await.unwrap()),
+        vec!["gw-a=0.2.0+a"],
+        "gw-b never recorded that it runs"
+    );
+    let replicas = db.store.list_replicas().await.unwrap();
+    wait_until_db_time(&db.store, replicas[0].1 + 300).await;
+    assert!(
+        db.store.builds_within(live).await.unwrap().is_empty(),
+        "gw-a stopped recording that it runs: its build no longer counts"
+    );
+    db.store.refresh_replica("gw-a").await.unwrap();
+    assert_eq!(names(db.store.builds_within(live).await.unwrap()), vec!["gw-a=0.2.0+a"]);
+}
+
 pub async fn registration_assigns_generations_and_withdrawal_sticks(db: &TestDb) {
     let registration = |uid: &str| Registration {
         route: "team-a/agent-0".into(),

@@ -444,18 +444,20 @@ pub fn shows(report: &StatusReport, route: &str, term: u64, phase: InstancePhase
     status(report, route).is_some_and(|s| s.term == term && InstancePhase::from_wire(s.phase) == phase)
 }
 
-/// A gateway replica shutting down, as HTTP/2 shows it: every connection gets the server's
-/// SETTINGS and at once a graceful GOAWAY that leaves every stream out (last stream 0,
-/// NO_ERROR), so no call on it is processed. Counts the connections.
+/// A gateway replica shutting down, as HTTP/2 shows it: on every connection, once the client's
+/// first stream has arrived (its HEADERS frame), the server's SETTINGS and a graceful GOAWAY
+/// that leaves every stream out (last stream 0, NO_ERROR), so no call on it is processed.
+/// Counts the streams it refused.
 pub struct ShuttingDownReplica {
     pub endpoint: String,
-    connections: Arc<AtomicU64>,
+    refused: Arc<AtomicU64>,
 }
 
 impl ShuttingDownReplica {
     pub async fn start() -> Self {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         const PREFACE: usize = 24;
+        const HEADERS: u8 = 1;
         // SETTINGS (empty), then GOAWAY: length 8, type 7, stream 0, last stream 0, NO_ERROR.
         const FRAMES: [u8; 26] = [
             0, 0, 0, 4, 0, 0, 0, 0, 0, //
@@ -463,16 +465,33 @@ impl ShuttingDownReplica {
         ];
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let endpoint = format!("http://{}", listener.local_addr().unwrap());
-        let connections = Arc::new(AtomicU64::new(0));
-        let counted = Arc::clone(&connections);
+        let refused = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&refused);
         tokio::spawn(async move {
             while let Ok((mut socket, _)) = listener.accept().await {
-                counted.fetch_add(1, Ordering::SeqCst);
+                let counted = Arc::clone(&counted);
                 tokio::spawn(async move {
                     let mut preface = [0u8; PREFACE];
                     if socket.read_exact(&mut preface).await.is_err() {
                         return;
                     }
+                    // Frames until the first HEADERS: 9-byte header (length 3, type 1, flags
+                    // 1, stream 4), then the payload.
+                    loop {
+                        let mut header = [0u8; 9];
+                        if socket.read_exact(&mut header).await.is_err() {
+                            return;
+                        }
+                        let length = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+                        let mut payload = vec![0u8; length];
+                        if socket.read_exact(&mut payload).await.is_err() {
+                            return;
+                        }
+                        if header[3] == HEADERS {
+                            break;
+                        }
+                    }
+                    counted.fetch_add(1, Ordering::SeqCst);
                     let _ = socket.write_all(&FRAMES).await;
                     // Hold the connection (as a draining server does) until the client leaves.
                     let mut rest = [0u8; 1024];
@@ -480,11 +499,11 @@ impl ShuttingDownReplica {
                 });
             }
         });
-        Self { endpoint, connections }
+        Self { endpoint, refused }
     }
 
-    /// How many connections it refused so far.
-    pub fn connections(&self) -> u64 {
-        self.connections.load(Ordering::SeqCst)
+    /// How many streams it refused so far.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::SeqCst)
     }
 }
