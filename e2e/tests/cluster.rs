@@ -1171,22 +1171,7 @@ impl Flow {
         // The first fenced write of the new term, as the database recorded it (dev overlay:
         // PostgreSQL runs in the install namespace; same clock as this machine's).
         let query = format!("select started_at_ms from coordinator_terms where term = {term}");
-        let args = [
-            "exec",
-            "-n",
-            &self.install,
-            "deploy/openshell-postgres",
-            "--",
-            "psql",
-            "-U",
-            "openshell",
-            "-d",
-            "openshell",
-            "-At",
-            "-c",
-            &query,
-        ];
-        let first_write = match self.kubectl.run(&args).await {
+        let first_write = match self.sql(&query).await {
             Ok(out) => out.trim().parse::<u64>().ok(),
             Err(err) => {
                 eprintln!("   (cannot read the term's first fenced write: {err})");
@@ -1210,6 +1195,27 @@ impl Flow {
             .await?;
         }
         self.rollout_status("openshell-gateway", "120s").await
+    }
+
+    /// The rows of `query` as the database of the dev overlay answers it (`psql -At`: one line
+    /// a row, columns separated by `|`).
+    async fn sql(&self, query: &str) -> Result<String, Error> {
+        let args = [
+            "exec",
+            "-n",
+            &self.install,
+            "deploy/openshell-postgres",
+            "--",
+            "psql",
+            "-U",
+            "openshell",
+            "-d",
+            "openshell",
+            "-At",
+            "-c",
+            query,
+        ];
+        self.kubectl.run(&args).await
     }
 
     async fn drain(&mut self) -> Result<(), Error> {

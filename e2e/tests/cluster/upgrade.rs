@@ -152,6 +152,29 @@ impl Flow {
             "   {parts} parts report; gateways and members at {version}, sidecars at {after:?}; warnings: {:?}",
             status.build_warnings
         );
+        // What moved the instances: planned moves only, or recoveries too (a move that met a
+        // replica in shutdown and failed its term).
+        let query = format!(
+            "select kind, count(*) from operations where created_at_ms >= {} group by kind order by kind",
+            base.from_ms
+        );
+        let kinds = self.sql(&query).await?;
+        let recoveries: u64 = kinds
+            .lines()
+            .filter_map(|l| l.strip_prefix("recover|"))
+            .filter_map(|n| n.trim().parse::<u64>().ok())
+            .sum();
+        let listed = kinds.trim().replace('\n', ", ");
+        eprintln!(
+            "   operations during the switch: {}",
+            if listed.is_empty() { "none" } else { &listed }
+        );
+        if let Switch::Upgrade { .. } = &to {
+            // This build's members take the moves: none ends in a recovery.
+            check(recoveries == 0, || {
+                format!("the upgrade moved instances by planned moves only, not recoveries: {kinds}")
+            })?;
+        }
         let scenario = match to {
             Switch::Upgrade { .. } => "upgrade with kubectl apply -k → every instance settled on the new members",
             Switch::Rollback(_) => "rollback with kubectl apply -k → every instance settled on the release's members",
