@@ -45,6 +45,9 @@ const LABEL: &str = "supervision.openshell.ai/shared=enabled";
 const MINUTE: Duration = Duration::from_secs(60);
 /// How often a measured step looks at the pool.
 const FINE: Duration = Duration::from_millis(200);
+/// The Pod whose workload never talks to the socket (it neither counts nor reports): it runs
+/// beside the agents from the Pod-shape step on, checked for its process but not its counter.
+const SILENT: &str = "silent";
 
 fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_owned())
@@ -1030,6 +1033,9 @@ impl Flow {
             check(now == was, || {
                 format!("agent {name} restarted or changed: before {was:?}, after {now:?}")
             })?;
+            if name == SILENT {
+                continue; // same process; it has no counter
+            }
             let ns = self.namespace.clone();
             let kubectl = self.kubectl.clone();
             let since = now_ms();
@@ -2200,6 +2206,8 @@ impl Flow {
             format!("kubectl warns that two app containers are identified on connection: {warned:?}")
         })?;
         self.kubectl.apply(&supervised["other-uid"]).await?;
+        let pid = self.silent_supervised(&main, SILENT).await?;
+        eprintln!("   {SILENT}: supervised as PID {pid}");
 
         let kubectl = self.kubectl.clone();
         let private = self.running_pod(&ns, "private-pids").await?;
@@ -2925,8 +2933,8 @@ impl Flow {
         let ns = self.namespace.clone();
         // Beside the agents, a workload that never talks to the socket: it too is stopped at
         // the missed deadline and supervised again after its restart, identified anew.
-        let pid = self.silent_supervised(&ns, "silent").await?;
-        eprintln!("   silent: supervised as PID {pid}");
+        let pid = self.silent_supervised(&ns, SILENT).await?;
+        eprintln!("   {SILENT}: supervised as PID {pid}");
         self.kubectl
             .run(&[
                 "scale",
