@@ -3,8 +3,8 @@
 //! second and applies it (server-side apply of the status subresource) when it changed, and
 //! at least every [`pool_status::HEARTBEAT`] so that `observedAt` stays fresh. Never on the
 //! hot path: it reads the published view, and the builds that run from the store every
-//! [`BUILDS_EVERY`] (bounded); it writes nothing to the store; a failed apply is retried the
-//! next second.
+//! [`builds::READ_EVERY`] (bounded); it writes nothing to the store; a failed apply is retried
+//! the next second.
 //!
 //! The one write without the lease: when nobody can hold it because the store is out of
 //! reach. A replica that has not read the store for [`pool_status::UNKNOWN_AFTER`] and has
@@ -24,14 +24,10 @@ use super::cluster::Cluster;
 use super::index::Shared;
 use super::pool_status::{self, POOL_NAME, PoolStatus};
 use crate::replica::Replica;
-use crate::store::Lease;
+use crate::store::{Lease, builds};
 
 /// At most one status write per this interval.
 pub const STATUS_INTERVAL: Duration = Duration::from_secs(1);
-/// How often the builds that run are read again (they change with rollouts and new Pods).
-pub const BUILDS_EVERY: Duration = Duration::from_secs(10);
-/// The bound on one read of the builds; on failure the last read stands.
-const BUILDS_READ_LIMIT: Duration = Duration::from_secs(2);
 
 /// A ticker for rounds every `period`, one at a time (a slow round delays the next).
 pub fn rounds(period: Duration) -> tokio::time::Interval {
@@ -68,8 +64,7 @@ impl<C: Cluster> PoolWriter<C> {
         let mut every = rounds(STATUS_INTERVAL);
         // The `observedAt` this replica last read off the object, and since when it has.
         let mut seen: Option<(Option<String>, tokio::time::Instant)> = None;
-        let mut builds = Vec::new();
-        let mut builds_read: Option<tokio::time::Instant> = None;
+        let mut builds = builds::Latest::default();
         while next_round(&mut every, &shutdown).await {
             let view = self.replica.view.borrow().clone();
             let unread = view.read_at.is_none_or(|at| at.elapsed() >= pool_status::UNKNOWN_AFTER);
@@ -89,15 +84,8 @@ impl<C: Cluster> PoolWriter<C> {
             let unsupervised = self.shared.with(|index| {
                 pool_status::UnsupervisedPods::count(super::supervised::unsupervised_reasons(index, &view))
             });
-            if builds_read.is_none_or(|at| at.elapsed() >= BUILDS_EVERY) {
-                builds_read = Some(tokio::time::Instant::now());
-                match tokio::time::timeout(BUILDS_READ_LIMIT, self.replica.store.builds()).await {
-                    Ok(Ok(read)) => builds = read,
-                    Ok(Err(err)) => debug!(error = %err, "cannot read the builds for the SupervisorPool status"),
-                    Err(_) => debug!("the builds for the SupervisorPool status took too long to read"),
-                }
-            }
-            let next = pool_status::desired(&view, Some(&held), unsupervised, &builds, applied.as_ref());
+            let builds = builds.get(&self.replica.store).await;
+            let next = pool_status::desired(&view, Some(&held), unsupervised, builds, applied.as_ref());
             let fresh = applied_at.elapsed() < pool_status::HEARTBEAT;
             if applied.as_ref().is_some_and(|a| !pool_status::differs(a, &next)) && fresh {
                 continue;

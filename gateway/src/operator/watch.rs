@@ -85,7 +85,7 @@ pub fn shown(status: &GetSupervisorPoolStatusResponse) -> GetSupervisorPoolStatu
 async fn follow(replica: Arc<Replica>, publish: watch::Sender<Shared>, joined: Arc<Notify>) {
     let mut views = replica.view.clone();
     let mut lease: Option<LeaseView> = None;
-    let mut builds: Vec<crate::store::builds::Build> = Vec::new();
+    let mut builds = crate::store::builds::Latest::default();
     let mut forced = false;
     loop {
         tokio::select! {
@@ -97,14 +97,12 @@ async fn follow(replica: Arc<Replica>, publish: watch::Sender<Shared>, joined: A
         if publish.receiver_count() == 0 || view.now_ms == 0 {
             continue;
         }
-        // The last lease read stands while the store does not answer.
-        if let Ok(read) = replica.store.read_lease().await {
+        // The last lease read stands while the store does not answer (in time).
+        if let Ok(Ok(read)) = tokio::time::timeout(timing::STORE_CUT_OFF, replica.store.read_lease()).await {
             lease = read;
         }
-        if let Ok(read) = replica.store.builds().await {
-            builds = read;
-        }
-        let next = crate::summary::status(&view, lease.as_ref(), &builds, &replica.name);
+        let builds = builds.get(&replica.store).await;
+        let next = crate::summary::status(&view, lease.as_ref(), builds, &replica.name);
         publish.send_if_modified(|current| {
             let changed = forced || current.as_deref().is_none_or(|c| shown(c) != shown(&next));
             if changed {

@@ -59,6 +59,35 @@ pub fn sanitized(version: &str) -> &str {
     if fits { version } else { "" }
 }
 
+/// How often [`Latest`] reads the builds again (they change with rollouts and new Pods).
+pub const READ_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+/// The bound on one read of [`Latest`]; on failure the last read stands.
+pub const READ_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The builds as last read, for a status shown again and again (the `SupervisorPool` object, a
+/// watch of the pool): read at most every [`READ_EVERY`], each read bounded by [`READ_LIMIT`];
+/// a failed or slow read keeps the last.
+#[derive(Debug, Default)]
+pub struct Latest {
+    builds: Vec<Build>,
+    read_at: Option<tokio::time::Instant>,
+}
+
+impl Latest {
+    /// The builds, read again first if the last read is older than [`READ_EVERY`].
+    pub async fn get(&mut self, store: &Store) -> &[Build] {
+        if self.read_at.is_none_or(|at| at.elapsed() >= READ_EVERY) {
+            self.read_at = Some(tokio::time::Instant::now());
+            match tokio::time::timeout(READ_LIMIT, store.builds()).await {
+                Ok(Ok(read)) => self.builds = read,
+                Ok(Err(err)) => tracing::debug!(error = %err, "cannot read the builds; the last read stands"),
+                Err(_) => tracing::debug!("the builds took too long to read; the last read stands"),
+            }
+        }
+        &self.builds
+    }
+}
+
 impl Store {
     /// Records that `name` of `component` runs `version` ([`sanitized`]).
     pub async fn record_build(&self, component: Component, name: &str, version: &str) -> Result<()> {
