@@ -146,8 +146,9 @@ impl Gateways {
     }
 }
 
-/// Whether the replica provably never handed the call to a handler: it refused the call's
-/// HTTP/2 stream (`REFUSED_STREAM`), or sent a graceful `GOAWAY` that left the stream out — a
+/// Whether the replica provably never handed the call to a handler: the connection closed
+/// before the request was handed to it (hyper's "canceled"), the replica refused the call's
+/// HTTP/2 stream (`REFUSED_STREAM`), or it sent a graceful `GOAWAY` that left the stream out — a
 /// replica shutting down does so for every stream it will not serve, and the client fails a
 /// call it had not sent yet the same way. Such a call can be sent to another replica without
 /// being processed twice. Any other failure (a reset, a time-out, a broken connection, an
@@ -157,6 +158,13 @@ impl Gateways {
 pub fn never_processed(status: &tonic::Status) -> bool {
     let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
     while let Some(err) = cause {
+        // The connection went away before the request was handed to it: nothing was written.
+        if err
+            .downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_canceled)
+        {
+            return true;
+        }
         if let Some(h2) = err.downcast_ref::<h2::Error>() {
             let refused = h2.reason() == Some(h2::Reason::REFUSED_STREAM);
             let left_out = h2.is_go_away() && h2.is_remote() && h2.reason() == Some(h2::Reason::NO_ERROR);

@@ -4,8 +4,8 @@
 //!
 //! Single use (recovery.proto "Retry rule"): a call is processed at most once. Reaching a
 //! replica is retried (over the endpoints in turn, each bounded by
-//! [`timing::CONNECT_TIMEOUT`], the CA bundle read again for each), because nothing was sent
-//! yet; so is a call the replica provably never processed
+//! [`timing::CONNECT_TIMEOUT`], the CA bundle read again for each, and again with backoff for
+//! [`REACH_BUDGET`] while none answers), because nothing was sent yet; so is a call the replica provably never processed
 //! ([`never_processed`](plumbing::gateway::never_processed): a replica shutting down refused
 //! its stream), on the next replica, each replica once (twice with one endpoint: a Service). Any other error once the request is
 //! on the wire, including a lost response or [`CALL_TIMEOUT`], is final and the caller reports
@@ -25,12 +25,15 @@ use proto::recovery::v1::{
 };
 use proto::timing;
 use tonic::transport::Channel;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::config::{self, TokenError};
 
 /// Bound on one recovery call once connected (request sent to response received).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a call keeps trying to reach a replica while none answers (nothing sent yet): a
+/// rollout of the gateways can leave the Service without a replica for a few seconds.
+pub const REACH_BUDGET: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
@@ -123,8 +126,21 @@ impl Gateway {
         Fut: Future<Output = Result<tonic::Response<R>, tonic::Status>>,
     {
         let mut attempts_left = self.gateways.endpoints().len().max(2);
+        let reaching = tokio::time::Instant::now();
+        let mut unreached = 0;
         loop {
-            let (channel, index, request) = self.connect(message.clone()).await?;
+            let (channel, index, request) = match self.connect(message.clone()).await {
+                Ok(connected) => connected,
+                Err(CallError::Unreachable(err)) if reaching.elapsed() < REACH_BUDGET => {
+                    let wait =
+                        timing::reconnect_backoff(unreached).min(REACH_BUDGET.saturating_sub(reaching.elapsed()));
+                    unreached += 1;
+                    debug!(rpc, error = %err, "no gateway replica reachable; trying again (nothing was sent)");
+                    tokio::time::sleep(wait).await;
+                    continue;
+                }
+                Err(err) => return Err(err),
+            };
             attempts_left -= 1;
             match bounded(call(channel, request)).await {
                 Err(CallError::Status(status)) if attempts_left > 0 && never_processed(&status) => {
@@ -160,5 +176,64 @@ async fn bounded<T>(call: impl Future<Output = Result<tonic::Response<T>, tonic:
     match tokio::time::timeout(CALL_TIMEOUT, call).await {
         Ok(response) => Ok(response?.into_inner()),
         Err(_) => Err(CallError::Timeout(CALL_TIMEOUT)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::recovery::v1::supervisor_recovery_server::{SupervisorRecovery, SupervisorRecoveryServer};
+    use proto::recovery::v1::{ActivateResponse, IssueGrantResponse};
+    use tonic::{Request, Response, Status};
+
+    struct Bundle;
+
+    #[tonic::async_trait]
+    impl SupervisorRecovery for Bundle {
+        async fn issue_grant(&self, _: Request<IssueGrantRequest>) -> Result<Response<IssueGrantResponse>, Status> {
+            Err(Status::unimplemented("not here"))
+        }
+        async fn activate(&self, _: Request<ActivateRequest>) -> Result<Response<ActivateResponse>, Status> {
+            Err(Status::unimplemented("not here"))
+        }
+        async fn trust_bundle(&self, _: Request<TrustBundleRequest>) -> Result<Response<TrustBundleResponse>, Status> {
+            Ok(Response::new(TrustBundleResponse {
+                issuer: "test".into(),
+                ..TrustBundleResponse::default()
+            }))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_replica_unreachable_for_a_moment_is_tried_again_within_the_budget() {
+        // The only endpoint (a Service) first drops the connection it accepted, before the
+        // TLS handshake — no replica behind it, as for a moment in a rollout of the gateways —
+        // then serves: the call, never sent the first time, goes through.
+        let dir = tempfile::tempdir().unwrap();
+        let ca = testkit::pki::Ca::new();
+        let ca_file = ca.write(dir.path().join("ca.crt"));
+        let (cert, key) = ca.leaf(&["gateway.test"]).write(dir.path(), "gateway");
+        let store = std::sync::Arc::new(plumbing::tls::CertStore::new(cert, key));
+        store.reload().unwrap();
+        let server_tls = plumbing::tls::server_config(store, &[b"h2"]).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("https://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            let (first, _) = listener.accept().await.unwrap();
+            drop(first);
+            let router = tonic::transport::Server::builder().add_service(SupervisorRecoveryServer::new(Bundle));
+            let listener = plumbing::listener::Listener::new(listener, Default::default(), Default::default())
+                .with_tls(Some(server_tls));
+            plumbing::listener::serve_grpc(router, listener, std::future::pending()).await
+        });
+        let tls = ClientTls {
+            ca: Some(ca_file),
+            server_name: Some("gateway.test".into()),
+            dialer: None,
+        };
+        let gateway = Gateway::new(vec![endpoint], None, tls);
+        let answer = gateway.trust_bundle().await;
+        server.abort();
+        assert!(answer.is_ok(), "{answer:?}");
     }
 }
