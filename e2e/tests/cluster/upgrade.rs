@@ -169,8 +169,13 @@ impl Flow {
             "   operations during the switch: {}",
             if listed.is_empty() { "none" } else { &listed }
         );
-        if let Switch::Upgrade { .. } = &to {
-            // This build's members take the moves: none ends in a recovery.
+        // The previous release's members hand their instances over while the gateways roll
+        // too; from 0.2 on a member retries a grant or activation that reached no gateway
+        // instead of failing the term, so from an 0.2 release on the upgrade makes no recovery.
+        // 0.1's members still fall back to one now and then (a figure, not a failure).
+        if let Switch::Upgrade { from } = &to
+            && line(from) >= (0, 2)
+        {
             check(recoveries == 0, || {
                 format!("the upgrade moved instances by planned moves only, not recoveries: {kinds}")
             })?;
