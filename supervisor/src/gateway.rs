@@ -5,9 +5,10 @@
 //! Single use (recovery.proto "Retry rule"): a call is processed at most once. Reaching a
 //! replica is retried (over the endpoints in turn, each bounded by
 //! [`timing::CONNECT_TIMEOUT`], the CA bundle read again for each, and again with backoff for
-//! [`REACH_BUDGET`] while none answers), because nothing was sent yet; so is a call the replica provably never processed
-//! ([`never_processed`](plumbing::gateway::never_processed): a replica shutting down refused
-//! its stream), on the next replica, each replica once (twice with one endpoint: a Service). Any other error once the request is
+//! [`REACH_BUDGET`] while none answers), because nothing was sent yet; so is a call the
+//! replica provably never processed ([`never_processed`](plumbing::gateway::never_processed):
+//! a replica shutting down refused its stream), on the next replica, each replica once (twice
+//! with one endpoint: a Service). Any other error once the request is
 //! on the wire, including a lost response or [`CALL_TIMEOUT`], is final and the caller reports
 //! the instance FAILED for that term.
 

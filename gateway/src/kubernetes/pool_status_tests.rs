@@ -288,8 +288,21 @@ fn every_field_written_is_declared_in_the_crd() {
     const CRD: &str = include_str!("../../../manifests/supervisorpool-crd.yaml");
     let mut v = view();
     v.operations.push(running(OperationKind::Rebalance, ""));
-    let status = desired(&v, Some(&lease()), UnsupervisedPods::default(), &[], None);
+    // A build of every part, one of them outside the policy, so that every field is written.
+    use crate::store::builds::{Build, Component};
+    let builds = [
+        (Component::Gateway, "0.2.0"),
+        (Component::Member, "0.2.0"),
+        (Component::Sidecar, "0.3.0"),
+    ]
+    .map(|(component, version)| Build {
+        component,
+        name: component.as_str().into(),
+        version: version.into(),
+    });
+    let status = desired(&v, Some(&lease()), UnsupervisedPods::default(), &builds, None);
     assert!(!status.operations.is_empty() && !status.members.is_empty());
+    assert!(!status.builds.is_empty() && !status.build_warnings.is_empty());
     let undeclared = undeclared(CRD, &serde_json::to_value(&status).unwrap());
     assert!(undeclared.is_empty(), "not in the CRD schema: {undeclared:?}");
 }

@@ -64,7 +64,7 @@ impl<C: Cluster> PoolWriter<C> {
         let mut every = rounds(STATUS_INTERVAL);
         // The `observedAt` this replica last read off the object, and since when it has.
         let mut seen: Option<(Option<String>, tokio::time::Instant)> = None;
-        let mut builds = builds::Latest::default();
+        let mut latest = builds::Latest::default();
         while next_round(&mut every, &shutdown).await {
             let view = self.replica.view.borrow().clone();
             let unread = view.read_at.is_none_or(|at| at.elapsed() >= pool_status::UNKNOWN_AFTER);
@@ -84,7 +84,7 @@ impl<C: Cluster> PoolWriter<C> {
             let unsupervised = self.shared.with(|index| {
                 pool_status::UnsupervisedPods::count(super::supervised::unsupervised_reasons(index, &view))
             });
-            let builds = builds.get(&self.replica.store).await;
+            let builds = latest.get(&self.replica.store).await;
             let next = pool_status::desired(&view, Some(&held), unsupervised, builds, applied.as_ref());
             let fresh = applied_at.elapsed() < pool_status::HEARTBEAT;
             if applied.as_ref().is_some_and(|a| !pool_status::differs(a, &next)) && fresh {
