@@ -635,6 +635,11 @@ async fn the_user_flow_on_a_real_cluster() {
         )
         .await;
     }
+    flow.step(
+        "database Pod replaced with its data, then the gateways restarted",
+        Flow::database_replaced,
+    )
+    .await;
     flow.step("poolctl drain", Flow::drain).await;
     flow.step(
         "SupervisorPoolOperation: dry run, drain, deletion cancels",
@@ -2916,6 +2921,61 @@ impl Flow {
             .await?;
         let seconds = base.t0.elapsed().as_secs_f64();
         self.survived("database paused", seconds, &base).await
+    }
+
+    /// The dev overlay's database keeps its data in an emptyDir: replacing its Pod empties the
+    /// store under the running pool, as a restore into an empty database would. Nothing may be
+    /// stopped: the gateways migrate the empty database again and write back the signing keys
+    /// they hold (so every delivered token and trust bundle stays valid), each sidecar
+    /// registers again with its fence and is placed above it. Then the gateways restart on the
+    /// rebuilt store, and every agent must still be the same process, counting on.
+    async fn database_replaced(&mut self) -> Result<(), Error> {
+        let base = self.baseline().await?;
+        let keys = "select kid from signing_keys order by kid";
+        let kids_before = self.sql(keys).await?;
+        let selector = "app.kubernetes.io/name=openshell-postgres";
+        self.kubectl
+            .run(&["delete", "pod", "-n", &self.install, "-l", selector, "--wait=true"])
+            .await?;
+        self.rollout_status("openshell-postgres", "120s").await?;
+        let status = self.all_settled(&base.names, 2 * MINUTE).await?;
+        let seconds = base.t0.elapsed().as_secs_f64();
+        let kids_after = self.sql(keys).await?;
+        check(kids_after == kids_before, || {
+            format!("the signing keys changed with the database: {kids_before:?} -> {kids_after:?}")
+        })?;
+        let terms: Vec<String> = status
+            .of(&self.namespace)
+            .into_iter()
+            .map(|i| format!("{} at {}", i.name, i.term))
+            .collect();
+        eprintln!(
+            "   every instance active again on the emptied store: {}",
+            terms.join(", ")
+        );
+        self.survived(
+            "database Pod replaced (data lost) → every instance active again",
+            seconds,
+            &base,
+        )
+        .await?;
+        let base = self.baseline().await?;
+        self.kubectl
+            .run(&[
+                "rollout",
+                "restart",
+                "deployment/openshell-gateway",
+                "-n",
+                &self.install,
+            ])
+            .await?;
+        self.rollout_status("openshell-gateway", "180s").await?;
+        self.all_settled(&base.names, MINUTE).await?;
+        self.pool_condition("Ready", Some("True"), "PoolReady", |_| true)
+            .await?;
+        let seconds = base.t0.elapsed().as_secs_f64();
+        self.survived("then the gateways restarted → every instance settled", seconds, &base)
+            .await
     }
 
     async fn label_and_secret(&mut self) -> Result<(), Error> {

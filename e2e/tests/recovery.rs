@@ -62,6 +62,12 @@ async fn an_owner_its_sidecars_cannot_reach_is_replaced_before_their_deadline() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_emptied_store_stops_nothing_and_every_instance_comes_back() {
+    let outcome = run("store-wipe").await;
+    assert_workloads_survived(&outcome);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_coordinator_is_replaced_without_touching_workloads() {
     assert_workloads_survived(&run("coordinator-failover").await);
 }

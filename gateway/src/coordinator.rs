@@ -160,11 +160,7 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
         match decision {
             Decision::Place { route, to } => {
                 // Above every term the route ever had (a withdrawn generation's included).
-                let term = view
-                    .instances
-                    .get(&route)
-                    .map_or(OwnershipTerm::ZERO, |i| i.last_term)
-                    .next();
+                let term = view.fresh_term(&route, OwnershipTerm::new(1));
                 info!(%route, member = %to.member, term = term.get(), "placing instance");
                 let next = reserved(&route, &to.member, &to.process_id, term, generation(&route), term);
                 placements.push(FencedWrite::Assign {
@@ -173,6 +169,7 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
                 });
             }
             Decision::Replace { route, from, to, term } => {
+                let term = view.fresh_term(&route, term);
                 info!(
                     %route, stale_owner = %from.member, member = %to.member, term = term.get(),
                     "another workload registered the route: placing it anew"
@@ -195,6 +192,7 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
                 batches.push(batch);
             }
             Decision::Recover { route, from, to, term } => {
+                let term = view.fresh_term(&route, term);
                 let message = if from.failed {
                     // A live owner that gave its term up (fenced, a refused grant, or its
                     // sidecar cannot reach it) says why in its report.
@@ -447,6 +445,26 @@ mod tests {
             })
             .collect();
         assert_eq!(placed.len(), 301, "every route once");
+    }
+
+    /// A store restored from an older backup holds an assignment below the term the sidecar
+    /// activated since; the sidecar's registration raised the route's last term to its fence.
+    /// The recovery reserves above it (the sidecar refuses any term at or below its fence).
+    #[test]
+    fn a_recovery_reserves_above_the_routes_last_term() {
+        let mut v = view();
+        assign(&mut v, "gone", 3);
+        v.instances.get_mut("r").unwrap().last_term = OwnershipTerm::new(9);
+        let batches = plan(&v, 60_000, &mut BTreeMap::new());
+        let terms: Vec<(Option<OwnershipTerm>, OwnershipTerm)> = batches
+            .iter()
+            .flatten()
+            .filter_map(|w| match w {
+                FencedWrite::Assign { expected_term, next } => Some((*expected_term, next.term)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(terms, [(Some(OwnershipTerm::new(3)), OwnershipTerm::new(10))]);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::replica::Replica;
-use crate::store::Lease;
+use crate::store::{FencedWrite, Lease, SigningKey};
 use crate::tokens::{
     Delivered, Delivery, FileDelivery, Keyring, Minted, NoExtra, OperatorClaims, PLATFORM_ADMIN, Policy, rotate,
 };
@@ -36,6 +36,25 @@ pub struct LocalDelivery {
     pub instances: Vec<String>,
     /// CA bundle delivered as `ca.crt` beside each token.
     pub ca: Option<PathBuf>,
+}
+
+/// The coordinator's part when the store lost every signing key (the database was emptied or
+/// replaced) while this replica still holds the keys it loaded: they are written back (fenced)
+/// before a rotation would create a new one, which no member or sidecar would know until its
+/// mounted trust bundle caught up — a minute or more in Kubernetes, past recovery deadlines.
+async fn restore_lost_keys(replica: &Replica, lease: &Lease, loaded: &[SigningKey]) {
+    if loaded.is_empty() || !matches!(replica.store.list_signing_keys().await, Ok(keys) if keys.is_empty()) {
+        return;
+    }
+    let writes: Vec<FencedWrite> = loaded.iter().cloned().map(FencedWrite::PutSigningKey).collect();
+    match replica.store.write_fenced(lease, &writes).await {
+        Ok(()) => warn!(
+            keys = loaded.len(),
+            "the store had lost every signing key (the database was emptied or replaced): \
+             restored the ones this replica had loaded"
+        ),
+        Err(err) => warn!(error = %err, "cannot restore the signing keys the store lost"),
+    }
 }
 
 /// Whether `lease` is still held by the database's clock (a fenced check that writes nothing).
@@ -98,9 +117,13 @@ pub async fn run(
 ) {
     let mut delivered: Option<Issued> = None;
     let mut delivered_ca: Option<String> = None;
+    // The keys this replica last loaded (sealed, as stored): what a store that lost them gets
+    // back, so that tokens, grants and the trust bundles already delivered stay valid.
+    let mut loaded_keys: Vec<SigningKey> = Vec::new();
     loop {
         let held = lease.borrow_and_update().clone();
         if let Some(held) = &held {
+            restore_lost_keys(&replica, held, &loaded_keys).await;
             match replica.store.now_ms().await {
                 Ok(now_ms) => match rotate(&replica.store, held, &Policy::default(), now_ms).await {
                     Ok(plan) if !plan.is_empty() => {
@@ -113,9 +136,25 @@ pub async fn run(
                 Err(err) => warn!(error = %err, "cannot read the database clock"),
             }
         }
-        match Keyring::load(&replica.store, &issuer).await {
-            Ok(loaded) => {
+        // A store that lost its keys does not void the ones this replica holds: they verify
+        // and sign on until the coordinator wrote them back.
+        let loaded = replica
+            .store
+            .list_signing_keys()
+            .await
+            .map(|records| {
+                if records.is_empty() {
+                    loaded_keys.clone()
+                } else {
+                    records
+                }
+            })
+            .map_err(crate::tokens::Error::from);
+        match loaded.and_then(|records| Ok((Keyring::from_records(&issuer, &records, replica.store.keks())?, records)))
+        {
+            Ok((loaded, records)) => {
                 replica.keys.set(loaded);
+                loaded_keys = records;
                 let keyring = replica.keys.keyring();
                 if let (Some(lease), Some(delivery)) = (&held, &delivery) {
                     let now_ms = trust::unix_ms(std::time::SystemTime::now());

@@ -214,7 +214,7 @@ impl<'v> Round<'v> {
                 route: a.route.clone(),
                 member: to.member.clone(),
                 process_id: to.process_id.clone(),
-                term: a.term.next(),
+                term: self.view.fresh_term(&a.route, a.term.next()),
                 phase: AssignmentPhase::Reserved,
                 generation: a.generation,
                 placed_term: a.placed_term,

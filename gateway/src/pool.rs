@@ -344,6 +344,16 @@ impl View {
             .is_some_and(|i| !i.withdrawn && a.generation >= i.generation)
     }
 
+    /// `proposed`, or the term after the route's last one when that is higher: terms never
+    /// repeat on a route, and a sidecar's registration raises the last one to its fence (a
+    /// store restored from an older backup may hold an assignment below it).
+    pub fn fresh_term(&self, route: &str, proposed: crate::store::OwnershipTerm) -> crate::store::OwnershipTerm {
+        match self.instances.get(route) {
+            Some(i) if i.last_term >= proposed => i.last_term.next(),
+            _ => proposed,
+        }
+    }
+
     /// The assignment of `route`, unless it is stale.
     pub fn current_assignment(&self, route: &str) -> Option<&Assignment> {
         self.assignments.get(route).filter(|a| !self.is_stale(a))

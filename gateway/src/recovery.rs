@@ -194,11 +194,7 @@ impl SupervisorRecovery for Recovery {
             ));
         }
         let workload = receipt.workload.clone().unwrap_or_default();
-        let checkpoint = Checkpoint {
-            pid: i64::from(workload.pid),
-            start_ticks: i64::try_from(workload.start_time_ticks).unwrap_or(i64::MAX),
-            exe_digest: workload.exe_digest.clone(),
-        };
+        let checkpoint = Checkpoint::from_wire(&workload);
         let term = OwnershipTerm::from_wire(receipt.term).map_err(|err| Status::invalid_argument(err.to_string()))?;
         // The store checks the reservation and the grant row are the caller's too.
         let activation = Activation {

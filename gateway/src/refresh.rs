@@ -269,6 +269,9 @@ impl Reads {
 /// (the member streams let their members go, see [`crate::host`]). A record is given that long
 /// to land: a slow store that still takes the writes (a contended SQLite lock) is reached, and
 /// cutting every replica's members off over it would move nothing but streams, all at once.
+/// Bound on migrating a store whose schema is gone (every migration, on an empty database).
+const MIGRATE_AGAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
 pub async fn beat(store: Store, name: String, cut_off: watch::Sender<bool>, shutdown: CancellationToken) {
     let mut every = tokio::time::interval(timing::REPLICA_REFRESH);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -279,6 +282,15 @@ pub async fn beat(store: Store, name: String, cut_off: watch::Sender<bool>, shut
             _ = every.tick() => {
                 match tokio::time::timeout(timing::STORE_CUT_OFF, store.refresh_replica(&name)).await {
                     Ok(Ok(())) => recorded_at = Instant::now(),
+                    Ok(Err(err)) if err.schema_gone() => {
+                        warn!(error = %err, "the store's schema is gone (the database was replaced or emptied): \
+                              migrating it again; the pool rebuilds from its members and the sidecars' registrations");
+                        match tokio::time::timeout(MIGRATE_AGAIN_TIMEOUT, store.migrate_again()).await {
+                            Ok(Ok(())) => info!("the store's schema is back"),
+                            Ok(Err(err)) => warn!(error = %err, "cannot migrate the store again"),
+                            Err(_) => warn!("migrating the store again timed out"),
+                        }
+                    }
                     Ok(Err(err)) => warn!(error = %err, "cannot record that this replica is running"),
                     Err(_) => warn!("recording that this replica is running timed out"),
                 }

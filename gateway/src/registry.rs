@@ -22,7 +22,7 @@ use crate::auth::InstanceCaller;
 use crate::input::check_route;
 use crate::registration::{Binding, Material};
 use crate::replica::Replica;
-use crate::store::{OwnershipTerm, Registered, Registration, SecretBytes, builds};
+use crate::store::{Checkpoint, OwnershipTerm, Registered, Registration, Resume, SecretBytes, builds};
 
 #[derive(Clone)]
 pub struct Registry {
@@ -109,8 +109,14 @@ impl InstanceRegistry for Registry {
         // pool's very start) must store nothing either.
         let token = self.instance_token(&caller, &instance.uid)?;
         let limit = self.replica.quota.limit(&instance.namespace)?;
+        let resume = Resume {
+            generation: i64::try_from(instance.generation).unwrap_or(i64::MAX),
+            fence: OwnershipTerm::from_wire(request.fence_term)
+                .map_err(|err| Status::invalid_argument(format!("fence_term: {err}")))?,
+            workload: request.workload.as_ref().map(Checkpoint::from_wire).unwrap_or_default(),
+        };
         let store = &self.replica.store;
-        let mut registered = store.register_instance_within(&registration, Some(limit)).await;
+        let mut registered = store.register_resuming(&registration, Some(limit), &resume).await;
         // The same Pod asking for the generation after its withdrawn one: its workload's
         // container restarted, and the new process is supervised from scratch.
         // A lost deregistration leaves the row desired: the next generation is asked for all
@@ -248,10 +254,19 @@ impl InstanceRegistry for Registry {
             .instance(&request.route)
             .await
             .map_err(|err| Status::unavailable(format!("cannot read the instance: {err}")))?;
-        if current.is_none_or(|c| c.uid != instance.uid) {
-            return Err(Status::failed_precondition(
-                "another workload (Pod UID) is registered under this route",
-            ));
+        match current {
+            None => {
+                return Err(Status::not_found(
+                    "the registry does not know this instance (its store was emptied or restored without it, \
+                     and the sidecar has not registered again since): nothing was recorded",
+                ));
+            }
+            Some(c) if c.uid != instance.uid => {
+                return Err(Status::failed_precondition(
+                    "another workload (Pod UID) is registered under this route",
+                ));
+            }
+            Some(_) => {}
         }
         warn!(
             route = %request.route,

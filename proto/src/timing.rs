@@ -66,6 +66,18 @@ pub const RUNTIME_SILENCE_TIMEOUT: Duration = Duration::from_secs(3);
 /// Minimum spacing of `RecoveryHello` messages from one sidecar.
 pub const RECOVERY_HELLO_INTERVAL: Duration = Duration::from_secs(1);
 
+/// A sidecar still recovering this long after its recovery began registers again, saying the
+/// term its fence activated (`RegisterRequest.fence_term`), and every
+/// [`REGISTER_AGAIN_EVERY`] after that until a term is activated: a registry whose store was
+/// emptied or restored from an older backup does not know the instance, so no member will
+/// ever be reserved for it until it registers again, and it is then placed above its fence.
+/// Later than most recoveries take (a crashed owner's instances move in well under a second, a
+/// paused owner's in [`SILENCE_TIMEOUT`] and a little), so an ordinary recovery costs the
+/// registry nothing; far within the recovery deadline.
+pub const REGISTER_AGAIN_AFTER: Duration = Duration::from_secs(5);
+/// See [`REGISTER_AGAIN_AFTER`].
+pub const REGISTER_AGAIN_EVERY: Duration = Duration::from_secs(10);
+
 /// An owner that lost its sidecar's stream at its active term, and whose sidecar has not come
 /// back for this long, gives the term up (reports it `FAILED`): the sidecar lives (its
 /// recovery deadline is far off) but cannot reach this owner — a cut route, a stale conntrack

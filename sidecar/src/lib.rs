@@ -140,23 +140,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
         registration_material: material.encode(),
         workload: pinned.as_ref().map(|p| p.identity.clone()),
         build_version: plumbing::build::version().to_owned(),
+        fence_term: state.fence.activated,
     };
     let (registered_tx, registered) = mpsc::channel(1);
-    let renewal = tokio::spawn({
-        let registration = registration.clone();
-        async move {
-            // Registered again (idempotent: same workload, same generation) from half the
-            // instance token's lifetime on, for a new token before the old one expires.
-            loop {
-                let response = registration.register(register.clone()).await;
-                let renew_in = renewal_delay(response.instance_token_expires_at_ms);
-                if registered_tx.send(response).await.is_err() {
-                    return;
-                }
-                tokio::time::sleep(renew_in).await;
-            }
-        }
-    });
+    let (again_tx, again) = mpsc::channel(1);
+    let renewal = tokio::spawn(registration.clone().keep_registered(register, registered_tx, again));
     // Egress is decided here from the revision in force, whatever the owner does meanwhile.
     let (installed_tx, installed) = tokio::sync::watch::channel(state.policy.clone().map(Arc::new));
     let serving = CancellationToken::new();
@@ -246,7 +234,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
             installed: installed_tx,
             spool,
         },
-    );
+    )
+    .registering_again(again_tx);
     let inputs = Inputs {
         links,
         workload: workload_rx,
@@ -323,16 +312,6 @@ async fn find_workload(
             changed = pinned.changed() => if changed.is_err() { return },
             () = tokio::time::sleep(FIND_POLL) => {}
         }
-    }
-}
-
-/// Half the time left until `expires_at_ms` (at least a second; an hour when unknown).
-fn renewal_delay(expires_at_ms: i64) -> std::time::Duration {
-    let now_ms = proto::trust::unix_ms(std::time::SystemTime::now());
-    let left_ms = u64::try_from(expires_at_ms.saturating_sub(now_ms)).unwrap_or(0);
-    match expires_at_ms {
-        0 => std::time::Duration::from_secs(3600),
-        _ => std::time::Duration::from_millis((left_ms / 2).max(1000)),
     }
 }
 

@@ -10,15 +10,27 @@ use std::time::Duration;
 
 use plumbing::gateway::{DialError, Gateways};
 use plumbing::tls::ClientTls;
+use proto::common::v1::WorkloadIdentity;
 use proto::registry::v1::instance_registry_client::InstanceRegistryClient;
 use proto::registry::v1::{DeregisterRequest, RecoveryFailedRequest, RegisterRequest, RegisterResponse};
 use proto::timing::{CONNECT_TIMEOUT, reconnect_backoff};
+use tokio::sync::mpsc;
 use tokio::time::timeout;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::Channel;
 use tracing::warn;
 
 use crate::supervision::read_token;
+
+/// Half the time left until `expires_at_ms` (at least a second; an hour when unknown).
+fn renewal_delay(expires_at_ms: i64) -> Duration {
+    let now_ms = proto::trust::unix_ms(std::time::SystemTime::now());
+    let left_ms = u64::try_from(expires_at_ms.saturating_sub(now_ms)).unwrap_or(0);
+    match expires_at_ms {
+        0 => Duration::from_secs(3600),
+        _ => Duration::from_millis((left_ms / 2).max(1000)),
+    }
+}
 
 /// Bound on one registry call (connect excluded).
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -37,6 +49,15 @@ pub enum Error {
     Status(&'static str, tonic::Code, String),
     #[error("gave up after {0} attempts, last: {1}")]
     GaveUp(u32, Box<Error>),
+}
+
+/// Where the instance stands, for a registry that may have lost it (its store emptied, or
+/// restored from an older backup): the term the fence activated and the workload. Sent with
+/// every registration from then on (`RegisterRequest.fence_term`, `workload`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Standing {
+    pub fence_term: u64,
+    pub workload: Option<WorkloadIdentity>,
 }
 
 #[derive(Debug)]
@@ -83,6 +104,35 @@ impl Registration {
             }
             tokio::time::sleep(reconnect_backoff(attempt)).await;
             attempt = attempt.saturating_add(1);
+        }
+    }
+
+    /// Keeps the instance registered until aborted: registers `request`, hands each answer
+    /// to `registered`, and registers again (idempotent: same workload, same generation) from
+    /// half the instance token's lifetime on, for a new token before the old one expires — or
+    /// at once when `again` brings where the instance stands now (a recovering sidecar makes
+    /// sure the registry still knows it).
+    pub async fn keep_registered(
+        self: std::sync::Arc<Self>,
+        mut request: RegisterRequest,
+        registered: mpsc::Sender<RegisterResponse>,
+        mut again: mpsc::Receiver<Standing>,
+    ) {
+        loop {
+            let response = self.register(request.clone()).await;
+            let renew_in = renewal_delay(response.instance_token_expires_at_ms);
+            if registered.send(response).await.is_err() {
+                return;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(renew_in) => {}
+                Some(standing) = again.recv() => {
+                    request.fence_term = standing.fence_term;
+                    if standing.workload.is_some() {
+                        request.workload = standing.workload;
+                    }
+                }
+            }
         }
     }
 

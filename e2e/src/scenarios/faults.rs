@@ -118,28 +118,13 @@ pub(super) async fn owner(pool: &mut LocalPool, store: &Store, fault: OwnerFault
         Duration::from_secs(90),
         || async {
             let now = store.list_assignments().await?;
-            let done: Option<Vec<i64>> = moved
-                .iter()
-                .map(|(route, term)| {
-                    now.iter()
-                        .find(|a| &a.route == route && a.member != victim && a.term > *term)
-                        .filter(|a| a.phase == AssignmentPhase::Active)
-                        .map(|a| a.updated_at_ms)
-                })
-                .collect();
-            Ok(done.and_then(|times| times.into_iter().max()))
+            Ok(all_active_above(&now, &moved, Some(&victim)))
         },
     )
     .await?;
     let end = u64::try_from(activated).unwrap_or(0);
     // Let the agents report through their new owners.
-    until("every moved agent reporting again", Duration::from_secs(30), || async {
-        Ok(sandboxes
-            .iter()
-            .all(|s| observe(pool, s).last_at_ms() > end + 500)
-            .then_some(()))
-    })
-    .await?;
+    reporting_after(pool, &sandboxes, end).await?;
 
     let mut notes = format!("owner {victim} held {}", routes.join(", "));
     let back = match fault {
@@ -191,23 +176,13 @@ pub(super) async fn owner(pool: &mut LocalPool, store: &Store, fault: OwnerFault
     }
     let observed: Vec<Observed> = sandboxes.iter().map(|s| observe(pool, s)).collect();
     let pids_after = reported_pids(store, &routes).await?;
-    Ok(Outcome {
-        scenario: String::new(),
-        backend: String::new(),
-        seconds: end.saturating_sub(injected) as f64 / 1000.0,
-        measures: format!("{fault} → its instances active under a new owner"),
-        pids_preserved: pids_before == pids_after && !pids_before.is_empty(),
-        pids_before,
-        pids_after,
-        counter_continuous: observed.iter().all(Observed::continuous),
-        max_counter_gap_ms: observed
-            .iter()
-            .map(|o| o.max_gap_ms(injected, end + 500))
-            .max()
-            .unwrap_or(0),
-        dual_owner_violations: observed.iter().map(Observed::dual_owner_violations).sum(),
+    Ok(Outcome::measured(
+        format!("{fault} → its instances active under a new owner"),
+        (injected, end),
+        (pids_before, pids_after),
+        &observed,
         notes,
-    })
+    ))
 }
 
 /// Stop the database server for 30 s. Nothing may be stopped early: the workloads keep
@@ -336,4 +311,148 @@ async fn other_coordinator(pool: &LocalPool, except: usize) -> Option<String> {
         }
     }
     None
+}
+
+/// Empty the store under the running pool — every table dropped and, on PostgreSQL, every
+/// connection to it closed — as a database Pod replaced without its volume, or a restore to
+/// an empty database, does. Nothing may be stopped: the gateways migrate the empty schema
+/// again, each sidecar registers again with its fence, and every instance is placed above
+/// it — measured until every instance is active again.
+pub(super) async fn wipe(pool: &LocalPool, store: &Store) -> Result<Outcome, Error> {
+    let sandboxes: Vec<String> = pool.sandboxes.iter().map(|s| s.name.clone()).collect();
+    let before: Vec<(String, gateway::store::OwnershipTerm)> = store
+        .list_assignments()
+        .await?
+        .into_iter()
+        .map(|a| (a.route, a.term))
+        .collect();
+    let pids_before = agent_pids(pool, &sandboxes);
+    let kids = |keys: Vec<gateway::store::SigningKey>| keys.into_iter().map(|k| k.kid).collect::<Vec<_>>();
+    let keys_before = kids(store.list_signing_keys().await?);
+    // Every replica has loaded the pool's first signing key (they reload every
+    // `KEYRING_REFRESH`), as in any pool older than a few seconds.
+    let loaded =
+        i64::try_from((gateway::credentials::KEYRING_REFRESH + Duration::from_secs(1)).as_millis()).unwrap_or(i64::MAX);
+    until(
+        "every replica holding the signing keys",
+        Duration::from_secs(30),
+        || async {
+            let now_ms = store.now_ms().await?;
+            let keys = store.list_signing_keys().await?;
+            Ok(keys.iter().all(|k| k.created_at_ms + loaded < now_ms).then_some(()))
+        },
+    )
+    .await?;
+    let wiped = now_ms();
+    empty_database(pool.database_url()).await?;
+    // Active again: every route assigned above the term it had, and active. The store
+    // answers errors until a gateway migrated it again.
+    let activated = until(
+        "every instance active again after the store was emptied",
+        Duration::from_secs(50),
+        || async {
+            let Ok(now) = store.list_assignments().await else {
+                return Ok(None);
+            };
+            Ok(all_active_above(&now, &before, None))
+        },
+    )
+    .await?;
+    let end = u64::try_from(activated).unwrap_or(0);
+    reporting_after(pool, &sandboxes, end).await?;
+    // The running gateways wrote the keys back: every token and trust bundle delivered before
+    // stays valid (a new key would void them until every mounted bundle caught up).
+    let keys_after = kids(store.list_signing_keys().await?);
+    if keys_after != keys_before {
+        return Err(Error::Scenario(format!(
+            "the signing keys changed with the store: {keys_before:?} -> {keys_after:?}"
+        )));
+    }
+    let observed: Vec<Observed> = sandboxes.iter().map(|s| observe(pool, s)).collect();
+    let pids_after = agent_pids(pool, &sandboxes);
+    let after: Vec<String> = store
+        .list_assignments()
+        .await?
+        .into_iter()
+        .map(|a| format!("{} at {}", a.route, a.term))
+        .collect();
+    Ok(Outcome::measured(
+        "store emptied → every instance active again above its fence".into(),
+        (wiped, end),
+        (pids_before, pids_after),
+        &observed,
+        format!(
+            "signing keys kept; terms before: {}; after: {}",
+            before
+                .iter()
+                .map(|(r, t)| format!("{r} at {t}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            after.join(", ")
+        ),
+    ))
+}
+
+/// When the last of `routes` became active above its term (under another member than
+/// `away_from`); `None` until every one has.
+fn all_active_above(
+    now: &[gateway::store::Assignment],
+    routes: &[(String, gateway::store::OwnershipTerm)],
+    away_from: Option<&str>,
+) -> Option<i64> {
+    let done: Option<Vec<i64>> = routes
+        .iter()
+        .map(|(route, term)| {
+            now.iter()
+                .find(|a| &a.route == route && a.term > *term && Some(a.member.as_str()) != away_from)
+                .filter(|a| a.phase == AssignmentPhase::Active)
+                .map(|a| a.updated_at_ms)
+        })
+        .collect();
+    done.and_then(|times| times.into_iter().max())
+}
+
+/// Every agent of `sandboxes` answered later than half a second after `end`.
+async fn reporting_after(pool: &LocalPool, sandboxes: &[String], end: u64) -> Result<(), Error> {
+    until("every agent reporting again", Duration::from_secs(30), || async {
+        Ok(sandboxes
+            .iter()
+            .all(|s| observe(pool, s).last_at_ms() > end + 500)
+            .then_some(()))
+    })
+    .await
+}
+
+/// Drop every table of the database at `url` (PostgreSQL: the `public` schema, then every
+/// other connection to the database is closed, as a server replaced under them would).
+pub(crate) async fn empty_database(url: &str) -> Result<(), Error> {
+    use sqlx::{Connection as _, Executor as _};
+    sqlx::any::install_default_drivers();
+    let failed = |e: sqlx::Error| Error::Scenario(format!("cannot empty the store: {e}"));
+    let mut conn = sqlx::AnyConnection::connect(url).await.map_err(failed)?;
+    if url.starts_with("sqlite") {
+        let tables: Vec<String> =
+            sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+                .fetch_all(&mut conn)
+                .await
+                .map_err(failed)?;
+        conn.execute("PRAGMA foreign_keys = OFF").await.map_err(failed)?;
+        for table in tables {
+            conn.execute(format!("DROP TABLE IF EXISTS \"{table}\"").as_str())
+                .await
+                .map_err(failed)?;
+        }
+    } else {
+        conn.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
+            .await
+            .map_err(failed)?;
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+        .await
+        .map_err(failed)?;
+    }
+    let _ = conn.close().await;
+    Ok(())
 }

@@ -23,16 +23,17 @@ mod faults;
 mod planned;
 
 pub(crate) use database::fresh_database;
-use faults::{OwnerFault, coordinator, outage, owner};
+use faults::{OwnerFault, coordinator, outage, owner, wipe};
 pub(crate) use planned::{Planned, operator, planned};
 
 /// The scenarios, in the order they run.
-pub const ALL: [&str; 7] = [
+pub const ALL: [&str; 8] = [
     "coordinator-failover",
     "coordinator-pause",
     "supervisor-crash",
     "paused-owner",
     "unreachable-owner",
+    "store-wipe",
     "drain",
     "rebalance",
 ];
@@ -72,6 +73,32 @@ pub struct Outcome {
     pub max_counter_gap_ms: u64,
     pub dual_owner_violations: u64,
     pub notes: String,
+}
+
+impl Outcome {
+    /// What a scenario measured from `from` to `to` (Unix ms): the agents' PIDs before and
+    /// after, and their logs `observed` (gaps counted until half a second after `to`).
+    pub(crate) fn measured(
+        measures: String,
+        (from, to): (u64, u64),
+        (pids_before, pids_after): (Vec<u32>, Vec<u32>),
+        observed: &[Observed],
+        notes: String,
+    ) -> Self {
+        Self {
+            scenario: String::new(),
+            backend: String::new(),
+            seconds: to.saturating_sub(from) as f64 / 1000.0,
+            measures,
+            pids_preserved: pids_before == pids_after && !pids_before.is_empty(),
+            pids_before,
+            pids_after,
+            counter_continuous: observed.iter().all(Observed::continuous),
+            max_counter_gap_ms: observed.iter().map(|o| o.max_gap_ms(from, to + 500)).max().unwrap_or(0),
+            dual_owner_violations: observed.iter().map(Observed::dual_owner_violations).sum(),
+            notes,
+        }
+    }
 }
 
 /// Where scenarios run.
@@ -133,6 +160,7 @@ pub async fn run(name: &str, setup: &Setup) -> Result<Outcome, Error> {
             "supervisor-crash" => owner(&mut pool, &store, OwnerFault::Signal(Signal::SIGKILL)).await,
             "paused-owner" => owner(&mut pool, &store, OwnerFault::Signal(Signal::SIGSTOP)).await,
             "unreachable-owner" => owner(&mut pool, &store, OwnerFault::Unreachable).await,
+            "store-wipe" => wipe(&pool, &store).await,
             "drain" => planned(&pool, &store, Planned::Drain).await,
             "rebalance" => planned(&pool, &store, Planned::Rebalance).await,
             "database-outage" => match server.as_mut() {

@@ -9,7 +9,8 @@ use sqlx::{Any, Transaction};
 use super::columns::{Flag, decoded};
 use super::sealing;
 use super::{
-    Error, InstanceRecord, OwnershipTerm, Registered, Registration, Report, Result, SecretBytes, Store, WithdrawnKind,
+    Error, InstanceRecord, OwnershipTerm, Registered, Registration, Report, Result, Resume, SecretBytes, Store,
+    WithdrawnKind,
 };
 
 impl Store {
@@ -26,12 +27,22 @@ impl Store {
     /// a new workload would give its namespace more than `limit` registered instances. The
     /// same workload registering again is never refused.
     pub async fn register_instance_within(&self, r: &Registration, limit: Option<u32>) -> Result<Registered> {
-        let r = r.clone();
-        self.detached(move |store| async move { store.register_instance_now(&r, limit).await })
+        self.register_resuming(r, limit, &Resume::default()).await
+    }
+
+    /// [`Store::register_instance_within`] for a sidecar that says where its instance stands
+    /// ([`Resume`]). A route the store does not know is recorded at the sidecar's generation
+    /// with its workload as the checkpoint; known or not, no term at or below the sidecar's
+    /// fence is reserved for the route again. So a store emptied or restored from an older
+    /// backup places the instance above the term its sidecar activated, and the running
+    /// workload is taken over, never stopped.
+    pub async fn register_resuming(&self, r: &Registration, limit: Option<u32>, resume: &Resume) -> Result<Registered> {
+        let (r, resume) = (r.clone(), resume.clone());
+        self.detached(move |store| async move { store.register_instance_now(&r, limit, &resume).await })
             .await
     }
 
-    async fn register_instance_now(&self, r: &Registration, limit: Option<u32>) -> Result<Registered> {
+    async fn register_instance_now(&self, r: &Registration, limit: Option<u32>, resume: &Resume) -> Result<Registered> {
         // The material (its receipt key) is stored sealed; the rest of the row in clear.
         let sealed = Registration {
             material: SecretBytes(self.seal_material(&r.route, &r.uid, &r.material.0)?),
@@ -56,18 +67,31 @@ impl Store {
             return Ok(refused);
         }
         let clock = self.backend.clock_expr();
+        let generation = resume.generation.max(1);
+        let checkpoint = Some(&resume.workload).filter(|w| w.pid > 0);
         let inserted = bind_registration(
             &format!(
-                "INSERT INTO instances (route, namespace, name, uid, generation, material, registered_at_ms, withdrawn) \
-                 VALUES ($1, $2, $3, $4, 1, $5, ({clock}), FALSE) ON CONFLICT (route) DO NOTHING"
+                "INSERT INTO instances (route, namespace, name, uid, generation, material, registered_at_ms, withdrawn, \
+                   last_term, checkpoint_pid, checkpoint_start_ticks, checkpoint_exe_digest) \
+                 VALUES ($1, $2, $3, $4, $6, $5, ({clock}), FALSE, $7, $8, $9, $10) ON CONFLICT (route) DO NOTHING"
             ),
             r,
         )
+        .bind(generation)
+        .bind(resume.fence)
+        .bind(checkpoint.map(|w| w.pid))
+        .bind(checkpoint.map(|w| w.start_ticks))
+        .bind(checkpoint.map(|w| w.exe_digest.clone()))
         .execute(&mut *tx)
         .await?;
         if inserted.rows_affected() > 0 {
             tx.commit().await?;
-            return Ok(Registered::Desired { generation: 1 });
+            if resume.fence > OwnershipTerm::ZERO {
+                tracing::warn!(route = %r.route, generation, fence = %resume.fence,
+                               "the store did not know this instance, whose sidecar activated a term before \
+                                (the database was emptied or restored): recorded again, to be placed above that term");
+            }
+            return Ok(Registered::Desired { generation });
         }
         let (uid, generation, withdrawn): (String, i64, Flag) = sqlx::query_as(&format!(
             "SELECT uid, generation, CASE WHEN withdrawn THEN 1 ELSE 0 END AS withdrawn FROM instances \
@@ -82,14 +106,18 @@ impl Store {
             if bool::from(withdrawn) {
                 return Ok(Registered::Withdrawn { generation });
             }
-            // The same workload again (a sidecar restart): new material, same generation.
+            // The same workload again (a sidecar restart, a token renewal): new material, same
+            // generation; terms above the sidecar's fence (a store restored from an older
+            // backup may have forgotten the latest).
             bind_registration(
                 &format!(
-                    "UPDATE instances SET namespace = $2, name = $3, material = $5, registered_at_ms = ({clock}) \
+                    "UPDATE instances SET namespace = $2, name = $3, material = $5, registered_at_ms = ({clock}), \
+                       last_term = CASE WHEN last_term < $6 THEN $6 ELSE last_term END \
                      WHERE route = $1 AND uid = $4"
                 ),
                 r,
             )
+            .bind(resume.fence)
             .execute(&mut *tx)
             .await?;
             tx.commit().await?;
@@ -163,7 +191,7 @@ impl Store {
             .await?;
             if revived.rows_affected() == 0 {
                 drop(tx);
-                return store.register_instance_now(&r, limit).await;
+                return store.register_instance_now(&r, limit, &Resume::default()).await;
             }
             tx.commit().await?;
             Ok(Registered::Desired {

@@ -100,6 +100,14 @@ impl Store {
         Ok(store)
     }
 
+    /// Apply the migrations again to a database whose schema is gone ([`Error::schema_gone`]):
+    /// the database was replaced or emptied under a running gateway (a database Pod replaced
+    /// without its volume, a restore into an empty database). The pool then starts empty and
+    /// rebuilds itself from the members' streams and the sidecars' registrations.
+    pub async fn migrate_again(&self) -> Result<()> {
+        self.migrate("the database").await
+    }
+
     async fn migrate(&self, shown: &str) -> Result<()> {
         let mut migrator = match self.backend {
             Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
@@ -149,6 +157,17 @@ impl Store {
                 }
             }
         }
+    }
+}
+
+impl Error {
+    /// The database answered that a table of the schema does not exist (PostgreSQL's
+    /// `undefined_table`, SQLite's "no such table"): it was replaced or emptied under the store.
+    pub fn schema_gone(&self) -> bool {
+        let Error::Database(sqlx::Error::Database(db)) = self else {
+            return false;
+        };
+        db.code().as_deref() == Some("42P01") || db.message().starts_with("no such table")
     }
 }
 

@@ -208,6 +208,19 @@ pub struct Registration {
     pub material: SecretBytes,
 }
 
+/// What a registering sidecar knows of its instance, for a store that lost it (emptied, or
+/// restored from an older backup) to resume from: the generation it runs, the highest term its
+/// fence activated and the workload it supervises. [`Resume::default`]: a new sidecar.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resume {
+    /// The generation the sidecar runs (0: it asks for one).
+    pub generation: i64,
+    /// No term at or below it is ever reserved for the route again.
+    pub fence: OwnershipTerm,
+    /// Recorded as the instance's checkpoint when the store records the instance anew.
+    pub workload: Checkpoint,
+}
+
 /// Outcome of a registration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Registered {
@@ -244,6 +257,15 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
+    /// The workload a sidecar names on the wire.
+    pub fn from_wire(w: &proto::common::v1::WorkloadIdentity) -> Self {
+        Self {
+            pid: i64::from(w.pid),
+            start_ticks: i64::try_from(w.start_time_ticks).unwrap_or(i64::MAX),
+            exe_digest: w.exe_digest.clone(),
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.pid == 0 && self.start_ticks == 0 && self.exe_digest.is_empty()
     }

@@ -51,6 +51,8 @@ on_both_backends!(suite;
     migrations_are_idempotent_across_replicas,
     a_newer_builds_migrations_are_run_against_within_the_compatibility_marker,
     audit_records_are_stored_once_and_only_for_the_active_owner,
+    a_store_that_lost_an_instance_takes_it_back_above_the_sidecars_fence,
+    a_store_whose_schema_is_gone_says_so_and_migrates_again,
 );
 
 mod retained {

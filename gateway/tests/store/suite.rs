@@ -2005,3 +2005,96 @@ pub async fn audit_records_are_stored_once_and_only_for_the_active_owner(db: &Te
             .is_empty()
     );
 }
+
+/// A store that lost an instance (emptied, or restored from an older backup) hears from its
+/// sidecar where it stands: recorded again at the sidecar's generation with its workload as
+/// the checkpoint, and no term at or below its fence is reserved again; a sidecar the store
+/// knows raises the route's last term to its fence, never lowers it.
+pub async fn a_store_that_lost_an_instance_takes_it_back_above_the_sidecars_fence(db: &TestDb) {
+    let registration = agent_zero();
+    let resume = store::Resume {
+        generation: 3,
+        fence: OwnershipTerm::new(7),
+        workload: Checkpoint {
+            pid: 42,
+            start_ticks: 4242,
+            exe_digest: vec![1; 32],
+        },
+    };
+    assert_eq!(
+        db.store.register_resuming(&registration, None, &resume).await.unwrap(),
+        Registered::Desired { generation: 3 }
+    );
+    let listed = db.store.list_instances().await.unwrap();
+    assert_eq!((listed[0].generation, listed[0].last_term), (3, OwnershipTerm::new(7)));
+    let mut raw = db.raw().await;
+    let checkpoint: (Option<i64>, Option<i64>) = sqlx::query_as(&format!(
+        "SELECT checkpoint_pid, checkpoint_start_ticks FROM instances WHERE route = '{}'",
+        registration.route
+    ))
+    .fetch_one(&mut raw)
+    .await
+    .unwrap();
+    assert_eq!(checkpoint, (Some(42), Some(4242)));
+    // The first placement takes a term above the fence.
+    let lease = acquire(&db.store, "gw-a/1", LONG).await;
+    live_members(&db.store, &["m1"]).await;
+    let at_fence = FencedWrite::Assign {
+        expected_term: None,
+        next: assignment(&registration.route, "m1", 7),
+    };
+    assert!(matches!(
+        db.store.write_fenced(&lease, &[at_fence]).await,
+        Err(Error::Conflict { .. })
+    ));
+    // The same sidecar again: the last term goes up to its fence, never down.
+    for (fence, last) in [(9, 9), (5, 9)] {
+        let resume = store::Resume {
+            fence: OwnershipTerm::new(fence),
+            ..resume.clone()
+        };
+        assert_eq!(
+            db.store.register_resuming(&registration, None, &resume).await.unwrap(),
+            Registered::Desired { generation: 3 }
+        );
+        assert_eq!(
+            db.store.list_instances().await.unwrap()[0].last_term,
+            OwnershipTerm::new(last)
+        );
+    }
+    let above = FencedWrite::Assign {
+        expected_term: None,
+        next: assignment(&registration.route, "m1", 10),
+    };
+    db.store.write_fenced(&lease, &[above]).await.unwrap();
+}
+
+/// A database emptied under a running store (a database Pod replaced without its volume): the
+/// next statement says the schema is gone, and migrating again brings back a working store.
+pub async fn a_store_whose_schema_is_gone_says_so_and_migrates_again(db: &TestDb) {
+    use sqlx::Executor as _;
+    db.store.register_instance(&agent_zero()).await.unwrap();
+    let mut raw = db.raw().await;
+    if db.url.starts_with("postgres") {
+        raw.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
+            .await
+            .unwrap();
+    } else {
+        let tables: Vec<String> =
+            sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+                .fetch_all(&mut raw)
+                .await
+                .unwrap();
+        for table in tables {
+            raw.execute(format!("DROP TABLE \"{table}\"").as_str()).await.unwrap();
+        }
+    }
+    let gone = db.store.refresh_replica("gw-a").await.unwrap_err();
+    assert!(gone.schema_gone(), "{gone}");
+    assert!(!Error::Invalid("x".into()).schema_gone());
+    db.store.migrate_again().await.unwrap();
+    db.store.refresh_replica("gw-a").await.unwrap();
+    assert!(db.store.list_instances().await.unwrap().is_empty(), "an empty pool");
+    let lease = acquire(&db.store, "gw-a/1", LONG).await;
+    assert_eq!(lease.term, CoordinatorTerm::new(1));
+}

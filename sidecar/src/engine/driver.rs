@@ -24,7 +24,7 @@ use crate::Outcome;
 use crate::config::Config;
 use crate::identity;
 use crate::process::{self, Control, Exit, Process};
-use crate::registration::Registration;
+use crate::registration::{Registration, Standing};
 use crate::runtime_link::{Link, LinkEvent, NotSent, StreamId};
 use crate::state_file::{State, StateFile};
 use crate::supervision::{Token, Trust, read_token};
@@ -78,6 +78,8 @@ pub(crate) struct Driver {
     /// The audit spool of the egress decisions, when the sidecar runs egress.
     spool: Option<crate::egress::audit::Spool>,
     done: Option<(Ending, Option<Exit>)>,
+    /// The registration task, told to register again with where the instance stands.
+    register_again: Option<mpsc::Sender<Standing>>,
 }
 
 impl Driver {
@@ -106,7 +108,14 @@ impl Driver {
             installed: egress.installed,
             spool: egress.spool,
             done: None,
+            register_again: None,
         }
+    }
+
+    /// Where `Effect::Register` goes: the task that keeps the instance registered.
+    pub(crate) fn registering_again(mut self, tx: mpsc::Sender<Standing>) -> Self {
+        self.register_again = Some(tx);
+        self
     }
 
     pub(crate) async fn run(&mut self, mut inputs: Inputs, shutdown: CancellationToken) -> (Ending, Option<Exit>) {
@@ -264,6 +273,12 @@ impl Driver {
             Effect::Verify { id, message, reload } => {
                 let keys = Some(self.keys(reload).await);
                 return Some(Event::Message { id, message, keys });
+            }
+            // Full: a registration is already asked for; it carries the newest standing next time.
+            Effect::Register(standing) => {
+                if let Some(tx) = &self.register_again {
+                    let _ = tx.try_send(standing);
+                }
             }
             Effect::Done { ending, exit } => self.done = Some((ending, exit)),
         }

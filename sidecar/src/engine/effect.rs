@@ -158,6 +158,9 @@ pub(crate) enum Effect<R> {
         message: SupervisorMessage,
         reload: bool,
     },
+    /// Register again now, saying where the instance stands (a recovering sidecar whose
+    /// registry may have lost the instance).
+    Register(crate::registration::Standing),
     /// The machine is finished.
     Done {
         ending: Ending,

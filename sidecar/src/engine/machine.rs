@@ -136,6 +136,9 @@ pub(crate) struct Machine<R> {
     pub(super) pending: Option<Pending>,
     /// The audit spool's delivery through the activated owner.
     pub(super) audit: super::audit::Delivery,
+    /// While recovering: when to register again, so a registry that lost the instance learns
+    /// its fence and places it above.
+    pub(super) register_at: Instant,
     pub(super) now: Now,
     pub(super) out: Vec<Effect<R>>,
 }
@@ -169,6 +172,7 @@ impl<R: Reply> Machine<R> {
             instance_token: None,
             pending: None,
             audit: super::audit::Delivery::default(),
+            register_at: now.at,
             now,
             out: Vec::new(),
         }
@@ -228,7 +232,7 @@ impl<R: Reply> Machine<R> {
                 }
             }
             Mode::Recovering { episode } => {
-                wake = wake.min(episode.deadline());
+                wake = wake.min(episode.deadline()).min(self.register_at);
                 if self.streams.is_empty() {
                     wake = wake.min(self.dial.next_at);
                 } else if self.hello_stream().is_some()
@@ -321,6 +325,13 @@ impl<R: Reply> Machine<R> {
             }
             Mode::Recovering { episode } => {
                 let episode = episode.clone();
+                if now >= self.register_at && now < episode.deadline() {
+                    self.register_at = now + timing::REGISTER_AGAIN_EVERY;
+                    self.out.push(Effect::Register(crate::registration::Standing {
+                        fence_term: self.state.fence.activated,
+                        workload: self.workload.clone().filter(|w| w.pid > 0),
+                    }));
+                }
                 if now >= episode.deadline() {
                     self.recovery_failed("recovery deadline exceeded");
                 } else if self.streams.is_empty() {
@@ -413,6 +424,7 @@ impl<R: Reply> Machine<R> {
             "recovering: workload requests are held until a term is activated"
         );
         let episode = Episode::new(template, self.now.at + remaining, millis(deadline));
+        self.register_at = self.now.at + timing::REGISTER_AGAIN_AFTER;
         self.mode = Mode::Recovering {
             episode: Arc::new(episode),
         };

@@ -196,6 +196,7 @@ pub(super) fn names(effects: &[Effect<Probe>]) -> Vec<String> {
             Effect::FetchAudit { after } => format!("fetch audit after {after}"),
             Effect::AckAudit(through) => format!("ack audit {through}"),
             Effect::Verify { id, reload, .. } => format!("verify {id} reload {reload}"),
+            Effect::Register(standing) => format!("register at fence {}", standing.fence_term),
             Effect::Done { ending, exit } => format!("done {ending:?} {}", exit.is_some()),
         })
         .collect()

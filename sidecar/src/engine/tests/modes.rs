@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use proto::registry::v1::RegisterResponse;
 use proto::runtime::v1::supervisor_message;
+use proto::timing;
 
 use super::*;
 use crate::engine::effect::{Effect, Ending, Event};
@@ -98,10 +99,12 @@ fn losing_the_owner_fails_its_requests_and_recovers_with_hellos_under_the_budget
     assert_eq!(h.m.state.recovery_deadline_at_ms, Some(NOW_MS + 20_000));
     // A request made now is held (bounded), not refused.
     assert!(h.request(9).is_empty());
-    // The next member is dialed (the other address first: the lost owner is likely dead).
+    // The next member is dialed (the other address first: the lost owner is likely dead),
+    // after registering again (the recovery has lasted `REGISTER_AGAIN_AFTER`).
     h.advance(Duration::from_secs(5));
     let dial = h.on(Event::Tick);
     let [
+        Effect::Register(_),
         Effect::Dial {
             id: 2,
             address,
@@ -126,6 +129,37 @@ fn losing_the_owner_fails_its_requests_and_recovers_with_hellos_under_the_budget
     assert_eq!(stop, [format!("refuse 9: {STOPPING}"), "stop workload".into()]);
     assert!(h.message(2, present(2, "m2", "g2")).is_empty(), "stop won");
     ends_as_failed_recovery(&mut h);
+}
+
+#[test]
+fn a_sidecar_still_recovering_registers_again_with_its_fence() {
+    let mut h = Harness::active();
+    let fence = h.m.state.fence.activated;
+    assert!(fence > 0);
+    h.on(Event::Closed {
+        id: 1,
+        opened: true,
+        reason: "silent".into(),
+    });
+    let registers = |effects: &[Effect<Probe>]| {
+        names(effects)
+            .iter()
+            .filter(|n| **n == format!("register at fence {fence}"))
+            .count()
+    };
+    let step = Duration::from_millis(1);
+    h.advance(timing::REGISTER_AGAIN_AFTER - step);
+    assert_eq!(
+        registers(&h.on(Event::Tick)),
+        0,
+        "an ordinary recovery costs the registry nothing"
+    );
+    h.advance(step);
+    assert_eq!(registers(&h.on(Event::Tick)), 1);
+    h.advance(timing::REGISTER_AGAIN_EVERY - step);
+    assert_eq!(registers(&h.on(Event::Tick)), 0);
+    h.advance(step);
+    assert_eq!(registers(&h.on(Event::Tick)), 1, "again while it still recovers");
 }
 
 #[test]
