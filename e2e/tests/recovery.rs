@@ -68,6 +68,13 @@ async fn an_emptied_store_stops_nothing_and_every_instance_comes_back() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_forgot_a_drain_catches_up_without_moving_anything() {
+    let outcome = run("store-rollback").await;
+    assert_workloads_survived(&outcome);
+    assert!(outcome.notes.contains("nothing moved"), "{}", outcome.notes);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_coordinator_is_replaced_without_touching_workloads() {
     assert_workloads_survived(&run("coordinator-failover").await);
 }

@@ -153,9 +153,32 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
     // Recoveries share fenced transactions the same way (a conflict fails its batch).
     let mut recoveries: Vec<[FencedWrite; 2]> = Vec::new();
     let mut still_unplaced = BTreeSet::new();
-    let decisions = room::decisions(view);
     let generation = |route: &str| view.instances.get(route).map_or(0, |i| i.generation);
     let mut replaced = BTreeSet::new();
+    // Routes whose term the store forgot go back to the owner that reports them, above it;
+    // placement leaves them alone this round.
+    let forgotten = crate::forgotten::plan(view);
+    for f in &forgotten {
+        warn!(route = %f.route, member = %f.member, term = f.term.get(), what = f.what,
+              "the store forgot this route's term: reserving it anew for the owner that reports it");
+        let placed_term = view.assignments.get(&f.route).map_or(f.term, |a| a.placed_term);
+        let next = reserved(
+            &f.route,
+            &f.member,
+            &f.process_id,
+            f.term,
+            generation(&f.route),
+            placed_term,
+        );
+        batches.push(vec![FencedWrite::Assign {
+            expected_term: f.expected,
+            next,
+        }]);
+    }
+    let decisions: Vec<Decision> = room::decisions(view)
+        .into_iter()
+        .filter(|d| !forgotten.iter().any(|f| f.route == d.route()))
+        .collect();
     for decision in decisions {
         match decision {
             Decision::Place { route, to } => {

@@ -9,6 +9,7 @@ pub mod config;
 pub mod coordinator;
 pub mod credentials;
 pub mod election;
+pub mod forgotten;
 pub mod grpc_health;
 pub mod health;
 pub mod host;

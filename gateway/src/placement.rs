@@ -68,6 +68,19 @@ pub enum Decision {
     Unplaced { route: String, reason: String },
 }
 
+impl Decision {
+    /// The route decided on.
+    pub fn route(&self) -> &str {
+        match self {
+            Self::Place { route, .. }
+            | Self::Recover { route, .. }
+            | Self::Replace { route, .. }
+            | Self::Withdraw { route, .. }
+            | Self::Unplaced { route, .. } => route,
+        }
+    }
+}
+
 /// Plan one reconcile round.
 ///
 /// - `desired`: routes of the desired instances;

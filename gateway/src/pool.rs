@@ -223,6 +223,7 @@ impl View {
         }
         self.assignments == other.assignments
             && self.instances == other.instances
+            && self.kept().eq(other.kept())
             && self
                 .members
                 .values()
@@ -411,7 +412,21 @@ impl View {
                 _ => {}
             }
         }
+        // A session at a term the store forgot: kept until the coordinator reserved it anew
+        // for this member (`forgotten`), never released meanwhile.
+        snapshot.keep_routes = self
+            .kept()
+            .filter(|r| r.member == member && r.process_id == process_id)
+            .map(|r| r.route.clone())
+            .collect();
         snapshot
+    }
+
+    /// The reports of sessions at a term the store forgot, whose owners keep them.
+    fn kept(&self) -> impl Iterator<Item = &Report> {
+        self.reports
+            .values()
+            .filter(|r| crate::forgotten::reported_above(self, r))
     }
 
     /// The current owner of every placed route whose instance is desired: stale
@@ -468,4 +483,4 @@ fn by_route<T>(items: Vec<T>, route: impl Fn(&T) -> &String) -> BTreeMap<String,
 
 #[cfg(test)]
 #[path = "pool_tests.rs"]
-mod tests;
+pub(crate) mod tests;

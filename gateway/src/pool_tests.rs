@@ -1,8 +1,8 @@
-//! Unit tests of the pool view (`pool.rs`).
+//! Unit tests of the pool view (`pool.rs`); [`view`] is the fixture other modules' tests share.
 use super::*;
-use crate::store::{OwnershipTerm, SecretBytes};
+use crate::store::{OwnershipTerm, ReportPhase, SecretBytes};
 
-fn view() -> View {
+pub(crate) fn view() -> View {
     let mut v = View {
         now_ms: 1_000,
         ..View::default()
@@ -64,6 +64,23 @@ fn view() -> View {
         );
     }
     v
+}
+
+/// A report of `route` at `term` by member process `process_id` (of member `member`).
+pub(crate) fn report(route: &str, term: OwnershipTerm, member: &str, process_id: &str, phase: ReportPhase) -> Report {
+    Report {
+        route: route.into(),
+        term,
+        member: member.into(),
+        process_id: process_id.into(),
+        phase,
+        message: String::new(),
+        workload_pid: 7,
+        progress: 0,
+        reported_by: "gw".into(),
+        updated_at_ms: 0,
+        policy: None,
+    }
 }
 
 #[test]

@@ -335,7 +335,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use crate::store::{
-        Assignment, AssignmentPhase, Operation, OperationKind, OperationPhase, OwnershipTerm, Report, ReportPhase,
+        Assignment, AssignmentPhase, Operation, OperationKind, OperationPhase, OwnershipTerm, ReportPhase,
     };
 
     #[test]
@@ -390,19 +390,7 @@ mod tests {
             "a term reserved 10 s ago is stuck: left to the read loop"
         );
         view.now_ms = 60_000;
-        let hosting = Report {
-            route: "r1".into(),
-            term: OwnershipTerm::new(2),
-            member: "m2".into(),
-            process_id: "m2-p1".into(),
-            phase: ReportPhase::Active,
-            message: String::new(),
-            workload_pid: 7,
-            progress: 0,
-            reported_by: "gw".into(),
-            updated_at_ms: 0,
-            policy: None,
-        };
+        let hosting = crate::pool::tests::report("r1", OwnershipTerm::new(2), "m2", "m2-p1", ReportPhase::Active);
         view.reports = BTreeMap::from([("r1".to_owned(), hosting)]).into();
         assert!(!awaits_writes(&view), "its owner reports hosting it: settled");
         view.reports = BTreeMap::new().into();

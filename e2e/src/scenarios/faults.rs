@@ -78,15 +78,7 @@ impl std::fmt::Display for OwnerFault {
 /// reach a workload.
 pub(super) async fn owner(pool: &mut LocalPool, store: &Store, fault: OwnerFault) -> Result<Outcome, Error> {
     let assignments = store.list_assignments().await?;
-    let mut load: BTreeMap<&str, usize> = BTreeMap::new();
-    for a in &assignments {
-        *load.entry(a.member.as_str()).or_default() += 1;
-    }
-    let victim = load
-        .iter()
-        .max_by_key(|(_, n)| **n)
-        .map(|(m, _)| (*m).to_owned())
-        .ok_or_else(|| Error::Scenario("no owner".into()))?;
+    let victim = super::busiest(&assignments)?;
     let moved: Vec<(String, gateway::store::OwnershipTerm)> = assignments
         .iter()
         .filter(|a| a.member == victim)
@@ -452,6 +444,107 @@ pub(crate) async fn empty_database(url: &str) -> Result<(), Error> {
         )
         .await
         .map_err(failed)?;
+    }
+    let _ = conn.close().await;
+    Ok(())
+}
+
+/// The store forgets a drain it acknowledged (an asynchronous replica promoted, a restore
+/// from a backup taken before it): the busiest member is drained (and back in service), then
+/// the moved routes' assignments and last terms are written back as they were before. Their
+/// owners report terms above the store's: each route must be reserved anew above them — for
+/// the owner that runs it, so nothing moves — and active again; no workload stopped.
+pub(super) async fn rollback(pool: &LocalPool, store: &Store) -> Result<Outcome, Error> {
+    let mut client = super::operator(pool).await?;
+    let before = store.list_assignments().await?;
+    let busiest = super::busiest(&before)?;
+    let forgotten: Vec<gateway::store::Assignment> = before.into_iter().filter(|a| a.member == busiest).collect();
+    super::emptied(pool, store, &mut client, &busiest).await?;
+    let drained: Vec<(String, gateway::store::OwnershipTerm)> = store
+        .list_assignments()
+        .await?
+        .into_iter()
+        .filter(|a| forgotten.iter().any(|f| f.route == a.route))
+        .map(|a| (a.route, a.term))
+        .collect();
+    let runs_on: BTreeMap<String, String> = store
+        .list_assignments()
+        .await?
+        .into_iter()
+        .map(|a| (a.route, a.member))
+        .collect();
+    let sandboxes: Vec<String> = pool.sandboxes.iter().map(|s| s.name.clone()).collect();
+    let pids_before = agent_pids(pool, &sandboxes);
+
+    let rolled_back = now_ms();
+    forget(pool.database_url(), &forgotten).await?;
+    let activated = until(
+        "every forgotten route active above the term its owner reported",
+        Duration::from_secs(50),
+        || async {
+            let now = store.list_assignments().await?;
+            Ok(all_active_above(&now, &drained, None))
+        },
+    )
+    .await?;
+    let end = u64::try_from(activated).unwrap_or(0);
+    reporting_after(pool, &sandboxes, end).await?;
+    let after = store.list_assignments().await?;
+    let moved: Vec<&str> = after
+        .iter()
+        .filter(|a| runs_on.get(&a.route).is_some_and(|m| *m != a.member))
+        .map(|a| a.route.as_str())
+        .collect();
+    if !moved.is_empty() {
+        return Err(Error::Scenario(format!(
+            "routes moved to another member after the store forgot their terms: {moved:?}"
+        )));
+    }
+    let observed: Vec<Observed> = sandboxes.iter().map(|s| observe(pool, s)).collect();
+    Ok(Outcome::measured(
+        "store forgot a drain → every route active again above its owner's term".into(),
+        (rolled_back, end),
+        (pids_before, agent_pids(pool, &sandboxes)),
+        &observed,
+        format!(
+            "{} of {busiest}'s routes forgotten; terms after: {}; nothing moved",
+            forgotten.len(),
+            after
+                .iter()
+                .map(|a| format!("{} at {} on {}", a.route, a.term, a.member))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    ))
+}
+
+/// Write `assignments` back as they are given, and their routes' last terms with them: what
+/// a store that lost the commits since they were read holds.
+async fn forget(url: &str, assignments: &[gateway::store::Assignment]) -> Result<(), Error> {
+    use sqlx::Connection as _;
+    sqlx::any::install_default_drivers();
+    let failed = |e: sqlx::Error| Error::Scenario(format!("cannot roll the store back: {e}"));
+    let mut conn = sqlx::AnyConnection::connect(url).await.map_err(failed)?;
+    for a in assignments {
+        sqlx::query(
+            "UPDATE assignments SET member = $2, process_id = $3, term = $4, phase = $5, updated_at_ms = $6 \
+             WHERE route = $1",
+        )
+        .bind(&a.route)
+        .bind(&a.member)
+        .bind(&a.process_id)
+        .bind(a.term)
+        .bind(a.phase)
+        .bind(a.updated_at_ms)
+        .execute(&mut conn)
+        .await
+        .map_err(failed)?;
+        sqlx::query("UPDATE instances SET last_term = $2 WHERE route = $1")
+            .bind(&a.route)
+            .bind(a.term)
+            .execute(&mut conn)
+            .await
+            .map_err(failed)?;
     }
     let _ = conn.close().await;
     Ok(())

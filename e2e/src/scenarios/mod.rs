@@ -23,17 +23,18 @@ mod faults;
 mod planned;
 
 pub(crate) use database::fresh_database;
-use faults::{OwnerFault, coordinator, outage, owner, wipe};
-pub(crate) use planned::{Planned, operator, planned};
+use faults::{OwnerFault, coordinator, outage, owner, rollback, wipe};
+pub(crate) use planned::{Planned, busiest, emptied, operator, planned};
 
 /// The scenarios, in the order they run.
-pub const ALL: [&str; 8] = [
+pub const ALL: [&str; 9] = [
     "coordinator-failover",
     "coordinator-pause",
     "supervisor-crash",
     "paused-owner",
     "unreachable-owner",
     "store-wipe",
+    "store-rollback",
     "drain",
     "rebalance",
 ];
@@ -139,7 +140,11 @@ pub async fn run(name: &str, setup: &Setup) -> Result<Outcome, Error> {
         // The planned-move scenarios drain two sessions off one member, as the seed did.
         sandboxes: setup
             .sandboxes
-            .unwrap_or(if matches!(name, "drain" | "rebalance") { 4 } else { 2 }),
+            .unwrap_or(if matches!(name, "drain" | "rebalance" | "store-rollback") {
+                4
+            } else {
+                2
+            }),
         lease_length_ms: 5000,
         plaintext: false,
         agent_interval_ms: crate::local::AGENT_INTERVAL_MS,
@@ -161,6 +166,7 @@ pub async fn run(name: &str, setup: &Setup) -> Result<Outcome, Error> {
             "paused-owner" => owner(&mut pool, &store, OwnerFault::Signal(Signal::SIGSTOP)).await,
             "unreachable-owner" => owner(&mut pool, &store, OwnerFault::Unreachable).await,
             "store-wipe" => wipe(&pool, &store).await,
+            "store-rollback" => rollback(&pool, &store).await,
             "drain" => planned(&pool, &store, Planned::Drain).await,
             "rebalance" => planned(&pool, &store, Planned::Rebalance).await,
             "database-outage" => match server.as_mut() {

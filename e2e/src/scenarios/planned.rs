@@ -16,6 +16,59 @@ pub(crate) async fn operator(pool: &LocalPool) -> Result<poolctl::Client, Error>
         .map_err(|e| Error::Scenario(format!("operator client: {e}")))
 }
 
+/// The member owning the most instances.
+pub(crate) fn busiest(assignments: &[gateway::store::Assignment]) -> Result<String, Error> {
+    let mut load: BTreeMap<&str, usize> = BTreeMap::new();
+    for a in assignments {
+        *load.entry(a.member.as_str()).or_default() += 1;
+    }
+    load.into_iter()
+        .max_by_key(|(_, n)| *n)
+        .map(|(m, _)| m.to_owned())
+        .ok_or_else(|| Error::Scenario("no owner".into()))
+}
+
+fn op_error(e: poolctl::Error) -> Error {
+    Error::Scenario(format!("operation: {e}"))
+}
+
+/// Drain `member` (max_parallel 2) until its instances moved, then cancel the drain so it
+/// takes instances again: an empty member back in service.
+pub(crate) async fn emptied(
+    pool: &LocalPool,
+    store: &Store,
+    client: &mut poolctl::Client,
+    member: &str,
+) -> Result<(), Error> {
+    let run = poolctl::RunArgs {
+        max_parallel: 2,
+        timeout_secs: 120,
+        wait: true,
+    };
+    let (drain, _) = client
+        .start(proto::pool::v1::OperationKind::Drain, member, &run)
+        .await
+        .map_err(op_error)?;
+    client
+        .wait(&drain.id, &mut poolctl::Progress::quiet())
+        .await
+        .map_err(op_error)?;
+    steady(pool, store).await?;
+    client.cancel(&drain.id).await.map_err(op_error)?;
+    until(
+        "the drained member back in service",
+        Duration::from_secs(30),
+        || async {
+            let ops = store.list_operations().await?;
+            Ok(ops
+                .iter()
+                .any(|o| o.id == drain.id && o.phase == gateway::store::OperationPhase::Cancelled)
+                .then_some(()))
+        },
+    )
+    .await
+}
+
 /// Drain: move the two sessions of the busiest member off it (max_parallel 2); measured from
 /// the request to the operation's success. Rebalance: first drain a member and return it to
 /// service (so it is empty), then even out; measured from the rebalance request to its success.
@@ -26,40 +79,9 @@ pub(crate) async fn planned(pool: &LocalPool, store: &Store, kind: Planned) -> R
         timeout_secs: 120,
         wait: true,
     };
-    let busiest = |assignments: &[gateway::store::Assignment]| {
-        let mut load: BTreeMap<String, usize> = BTreeMap::new();
-        for a in assignments {
-            *load.entry(a.member.clone()).or_default() += 1;
-        }
-        load.into_iter().max_by_key(|(_, n)| *n).map(|(m, _)| m)
-    };
-    let assignments = store.list_assignments().await?;
-    let member = busiest(&assignments).ok_or_else(|| Error::Scenario("no owner".into()))?;
-    let op_error = |e: poolctl::Error| Error::Scenario(format!("operation: {e}"));
+    let member = busiest(&store.list_assignments().await?)?;
     if kind == Planned::Rebalance {
-        // Empty one member: drain it, then cancel the drain so it takes instances again.
-        let (drain, _) = client
-            .start(proto::pool::v1::OperationKind::Drain, &member, &run(2))
-            .await
-            .map_err(op_error)?;
-        client
-            .wait(&drain.id, &mut poolctl::Progress::quiet())
-            .await
-            .map_err(op_error)?;
-        steady(pool, store).await?;
-        client.cancel(&drain.id).await.map_err(op_error)?;
-        until(
-            "the drained member back in service",
-            Duration::from_secs(30),
-            || async {
-                let ops = store.list_operations().await?;
-                Ok(ops
-                    .iter()
-                    .any(|o| o.id == drain.id && o.phase == gateway::store::OperationPhase::Cancelled)
-                    .then_some(()))
-            },
-        )
-        .await?;
+        emptied(pool, store, &mut client, &member).await?;
     }
     let before = store.list_assignments().await?;
     let moving: Vec<(String, gateway::store::OwnershipTerm)> = match kind {

@@ -2,8 +2,7 @@
 
 use super::*;
 use crate::store::{
-    Assignment, AssignmentPhase, InstanceRecord, MemberRecord, Operation, OwnershipTerm, Report, ReportPhase,
-    SecretBytes,
+    Assignment, AssignmentPhase, InstanceRecord, MemberRecord, Operation, OwnershipTerm, ReportPhase, SecretBytes,
 };
 
 fn member(name: &str, expires_at_ms: i64) -> MemberRecord {
@@ -67,22 +66,8 @@ pub(crate) fn view() -> View {
 
 fn report(v: &mut View, route: &str, phase: ReportPhase) {
     let a = v.assignments[route].clone();
-    v.reports.insert(
-        route.into(),
-        Report {
-            route: route.into(),
-            term: a.term,
-            member: a.member.clone(),
-            process_id: a.process_id.clone(),
-            phase,
-            message: String::new(),
-            workload_pid: 7,
-            progress: 0,
-            reported_by: "gw".into(),
-            updated_at_ms: 0,
-            policy: None,
-        },
-    );
+    let report = crate::pool::tests::report(route, a.term, &a.member, &a.process_id, phase);
+    v.reports.insert(route.into(), report);
 }
 
 /// A running operation `op-1`, nothing moved yet.

@@ -201,8 +201,21 @@ impl SessionHandle {
         self.backlog.deliver(&self.events);
     }
 
+    /// The session's status. A higher term it was sent and has not taken in yet (a move to
+    /// a new term on this member) is reported as that term, being taken over: the report after
+    /// a snapshot must show every term the snapshot installed, or the gateway reads the term
+    /// as acknowledged and not hosted, and moves the instance away.
     pub(crate) fn status(&self) -> InstanceStatus {
-        self.status.borrow().clone()
+        let status = self.status.borrow().clone();
+        let phase = proto::common::v1::InstancePhase::from_wire(status.phase);
+        if status.term < self.held.term && !phase.is_terminal() {
+            return InstanceStatus {
+                term: self.held.term,
+                phase: proto::common::v1::InstancePhase::Starting as i32,
+                ..status
+            };
+        }
+        status
     }
 
     /// Ends the session task without stopping or releasing anything (the member exits). A
