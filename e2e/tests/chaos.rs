@@ -1,5 +1,5 @@
 //! A short seeded chaos run on each backend (the long runs are the `scenarios chaos`
-//! command): random single and overlapping faults on one local pool, the history checker
+//! command): every fault kind once, then random ones, on one local pool, the history checker
 //! after every trial. Fails on any violation — an answer from a lower term after a higher
 //! one, a term answered by two members, a PID changed, a counter reset, a workload stopped,
 //! a pool not settled within its bound, no working coordinator for longer than lease + 1 s.
@@ -14,7 +14,10 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 async fn run(trials: usize, seed: u64, backend: Backend) {
     let _turn = ONE_AT_A_TIME.lock().await;
     let root = tempfile::tempdir().unwrap();
-    let settings = Settings::new(trials, seed, root.path().join("chaos"), backend);
+    let settings = Settings {
+        every_kind_first: true,
+        ..Settings::new(trials, seed, root.path().join("chaos"), backend)
+    };
     let report = chaos::run(&settings).await.unwrap_or_else(|err| panic!("chaos: {err}"));
     eprintln!("{}", chaos::table(&report));
     assert_eq!(report.trials.len(), trials, "{:?}", report.aborted);
@@ -30,7 +33,7 @@ async fn run(trials: usize, seed: u64, backend: Backend) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_faults_on_the_embedded_store_break_no_rule() {
-    run(20, 20_261_201, Backend::Sqlite).await;
+    run(16, 20_261_201, Backend::Sqlite).await;
 }
 
 /// With a private PostgreSQL server, outages of the database are among the faults.
@@ -40,5 +43,5 @@ async fn random_faults_and_database_outages_on_postgresql_break_no_rule() {
         eprintln!("skipped: no PostgreSQL server binaries (REQUIRE_POSTGRES unset)");
         return;
     }
-    run(12, 7, Backend::PrivatePostgres).await;
+    run(14, 7, Backend::PrivatePostgres).await;
 }

@@ -38,20 +38,30 @@ pub struct LocalDelivery {
     pub ca: Option<PathBuf>,
 }
 
-/// The coordinator's part when the store lost every signing key (the database was emptied or
-/// replaced) while this replica still holds the keys it loaded: they are written back (fenced)
-/// before a rotation would create a new one, which no member or sidecar would know until its
-/// mounted trust bundle caught up — a minute or more in Kubernetes, past recovery deadlines.
+/// The coordinator's part when the store lost signing keys (the database was emptied,
+/// replaced or restored from an older backup) while this replica still holds the keys it
+/// loaded: the missing ones are written back (fenced) before a rotation would create a new
+/// one, which no member or sidecar would know until its mounted trust bundle caught up — a
+/// minute or more in Kubernetes, past recovery deadlines. A key the rotation deleted comes
+/// back only from a replica that loaded it in the seconds before: retired, it is deleted again.
 async fn restore_lost_keys(replica: &Replica, lease: &Lease, loaded: &[SigningKey]) {
-    if loaded.is_empty() || !matches!(replica.store.list_signing_keys().await, Ok(keys) if keys.is_empty()) {
+    let Ok(stored) = replica.store.list_signing_keys().await else {
+        return;
+    };
+    let writes: Vec<FencedWrite> = loaded
+        .iter()
+        .filter(|k| !stored.iter().any(|s| s.kid == k.kid))
+        .cloned()
+        .map(FencedWrite::PutSigningKey)
+        .collect();
+    if writes.is_empty() {
         return;
     }
-    let writes: Vec<FencedWrite> = loaded.iter().cloned().map(FencedWrite::PutSigningKey).collect();
     match replica.store.write_fenced(lease, &writes).await {
         Ok(()) => warn!(
-            keys = loaded.len(),
-            "the store had lost every signing key (the database was emptied or replaced): \
-             restored the ones this replica had loaded"
+            keys = writes.len(),
+            "the store had lost signing keys (the database was emptied, replaced or restored from a backup): \
+             wrote back the ones this replica had loaded"
         ),
         Err(err) => warn!(error = %err, "cannot restore the signing keys the store lost"),
     }

@@ -115,6 +115,8 @@ struct Driver<'a> {
     /// Started once the pool first settled.
     traffic: Option<egress::Traffic>,
     report: Report,
+    /// The assignments as `Action::Remember` read them, for `Action::Forget`.
+    remembered: Vec<gateway::store::Assignment>,
 }
 
 impl<'a> Driver<'a> {
@@ -156,6 +158,7 @@ impl<'a> Driver<'a> {
             gaps: Arc::new(Mutex::new(CoordinatorGaps::default())),
             agents,
             traffic: None,
+            remembered: Vec::new(),
         }
     }
 
@@ -177,7 +180,11 @@ impl<'a> Driver<'a> {
         let mut rng = StdRng::seed_from_u64(self.settings.seed);
         for index in 1..=self.settings.trials {
             let snapshot = self.snapshot().await?;
-            let plan = plan::plan(&mut rng, &snapshot);
+            // With `every_kind_first`, trial i is of the i-th kind until each was run once.
+            let plan = match plan::kinds(&snapshot).get(index - 1) {
+                Some(fault) if self.settings.every_kind_first => plan::plan_of(&mut rng, *fault, &snapshot),
+                _ => plan::plan(&mut rng, &snapshot),
+            };
             let outcome = self.trial(index, &plan).await;
             match outcome {
                 Ok(true) => {}
@@ -271,6 +278,9 @@ impl<'a> Driver<'a> {
             Action::CutSidecars(m) => format!("cut {}'s sidecars off", name(&Target::Member(*m))),
             Action::HealSidecars(m) => format!("heal {}'s sidecars' path", name(&Target::Member(*m))),
             Action::ResumeDatabase => "start the database".into(),
+            Action::EmptyStore => "empty the store".into(),
+            Action::Remember => "remember the assignments".into(),
+            Action::Forget => "the store forgets every assignment since".into(),
             Action::Drain { member, max_parallel } => {
                 format!("drain {} (max_parallel {max_parallel})", name(&Target::Member(*member)))
             }
@@ -292,6 +302,17 @@ impl<'a> Driver<'a> {
                 }
             }
             Action::ResumeDatabase => self.resume_database().await?,
+            Action::EmptyStore => {
+                if let Some(traffic) = &self.traffic {
+                    traffic.store_emptied();
+                }
+                crate::scenarios::empty_database(self.pool.database_url()).await?;
+            }
+            Action::Remember => self.remembered = self.store.list_assignments().await?,
+            Action::Forget => {
+                let remembered = std::mem::take(&mut self.remembered);
+                crate::scenarios::forget(self.pool.database_url(), &remembered).await?;
+            }
             Action::CutSidecars(m) | Action::HealSidecars(m) => {
                 if let Some(path) = self.pool.members.get(*m).and_then(|m| m.path.as_ref()) {
                     if matches!(action, Action::CutSidecars(_)) {

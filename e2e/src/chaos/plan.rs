@@ -30,6 +30,13 @@ pub enum Fault {
     /// The path from a busy member's sidecars to its runtime port cut (no reset: a broken
     /// route) for 1–12 s, the member fine towards the gateways.
     SidecarsCutOff,
+    /// The store emptied under the pool (every table dropped; on PostgreSQL every connection
+    /// closed): a database Pod replaced without its volume.
+    StoreEmptied,
+    /// A drain of a busy member (max_parallel 1–3) whose moves the store forgets 1–5 s later
+    /// (the assignments and last terms written back as they were before it): commits an
+    /// asynchronous replica acknowledged and lost, or a restore from an older backup.
+    StoreForgetsDrain,
     /// A drain of a busy member (max_parallel 1–3) with one of the faults above during it.
     DrainDuringFault,
     /// A rebalance (max_parallel 1–3) with one of the faults above during it.
@@ -50,6 +57,8 @@ impl Fault {
             Self::StreamHolderPause => "stream-holder-pause",
             Self::DatabaseOutage => "database-outage",
             Self::SidecarsCutOff => "sidecars-cut-off",
+            Self::StoreEmptied => "store-emptied",
+            Self::StoreForgetsDrain => "store-forgets-drain",
             Self::DrainDuringFault => "drain-during-fault",
             Self::RebalanceDuringFault => "rebalance-during-fault",
             Self::Overlapping => "overlapping",
@@ -69,11 +78,17 @@ impl Fault {
         Self::SidecarsCutOff,
     ];
 
-    /// Every kind: the single faults, then the composites (the order the seed draws from).
+    /// Every kind: the single faults, the store's, then the composites (the order the seed
+    /// draws from). The store's are never combined: an operation the store forgets cannot be
+    /// waited for.
     fn all() -> impl Iterator<Item = Self> {
-        Self::SINGLE
-            .into_iter()
-            .chain([Self::DrainDuringFault, Self::RebalanceDuringFault, Self::Overlapping])
+        Self::SINGLE.into_iter().chain([
+            Self::StoreEmptied,
+            Self::StoreForgetsDrain,
+            Self::DrainDuringFault,
+            Self::RebalanceDuringFault,
+            Self::Overlapping,
+        ])
     }
 }
 
@@ -95,6 +110,12 @@ pub enum Action {
     Restart(Target),
     HaltDatabase,
     ResumeDatabase,
+    /// Drop every table of the store.
+    EmptyStore,
+    /// Remember the assignments (for `Forget`).
+    Remember,
+    /// Write the remembered assignments back, with their routes' last terms.
+    Forget,
     /// Cut the path from member `0`'s sidecars to it.
     CutSidecars(usize),
     HealSidecars(usize),
@@ -152,10 +173,19 @@ impl Snapshot {
 
 /// Draw the next trial.
 pub fn plan(rng: &mut impl Rng, snapshot: &Snapshot) -> Plan {
-    let kinds: Vec<Fault> = Fault::all()
+    let fault = *kinds(snapshot).choose(rng).unwrap_or(&Fault::MemberKill);
+    plan_of(rng, fault, snapshot)
+}
+
+/// The kinds a trial can draw on this pool (a database outage only on a private server).
+pub fn kinds(snapshot: &Snapshot) -> Vec<Fault> {
+    Fault::all()
         .filter(|f| snapshot.database_outages || *f != Fault::DatabaseOutage)
-        .collect();
-    let fault = *kinds.choose(rng).unwrap_or(&Fault::MemberKill);
+        .collect()
+}
+
+/// The next trial of kind `fault`, its targets and timings drawn.
+pub fn plan_of(rng: &mut impl Rng, fault: Fault, snapshot: &Snapshot) -> Plan {
     let mut steps = Vec::new();
     let mut used = Vec::new();
     match fault {
@@ -189,6 +219,31 @@ pub fn plan(rng: &mut impl Rng, snapshot: &Snapshot) -> Plan {
             let at = rng.random_range(0..3000);
             let other = random_single(rng, snapshot);
             single(rng, other, snapshot, at, &mut used, &mut steps);
+        }
+        Fault::StoreEmptied => steps.push(Step {
+            at_ms: 0,
+            action: Action::EmptyStore,
+        }),
+        Fault::StoreForgetsDrain => {
+            let member = *snapshot.busy_members().choose(rng).unwrap_or(&0);
+            let forget_at = rng.random_range(1000..=5000);
+            steps.extend([
+                Step {
+                    at_ms: 0,
+                    action: Action::Remember,
+                },
+                Step {
+                    at_ms: 0,
+                    action: Action::Drain {
+                        member,
+                        max_parallel: rng.random_range(1..=3),
+                    },
+                },
+                Step {
+                    at_ms: forget_at,
+                    action: Action::Forget,
+                },
+            ]);
         }
         single_fault => single(rng, single_fault, snapshot, 0, &mut used, &mut steps),
     }
@@ -288,7 +343,11 @@ fn single(
             push(0, Action::CutSidecars(member));
             push(rng.random_range(1000..=12_000), Action::HealSidecars(member));
         }
-        Fault::DrainDuringFault | Fault::RebalanceDuringFault | Fault::Overlapping => {}
+        Fault::StoreEmptied
+        | Fault::StoreForgetsDrain
+        | Fault::DrainDuringFault
+        | Fault::RebalanceDuringFault
+        | Fault::Overlapping => {}
     }
 }
 
@@ -349,7 +408,13 @@ mod tests {
                         open.remove(at.unwrap_or_default());
                     }
                     Action::Drain { member, .. } => assert_ne!(*member, 1, "member 1 owns nothing"),
-                    Action::Rebalance { .. } => {}
+                    Action::Rebalance { .. } | Action::EmptyStore => {}
+                    Action::Remember => open.push(Action::Forget),
+                    Action::Forget => {
+                        let at = open.iter().position(|a| a == &Action::Forget);
+                        assert!(at.is_some(), "{plan:?}: nothing remembered to forget");
+                        open.remove(at.unwrap_or_default());
+                    }
                 }
                 match &step.action {
                     Action::Kill(Target::Member(m)) | Action::Pause(Target::Member(m)) => {

@@ -62,6 +62,9 @@ pub struct Settings {
     pub lease_length_ms: u64,
     /// Every instance active and every agent answered again within this, from the heal.
     pub settle_bound: Duration,
+    /// The first trials run each kind once, in order, before the seed draws the rest: a short
+    /// run still has every kind.
+    pub every_kind_first: bool,
 }
 
 impl Settings {
@@ -76,6 +79,7 @@ impl Settings {
             sandboxes: 8,
             lease_length_ms: 5000,
             settle_bound: Duration::from_secs(30),
+            every_kind_first: false,
         }
     }
 }

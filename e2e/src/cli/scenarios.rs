@@ -49,6 +49,9 @@ pub enum Command {
         /// (needs the PostgreSQL 15 server binaries).
         #[arg(long, conflicts_with = "database")]
         postgres: bool,
+        /// Run each fault kind once, in order, before the seed draws the rest.
+        #[arg(long)]
+        every_kind_first: bool,
     },
     /// The gateway's cost as the pool grows: simulated members over real gRPC, registrations
     /// through the registry, placement, snapshot bytes, CPU and memory at rest.
@@ -170,9 +173,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             print!("{}", crate::egress::edit::table(&rows));
             write_json(args.json.as_deref(), &rows)
         }
-        Some(Command::Chaos { trials, seed, postgres }) => {
+        Some(Command::Chaos {
+            trials,
+            seed,
+            postgres,
+            every_kind_first,
+        }) => {
             let backend = backend(postgres, args.database);
-            let settings = chaos::Settings::new(trials, seed, args.dir.join("chaos"), backend);
+            let settings = chaos::Settings {
+                every_kind_first,
+                ..chaos::Settings::new(trials, seed, args.dir.join("chaos"), backend)
+            };
             let report = chaos::run(&settings).await?;
             print!("{}", chaos::table(&report));
             write_json(args.json.as_deref(), &report)?;

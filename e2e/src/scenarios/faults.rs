@@ -520,7 +520,7 @@ pub(super) async fn rollback(pool: &LocalPool, store: &Store) -> Result<Outcome,
 
 /// Write `assignments` back as they are given, and their routes' last terms with them: what
 /// a store that lost the commits since they were read holds.
-async fn forget(url: &str, assignments: &[gateway::store::Assignment]) -> Result<(), Error> {
+pub(crate) async fn forget(url: &str, assignments: &[gateway::store::Assignment]) -> Result<(), Error> {
     use sqlx::Connection as _;
     sqlx::any::install_default_drivers();
     let failed = |e: sqlx::Error| Error::Scenario(format!("cannot roll the store back: {e}"));

@@ -24,6 +24,7 @@ mod planned;
 
 pub(crate) use database::fresh_database;
 use faults::{OwnerFault, coordinator, outage, owner, rollback, wipe};
+pub(crate) use faults::{empty_database, forget};
 pub(crate) use planned::{Planned, busiest, emptied, operator, planned};
 
 /// The scenarios, in the order they run.
