@@ -159,8 +159,9 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
     // placement leaves them alone this round.
     let forgotten = crate::forgotten::plan(view);
     for f in &forgotten {
-        warn!(route = %f.route, member = %f.member, term = f.term.get(), what = f.what,
-              "the store forgot this route's term: reserving it anew for the owner that reports it");
+        warn!(route = %f.route, member = %f.member, term = f.term.get(),
+              "the store forgot this route's term (its owner reports one above every term reserved): \
+               reserving it anew for that owner");
         let placed_term = view.assignments.get(&f.route).map_or(f.term, |a| a.placed_term);
         let next = reserved(
             &f.route,

@@ -48,12 +48,7 @@ async fn restore_lost_keys(replica: &Replica, lease: &Lease, loaded: &[SigningKe
     let Ok(stored) = replica.store.list_signing_keys().await else {
         return;
     };
-    let writes: Vec<FencedWrite> = loaded
-        .iter()
-        .filter(|k| !stored.iter().any(|s| s.kid == k.kid))
-        .cloned()
-        .map(FencedWrite::PutSigningKey)
-        .collect();
+    let writes: Vec<FencedWrite> = lost(&stored, loaded).cloned().map(FencedWrite::PutSigningKey).collect();
     if writes.is_empty() {
         return;
     }
@@ -65,6 +60,15 @@ async fn restore_lost_keys(replica: &Replica, lease: &Lease, loaded: &[SigningKe
         ),
         Err(err) => warn!(error = %err, "cannot restore the signing keys the store lost"),
     }
+}
+
+/// The keys of `loaded` the store lost: missing from `stored` and still verifying tokens (a
+/// rotation deletes only keys past their retention).
+fn lost<'a>(stored: &'a [SigningKey], loaded: &'a [SigningKey]) -> impl Iterator<Item = &'a SigningKey> {
+    let now_ms = trust::unix_ms(std::time::SystemTime::now());
+    loaded
+        .iter()
+        .filter(move |k| !stored.iter().any(|s| s.kid == k.kid) && Policy::default().still_needed(k, now_ms))
 }
 
 /// Whether `lease` is still held by the database's clock (a fenced check that writes nothing).
@@ -146,18 +150,16 @@ pub async fn run(
                 Err(err) => warn!(error = %err, "cannot read the database clock"),
             }
         }
-        // A store that lost its keys does not void the ones this replica holds: they verify
-        // and sign on until the coordinator wrote them back.
+        // A store that lost keys does not void the ones this replica holds: they verify and
+        // sign on until the coordinator wrote them back.
         let loaded = replica
             .store
             .list_signing_keys()
             .await
-            .map(|records| {
-                if records.is_empty() {
-                    loaded_keys.clone()
-                } else {
-                    records
-                }
+            .map(|mut records| {
+                let kept: Vec<SigningKey> = lost(&records, &loaded_keys).cloned().collect();
+                records.extend(kept);
+                records
             })
             .map_err(crate::tokens::Error::from);
         match loaded.and_then(|records| Ok((Keyring::from_records(&issuer, &records, replica.store.keks())?, records)))

@@ -264,14 +264,15 @@ impl Reads {
     }
 }
 
+/// Bound on migrating a store whose schema is gone (every migration, on an empty database).
+const MIGRATE_AGAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Record that replica `name` is running every [`timing::REPLICA_REFRESH`], until `shutdown`;
 /// `cut_off` says whether the last record that succeeded is [`timing::STORE_CUT_OFF`] old
 /// (the member streams let their members go, see [`crate::host`]). A record is given that long
 /// to land: a slow store that still takes the writes (a contended SQLite lock) is reached, and
 /// cutting every replica's members off over it would move nothing but streams, all at once.
-/// Bound on migrating a store whose schema is gone (every migration, on an empty database).
-const MIGRATE_AGAIN_TIMEOUT: Duration = Duration::from_secs(30);
-
+/// A store whose schema is gone (the database emptied or replaced) is migrated again.
 pub async fn beat(store: Store, name: String, cut_off: watch::Sender<bool>, shutdown: CancellationToken) {
     let mut every = tokio::time::interval(timing::REPLICA_REFRESH);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

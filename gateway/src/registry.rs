@@ -90,6 +90,7 @@ impl InstanceRegistry for Registry {
         let request = request.into_inner();
         check_route(&request.route)?;
         check_instance(&instance)?;
+        let resume = resume(&instance, &request)?;
         let binding = Binding {
             route: &request.route,
             namespace: &instance.namespace,
@@ -109,12 +110,6 @@ impl InstanceRegistry for Registry {
         // pool's very start) must store nothing either.
         let token = self.instance_token(&caller, &instance.uid)?;
         let limit = self.replica.quota.limit(&instance.namespace)?;
-        let resume = Resume {
-            generation: i64::try_from(instance.generation).unwrap_or(i64::MAX),
-            fence: OwnershipTerm::from_wire(request.fence_term)
-                .map_err(|err| Status::invalid_argument(format!("fence_term: {err}")))?,
-            workload: request.workload.as_ref().map(Checkpoint::from_wire).unwrap_or_default(),
-        };
         let store = &self.replica.store;
         let mut registered = store.register_resuming(&registration, Some(limit), &resume).await;
         // The same Pod asking for the generation after its withdrawn one: its workload's
@@ -290,6 +285,32 @@ impl InstanceRegistry for Registry {
         }
         Ok(Response::new(RecoveryFailedResponse {}))
     }
+}
+
+/// The highest generation and fence term a sidecar may claim: far above any a pool reaches
+/// (one handoff a millisecond for 8,000 years), far below where the next term or generation
+/// would overflow. A claim is the caller's own route's only, but a claim near `i64::MAX`
+/// would leave the route no next term.
+const MAX_CLAIMED: u64 = 1 << 48;
+
+/// Where the sidecar says its instance stands, checked: bounded claims, a workload identity
+/// as the contract shapes it (a 32-byte digest, or none).
+fn resume(instance: &InstanceRef, request: &RegisterRequest) -> Result<Resume, Status> {
+    if instance.generation > MAX_CLAIMED || request.fence_term > MAX_CLAIMED {
+        return Err(Status::invalid_argument(format!(
+            "generation and fence_term are at most {MAX_CLAIMED}"
+        )));
+    }
+    let workload = request.workload.as_ref().map(Checkpoint::from_wire).unwrap_or_default();
+    if !matches!(workload.exe_digest.len(), 0 | 32) {
+        return Err(Status::invalid_argument("workload.exe_digest is 32 bytes or empty"));
+    }
+    Ok(Resume {
+        generation: i64::try_from(instance.generation).unwrap_or(0),
+        fence: OwnershipTerm::from_wire(request.fence_term)
+            .map_err(|err| Status::invalid_argument(format!("fence_term: {err}")))?,
+        workload,
+    })
 }
 
 /// The generation a sidecar names (0, from a sidecar that does not know it yet: any).

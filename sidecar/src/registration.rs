@@ -121,6 +121,13 @@ impl Registration {
         loop {
             let response = self.register(request.clone()).await;
             let renew_in = renewal_delay(response.instance_token_expires_at_ms);
+            // The generation the registry answered is the one to name from now on (a store
+            // that lost the instance records it at the one named).
+            if let (Some(asked), Some(answered)) = (request.instance.as_mut(), response.instance.as_ref())
+                && answered.generation != 0
+            {
+                asked.generation = answered.generation;
+            }
             if registered.send(response).await.is_err() {
                 return;
             }

@@ -50,6 +50,14 @@ impl Policy {
     pub fn retention(&self) -> Duration {
         self.max_token_lifetime + MAX_CLOCK_SKEW + self.publish_ahead
     }
+
+    /// Whether `key` still verifies tokens at `now_ms`: live, or retired within the
+    /// retention. A rotation deletes only keys past it, so such a key missing from the store
+    /// was lost, not deleted.
+    pub fn still_needed(&self, key: &SigningKey, now_ms: i64) -> bool {
+        key.retired_at_ms
+            .is_none_or(|retired| now_ms < retired.saturating_add(millis(self.retention())))
+    }
 }
 
 /// What one rotation step writes, and the `kid`s it concerns.

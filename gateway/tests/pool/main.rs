@@ -88,6 +88,7 @@ mod with_authorization {
 mod with_tenancy {
     on_both_backends!(tenancy;
         instance_credentials_act_only_on_their_own_route_and_workload,
+        claims_of_where_an_instance_stands_are_bounded,
         a_namespace_quota_refuses_beyond_its_limit_and_stores_nothing,
     );
 }

@@ -201,3 +201,46 @@ pub async fn a_namespace_quota_refuses_beyond_its_limit_and_stores_nothing(db: &
     register("agent-3").await.unwrap();
     replica.stop().await;
 }
+
+/// A sidecar's claims about where its instance stands (its generation, its fence, its
+/// workload) are bounded and shaped as the contract says: one far out of range, or a digest
+/// that is not 32 bytes, is refused and stores nothing; within range they resume its route
+/// only — the generation it names, no term at or below its fence.
+pub async fn claims_of_where_an_instance_stands_are_bounded(db: &TestDb) {
+    let (replica, tokens, _member) = replica(db, &[]).await;
+    let mut registry = registry(&replica).await;
+    let token = tokens.instance("agent-0");
+    let claimed = |generation: u64, fence_term: u64, digest: usize| RegisterRequest {
+        instance: Some(proto::common::v1::InstanceRef {
+            generation,
+            ..instance_ref("agent-0", "uid-agent-0")
+        }),
+        fence_term,
+        workload: Some(proto::common::v1::WorkloadIdentity {
+            pid: 42,
+            start_time_ticks: 4242,
+            exe_digest: vec![1; digest],
+        }),
+        ..registration("default", "agent-0", "uid-agent-0")
+    };
+    for (request, what) in [
+        (claimed(1, i64::MAX as u64, 32), "a fence at the end of the range"),
+        (claimed(i64::MAX as u64, 3, 32), "a generation at the end of the range"),
+        (claimed(2, 3, 4096), "a 4 KiB digest"),
+    ] {
+        let refused = registry.register(with_token(request, &token)).await.unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument, "{what}: {refused}");
+    }
+    assert!(
+        db.store.instance("default/agent-0").await.unwrap().is_none(),
+        "nothing stored"
+    );
+    let answered = registry
+        .register(with_token(claimed(2, 3, 32), &token))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answered.instance.map(|i| i.generation), Some(2));
+    let stored = db.store.instance("default/agent-0").await.unwrap().expect("registered");
+    assert_eq!((stored.generation, stored.last_term.get()), (2, 3));
+}

@@ -136,8 +136,8 @@ pub(crate) struct Machine<R> {
     pub(super) pending: Option<Pending>,
     /// The audit spool's delivery through the activated owner.
     pub(super) audit: super::audit::Delivery,
-    /// While recovering: when to register again, so a registry that lost the instance learns
-    /// its fence and places it above.
+    /// While placing or recovering: when to register again, so a registry that lost the
+    /// instance records it again (and learns its fence, to place it above).
     pub(super) register_at: Instant,
     pub(super) now: Now,
     pub(super) out: Vec<Effect<R>>,
@@ -226,7 +226,7 @@ impl<R: Reply> Machine<R> {
         let mut wake = now + timing::RECOVERY_DEADLINE;
         match &self.mode {
             Mode::Placing { deadline, .. } => {
-                wake = wake.min(*deadline);
+                wake = wake.min(*deadline).min(self.register_at);
                 if self.streams.is_empty() {
                     wake = wake.min(self.dial.next_at);
                 }
@@ -294,6 +294,16 @@ impl<R: Reply> Machine<R> {
         self.start(response.recovery_deadline_ms);
     }
 
+    /// Registers again, saying where the instance stands (see `register_at`), and again
+    /// [`timing::REGISTER_AGAIN_EVERY`] later while still placing or recovering.
+    fn register_again(&mut self) {
+        self.register_at = self.now.at + timing::REGISTER_AGAIN_EVERY;
+        self.out.push(Effect::Register(crate::registration::Standing {
+            fence_term: self.state.fence.activated,
+            workload: self.workload.clone().filter(|w| w.pid > 0),
+        }));
+    }
+
     /// Leaves `Unregistered` once the generation is known: first placement, or recovery when
     /// a term was activated before (a restarted sidecar has lost its owner's stream).
     fn start(&mut self, placement_deadline_ms: u64) {
@@ -309,6 +319,7 @@ impl<R: Reply> Machine<R> {
                 deadline: self.now.at + deadline,
                 deadline_ms: millis(deadline),
             };
+            self.register_at = self.now.at + timing::REGISTER_AGAIN_AFTER;
         }
     }
 
@@ -316,7 +327,11 @@ impl<R: Reply> Machine<R> {
         let now = self.now.at;
         match &self.mode {
             Mode::Placing { deadline, .. } => {
-                if now >= *deadline {
+                let deadline = *deadline;
+                if now >= self.register_at && now < deadline {
+                    self.register_again();
+                }
+                if now >= deadline {
                     self.recovery_failed("no activation within the recovery deadline after registration");
                 } else if self.streams.is_empty() && now >= self.dial.next_at {
                     let attach = First::Attach(self.attach());
@@ -326,11 +341,7 @@ impl<R: Reply> Machine<R> {
             Mode::Recovering { episode } => {
                 let episode = episode.clone();
                 if now >= self.register_at && now < episode.deadline() {
-                    self.register_at = now + timing::REGISTER_AGAIN_EVERY;
-                    self.out.push(Effect::Register(crate::registration::Standing {
-                        fence_term: self.state.fence.activated,
-                        workload: self.workload.clone().filter(|w| w.pid > 0),
-                    }));
+                    self.register_again();
                 }
                 if now >= episode.deadline() {
                     self.recovery_failed("recovery deadline exceeded");

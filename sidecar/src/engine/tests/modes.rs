@@ -63,7 +63,11 @@ fn unregistered_waits_for_a_generation_then_places_with_the_instance_token() {
 fn placing_fails_after_the_deadline_and_stops_the_workload() {
     let mut h = Harness::placing();
     h.advance(Duration::from_secs(59));
-    assert!(h.on(Event::Tick).is_empty());
+    assert_eq!(
+        names(&h.on(Event::Tick)),
+        ["register at fence 0"],
+        "a placing sidecar registers again too"
+    );
     h.advance(Duration::from_secs(1));
     assert_eq!(names(&h.on(Event::Tick)), ["stop workload"]);
     let Some(Ending::RecoveryFailed { request }) = h.m.ending.clone() else {
@@ -160,6 +164,13 @@ fn a_sidecar_still_recovering_registers_again_with_its_fence() {
     assert_eq!(registers(&h.on(Event::Tick)), 0);
     h.advance(step);
     assert_eq!(registers(&h.on(Event::Tick)), 1, "again while it still recovers");
+
+    // Placing (a registry emptied before the first activation): the same, at fence 0.
+    let mut h = Harness::placing();
+    h.advance(timing::REGISTER_AGAIN_AFTER - step);
+    assert!(!names(&h.on(Event::Tick)).contains(&"register at fence 0".to_owned()));
+    h.advance(step);
+    assert!(names(&h.on(Event::Tick)).contains(&"register at fence 0".to_owned()));
 }
 
 #[test]
