@@ -101,10 +101,13 @@ impl Server {
         // `synchronous_commit` stays on: `halt` is a crash of the server's processes, and a
         // commit acknowledged before its WAL was written would be lost with it (a store that
         // forgets what it confirmed is not what the outage faults are about). `fsync=off` only
-        // risks data on a crash of the machine, which the faults never cause.
+        // risks data on a crash of the machine, which the faults never cause. The background
+        // writer writes no pages (each would write the WAL before it), so commits a fault made
+        // asynchronous stay unwritten while it holds the WAL writer
+        // (`scenarios::commits_asynchronous`).
         let options = format!(
             "-p {} -k {socket_dir} -c listen_addresses=127.0.0.1 -c fsync=off \
-             -c synchronous_commit=on -c full_page_writes=off -c max_connections=300",
+             -c synchronous_commit=on -c bgwriter_lru_maxpages=0 -c full_page_writes=off -c max_connections=300",
             self.port
         );
         self.run(

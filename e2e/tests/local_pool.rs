@@ -20,7 +20,7 @@ fn config(root: &std::path::Path, gateways: usize, members: usize, sandboxes: us
         plaintext: false,
         agent_interval_ms: e2e::local::AGENT_INTERVAL_MS,
         members_on_standby: false,
-        cuttable_runtime: false,
+        cuttable_links: false,
         policy: None,
         secrets: None,
     }

@@ -106,7 +106,7 @@ async fn the_rules_and_dashboard_use_only_exported_metrics() {
         plaintext: false,
         agent_interval_ms: e2e::local::AGENT_INTERVAL_MS,
         members_on_standby: false,
-        cuttable_runtime: false,
+        cuttable_links: false,
         policy: None,
         secrets: None,
     };

@@ -21,8 +21,8 @@ use crate::pool::View;
 use crate::replica::Replica;
 use crate::room;
 use crate::store::{
-    self, Assignment, AssignmentPhase, CoordinatorTerm, FencedWrite, Lease, Operation, OperationKind, OperationPhase,
-    OwnershipTerm,
+    self, Assignment, AssignmentPhase, CoordinatorTerm, Displaced, FencedWrite, Lease, Operation, OperationKind,
+    OperationPhase, OwnershipTerm,
 };
 
 /// Run while the replica runs; reconcile whenever this replica holds the
@@ -151,34 +151,43 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
     // "no assignment yet"; a conflict fails its batch, which the next round plans again).
     let mut placements = Vec::new();
     // Recoveries share fenced transactions the same way (a conflict fails its batch).
-    let mut recoveries: Vec<[FencedWrite; 2]> = Vec::new();
+    let mut recoveries: Vec<[FencedWrite; 3]> = Vec::new();
     let mut still_unplaced = BTreeSet::new();
     let generation = |route: &str| view.instances.get(route).map_or(0, |i| i.generation);
     let mut replaced = BTreeSet::new();
-    // Routes whose term the store forgot go back to the owner that reports them, above it;
-    // placement leaves them alone this round.
+    // The same reservation on the same member, above every term the route had, for a route
+    // given back to the owner that runs it; placement leaves it alone this round.
+    let given_back = |route: &str, member: &str, process_id: &str, term: OwnershipTerm, expected| {
+        let placed_term = view.assignments.get(route).map_or(term, |a| a.placed_term);
+        FencedWrite::Assign {
+            expected_term: expected,
+            next: reserved(route, member, process_id, term, generation(route), placed_term),
+        }
+    };
+    // Routes whose term the store forgot go back to the owner that reports them, above it.
     let forgotten = crate::forgotten::plan(view);
     for f in &forgotten {
-        warn!(route = %f.route, member = %f.member, term = f.term.get(),
-              "the store forgot this route's term (its owner reports one above every term reserved): \
-               reserving it anew for that owner");
-        let placed_term = view.assignments.get(&f.route).map_or(f.term, |a| a.placed_term);
-        let next = reserved(
-            &f.route,
-            &f.member,
-            &f.process_id,
-            f.term,
-            generation(&f.route),
-            placed_term,
-        );
-        batches.push(vec![FencedWrite::Assign {
-            expected_term: f.expected,
-            next,
-        }]);
+        warn!(route = %f.route, member = %f.member, term = f.term.get(), forgotten = %f.what,
+              "the store forgot this route's term: reserving it anew for the owner that runs it");
+        batches.push(vec![given_back(&f.route, &f.member, &f.process_id, f.term, f.expected)]);
+    }
+    // Routes reserved elsewhere while their owner was cut off from the gateways go back to it
+    // once it attaches again, before the sidecar ever left it.
+    let returned = crate::returned::plan(view);
+    for r in &returned {
+        info!(route = %r.route, member = %r.member, term = r.term.get(),
+              "the owner the gateways lost is back and still serves the instance: reserving it anew for that owner");
+        batches.push(vec![
+            given_back(&r.route, &r.member, &r.process_id, r.term, Some(r.expected)),
+            FencedWrite::Displace {
+                route: r.route.clone(),
+                displaced: None,
+            },
+        ]);
     }
     let decisions: Vec<Decision> = room::decisions(view)
         .into_iter()
-        .filter(|d| !forgotten.iter().any(|f| f.route == d.route()))
+        .filter(|d| !forgotten.iter().any(|f| f.route == d.route()) && !returned.iter().any(|r| r.route == d.route()))
         .collect();
     for decision in decisions {
         match decision {
@@ -272,10 +281,33 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
                     generation(&route),
                     placed_term,
                 );
+                // The owner the gateways lost may only be cut off from them and still serve the
+                // instance: recorded, so it gets the route back if it returns first
+                // (`returned`). One that gave its term up serves nothing; a reservation never
+                // activated displaced nobody new.
+                let displaced = if from.failed {
+                    None
+                } else if view
+                    .assignments
+                    .get(&route)
+                    .is_some_and(|a| a.phase == AssignmentPhase::Active)
+                {
+                    Some(Displaced {
+                        member: from.member.clone(),
+                        process_id: from.process_id.clone(),
+                        term: from.term,
+                    })
+                } else {
+                    view.instances.get(&route).and_then(|i| i.displaced.clone())
+                };
                 recoveries.push([
                     FencedWrite::Assign {
                         expected_term: Some(from.term),
                         next,
+                    },
+                    FencedWrite::Displace {
+                        route: route.clone(),
+                        displaced,
                     },
                     FencedWrite::PutOperation(op),
                 ]);
@@ -300,7 +332,7 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
     batches.extend(
         recoveries
             .chunks(RECOVERIES_PER_WRITE)
-            .map(<[[FencedWrite; 2]]>::concat),
+            .map(<[[FencedWrite; 3]]>::concat),
     );
     batches.extend(placements.chunks(PLACEMENTS_PER_WRITE).map(<[FencedWrite]>::to_vec));
     for op in open_recoveries.values().filter(|op| !replaced.contains(&op.target)) {
@@ -394,6 +426,7 @@ mod tests {
                 withdrawn: false,
                 last_term: OwnershipTerm::new(0),
                 withdrawn_reason: None,
+                displaced: None,
             },
         );
         for m in ["a", "b"] {
@@ -513,22 +546,23 @@ mod tests {
         assert_eq!(
             sizes,
             [
-                2 * RECOVERIES_PER_WRITE,
-                2 * RECOVERIES_PER_WRITE,
-                2 * (151 - 2 * RECOVERIES_PER_WRITE)
+                3 * RECOVERIES_PER_WRITE,
+                3 * RECOVERIES_PER_WRITE,
+                3 * (151 - 2 * RECOVERIES_PER_WRITE)
             ]
         );
         let mut recovered = BTreeSet::new();
-        for pair in batches.iter().flat_map(|b| b.chunks(2)) {
+        for triple in batches.iter().flat_map(|b| b.chunks(3)) {
             let [
                 FencedWrite::Assign {
                     expected_term: Some(expected),
                     next,
                 },
+                FencedWrite::Displace { .. },
                 FencedWrite::PutOperation(op),
-            ] = pair
+            ] = triple
             else {
-                panic!("a compare-and-set and its operation: {pair:?}");
+                panic!("a compare-and-set, the owner it displaced and its operation: {triple:?}");
             };
             assert_eq!(*expected, OwnershipTerm::new(3));
             assert_eq!(
@@ -568,9 +602,10 @@ mod tests {
     }
 
     #[test]
-    fn recovery_is_a_durable_operation_with_a_deadline() {
+    fn recovery_is_a_durable_operation_with_a_deadline_that_records_the_owner_it_displaced() {
         let mut v = view();
         assign(&mut v, "gone", 3);
+        v.assignments.get_mut("r").unwrap().phase = AssignmentPhase::Active;
         let batches = plan(&v, 60_000, &mut BTreeMap::new());
         assert_eq!(batches.len(), 1);
         let [
@@ -578,11 +613,22 @@ mod tests {
                 expected_term: Some(expected),
                 next,
             },
+            FencedWrite::Displace { displaced, .. },
             FencedWrite::PutOperation(op),
         ] = batches[0].as_slice()
         else {
-            panic!("expected a compare-and-set and an operation: {:?}", batches[0]);
+            panic!(
+                "expected a compare-and-set, the displaced owner and an operation: {:?}",
+                batches[0]
+            );
         };
+        assert_eq!(
+            displaced
+                .as_ref()
+                .map(|d| (d.member.as_str(), d.process_id.as_str(), d.term)),
+            Some(("gone", "gone-p", OwnershipTerm::new(3))),
+            "the gateways lost it: it may only be cut off from them"
+        );
         assert_eq!(*expected, OwnershipTerm::new(3));
         assert_eq!(
             (next.term, next.phase),
@@ -615,7 +661,7 @@ mod tests {
         };
         v.operations.push(op);
         let batches = plan(&v, 60_000, &mut BTreeMap::new());
-        let FencedWrite::PutOperation(next) = &batches[0][1] else {
+        let FencedWrite::PutOperation(next) = &batches[0][2] else {
             panic!("{:?}", batches[0])
         };
         assert_eq!(

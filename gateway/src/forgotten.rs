@@ -1,16 +1,26 @@
 //! Terms the store forgot. A store restored from an older backup, or one that lost commits it
-//! had acknowledged (an asynchronous replica promoted), can hold less than the pool did: an
-//! owner then reports a term above every term the store reserved for the route, and nothing
-//! else would ever drive the route again. Each such route is reserved anew for the owner that
-//! reports it, above that term: a move to the same member through the fenced grant, receipt
-//! and activation, so the store catches up with what the sidecar's fence holds and the
-//! workload stays where it runs. Until the coordinator wrote it, the owner keeps the session
-//! (the route is in its snapshot's `keep_routes`), never releases it.
+//! had acknowledged (an asynchronous replica promoted, a server stopped before it wrote them),
+//! can hold less than the pool did, and nothing else would ever drive the route again:
+//! - an owner reports a term above every term the store reserved for the route (the
+//!   reservation was lost);
+//! - an owner reports active a term the store still shows reserved for it, longer than an
+//!   activation takes to be written (the activation was lost; a member reports a reserved
+//!   term STARTING until its activation was answered).
+//!
+//! Each such route is reserved anew for the owner that reports it, above that term: a move to
+//! the same member through the fenced grant, receipt and activation, so the store catches up
+//! with what the sidecar's fence holds and the workload stays where it runs. Until the
+//! coordinator wrote it, an owner whose term the store lost keeps the session (the route is in
+//! its snapshot's `keep_routes`), never releases it.
 //!
 //! Pure over the pool view; the coordinator writes what [`plan`] returns.
 
 use crate::pool::View;
-use crate::store::{OwnershipTerm, Report, ReportPhase};
+use crate::store::{AssignmentPhase, OwnershipTerm, Report, ReportPhase};
+
+/// A reservation still not active this long after it was written, while its owner reports
+/// the term active, lost its activation.
+pub const ACTIVATION_LOST_AFTER_MS: i64 = 10_000;
 
 /// A route to reserve anew for the member process that reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,47 +32,80 @@ pub struct Forgotten {
     pub expected: Option<OwnershipTerm>,
     /// Above every term the route had and the owner reported.
     pub term: OwnershipTerm,
+    /// What the store forgot, for the log.
+    pub what: Lost,
+}
+
+/// What the store lost of a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lost {
+    Reservation,
+    Activation,
+}
+
+impl std::fmt::Display for Lost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Reservation => "its owner reports a term above every term the store reserved",
+            Self::Activation => "its owner reports active a term the store still shows reserved",
+        })
+    }
 }
 
 /// Every route whose term the store forgot, in route order.
 pub fn plan(view: &View) -> Vec<Forgotten> {
     view.reports
         .values()
-        .filter(|report| reported_above(view, report))
-        .map(|report| {
+        .filter_map(|report| {
+            let what = lost(view, report)?;
             let assignment = view.assignments.get(&report.route);
             let above = assignment.map_or(report.term, |a| a.term.max(report.term));
-            Forgotten {
+            Some(Forgotten {
                 route: report.route.clone(),
                 member: report.member.clone(),
                 process_id: report.process_id.clone(),
                 expected: assignment.map(|a| a.term),
                 term: view.fresh_term(&report.route, above.next()),
-            }
+                what,
+            })
         })
         .collect()
 }
 
-/// Whether `report` is of a term the store forgot — its owner keeps the route in its snapshot
-/// meanwhile: a desired instance's, reported active by a live member process, above every
-/// term the store ever reserved for the route (a report of a term the store knew, such as an
-/// earlier generation's owner's whose last report outlived its withdrawal, is not one).
+/// Whether `report` is of a term the store forgot reserving — its owner keeps the route in
+/// its snapshot meanwhile.
 pub fn reported_above(view: &View, report: &Report) -> bool {
-    let Some(instance) = view.instances.get(&report.route).filter(|i| !i.withdrawn) else {
-        return false;
-    };
-    let above = view.assignments.get(&report.route).is_none_or(|a| report.term > a.term);
-    report.phase == ReportPhase::Active
-        && report.term > instance.last_term
-        && above
-        && view.is_live(&report.member, &report.process_id)
+    lost(view, report) == Some(Lost::Reservation)
+}
+
+/// What the store lost of `report`'s route, if anything: only a desired instance's, reported
+/// active by a live member process. A report of a term the store knew (such as an earlier
+/// generation's owner's, whose last report outlived its withdrawal) is not a lost reservation.
+fn lost(view: &View, report: &Report) -> Option<Lost> {
+    let instance = view.instances.get(&report.route).filter(|i| !i.withdrawn)?;
+    if report.phase != ReportPhase::Active || !view.is_live(&report.member, &report.process_id) {
+        return None;
+    }
+    match view.assignments.get(&report.route) {
+        a if a.is_none_or(|a| report.term > a.term) && report.term > instance.last_term => Some(Lost::Reservation),
+        Some(a)
+            if report.term == a.term
+                && a.phase == AssignmentPhase::Reserved
+                && a.member == report.member
+                && a.process_id == report.process_id
+                && view.now_ms.saturating_sub(a.updated_at_ms) > ACTIVATION_LOST_AFTER_MS =>
+        {
+            Some(Lost::Activation)
+        }
+        _ => None,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::pool::tests::{report, view};
-    use crate::store::OwnershipTerm as Term;
+    use crate::store::{Assignment, OwnershipTerm as Term};
 
     /// `m1`'s (live, process `m1-p`) report of `route` active at `term`.
     fn active(v: &mut View, route: &str, term: u64) {
@@ -85,6 +128,7 @@ mod tests {
                 process_id: "m1-p".into(),
                 expected: Some(Term::new(1)),
                 term: Term::new(6),
+                what: Lost::Reservation,
             }]
         );
         assert_eq!(v.snapshot_for("m1", "m1-p", 0).keep_routes, ["ns/b"]);
@@ -105,6 +149,35 @@ mod tests {
         active(&mut v, "ns/a", 2);
         assert!(plan(&v).is_empty());
         assert!(v.snapshot_for("m1", "m1-p", 0).keep_routes.is_empty());
+    }
+
+    fn assignment<'a>(v: &'a mut View, route: &str) -> &'a mut Assignment {
+        v.assignments.get_mut(route).unwrap()
+    }
+
+    #[test]
+    fn a_reservation_whose_activation_was_lost_is_reserved_anew_for_its_owner_after_the_bound() {
+        let mut v = view();
+        assignment(&mut v, "ns/a").phase = AssignmentPhase::Reserved;
+        active(&mut v, "ns/a", 3);
+        assignment(&mut v, "ns/a").updated_at_ms = v.now_ms - ACTIVATION_LOST_AFTER_MS;
+        assert!(plan(&v).is_empty(), "an activation may still be on its way");
+        assignment(&mut v, "ns/a").updated_at_ms -= 1;
+        let planned = plan(&v);
+        assert_eq!(
+            (planned[0].expected, planned[0].term, planned[0].what),
+            (Some(Term::new(3)), Term::new(4), Lost::Activation)
+        );
+        assert!(
+            v.snapshot_for("m1", "m1-p", 0).keep_routes.is_empty(),
+            "the reserved route is in its snapshot already"
+        );
+        // Starting (the activation not answered yet), or another member's reservation: nothing.
+        v.reports.get_mut("ns/a").unwrap().phase = ReportPhase::Starting;
+        assert!(plan(&v).is_empty());
+        v.reports.get_mut("ns/a").unwrap().phase = ReportPhase::Active;
+        assignment(&mut v, "ns/a").member = "m2".into();
+        assert!(plan(&v).is_empty());
     }
 
     #[test]

@@ -27,6 +27,7 @@ pub mod refusals;
 pub mod registry;
 pub mod replica;
 pub mod reports;
+pub mod returned;
 pub mod room;
 pub mod server;
 pub mod sessions;

@@ -418,6 +418,7 @@ impl View {
             .kept()
             .filter(|r| r.member == member && r.process_id == process_id)
             .map(|r| r.route.clone())
+            .chain(crate::returned::kept(self, member, process_id).cloned())
             .collect();
         snapshot
     }

@@ -28,6 +28,7 @@ pub(crate) fn view() -> View {
                 withdrawn,
                 last_term: OwnershipTerm::new(0),
                 withdrawn_reason: None,
+                displaced: None,
             },
         );
     }

@@ -92,7 +92,9 @@ pub fn status(
                 reserved: a.is_some_and(|a| a.phase == AssignmentPhase::Reserved),
                 phase: r.and_then(|r| r.phase.wire()).unwrap_or_default() as i32,
                 last_report_at_ms: r.map_or(0, |r| r.updated_at_ms),
-                message: r.map(|r| r.message.clone()).unwrap_or_default(),
+                message: crate::returned::unreachable_owner(view, &i.route)
+                    .or_else(|| r.map(|r| r.message.clone()))
+                    .unwrap_or_default(),
                 workload_pid: r.map_or(0, |r| u32::try_from(r.workload_pid).unwrap_or(0)),
                 progress: r.map_or(0, |r| u64::try_from(r.progress).unwrap_or(0)),
             }

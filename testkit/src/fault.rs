@@ -2,8 +2,9 @@
 //! TCP proxy on loopback in front of one port. Cut, it fails the way a broken route, a stale
 //! conntrack entry or a NetworkPolicy fails a link — no reset, nothing delivered: established
 //! connections go silent (what arrives meanwhile is held and delivered at the heal) and new
-//! ones are accepted but never answered. Slowed, every chunk arrives that much later in each
-//! direction (a long or congested link).
+//! ones are accepted but never answered. Cut one way ([`Way`]), only what flows in that
+//! direction is held (an asymmetric route, a one-way firewall rule). Slowed, every chunk
+//! arrives that much later in each direction (a long or congested link).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -24,8 +25,29 @@ pub struct Path {
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct State {
-    cut: bool,
+    /// Client to upstream held.
+    up_cut: bool,
+    /// Upstream to client held.
+    down_cut: bool,
     delay: Duration,
+}
+
+impl State {
+    fn is_cut(&self, way: Way) -> bool {
+        match way {
+            Way::Up => self.up_cut,
+            Way::Down => self.down_cut,
+        }
+    }
+}
+
+/// A direction through a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Way {
+    /// From the client to the upstream.
+    Up,
+    /// From the upstream back to the client.
+    Down,
 }
 
 impl Path {
@@ -44,8 +66,8 @@ impl Path {
                     let (client_read, client_write) = client.into_split();
                     let (server_read, server_write) = server.into_split();
                     tokio::join!(
-                        forward(client_read, server_write, is_cut.clone()),
-                        forward(server_read, client_write, is_cut),
+                        forward(client_read, server_write, is_cut.clone(), Way::Up),
+                        forward(server_read, client_write, is_cut, Way::Down),
                     );
                 });
             }
@@ -55,14 +77,23 @@ impl Path {
 
     /// Nothing goes through until [`Path::heal`].
     pub fn cut(&self) {
-        self.state.send_modify(|s| s.cut = true);
+        self.state.send_modify(|s| (s.up_cut, s.down_cut) = (true, true));
     }
 
+    /// Nothing goes through `way` until [`Path::heal`]; the other way stays open.
+    pub fn cut_one_way(&self, way: Way) {
+        self.state.send_modify(|s| match way {
+            Way::Up => s.up_cut = true,
+            Way::Down => s.down_cut = true,
+        });
+    }
+
+    /// Open both ways again.
     pub fn heal(&self) {
-        self.state.send_modify(|s| s.cut = false);
+        self.state.send_modify(|s| (s.up_cut, s.down_cut) = (false, false));
     }
 
-    /// Every chunk read from now on is forwarded `delay` later (zero: at once).
+    /// Every chunk read from now on is forwarded `delay` after it was read (zero: at once).
     pub fn slow(&self, delay: Duration) {
         self.state.send_modify(|s| s.delay = delay);
     }
@@ -74,21 +105,32 @@ impl Drop for Path {
     }
 }
 
-/// Copy `from` to `to`, holding whatever arrives while the path is cut and delaying each
-/// chunk by the path's delay.
-async fn forward(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut state: watch::Receiver<State>) {
-    let mut buffer = vec![0u8; 16 * 1024];
-    loop {
-        let n = match from.read(&mut buffer).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        let delay = state.borrow().delay;
-        if !delay.is_zero() {
-            tokio::time::sleep(delay).await;
+/// Copy `from` to `to`, holding whatever arrives while the path is cut, and each chunk until
+/// the path's delay after it was read: latency, not a slower pipe — chunks read meanwhile are
+/// on their way too.
+async fn forward(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut state: watch::Receiver<State>, way: Way) {
+    let (chunks, mut in_flight) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let delay = state.clone();
+    let reading = async move {
+        let mut buffer = vec![0u8; 16 * 1024];
+        loop {
+            let n = match from.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            let due = tokio::time::Instant::now() + delay.borrow().delay;
+            if chunks.send((due, buffer[..n].to_vec())).is_err() {
+                return;
+            }
         }
-        if state.wait_for(|s| !s.cut).await.is_err() || to.write_all(&buffer[..n]).await.is_err() {
-            return;
+    };
+    let writing = async move {
+        while let Some((due, chunk)) = in_flight.recv().await {
+            tokio::time::sleep_until(due).await;
+            if state.wait_for(|s| !s.is_cut(way)).await.is_err() || to.write_all(&chunk).await.is_err() {
+                return;
+            }
         }
-    }
+    };
+    tokio::join!(reading, writing);
 }

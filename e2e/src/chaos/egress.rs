@@ -49,9 +49,9 @@ struct Counts {
     allowed: AtomicU64,
     /// CONNECTs to the denied upstream answered 403.
     denied: AtomicU64,
-    /// `allowed` and `denied` when the store was last emptied: the records acknowledged
-    /// before it are gone with it (the sidecar dropped them once the store had them).
-    emptied_at: Mutex<(u64, u64)>,
+    /// `allowed` and `denied` when the store last lost data: the records acknowledged
+    /// before may be gone with it (the sidecar dropped them once the store had them).
+    lost_at: Mutex<(u64, u64)>,
 }
 
 /// The two upstreams: one that echoes, one that must never see a connection.
@@ -154,10 +154,11 @@ impl Traffic {
         out
     }
 
-    /// The store was emptied: the trail may lack what was decided before now, no more.
-    pub fn store_emptied(&self) {
+    /// The store lost data (emptied, or commits it acknowledged): the trail may lack what was
+    /// decided before now, no more.
+    pub fn store_lost_data(&self) {
         for counts in self.counts.values() {
-            *lock(&counts.emptied_at) = (
+            *lock(&counts.lost_at) = (
                 counts.allowed.load(Ordering::Relaxed),
                 counts.denied.load(Ordering::Relaxed),
             );
@@ -176,8 +177,8 @@ impl Traffic {
                 counts.allowed.load(Ordering::Relaxed),
                 counts.denied.load(Ordering::Relaxed),
             );
-            // What an emptied store lost: at most what was decided before it was emptied.
-            let lost = *lock(&counts.emptied_at);
+            // What a store that lost data lost: at most what was decided before.
+            let lost = *lock(&counts.lost_at);
             let least = (expected.0 - lost.0, expected.1 - lost.1);
             let deadline = tokio::time::Instant::now() + DELIVERED_WITHIN;
             let trail = loop {
@@ -196,22 +197,27 @@ impl Traffic {
             if !held {
                 out.push(format!(
                     "egress: {name}'s audit trail holds {allowed} allowed tunnels and {denied} denials; \
-                     the driver opened {} and was refused {} ({} and {} of them before the store was emptied)",
+                     the driver opened {} and was refused {} ({} and {} of them before the store lost data)",
                     expected.0, expected.1, lost.0, lost.1
                 ));
             }
-            // Once each, in order, from 1 — or from wherever an emptied store's trail begins.
-            let first = if lost == (0, 0) {
-                1
+            // Once each, in order, from 1. A store that lost data may lack some of what it had
+            // acknowledged (the start of an emptied store's trail, the commits of a server
+            // stopped before it wrote them): then once each, in order.
+            let held = if lost == (0, 0) {
+                sequences.iter().zip(1..).all(|(s, n)| *s == n)
             } else {
-                sequences.first().copied().unwrap_or(1)
+                sequences.windows(2).all(|w| w[0] < w[1])
             };
-            let contiguous = sequences.iter().zip(first..).all(|(s, n)| *s == n);
-            if !contiguous {
+            if !held {
                 let shown: Vec<u64> = sequences.iter().take(20).copied().collect();
                 out.push(format!(
-                    "egress: {name}'s audit sequences are not {first}..={} once each: {shown:?}…",
-                    sequences.len() as u64 + first - 1
+                    "egress: {name}'s audit sequences are not {} once each: {shown:?}…",
+                    if lost == (0, 0) {
+                        format!("1..={}", sequences.len())
+                    } else {
+                        "increasing".to_owned()
+                    }
                 ));
             }
         }

@@ -29,10 +29,10 @@ use gateway::store::{AssignmentPhase, OperationPhase, Options, Store};
 use nix::sys::signal::Signal;
 use rand::SeedableRng as _;
 use rand::rngs::StdRng;
-use rand::seq::SliceRandom as _;
+use rand::seq::{IndexedRandom as _, SliceRandom as _};
 
 use self::history::{CoordinatorGaps, Seen};
-use self::plan::{Action, Plan, Snapshot, Target};
+use self::plan::{Action, Link, Plan, Snapshot, Target, Way};
 use crate::agent_log::Follower;
 use crate::local::{Config, LocalPool};
 use crate::postgres;
@@ -84,7 +84,7 @@ pub async fn run(settings: &Settings) -> Result<Report, Error> {
         plaintext: false,
         agent_interval_ms: crate::local::AGENT_INTERVAL_MS,
         members_on_standby: false,
-        cuttable_runtime: true,
+        cuttable_links: true,
         policy: Some(policy),
         secrets: None,
     };
@@ -117,6 +117,11 @@ struct Driver<'a> {
     report: Report,
     /// The assignments as `Action::Remember` read them, for `Action::Forget`.
     remembered: Vec<gateway::store::Assignment>,
+    /// The store's commits are asynchronous (`Action::CommitsAsynchronous`) until the
+    /// database is resumed.
+    asynchronous: bool,
+    /// The server's WAL writer, stopped while commits are asynchronous; killed by the halt.
+    wal_writer: Option<nix::unistd::Pid>,
 }
 
 impl<'a> Driver<'a> {
@@ -159,6 +164,8 @@ impl<'a> Driver<'a> {
             agents,
             traffic: None,
             remembered: Vec::new(),
+            asynchronous: false,
+            wal_writer: None,
         }
     }
 
@@ -180,11 +187,16 @@ impl<'a> Driver<'a> {
         let mut rng = StdRng::seed_from_u64(self.settings.seed);
         for index in 1..=self.settings.trials {
             let snapshot = self.snapshot().await?;
+            let kinds: Vec<plan::Fault> = plan::kinds(&snapshot)
+                .into_iter()
+                .filter(|k| self.settings.kinds.is_empty() || self.settings.kinds.contains(k))
+                .collect();
             // With `every_kind_first`, trial i is of the i-th kind until each was run once.
-            let plan = match plan::kinds(&snapshot).get(index - 1) {
-                Some(fault) if self.settings.every_kind_first => plan::plan_of(&mut rng, *fault, &snapshot),
-                _ => plan::plan(&mut rng, &snapshot),
+            let fault = match kinds.get(index - 1) {
+                Some(fault) if self.settings.every_kind_first => *fault,
+                _ => *kinds.choose(&mut rng).unwrap_or(&plan::Fault::MemberKill),
             };
+            let plan = plan::plan_of(&mut rng, fault, &snapshot);
             let outcome = self.trial(index, &plan).await;
             match outcome {
                 Ok(true) => {}
@@ -216,6 +228,7 @@ impl<'a> Driver<'a> {
             .map(|s| format!("+{}ms {}", s.at_ms, self.describe(&s.action)))
             .collect();
         eprintln!("trial {index} {}: {}", plan.fault.name(), steps.join(", "));
+        let before = self.owners().await?;
         let injected = now_ms();
         let start = tokio::time::Instant::now();
         let mut operations = Vec::new();
@@ -250,6 +263,11 @@ impl<'a> Driver<'a> {
                 refused + f.observed.refused.iter().filter(|(at, _)| *at >= injected).count(),
             )
         });
+        let after = self.owners().await?;
+        let moved = before
+            .iter()
+            .filter(|(route, member)| after.get(*route) != Some(member))
+            .count();
         self.report.trials.push(Trial {
             index,
             fault: plan.fault,
@@ -258,6 +276,7 @@ impl<'a> Driver<'a> {
             settle_ms: settled.saturating_sub(healed),
             coordinator_gap_ms,
             refused,
+            moved,
         });
         self.check(index).await?;
         Ok(true)
@@ -275,8 +294,23 @@ impl<'a> Driver<'a> {
             Action::Resume(t) => format!("SIGCONT {}", name(t)),
             Action::Restart(t) => format!("restart {}", name(t)),
             Action::HaltDatabase => "stop the database".into(),
-            Action::CutSidecars(m) => format!("cut {}'s sidecars off", name(&Target::Member(*m))),
-            Action::HealSidecars(m) => format!("heal {}'s sidecars' path", name(&Target::Member(*m))),
+            Action::Cut(Link::Sidecars(m)) => format!("cut {}'s sidecars off", name(&Target::Member(*m))),
+            Action::Cut(Link::Gateways(m)) => format!("cut {} off from every gateway", name(&Target::Member(*m))),
+            Action::Cut(Link::OneWay { member, gateway, way }) => {
+                let (member, gateway) = (name(&Target::Member(*member)), name(&Target::Gateway(*gateway)));
+                match way {
+                    Way::Up => format!("cut {member} → {gateway}"),
+                    Way::Down => format!("cut {gateway} → {member}"),
+                }
+            }
+            Action::Slow { member, delay_ms } => {
+                format!(
+                    "slow {}'s gateway links by {delay_ms} ms",
+                    name(&Target::Member(*member))
+                )
+            }
+            Action::HealLinks(m) => format!("heal {}'s links", name(&Target::Member(*m))),
+            Action::CommitsAsynchronous => "commits asynchronous".into(),
             Action::ResumeDatabase => "start the database".into(),
             Action::EmptyStore => "empty the store".into(),
             Action::Remember => "remember the assignments".into(),
@@ -296,6 +330,13 @@ impl<'a> Driver<'a> {
             Action::Resume(t) => self.signal(*t, Signal::SIGCONT, State::Up)?,
             Action::Restart(t) => self.restart(*t).await?,
             Action::HaltDatabase => {
+                if let Some(writer) = self.wal_writer.take() {
+                    // A crash: what the server acknowledged and had not written is lost.
+                    let _ = nix::sys::signal::kill(writer, Signal::SIGKILL);
+                    if let Some(traffic) = &self.traffic {
+                        traffic.store_lost_data();
+                    }
+                }
                 if let Some(db) = self.database.as_deref_mut() {
                     lock(&self.health).database_up = false;
                     db.halt().await.map_err(|e| Error::Scenario(e.to_string()))?;
@@ -304,7 +345,7 @@ impl<'a> Driver<'a> {
             Action::ResumeDatabase => self.resume_database().await?,
             Action::EmptyStore => {
                 if let Some(traffic) = &self.traffic {
-                    traffic.store_emptied();
+                    traffic.store_lost_data();
                 }
                 crate::scenarios::empty_database(self.pool.database_url()).await?;
             }
@@ -313,14 +354,33 @@ impl<'a> Driver<'a> {
                 let remembered = std::mem::take(&mut self.remembered);
                 crate::scenarios::forget(self.pool.database_url(), &remembered).await?;
             }
-            Action::CutSidecars(m) | Action::HealSidecars(m) => {
-                if let Some(path) = self.pool.members.get(*m).and_then(|m| m.path.as_ref()) {
-                    if matches!(action, Action::CutSidecars(_)) {
-                        path.cut();
-                    } else {
-                        path.heal();
+            Action::Cut(link) => {
+                let Some(member) = self.pool.members.get(link.member()) else {
+                    return Ok(None);
+                };
+                match *link {
+                    Link::Sidecars(_) => member.path.iter().for_each(testkit::fault::Path::cut),
+                    Link::Gateways(_) => member.gateway_paths.iter().for_each(testkit::fault::Path::cut),
+                    Link::OneWay { gateway, way, .. } => {
+                        if let Some(path) = member.gateway_paths.get(gateway) {
+                            path.cut_one_way(way);
+                        }
                     }
                 }
+            }
+            Action::Slow { member, delay_ms } => {
+                for path in self.pool.members.get(*member).iter().flat_map(|m| &m.gateway_paths) {
+                    path.slow(Duration::from_millis(*delay_ms));
+                }
+            }
+            Action::HealLinks(m) => {
+                if let Some(member) = self.pool.members.get(*m) {
+                    heal_links(member);
+                }
+            }
+            Action::CommitsAsynchronous => {
+                self.wal_writer = crate::scenarios::commits_asynchronous(self.pool.database_url(), true).await?;
+                self.asynchronous = true;
             }
             Action::Drain { member, max_parallel } => {
                 let target = self
@@ -384,15 +444,20 @@ impl<'a> Driver<'a> {
             }
             lock(&self.health).database_up = true;
         }
+        if let Some(writer) = self.wal_writer.take() {
+            // Never halted (a run cut short): the writer goes on.
+            let _ = nix::sys::signal::kill(writer, Signal::SIGCONT);
+        }
+        if std::mem::take(&mut self.asynchronous) {
+            crate::scenarios::commits_asynchronous(self.pool.database_url(), false).await?;
+        }
         Ok(())
     }
 
     /// Whatever a plan left paused or down is resumed or restarted.
     async fn heal(&mut self) -> Result<(), Error> {
         self.resume_database().await?;
-        for path in self.pool.members.iter().filter_map(|m| m.path.as_ref()) {
-            path.heal();
-        }
+        self.pool.members.iter().for_each(heal_links);
         let (gateways, members) = {
             let health = lock(&self.health);
             (
@@ -458,6 +523,12 @@ impl<'a> Driver<'a> {
     }
 
     /// Targets for the planner.
+    /// Each placed route's member.
+    async fn owners(&self) -> Result<BTreeMap<String, String>, Error> {
+        let assignments = self.store.list_assignments().await?;
+        Ok(assignments.into_iter().map(|a| (a.route, a.member)).collect())
+    }
+
     async fn snapshot(&self) -> Result<Snapshot, Error> {
         let lease = self.store.read_lease().await?;
         let coordinator = lease.and_then(|l| {
@@ -515,4 +586,12 @@ async fn sample_lease(store: Store, health: Arc<Mutex<Health>>, gaps: Arc<Mutex<
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Every link of `member` open and at full speed again.
+fn heal_links(member: &crate::local::Member) {
+    for path in member.path.iter().chain(&member.gateway_paths) {
+        path.heal();
+        path.slow(Duration::ZERO);
+    }
 }

@@ -6,6 +6,7 @@
 use rand::Rng;
 use rand::seq::IndexedRandom as _;
 use serde::Serialize;
+pub use testkit::fault::Way;
 
 /// The kinds of trial, as the recovery table names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -30,6 +31,16 @@ pub enum Fault {
     /// The path from a busy member's sidecars to its runtime port cut (no reset: a broken
     /// route) for 1–12 s, the member fine towards the gateways.
     SidecarsCutOff,
+    /// A busy member cut off from every gateway replica, both ways, for 2–20 s; its sidecars
+    /// still reach it.
+    MemberCutOff,
+    /// One direction of the link between a busy member and the replica holding its stream
+    /// cut for 2–15 s (an asymmetric route).
+    MemberOneWay,
+    /// Every gateway link of a busy member given 0.2–1.2 s of latency each way for 3–15 s: a
+    /// round trip of up to 2.4 s, below the 3 s silence timeout, which the member must ride out
+    /// without a move.
+    MemberSlowLinks,
     /// The store emptied under the pool (every table dropped; on PostgreSQL every connection
     /// closed): a database Pod replaced without its volume.
     StoreEmptied,
@@ -37,6 +48,10 @@ pub enum Fault {
     /// (the assignments and last terms written back as they were before it): commits an
     /// asynchronous replica acknowledged and lost, or a restore from an older backup.
     StoreForgetsDrain,
+    /// Commits made asynchronous, a drain of a busy member, and the server stopped at once
+    /// 0.3–2 s into it (losing what it acknowledged and had not written), started 2–6 s
+    /// later; only on a private PostgreSQL.
+    DatabaseLosesCommits,
     /// A drain of a busy member (max_parallel 1–3) with one of the faults above during it.
     DrainDuringFault,
     /// A rebalance (max_parallel 1–3) with one of the faults above during it.
@@ -57,16 +72,29 @@ impl Fault {
             Self::StreamHolderPause => "stream-holder-pause",
             Self::DatabaseOutage => "database-outage",
             Self::SidecarsCutOff => "sidecars-cut-off",
+            Self::MemberCutOff => "member-cut-off",
+            Self::MemberOneWay => "member-one-way",
+            Self::MemberSlowLinks => "member-slow-links",
             Self::StoreEmptied => "store-emptied",
             Self::StoreForgetsDrain => "store-forgets-drain",
+            Self::DatabaseLosesCommits => "database-loses-commits",
             Self::DrainDuringFault => "drain-during-fault",
             Self::RebalanceDuringFault => "rebalance-during-fault",
             Self::Overlapping => "overlapping",
         }
     }
 
+    /// The kind named `name` (as [`Fault::name`] names it).
+    pub fn named(name: &str) -> Option<Self> {
+        Self::all().find(|f| f.name() == name)
+    }
+
+    fn possible(self, snapshot: &Snapshot) -> bool {
+        snapshot.database_outages || !matches!(self, Self::DatabaseOutage | Self::DatabaseLosesCommits)
+    }
+
     /// The single faults, which the composite kinds combine.
-    const SINGLE: [Self; 9] = [
+    const SINGLE: [Self; 12] = [
         Self::MemberKill,
         Self::MemberPause,
         Self::CoordinatorKill,
@@ -76,15 +104,19 @@ impl Fault {
         Self::StreamHolderPause,
         Self::DatabaseOutage,
         Self::SidecarsCutOff,
+        Self::MemberCutOff,
+        Self::MemberOneWay,
+        Self::MemberSlowLinks,
     ];
 
     /// Every kind: the single faults, the store's, then the composites (the order the seed
     /// draws from). The store's are never combined: an operation the store forgets cannot be
     /// waited for.
-    fn all() -> impl Iterator<Item = Self> {
+    pub fn all() -> impl Iterator<Item = Self> {
         Self::SINGLE.into_iter().chain([
             Self::StoreEmptied,
             Self::StoreForgetsDrain,
+            Self::DatabaseLosesCommits,
             Self::DrainDuringFault,
             Self::RebalanceDuringFault,
             Self::Overlapping,
@@ -116,9 +148,17 @@ pub enum Action {
     Remember,
     /// Write the remembered assignments back, with their routes' last terms.
     Forget,
-    /// Cut the path from member `0`'s sidecars to it.
-    CutSidecars(usize),
-    HealSidecars(usize),
+    /// Cut a member's link.
+    Cut(Link),
+    /// Delay everything on member `member`'s gateway links by `delay_ms` each way.
+    Slow {
+        member: usize,
+        delay_ms: u64,
+    },
+    /// Open and speed up every link of member `0` again.
+    HealLinks(usize),
+    /// Make the store's commits asynchronous (acknowledged before they are written).
+    CommitsAsynchronous,
     Drain {
         member: usize,
         max_parallel: u32,
@@ -126,6 +166,25 @@ pub enum Action {
     Rebalance {
         max_parallel: u32,
     },
+}
+
+/// A member's network link, behind a fault path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Link {
+    /// From its sidecars to its runtime port.
+    Sidecars(usize),
+    /// To every gateway replica, both ways.
+    Gateways(usize),
+    /// One way of its link to one replica.
+    OneWay { member: usize, gateway: usize, way: Way },
+}
+
+impl Link {
+    pub fn member(self) -> usize {
+        match self {
+            Self::Sidecars(m) | Self::Gateways(m) | Self::OneWay { member: m, .. } => m,
+        }
+    }
 }
 
 /// An action at a time after the trial's start.
@@ -177,11 +236,9 @@ pub fn plan(rng: &mut impl Rng, snapshot: &Snapshot) -> Plan {
     plan_of(rng, fault, snapshot)
 }
 
-/// The kinds a trial can draw on this pool (a database outage only on a private server).
+/// The kinds a trial can draw on this pool (the database stopped only on a private server).
 pub fn kinds(snapshot: &Snapshot) -> Vec<Fault> {
-    Fault::all()
-        .filter(|f| snapshot.database_outages || *f != Fault::DatabaseOutage)
-        .collect()
+    Fault::all().filter(|f| f.possible(snapshot)).collect()
 }
 
 /// The next trial of kind `fault`, its targets and timings drawn.
@@ -245,6 +302,32 @@ pub fn plan_of(rng: &mut impl Rng, fault: Fault, snapshot: &Snapshot) -> Plan {
                 },
             ]);
         }
+        Fault::DatabaseLosesCommits => {
+            let member = *snapshot.busy_members().choose(rng).unwrap_or(&0);
+            let drain_at = 1000;
+            let halt_at = drain_at + rng.random_range(300..=2000);
+            steps.extend([
+                Step {
+                    at_ms: 0,
+                    action: Action::CommitsAsynchronous,
+                },
+                Step {
+                    at_ms: drain_at,
+                    action: Action::Drain {
+                        member,
+                        max_parallel: rng.random_range(1..=3),
+                    },
+                },
+                Step {
+                    at_ms: halt_at,
+                    action: Action::HaltDatabase,
+                },
+                Step {
+                    at_ms: halt_at + rng.random_range(2000..=6000),
+                    action: Action::ResumeDatabase,
+                },
+            ]);
+        }
         single_fault => single(rng, single_fault, snapshot, 0, &mut used, &mut steps),
     }
     steps.sort_by_key(|s| s.at_ms);
@@ -252,10 +335,7 @@ pub fn plan_of(rng: &mut impl Rng, fault: Fault, snapshot: &Snapshot) -> Plan {
 }
 
 fn random_single(rng: &mut impl Rng, snapshot: &Snapshot) -> Fault {
-    let kinds: Vec<Fault> = Fault::SINGLE
-        .into_iter()
-        .filter(|f| snapshot.database_outages || *f != Fault::DatabaseOutage)
-        .collect();
+    let kinds: Vec<Fault> = Fault::SINGLE.into_iter().filter(|f| f.possible(snapshot)).collect();
     *kinds.choose(rng).unwrap_or(&Fault::MemberKill)
 }
 
@@ -335,16 +415,30 @@ fn single(
             push(0, Action::HaltDatabase);
             push(rng.random_range(3000..=20_000), Action::ResumeDatabase);
         }
-        Fault::SidecarsCutOff => {
+        Fault::SidecarsCutOff | Fault::MemberCutOff | Fault::MemberOneWay | Fault::MemberSlowLinks => {
             let Some(Target::Member(member)) = pick(rng, free(members(snapshot.busy_members()), used)) else {
                 return;
             };
             used.push(Target::Member(member));
-            push(0, Action::CutSidecars(member));
-            push(rng.random_range(1000..=12_000), Action::HealSidecars(member));
+            let (action, range) = match fault {
+                Fault::SidecarsCutOff => (Action::Cut(Link::Sidecars(member)), 1000..=12_000),
+                Fault::MemberCutOff => (Action::Cut(Link::Gateways(member)), 2000..=20_000),
+                Fault::MemberOneWay => {
+                    let gateway = snapshot.stream_holder.get(member).copied().flatten().unwrap_or(0);
+                    let way = *[Way::Up, Way::Down].choose(rng).unwrap_or(&Way::Up);
+                    (Action::Cut(Link::OneWay { member, gateway, way }), 2000..=15_000)
+                }
+                _ => {
+                    let delay_ms = rng.random_range(200..=1200);
+                    (Action::Slow { member, delay_ms }, 3000..=15_000)
+                }
+            };
+            push(0, action);
+            push(rng.random_range(range), Action::HealLinks(member));
         }
         Fault::StoreEmptied
         | Fault::StoreForgetsDrain
+        | Fault::DatabaseLosesCommits
         | Fault::DrainDuringFault
         | Fault::RebalanceDuringFault
         | Fault::Overlapping => {}
@@ -384,9 +478,17 @@ mod tests {
         assert!(
             plans(7, 400, false)
                 .iter()
-                .all(|p| p.fault != Fault::DatabaseOutage && !p.steps.iter().any(|s| s.action == Action::HaltDatabase)),
+                .all(|p| !p.steps.iter().any(|s| s.action == Action::HaltDatabase)),
             "no outage where the database cannot be stopped"
         );
+    }
+
+    #[test]
+    fn every_kind_is_named_once() {
+        assert!(Fault::all().all(|f| Fault::named(f.name()) == Some(f)));
+        assert_eq!(Fault::named("member-gone"), None);
+        let names: BTreeSet<&str> = Fault::all().map(Fault::name).collect();
+        assert_eq!(names.len(), Fault::all().count());
     }
 
     #[test]
@@ -398,17 +500,15 @@ mod tests {
                     Action::Kill(t) => open.push(Action::Restart(*t)),
                     Action::Pause(t) => open.push(Action::Resume(*t)),
                     Action::HaltDatabase => open.push(Action::ResumeDatabase),
-                    Action::CutSidecars(m) => open.push(Action::HealSidecars(*m)),
-                    heal @ (Action::Restart(_)
-                    | Action::Resume(_)
-                    | Action::ResumeDatabase
-                    | Action::HealSidecars(_)) => {
+                    Action::Cut(link) => open.push(Action::HealLinks(link.member())),
+                    Action::Slow { member, .. } => open.push(Action::HealLinks(*member)),
+                    heal @ (Action::Restart(_) | Action::Resume(_) | Action::ResumeDatabase | Action::HealLinks(_)) => {
                         let at = open.iter().position(|a| a == heal);
                         assert!(at.is_some(), "{plan:?}: {heal:?} heals nothing");
                         open.remove(at.unwrap_or_default());
                     }
                     Action::Drain { member, .. } => assert_ne!(*member, 1, "member 1 owns nothing"),
-                    Action::Rebalance { .. } | Action::EmptyStore => {}
+                    Action::Rebalance { .. } | Action::EmptyStore | Action::CommitsAsynchronous => {}
                     Action::Remember => open.push(Action::Forget),
                     Action::Forget => {
                         let at = open.iter().position(|a| a == &Action::Forget);
@@ -417,8 +517,18 @@ mod tests {
                     }
                 }
                 match &step.action {
-                    Action::Kill(Target::Member(m)) | Action::Pause(Target::Member(m)) => {
+                    Action::Kill(Target::Member(m))
+                    | Action::Pause(Target::Member(m))
+                    | Action::Cut(Link::Sidecars(m) | Link::Gateways(m))
+                    | Action::Slow { member: m, .. } => {
                         assert_ne!(*m, 1, "{plan:?}: member faults hit members that own instances");
+                    }
+                    Action::Cut(Link::OneWay { member, gateway, .. }) => {
+                        assert_ne!(*member, 1, "{plan:?}: member faults hit members that own instances");
+                        assert_eq!(
+                            *gateway, *member,
+                            "{plan:?}: one way of the link to the replica holding its stream"
+                        );
                     }
                     _ => {}
                 }

@@ -22,6 +22,10 @@ pub struct Trial {
     pub coordinator_gap_ms: u64,
     /// Answers the agents got that were not `ok` (refusals; not a violation by themselves).
     pub refused: usize,
+    /// Instances on another member once settled than before the fault: what a kill, a drain
+    /// or a rebalance causes; after a fault every member process lived through, a move nobody
+    /// needed.
+    pub moved: usize,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -59,22 +63,30 @@ pub fn table(report: &Report) -> String {
         by_kind.entry(t.fault).or_default().push(t);
     }
     let mut out = format!(
-        "{:<24} {:>6}  {:>27}  {:>23}  {:>9}  {:>7}\n",
-        "FAULT", "TRIALS", "WORKLOAD GAP ms (min/med/p95/max)", "SETTLED ms (med/p95/max)", "COORD GAP", "REFUSED"
+        "{:<24} {:>6}  {:>27}  {:>23}  {:>9}  {:>7}  {:>5}\n",
+        "FAULT",
+        "TRIALS",
+        "WORKLOAD GAP ms (min/med/p95/max)",
+        "SETTLED ms (med/p95/max)",
+        "COORD GAP",
+        "REFUSED",
+        "MOVED"
     );
     for (fault, trials) in &by_kind {
         let gap = history::spread(&trials.iter().map(|t| t.workload_gap_ms).collect::<Vec<_>>()).unwrap_or_default();
         let settle = history::spread(&trials.iter().map(|t| t.settle_ms).collect::<Vec<_>>()).unwrap_or_default();
         let coordinator = trials.iter().map(|t| t.coordinator_gap_ms).max().unwrap_or(0);
         let refused: usize = trials.iter().map(|t| t.refused).sum();
+        let moved: usize = trials.iter().map(|t| t.moved).sum();
         out.push_str(&format!(
-            "{:<24} {:>6}  {:>33}  {:>24}  {:>9}  {:>7}\n",
+            "{:<24} {:>6}  {:>33}  {:>24}  {:>9}  {:>7}  {:>5}\n",
             fault.name(),
             trials.len(),
             format!("{} / {} / {} / {}", gap[0], gap[1], gap[2], gap[3]),
             format!("{} / {} / {}", settle[1], settle[2], settle[3]),
             coordinator,
-            refused
+            refused,
+            moved
         ));
     }
     out.push_str(&format!(

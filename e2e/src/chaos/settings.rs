@@ -65,6 +65,8 @@ pub struct Settings {
     /// The first trials run each kind once, in order, before the seed draws the rest: a short
     /// run still has every kind.
     pub every_kind_first: bool,
+    /// The kinds trials are drawn from; empty: every kind the pool can have.
+    pub kinds: Vec<super::plan::Fault>,
 }
 
 impl Settings {
@@ -80,6 +82,7 @@ impl Settings {
             lease_length_ms: 5000,
             settle_bound: Duration::from_secs(30),
             every_kind_first: false,
+            kinds: Vec::new(),
         }
     }
 }

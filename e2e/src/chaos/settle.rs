@@ -46,9 +46,14 @@ impl Driver<'_> {
     async fn finish_operations(&self, operations: &[String], cancelled: &mut Vec<String>) -> bool {
         let mut all = true;
         for id in operations {
-            let Ok(Some(op)) = self.store.operation(id).await else {
-                all = false;
-                continue;
+            let op = match self.store.operation(id).await {
+                Ok(Some(op)) => op,
+                // A store that lost commits may have lost the operation: nothing to wait for.
+                Ok(None) => continue,
+                Err(_) => {
+                    all = false;
+                    continue;
+                }
             };
             if !op.phase.is_finished() {
                 all = false;

@@ -57,7 +57,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         plaintext: args.plaintext,
         agent_interval_ms: crate::local::AGENT_INTERVAL_MS,
         members_on_standby: false,
-        cuttable_runtime: false,
+        cuttable_links: false,
         policy: args.policy.as_ref().map(std::fs::canonicalize).transpose()?,
         secrets: args.secrets.as_ref().map(std::fs::canonicalize).transpose()?,
     };

@@ -52,6 +52,9 @@ pub enum Command {
         /// Run each fault kind once, in order, before the seed draws the rest.
         #[arg(long)]
         every_kind_first: bool,
+        /// Draw only these fault kinds (comma-separated names, as the table prints them).
+        #[arg(long, value_delimiter = ',', value_parser = fault_kind)]
+        kinds: Vec<chaos::plan::Fault>,
     },
     /// The gateway's cost as the pool grows: simulated members over real gRPC, registrations
     /// through the registry, placement, snapshot bytes, CPU and memory at rest.
@@ -107,6 +110,14 @@ fn backend(postgres: bool, database: Option<String>) -> Backend {
         (false, Some(url)) => Backend::Postgres(url),
         (false, None) => Backend::Sqlite,
     }
+}
+
+/// A fault kind by name, for `--kinds`.
+fn fault_kind(name: &str) -> Result<chaos::plan::Fault, String> {
+    chaos::plan::Fault::named(name).ok_or_else(|| {
+        let known: Vec<&str> = chaos::plan::Fault::all().map(chaos::plan::Fault::name).collect();
+        format!("no fault kind {name:?}; the kinds: {}", known.join(", "))
+    })
 }
 
 /// Runs what `args` asks for: `scale`, `chaos`, or the named scenarios (all by default).
@@ -178,10 +189,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             seed,
             postgres,
             every_kind_first,
+            kinds,
         }) => {
             let backend = backend(postgres, args.database);
             let settings = chaos::Settings {
                 every_kind_first,
+                kinds,
                 ..chaos::Settings::new(trials, seed, args.dir.join("chaos"), backend)
             };
             let report = chaos::run(&settings).await?;

@@ -89,7 +89,7 @@ pub async fn run(settings: &Settings) -> Result<Vec<Row>, Error> {
         plaintext: false,
         agent_interval_ms: 1000,
         members_on_standby: false,
-        cuttable_runtime: false,
+        cuttable_links: false,
         policy: Some(policy.clone()),
         secrets: None,
     })

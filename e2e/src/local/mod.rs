@@ -50,15 +50,26 @@ fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> Error + use<> {
     move |source| Error::Io { path, source }
 }
 
-/// A free loopback port (bound and released: good enough on one machine).
+/// A free loopback port for a process to listen on: bound and released, from below the
+/// kernel's ephemeral range (32768 on) and never handed out twice by this process, so neither
+/// a connection's source port nor a listener bound to port 0 (a fault path) takes it before its
+/// process binds it.
 pub fn free_port() -> Result<u16, Error> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|source| Error::Io {
-        path: "127.0.0.1:0".into(),
-        source,
-    })?;
-    listener.local_addr().map(|a| a.port()).map_err(|source| Error::Io {
-        path: "127.0.0.1:0".into(),
-        source,
+    use std::sync::atomic::{AtomicU16, Ordering};
+    const FIRST: u16 = 20_000;
+    const SPAN: u16 = 12_000;
+    // Each process starts at its own place in the range, so runs side by side rarely meet.
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let start = u16::try_from(std::process::id() % u32::from(SPAN)).unwrap_or(0);
+    for _ in 0..SPAN {
+        let port = FIRST + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(Error::Io {
+        path: "127.0.0.1".into(),
+        source: std::io::Error::new(std::io::ErrorKind::AddrInUse, "no free port below 32000"),
     })
 }
 
@@ -89,7 +100,7 @@ pub struct Config {
     pub secrets: Option<PathBuf>,
     /// Members' runtime ports behind a [`testkit::fault::Path`] each, which the route directory names:
     /// a member's sidecars can be cut off from it while it stays fine towards the gateways.
-    pub cuttable_runtime: bool,
+    pub cuttable_links: bool,
 }
 
 /// The agents' default counting period: a report every 50 ms, so a gap in the observed
@@ -110,11 +121,25 @@ pub struct Member {
     pub runtime_address: String,
     /// Where its runtime service listens, `127.0.0.1:port`.
     listen: String,
-    /// The path its sidecars reach it by ([`Config::cuttable_runtime`]).
+    /// The path its sidecars reach it by ([`Config::cuttable_links`]).
     pub path: Option<testkit::fault::Path>,
+    /// The gateway endpoints it dials, in the order it tries them.
+    gateway_endpoints: Vec<String>,
+    /// Its paths to each gateway, by the gateway's index ([`Config::cuttable_links`]).
+    pub gateway_paths: Vec<testkit::fault::Path>,
     /// The plain-HTTP health port (`/readyz`, `/metrics`), `127.0.0.1:port`.
     pub health: String,
     pub process: Process,
+}
+
+/// A fault path in front of `upstream` (`127.0.0.1:port`).
+async fn fault_path(upstream: &str) -> Result<testkit::fault::Path, Error> {
+    testkit::fault::Path::start(upstream.to_owned())
+        .await
+        .map_err(|source| Error::Io {
+            path: format!("a path to {upstream}"),
+            source,
+        })
 }
 
 /// One workload: its sidecar and the counting agent beside it.
@@ -292,25 +317,36 @@ impl LocalPool {
     pub async fn start_member(&mut self, name: &str) -> Result<(), Error> {
         let runtime = format!("127.0.0.1:{}", free_port()?);
         let health = format!("127.0.0.1:{}", free_port()?);
-        let path = if self.config.cuttable_runtime {
-            Some(
-                testkit::fault::Path::start(runtime.clone())
-                    .await
-                    .map_err(|source| Error::Io {
-                        path: format!("a path to {runtime}"),
-                        source,
-                    })?,
-            )
+        let path = if self.config.cuttable_links {
+            Some(fault_path(&runtime).await?)
         } else {
             None
         };
+        let mut gateway_paths = Vec::new();
+        if self.config.cuttable_links {
+            for gateway in &self.gateways {
+                let listen = gateway.endpoint.rsplit("://").next().unwrap_or_default();
+                gateway_paths.push(fault_path(listen).await?);
+            }
+        }
         let runtime_address = self.url(&path.as_ref().map_or(runtime.clone(), |p| p.address.to_string()));
-        let process = self.spawn_member(name, &runtime, &runtime_address, &health)?;
+        let gateway_endpoints = if gateway_paths.is_empty() {
+            self.member_endpoints()
+        } else {
+            let mut endpoints: Vec<String> = gateway_paths.iter().map(|p| self.url(&p.address.to_string())).collect();
+            if self.config.members_on_standby {
+                endpoints.reverse();
+            }
+            endpoints
+        };
+        let process = self.spawn_member(name, &runtime, &runtime_address, &health, &gateway_endpoints)?;
         self.members.push(Member {
             name: name.into(),
             runtime_address,
             listen: runtime,
             path,
+            gateway_endpoints,
+            gateway_paths,
             health,
             process,
         });
@@ -320,27 +356,33 @@ impl LocalPool {
     /// Start member `index` again under its name and runtime address (the sidecars' route
     /// names it), reaping the old process first. Its log goes on in the same file.
     pub async fn restart_member(&mut self, index: usize) -> Result<(), Error> {
-        let Some(member) = self.members.get(index) else {
+        let Some(member) = self.members.get_mut(index) else {
             return Ok(());
         };
-        let (name, runtime, address, health) = (
-            member.name.clone(),
-            member.listen.clone(),
-            member.runtime_address.clone(),
-            member.health.clone(),
-        );
-        self.members[index].process.kill().await;
-        self.members[index].process = self.spawn_member(&name, &runtime, &address, &health)?;
+        member.process.kill().await;
+        let member = &self.members[index];
+        let process = self.spawn_member(
+            &member.name,
+            &member.listen,
+            &member.runtime_address,
+            &member.health,
+            &member.gateway_endpoints,
+        )?;
+        self.members[index].process = process;
         Ok(())
     }
 
-    fn spawn_member(&self, name: &str, runtime: &str, address: &str, health: &str) -> Result<Process, Error> {
+    fn spawn_member(
+        &self,
+        name: &str,
+        runtime: &str,
+        address: &str,
+        health: &str,
+        gateways: &[String],
+    ) -> Result<Process, Error> {
         let mut env = vec![
             ("OPENSHELL_SUPERVISOR_POOL_MEMBER".to_owned(), name.to_owned()),
-            (
-                "OPENSHELL_GATEWAY_ENDPOINTS".to_owned(),
-                self.member_endpoints().join(","),
-            ),
+            ("OPENSHELL_GATEWAY_ENDPOINTS".to_owned(), gateways.join(",")),
             (
                 "OPENSHELL_SUPERVISOR_TOKEN_FILE".to_owned(),
                 self.credentials()

@@ -132,7 +132,7 @@ pub async fn run(settings: &Settings) -> Result<Report, Error> {
         plaintext: false,
         agent_interval_ms: crate::local::AGENT_INTERVAL_MS,
         members_on_standby: false,
-        cuttable_runtime: false,
+        cuttable_links: false,
         policy: None,
         secrets: None,
     };

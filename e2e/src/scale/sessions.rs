@@ -86,7 +86,7 @@ pub async fn run(settings: &Settings) -> Result<Report, Error> {
         plaintext: false,
         agent_interval_ms: AGENT_INTERVAL_MS,
         members_on_standby: settings.members_on_standby,
-        cuttable_runtime: false,
+        cuttable_links: false,
         policy: None,
         secrets: None,
     };

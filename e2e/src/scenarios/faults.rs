@@ -438,15 +438,66 @@ pub(crate) async fn empty_database(url: &str) -> Result<(), Error> {
         conn.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
             .await
             .map_err(failed)?;
-        conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-             WHERE datname = current_database() AND pid <> pg_backend_pid()",
-        )
-        .await
-        .map_err(failed)?;
+        close_the_others(&mut conn).await.map_err(failed)?;
     }
     let _ = conn.close().await;
     Ok(())
+}
+
+/// Close every other connection to `conn`'s PostgreSQL database.
+async fn close_the_others(conn: &mut sqlx::AnyConnection) -> Result<(), sqlx::Error> {
+    use sqlx::Executor as _;
+    conn.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .await
+    .map(drop)
+}
+
+/// Make a PostgreSQL store's commits asynchronous (`on`: acknowledged before their WAL is
+/// written) or synchronous again, for every connection: the others are closed, and the pools
+/// open new ones under the database's setting. Turning it on also stops the server's WAL
+/// writer (SIGSTOP), so what is acknowledged stays in the server's memory: its process id is
+/// returned, and killing it (`SIGKILL`, a crash of the server) loses every commit since. Nothing
+/// on SQLite (`None`).
+pub(crate) async fn commits_asynchronous(url: &str, on: bool) -> Result<Option<nix::unistd::Pid>, Error> {
+    use sqlx::{Connection as _, Executor as _};
+    if url.starts_with("sqlite") {
+        return Ok(None);
+    }
+    sqlx::any::install_default_drivers();
+    let failed = |e: sqlx::Error| Error::Scenario(format!("cannot set the store's commits: {e}"));
+    let mut conn = sqlx::AnyConnection::connect(url).await.map_err(failed)?;
+    let database: String = sqlx::query_scalar("SELECT current_database()::text")
+        .fetch_one(&mut conn)
+        .await
+        .map_err(failed)?;
+    let setting = if on {
+        "SET synchronous_commit = off"
+    } else {
+        "RESET synchronous_commit"
+    };
+    conn.execute(format!("ALTER DATABASE \"{database}\" {setting}").as_str())
+        .await
+        .map_err(failed)?;
+    close_the_others(&mut conn).await.map_err(failed)?;
+    let writer = if on {
+        let pid: Option<i32> = sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'")
+            .fetch_optional(&mut conn)
+            .await
+            .map_err(failed)?;
+        let pid = pid.map(nix::unistd::Pid::from_raw);
+        if let Some(pid) = pid {
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP)
+                .map_err(|e| Error::Scenario(format!("cannot stop the WAL writer: {e}")))?;
+        }
+        pid
+    } else {
+        None
+    };
+    let _ = conn.close().await;
+    Ok(writer)
 }
 
 /// The store forgets a drain it acknowledged (an asynchronous replica promoted, a restore

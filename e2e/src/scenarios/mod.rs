@@ -24,7 +24,7 @@ mod planned;
 
 pub(crate) use database::fresh_database;
 use faults::{OwnerFault, coordinator, outage, owner, rollback, wipe};
-pub(crate) use faults::{empty_database, forget};
+pub(crate) use faults::{commits_asynchronous, empty_database, forget};
 pub(crate) use planned::{Planned, busiest, emptied, operator, planned};
 
 /// The scenarios, in the order they run.
@@ -150,7 +150,7 @@ pub async fn run(name: &str, setup: &Setup) -> Result<Outcome, Error> {
         plaintext: false,
         agent_interval_ms: crate::local::AGENT_INTERVAL_MS,
         members_on_standby: false,
-        cuttable_runtime: name == "unreachable-owner",
+        cuttable_links: name == "unreachable-owner",
         policy: None,
         secrets: None,
     };

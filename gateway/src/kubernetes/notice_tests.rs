@@ -29,6 +29,7 @@ fn instance(route: &str) -> InstanceRecord {
         withdrawn: false,
         last_term: OwnershipTerm::new(0),
         withdrawn_reason: None,
+        displaced: None,
     }
 }
 

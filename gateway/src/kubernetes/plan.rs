@@ -187,6 +187,7 @@ mod tests {
             withdrawn: false,
             last_term: OwnershipTerm::new(0),
             withdrawn_reason: None,
+            displaced: None,
         }
     }
 

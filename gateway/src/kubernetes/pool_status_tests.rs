@@ -43,6 +43,7 @@ pub(crate) fn view() -> View {
                 withdrawn: false,
                 last_term: OwnershipTerm::new(1),
                 withdrawn_reason: None,
+                displaced: None,
             },
         );
         v.assignments.insert(

@@ -19,6 +19,7 @@ fn instance(route: &str) -> InstanceRecord {
         withdrawn: false,
         last_term: OwnershipTerm::new(1),
         withdrawn_reason: None,
+        displaced: None,
     }
 }
 

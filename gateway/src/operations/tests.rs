@@ -37,6 +37,7 @@ pub(super) fn pool(members: &[&str], placed: &[(&str, &str)]) -> View {
                 withdrawn: false,
                 last_term: OwnershipTerm::new(0),
                 withdrawn_reason: None,
+                displaced: None,
             },
         );
         v.assignments.insert(

@@ -9,7 +9,7 @@ use sqlx::encode::IsNull;
 use sqlx::error::BoxDynError;
 use sqlx::{Decode, Encode, Type};
 
-use super::{Error, LoadedPolicy, OwnershipTerm, WithdrawnKind, WithdrawnReason};
+use super::{Displaced, Error, LoadedPolicy, OwnershipTerm, WithdrawnKind, WithdrawnReason};
 
 /// A text column holds a value its enum does not know.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -47,6 +47,24 @@ impl From<WithdrawnColumns> for Option<WithdrawnReason> {
                 owner: c.withdrawn_owner,
                 term: c.withdrawn_term,
             },
+        })
+    }
+}
+
+/// `instances.displaced_*`: all NULL, or all set.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct DisplacedColumns {
+    displaced_member: Option<String>,
+    displaced_process_id: Option<String>,
+    displaced_term: Option<OwnershipTerm>,
+}
+
+impl From<DisplacedColumns> for Option<Displaced> {
+    fn from(c: DisplacedColumns) -> Self {
+        Some(Displaced {
+            member: c.displaced_member?,
+            process_id: c.displaced_process_id?,
+            term: c.displaced_term?,
         })
     }
 }

@@ -77,6 +77,18 @@ async fn apply(
                 .execute(&mut **tx)
                 .await?;
         }
+        FencedWrite::Displace { route, displaced } => {
+            sqlx::query(
+                "UPDATE instances SET displaced_member = $2, displaced_process_id = $3, displaced_term = $4 \
+                 WHERE route = $1",
+            )
+            .bind(route)
+            .bind(displaced.as_ref().map(|d| d.member.as_str()))
+            .bind(displaced.as_ref().map(|d| d.process_id.as_str()))
+            .bind(displaced.as_ref().map(|d| d.term))
+            .execute(&mut **tx)
+            .await?;
+        }
         FencedWrite::StartTerm => {
             sqlx::query("UPDATE coordinator_terms SET started_at_ms = $2 WHERE term = $1 AND started_at_ms IS NULL")
                 .bind(coordinator_term)

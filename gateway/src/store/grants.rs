@@ -175,6 +175,14 @@ impl Store {
             .bind(AssignmentPhase::Active)
             .execute(&mut *tx)
             .await?;
+        // The sidecar took the term: whoever the reservation displaced no longer serves it.
+        sqlx::query(
+            "UPDATE instances SET displaced_member = NULL, displaced_process_id = NULL, displaced_term = NULL \
+             WHERE route = $1 AND displaced_member IS NOT NULL",
+        )
+        .bind(route)
+        .execute(&mut *tx)
+        .await?;
         if recorded.is_empty() && !workload.is_empty() {
             sqlx::query(
                 "UPDATE instances SET checkpoint_pid = $2, checkpoint_start_ticks = $3, checkpoint_exe_digest = $4 \

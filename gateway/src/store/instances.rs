@@ -357,7 +357,8 @@ impl Store {
         let filter = if route.is_some() { "WHERE route = $1" } else { "" };
         let sql = format!(
             "SELECT route, namespace, name, uid, generation, material, registered_at_ms, last_term, \
-             CASE WHEN withdrawn THEN 1 ELSE 0 END AS withdrawn, withdrawn_reason, withdrawn_owner, withdrawn_term \
+             CASE WHEN withdrawn THEN 1 ELSE 0 END AS withdrawn, withdrawn_reason, withdrawn_owner, withdrawn_term, \
+             displaced_member, displaced_process_id, displaced_term \
              FROM instances {filter} ORDER BY route"
         );
         let mut query = sqlx::query_as(&sql);

@@ -8,7 +8,7 @@ use std::str::FromStr;
 
 use proto::common::v1::InstancePhase;
 
-use super::columns::{Flag, PolicyColumns, UnknownText, WithdrawnColumns};
+use super::columns::{DisplacedColumns, Flag, PolicyColumns, UnknownText, WithdrawnColumns};
 use super::{CoordinatorTerm, OwnershipTerm};
 
 /// A coordinator lease as its holder knows it.
@@ -82,6 +82,11 @@ pub enum FencedWrite {
     },
     /// The coordinator's first write of its term: records when it started.
     StartTerm,
+    /// Record the owner a route's new reservation displaces (`None`: none).
+    Displace {
+        route: String,
+        displaced: Option<Displaced>,
+    },
     /// Forget what no decision needs any more, `retention_ms` (database time) after it
     /// retired: replaced workloads (`replaced_instances`), and withdrawn instances without an
     /// assignment with their grants and last report. A route forgotten and registered again
@@ -169,6 +174,20 @@ pub struct InstanceRecord {
     /// deregistration, a Pod gone, or a desired instance).
     #[sqlx(flatten, try_from = "WithdrawnColumns")]
     pub withdrawn_reason: Option<WithdrawnReason>,
+    /// The owner the route's current reservation displaced because the gateways lost it,
+    /// until an activation (see `gateway::returned`).
+    #[sqlx(flatten, try_from = "DisplacedColumns")]
+    pub displaced: Option<Displaced>,
+}
+
+/// An owner a recovery displaced because the gateways lost it (`instances.displaced_*`): it
+/// may have been cut off from them rather than gone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Displaced {
+    pub member: String,
+    pub process_id: String,
+    /// The term it held active.
+    pub term: OwnershipTerm,
 }
 
 /// Why an instance was withdrawn.

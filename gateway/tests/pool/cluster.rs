@@ -16,7 +16,8 @@ use proto::common::v1::{InstancePhase, InstanceRef, RouteDirectoryEntry};
 use proto::host::v1::member_message::Kind as MemberKind;
 use proto::host::v1::supervisor_host_client::SupervisorHostClient;
 use proto::host::v1::{
-    Ack, GatewayMessage, Heartbeat, Hello, InstanceStatus, MemberMessage, Snapshot, StatusReport, gateway_message,
+    Ack, AssignmentPhase, GatewayMessage, Heartbeat, Hello, InstanceStatus, MemberMessage, Snapshot, StatusReport,
+    gateway_message,
 };
 use proto::registry::v1::instance_registry_client::InstanceRegistryClient;
 use proto::registry::v1::{RegisterRequest, RegisterResponse};
@@ -451,10 +452,39 @@ pub async fn register_as(
         .map(tonic::Response::into_inner)
 }
 
+/// `member` (its process `process_id`) takes `default/agent-0`'s reserved `term` up as its
+/// sidecar would let it: the grant, the sidecar's receipt (under the test registration's
+/// receipt key), the activation.
+pub async fn take_up(endpoint: &str, token: &str, (member, process_id): (&str, &str), term: u64) {
+    use proto::recovery::v1::supervisor_recovery_client::SupervisorRecoveryClient;
+    use proto::recovery::v1::{ActivateRequest, IssueGrantRequest};
+    let mut recovery = SupervisorRecoveryClient::new(channel(endpoint).await);
+    let ask = IssueGrantRequest {
+        route: "default/agent-0".into(),
+        term,
+        member: member.into(),
+        process_id: process_id.into(),
+    };
+    let grant = recovery
+        .issue_grant(with_token(ask, token))
+        .await
+        .expect("a grant for the reserved term")
+        .into_inner();
+    let activate = ActivateRequest {
+        receipt: Some(receipt(&grant, term, 0, 4242)),
+        grant: grant.grant.clone(),
+    };
+    recovery
+        .activate(with_token(activate, token))
+        .await
+        .expect("the activation");
+}
+
 /// How a scripted member behaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Behaviour {
-    /// Acks every snapshot and reports every owned instance ACTIVE.
+    /// Acks every snapshot and reports every owned instance: STARTING at a reserved term (as
+    /// a member taking it over does until its activation is written), ACTIVE at an active one.
     Healthy,
     /// Acks but never reports (its recoveries never settle).
     Mute,
@@ -620,7 +650,11 @@ async fn drive(
                                 route: owned.route.clone(),
                                 instance: owned.instance.clone(),
                                 term: owned.term,
-                                phase: InstancePhase::Active as i32,
+                                phase: if owned.phase == AssignmentPhase::Active as i32 {
+                                    InstancePhase::Active as i32
+                                } else {
+                                    InstancePhase::Starting as i32
+                                },
                                 workload_pid: 4242,
                                 ..InstanceStatus::default()
                             }).collect(),

@@ -852,6 +852,14 @@ pub async fn the_pool_status_is_kept_by_the_coordinator_alone(db: &TestDb) {
     register(&first.endpoint(), &pod_token("agent-0"), "agent-0")
         .await
         .unwrap();
+    let placed = wait_assignments(&db.store, "agent-0 placed", |a| !a.is_empty()).await;
+    crate::cluster::take_up(
+        &first.endpoint(),
+        &member_token("supervisor-0"),
+        ("supervisor-0", "p1"),
+        placed[0].term.get(),
+    )
+    .await;
     let mut between = Vec::new();
     let ready = next_call(&mut calls, "a ready pool with one active instance", |c| {
         let status = pool_status(c);
@@ -1058,11 +1066,9 @@ pub async fn egress_denials_become_warning_events_on_the_pod(db: &TestDb) {
     use gateway::kubernetes::denials::REASON_EGRESS_DENIED;
     use gateway::store::AssignmentPhase;
     use proto::host::v1::supervisor_host_client::SupervisorHostClient;
-    use proto::recovery::v1::supervisor_recovery_client::SupervisorRecoveryClient;
-    use proto::recovery::v1::{ActivateRequest, IssueGrantRequest};
     use proto::runtime::v1::AuditRecord;
 
-    use crate::cluster::receipt;
+    use crate::cluster::take_up;
 
     let (coordinator, mut calls) = coordinator_with_default_namespace(db, &["agent-0"]).await;
     let listed = Shared::default();
@@ -1081,29 +1087,13 @@ pub async fn egress_denials_become_warning_events_on_the_pod(db: &TestDb) {
     .find(|a| a.route == "default/agent-0")
     .map(|a| a.term.get())
     .unwrap();
-    // The owner takes it up as its sidecar would let it: a grant, then the receipt.
-    let mut recovery = SupervisorRecoveryClient::new(channel(&coordinator.endpoint()).await);
-    let grant = recovery
-        .issue_grant(with_token(
-            IssueGrantRequest {
-                route: "default/agent-0".into(),
-                term,
-                member: "supervisor-0".into(),
-                process_id: "p1".into(),
-            },
-            &member_token("supervisor-0"),
-        ))
-        .await
-        .unwrap()
-        .into_inner();
-    let activate = ActivateRequest {
-        receipt: Some(receipt(&grant, term, 0, 4242)),
-        grant: grant.grant.clone(),
-    };
-    recovery
-        .activate(with_token(activate, &member_token("supervisor-0")))
-        .await
-        .unwrap();
+    take_up(
+        &coordinator.endpoint(),
+        &member_token("supervisor-0"),
+        ("supervisor-0", "p1"),
+        term,
+    )
+    .await;
     wait_assignments(&db.store, "agent-0 active", |a| {
         a.iter()
             .any(|a| a.route == "default/agent-0" && a.phase == AssignmentPhase::Active)

@@ -15,7 +15,7 @@ use proto::trust::{Claims, DEFAULT_ISSUER, Expectation, GrantClaims, Kind, Proof
 
 use crate::cluster::{
     Behaviour, Identity, Member, Pausable, Replica, Tokens, channel, identity, instance_ref, receipt, register,
-    register_as, start_pausable_replica, start_replica, start_replica_with, wait_assignments, with_token,
+    register_as, start_pausable_replica, start_replica, start_replica_with, take_up, wait_assignments, with_token,
 };
 use crate::support::{TestDb, wait_for, wait_until_db_time};
 
@@ -415,6 +415,74 @@ pub async fn a_member_silent_past_the_grace_is_gone_and_its_instances_move(db: &
     assert_eq!(hung.wait_ended().await.code(), Code::DeadlineExceeded);
     wait_assignments(&db.store, "everything on m-b", |a| {
         a.len() == 2 && a.iter().all(|a| a.member == "m-b")
+    })
+    .await;
+    pool.stop().await;
+}
+
+/// A member cut off from every replica is gone to the gateways, and its instance is reserved
+/// for another member, recording the owner it displaced; but the member still serves it (its
+/// sidecar only dials it). Attached again as the same process before that reservation was
+/// activated, it keeps the session (its snapshot's `keep_routes`) and gets the route back at a
+/// higher term: the heal moves nothing. Before, its snapshot dropped the route and it released
+/// the session, and the sidecar was handed to the other member. A restarted process of the
+/// member gets nothing back.
+pub async fn a_member_cut_off_from_every_replica_gets_its_instance_back_when_it_returns(db: &TestDb) {
+    let pool = Pool::start(db).await;
+    let mut cut = pool.member(0, "m-a", Behaviour::Healthy).await;
+    wait_members(db, 1).await;
+    pool.register("agent-0").await.unwrap();
+    let placed = wait_assignments(&db.store, "agent-0 on m-a", |a| a.len() == 1).await;
+    let held = placed[0].term;
+    take_up(
+        &pool.endpoint(0),
+        &pool.tokens.member("m-a"),
+        ("m-a", "m-a-p1"),
+        held.get(),
+    )
+    .await;
+    wait_assignments(&db.store, "agent-0 active", |a| a[0].phase == AssignmentPhase::Active).await;
+    let _b = pool.member(1, "m-b", Behaviour::Mute).await;
+    wait_members(db, 2).await;
+
+    cut.go_silent();
+    assert_eq!(cut.wait_ended().await.code(), Code::DeadlineExceeded);
+    let reserved = wait_assignments(&db.store, "agent-0 reserved for m-b", |a| a[0].member == "m-b").await;
+    assert_eq!(
+        reserved[0].phase,
+        AssignmentPhase::Reserved,
+        "m-b never sees the sidecar"
+    );
+    let displaced = db.store.instance("default/agent-0").await.unwrap().unwrap().displaced;
+    assert_eq!(
+        displaced.map(|d| (d.member, d.process_id, d.term)),
+        Some(("m-a".into(), "m-a-p1".into(), held))
+    );
+
+    let mut back = pool
+        .member_with(1, identity("m-a", "m-a-p1", 2, 256), Behaviour::Mute)
+        .await
+        .unwrap();
+    let snapshot = back
+        .wait_snapshot("agent-0 kept, or reserved for m-a again", |s| {
+            s.keep_routes.iter().any(|r| r == "default/agent-0")
+                || s.instances.iter().any(|i| i.route == "default/agent-0")
+        })
+        .await;
+    assert!(
+        snapshot.instances.iter().all(|i| i.term > reserved[0].term.get()),
+        "never an older term: {snapshot:?}"
+    );
+    let returned = wait_assignments(&db.store, "agent-0 reserved for m-a again", |a| a[0].member == "m-a").await;
+    assert_eq!(
+        (returned[0].process_id.as_str(), returned[0].phase),
+        ("m-a-p1", AssignmentPhase::Reserved)
+    );
+    assert!(returned[0].term > reserved[0].term, "above the reservation it replaces");
+    back.wait_snapshot("agent-0 reserved for m-a above m-b's term", |s| {
+        s.instances
+            .iter()
+            .any(|i| i.route == "default/agent-0" && i.term == returned[0].term.get())
     })
     .await;
     pool.stop().await;
