@@ -173,16 +173,20 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
     }
     // Routes reserved elsewhere while their owner was cut off from the gateways go back to it
     // once it attaches again, before the sidecar ever left it.
-    let returned = crate::returned::plan(view);
+    let returned: Vec<_> = crate::returned::plan(view)
+        .into_iter()
+        .filter(|r| !forgotten.iter().any(|f| f.route == r.route))
+        .collect();
     for r in &returned {
         info!(route = %r.route, member = %r.member, term = r.term.get(),
               "the owner the gateways lost is back and still serves the instance: reserving it anew for that owner");
+        // Fails if the reservation was activated meanwhile (the sidecar did leave the owner).
         batches.push(vec![
-            given_back(&r.route, &r.member, &r.process_id, r.term, Some(r.expected)),
-            FencedWrite::Displace {
+            FencedWrite::EndDisplacement {
                 route: r.route.clone(),
-                displaced: None,
+                for_term: r.expected,
             },
+            given_back(&r.route, &r.member, &r.process_id, r.term, Some(r.expected)),
         ]);
     }
     let decisions: Vec<Decision> = room::decisions(view)
@@ -281,24 +285,24 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
                     generation(&route),
                     placed_term,
                 );
-                // The owner the gateways lost may only be cut off from them and still serve the
-                // instance: recorded, so it gets the route back if it returns first
-                // (`returned`). One that gave its term up serves nothing; a reservation never
-                // activated displaced nobody new.
-                let displaced = if from.failed {
-                    None
-                } else if view
-                    .assignments
-                    .get(&route)
-                    .is_some_and(|a| a.phase == AssignmentPhase::Active)
-                {
-                    Some(Displaced {
+                // The active owner the gateways lost may only be cut off from them and still
+                // serve the instance: recorded, so it gets the route back if it returns first
+                // (`returned`). One that gave its term up serves nothing. A reservation never
+                // activated displaced nobody new: the owner it displaced waits on this one now.
+                let displaced = match view.assignments.get(&route) {
+                    Some(a) if a.phase == AssignmentPhase::Active => (!from.failed).then(|| Displaced {
                         member: from.member.clone(),
                         process_id: from.process_id.clone(),
                         term: from.term,
-                    })
-                } else {
-                    view.instances.get(&route).and_then(|i| i.displaced.clone())
+                        for_term: term,
+                    }),
+                    Some(a) => view
+                        .instances
+                        .get(&route)
+                        .and_then(|i| i.displaced.clone())
+                        .filter(|d| d.for_term == a.term)
+                        .map(|d| Displaced { for_term: term, ..d }),
+                    None => None,
                 };
                 recoveries.push([
                     FencedWrite::Assign {
@@ -625,8 +629,8 @@ mod tests {
         assert_eq!(
             displaced
                 .as_ref()
-                .map(|d| (d.member.as_str(), d.process_id.as_str(), d.term)),
-            Some(("gone", "gone-p", OwnershipTerm::new(3))),
+                .map(|d| (d.member.as_str(), d.process_id.as_str(), d.term, d.for_term)),
+            Some(("gone", "gone-p", OwnershipTerm::new(3), OwnershipTerm::new(4))),
             "the gateways lost it: it may only be cut off from them"
         );
         assert_eq!(*expected, OwnershipTerm::new(3));

@@ -4,11 +4,13 @@
 //! never come, since nothing is wrong with their owner. The instance records the owner each
 //! such reservation displaced ([`Displaced`](crate::store::Displaced)); an activation clears it.
 //!
-//! When the displaced process attaches again while the reservation is still not activated, it
-//! was cut off, not gone, and still serves the instance (had its sidecar left it, the sidecar
-//! would have taken the reservation and activated it). The route is reserved anew for it, above
+//! When the displaced process attaches again while that reservation is still not activated, it
+//! was most likely cut off, not gone, and still serves the instance (a sidecar that left it
+//! takes the reservation and activates it, which ends the displacement; the write that gives
+//! the route back fails if that happened meanwhile). The route is reserved anew for it, above
 //! every term — a move on the same member, through the fenced grant, receipt and activation —
 //! and it keeps the session meanwhile (`keep_routes` in its snapshot): the heal moves nothing.
+//! Should it no longer hold the session, the takeover waits for the sidecar like any other.
 //! Only that process can be given a route back this way, and only one the store says it held
 //! active: nothing a member sends can make a route its own.
 //!
@@ -59,25 +61,36 @@ pub fn kept<'a>(view: &'a View, member: &'a str, process_id: &'a str) -> impl It
 /// lost and that has not come back: that owner may well be serving it.
 pub fn unreachable_owner(view: &View, route: &str) -> Option<String> {
     let (d, term) = waiting(view, route)?;
-    (!view.is_live(&d.member, &d.process_id)).then(|| {
-        format!(
+    if view.is_live(&d.member, &d.process_id) {
+        return None;
+    }
+    let restarted = view.members.get(&d.member).filter(|m| m.process_id != d.process_id);
+    Some(match restarted {
+        Some(m) => format!(
+            "its owner {} restarted (process {}, was {}): reserved at term {term} until its sidecar comes",
+            d.member, m.process_id, d.process_id
+        ),
+        None => format!(
             "its owner {} (process {}, term {}) is unreachable from the gateways and may still be serving it: \
              reserved at term {term} until its sidecar comes, or back to that owner if it attaches again first",
             d.member, d.process_id, d.term
-        )
+        ),
     })
 }
 
 /// The owner `route`'s reservation displaced and the reservation's term, while it waits: the
-/// instance is desired, and its assignment is a reservation, not activated, of another process
-/// above the displaced owner's term.
+/// instance is desired, and its assignment is the very reservation that displaced the owner
+/// (not a later one of a drain, a rebalance or a new workload), still not activated.
 fn waiting<'a>(view: &'a View, route: &str) -> Option<(&'a Displaced, OwnershipTerm)> {
     let instance = view.instances.get(route).filter(|i| !i.withdrawn)?;
     let displaced = instance.displaced.as_ref()?;
     let assignment = view.assignments.get(route)?;
     let other = assignment.member != displaced.member || assignment.process_id != displaced.process_id;
-    (assignment.phase == AssignmentPhase::Reserved && other && assignment.term > displaced.term)
-        .then_some((displaced, assignment.term))
+    (assignment.phase == AssignmentPhase::Reserved
+        && assignment.term == displaced.for_term
+        && other
+        && !view.is_stale(assignment))
+    .then_some((displaced, assignment.term))
 }
 
 #[cfg(test)]
@@ -96,6 +109,7 @@ mod tests {
             member: "m1".into(),
             process_id: "m1-p".into(),
             term: Term::new(3),
+            for_term: Term::new(4),
         });
         v
     }
@@ -129,6 +143,12 @@ mod tests {
             "{said}"
         );
         assert_eq!(unreachable_owner(&v, "ns/b"), None);
+        v.members.get_mut("m1").unwrap().process_id = "m1-q".into();
+        let said = unreachable_owner(&v, "ns/a").unwrap();
+        assert!(
+            said.starts_with("its owner m1 restarted (process m1-q, was m1-p)"),
+            "{said}"
+        );
     }
 
     #[test]
@@ -160,5 +180,14 @@ mod tests {
         let mut v = displaced_from_m1();
         v.instances.get_mut("ns/a").unwrap().withdrawn = true;
         assert!(plan(&v).is_empty() && kept(&v, "m1", "m1-p").next().is_none());
+
+        // A later reservation (a drain's move, a new workload's placement) is not the one that
+        // displaced m1.
+        let mut v = displaced_from_m1();
+        v.assignments.get_mut("ns/a").unwrap().term = Term::new(5);
+        assert!(plan(&v).is_empty() && kept(&v, "m1", "m1-p").next().is_none());
+        let mut v = displaced_from_m1();
+        v.instances.get_mut("ns/a").unwrap().generation = 2;
+        assert!(plan(&v).is_empty(), "reserved for a workload the route no longer has");
     }
 }

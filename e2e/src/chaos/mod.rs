@@ -191,6 +191,12 @@ impl<'a> Driver<'a> {
                 .into_iter()
                 .filter(|k| self.settings.kinds.is_empty() || self.settings.kinds.contains(k))
                 .collect();
+            if kinds.is_empty() {
+                sampler.abort();
+                return Err(Error::Scenario(
+                    "none of the fault kinds asked for can run on this pool (the database ones need --postgres)".into(),
+                ));
+            }
             // With `every_kind_first`, trial i is of the i-th kind until each was run once.
             let fault = match kinds.get(index - 1) {
                 Some(fault) if self.settings.every_kind_first => *fault,

@@ -55,14 +55,15 @@ fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> Error + use<> {
 /// a connection's source port nor a listener bound to port 0 (a fault path) takes it before its
 /// process binds it.
 pub fn free_port() -> Result<u16, Error> {
-    use std::sync::atomic::{AtomicU16, Ordering};
-    const FIRST: u16 = 20_000;
-    const SPAN: u16 = 12_000;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const SPAN: u32 = 12_000;
     // Each process starts at its own place in the range, so runs side by side rarely meet.
-    static NEXT: AtomicU16 = AtomicU16::new(0);
-    let start = u16::try_from(std::process::id() % u32::from(SPAN)).unwrap_or(0);
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id() % SPAN;
     for _ in 0..SPAN {
-        let port = FIRST + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN;
+        let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed) % SPAN) % SPAN;
+        let port = u16::try_from(FIRST + offset).unwrap_or(u16::MAX);
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return Ok(port);
         }

@@ -459,8 +459,9 @@ async fn close_the_others(conn: &mut sqlx::AnyConnection) -> Result<(), sqlx::Er
 /// written) or synchronous again, for every connection: the others are closed, and the pools
 /// open new ones under the database's setting. Turning it on also stops the server's WAL
 /// writer (SIGSTOP), so what is acknowledged stays in the server's memory: its process id is
-/// returned, and killing it (`SIGKILL`, a crash of the server) loses every commit since. Nothing
-/// on SQLite (`None`).
+/// returned, and killing it (`SIGKILL`, a crash of the server) loses what was not written
+/// since (all of it, unless a backend had to write full WAL buffers). Nothing on SQLite
+/// (`None`).
 pub(crate) async fn commits_asynchronous(url: &str, on: bool) -> Result<Option<nix::unistd::Pid>, Error> {
     use sqlx::{Connection as _, Executor as _};
     if url.starts_with("sqlite") {

@@ -51,12 +51,13 @@ impl From<WithdrawnColumns> for Option<WithdrawnReason> {
     }
 }
 
-/// `instances.displaced_*`: all NULL, or all set.
+/// `instances.displaced_*`: all NULL, or all set (a partial row reads as none).
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct DisplacedColumns {
     displaced_member: Option<String>,
     displaced_process_id: Option<String>,
     displaced_term: Option<OwnershipTerm>,
+    displaced_for: Option<OwnershipTerm>,
 }
 
 impl From<DisplacedColumns> for Option<Displaced> {
@@ -65,6 +66,7 @@ impl From<DisplacedColumns> for Option<Displaced> {
             member: c.displaced_member?,
             process_id: c.displaced_process_id?,
             term: c.displaced_term?,
+            for_term: c.displaced_for?,
         })
     }
 }

@@ -79,15 +79,32 @@ async fn apply(
         }
         FencedWrite::Displace { route, displaced } => {
             sqlx::query(
-                "UPDATE instances SET displaced_member = $2, displaced_process_id = $3, displaced_term = $4 \
-                 WHERE route = $1",
+                "UPDATE instances SET displaced_member = $2, displaced_process_id = $3, displaced_term = $4, \
+                 displaced_for = $5 WHERE route = $1",
             )
             .bind(route)
             .bind(displaced.as_ref().map(|d| d.member.as_str()))
             .bind(displaced.as_ref().map(|d| d.process_id.as_str()))
             .bind(displaced.as_ref().map(|d| d.term))
+            .bind(displaced.as_ref().map(|d| d.for_term))
             .execute(&mut **tx)
             .await?;
+        }
+        FencedWrite::EndDisplacement { route, for_term } => {
+            let done = sqlx::query(
+                "UPDATE instances SET displaced_member = NULL, displaced_process_id = NULL, displaced_term = NULL, \
+                 displaced_for = NULL WHERE route = $1 AND displaced_for = $2",
+            )
+            .bind(route)
+            .bind(for_term)
+            .execute(&mut **tx)
+            .await?;
+            if done.rows_affected() == 0 {
+                return Err(Error::Conflict {
+                    subject: format!("displacement of {route}"),
+                    detail: format!("the reservation at term {for_term} displaces nobody any more (activated)"),
+                });
+            }
         }
         FencedWrite::StartTerm => {
             sqlx::query("UPDATE coordinator_terms SET started_at_ms = $2 WHERE term = $1 AND started_at_ms IS NULL")

@@ -177,8 +177,8 @@ impl Store {
             .await?;
         // The sidecar took the term: whoever the reservation displaced no longer serves it.
         sqlx::query(
-            "UPDATE instances SET displaced_member = NULL, displaced_process_id = NULL, displaced_term = NULL \
-             WHERE route = $1 AND displaced_member IS NOT NULL",
+            "UPDATE instances SET displaced_member = NULL, displaced_process_id = NULL, displaced_term = NULL, \
+             displaced_for = NULL WHERE route = $1 AND displaced_member IS NOT NULL",
         )
         .bind(route)
         .execute(&mut *tx)

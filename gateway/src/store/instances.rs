@@ -358,7 +358,7 @@ impl Store {
         let sql = format!(
             "SELECT route, namespace, name, uid, generation, material, registered_at_ms, last_term, \
              CASE WHEN withdrawn THEN 1 ELSE 0 END AS withdrawn, withdrawn_reason, withdrawn_owner, withdrawn_term, \
-             displaced_member, displaced_process_id, displaced_term \
+             displaced_member, displaced_process_id, displaced_term, displaced_for \
              FROM instances {filter} ORDER BY route"
         );
         let mut query = sqlx::query_as(&sql);

@@ -87,6 +87,13 @@ pub enum FencedWrite {
         route: String,
         displaced: Option<Displaced>,
     },
+    /// End the displacement recorded for the route's reservation at `for_term`, which must
+    /// still be recorded: an activation of that reservation ended it already, and the batch
+    /// fails (a compare-and-set, like `Assign`'s).
+    EndDisplacement {
+        route: String,
+        for_term: OwnershipTerm,
+    },
     /// Forget what no decision needs any more, `retention_ms` (database time) after it
     /// retired: replaced workloads (`replaced_instances`), and withdrawn instances without an
     /// assignment with their grants and last report. A route forgotten and registered again
@@ -188,6 +195,9 @@ pub struct Displaced {
     pub process_id: String,
     /// The term it held active.
     pub term: OwnershipTerm,
+    /// The term of the reservation that displaced it: any other reservation of the route
+    /// (a drain's, a new workload's) says nothing of it.
+    pub for_term: OwnershipTerm,
 }
 
 /// Why an instance was withdrawn.

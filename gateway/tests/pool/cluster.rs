@@ -503,6 +503,8 @@ pub struct Member {
     /// Set: the member sends nothing more (no heartbeats, acks or reports) and keeps the
     /// stream open, as a member behind a one-way network cut or a hung process.
     silent: Arc<std::sync::atomic::AtomicBool>,
+    /// Every snapshot received, in order (`snapshots` holds the latest only).
+    seen: Arc<std::sync::Mutex<Vec<Snapshot>>>,
 }
 
 #[derive(Debug, Clone)]
@@ -545,10 +547,11 @@ impl Member {
         let (end_tx, ended) = watch::channel(None);
         let cancel = CancellationToken::new();
         let silent = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
         tokio::spawn(drive(
             inbound,
             outbound.clone(),
-            snap_tx,
+            (snap_tx, seen.clone()),
             end_tx,
             behaviour,
             (cancel.clone(), silent.clone()),
@@ -560,7 +563,13 @@ impl Member {
             outbound,
             cancel,
             silent,
+            seen,
         })
+    }
+
+    /// Every snapshot received so far, in order.
+    pub fn seen(&self) -> Vec<Snapshot> {
+        self.seen.lock().expect("not poisoned").clone()
     }
 
     /// Send a raw message (for stale or regressing acks).
@@ -612,7 +621,7 @@ impl Member {
 async fn drive(
     mut inbound: tonic::Streaming<GatewayMessage>,
     outbound: mpsc::Sender<MemberMessage>,
-    snapshots: watch::Sender<Option<Snapshot>>,
+    (snapshots, seen): (watch::Sender<Option<Snapshot>>, Arc<std::sync::Mutex<Vec<Snapshot>>>),
     ended: watch::Sender<Option<tonic::Status>>,
     behaviour: Behaviour,
     (cancel, silent): (CancellationToken, Arc<std::sync::atomic::AtomicBool>),
@@ -662,6 +671,7 @@ async fn drive(
                         };
                         let _ = outbound.send(MemberMessage { kind: Some(MemberKind::StatusReport(report)) }).await;
                     }
+                    seen.lock().expect("not poisoned").push(snapshot.clone());
                     snapshots.send_replace(Some(snapshot));
                 }
                 Some(Ok(_)) => {}

@@ -425,8 +425,7 @@ pub async fn a_member_silent_past_the_grace_is_gone_and_its_instances_move(db: &
 /// sidecar only dials it). Attached again as the same process before that reservation was
 /// activated, it keeps the session (its snapshot's `keep_routes`) and gets the route back at a
 /// higher term: the heal moves nothing. Before, its snapshot dropped the route and it released
-/// the session, and the sidecar was handed to the other member. A restarted process of the
-/// member gets nothing back.
+/// the session, and the sidecar was handed to the other member.
 pub async fn a_member_cut_off_from_every_replica_gets_its_instance_back_when_it_returns(db: &TestDb) {
     let pool = Pool::start(db).await;
     let mut cut = pool.member(0, "m-a", Behaviour::Healthy).await;
@@ -455,8 +454,8 @@ pub async fn a_member_cut_off_from_every_replica_gets_its_instance_back_when_it_
     );
     let displaced = db.store.instance("default/agent-0").await.unwrap().unwrap().displaced;
     assert_eq!(
-        displaced.map(|d| (d.member, d.process_id, d.term)),
-        Some(("m-a".into(), "m-a-p1".into(), held))
+        displaced.map(|d| (d.member, d.process_id, d.term, d.for_term)),
+        Some(("m-a".into(), "m-a-p1".into(), held, reserved[0].term))
     );
 
     let mut back = pool
@@ -485,6 +484,19 @@ pub async fn a_member_cut_off_from_every_replica_gets_its_instance_back_when_it_
             .any(|i| i.route == "default/agent-0" && i.term == returned[0].term.get())
     })
     .await;
+    // Not one snapshot of the returned process left the route out (which would release it).
+    for seen in back.seen() {
+        assert!(
+            seen.keep_routes.iter().any(|r| r == "default/agent-0")
+                || seen.instances.iter().any(|i| i.route == "default/agent-0"),
+            "a snapshot that releases agent-0: {seen:?}"
+        );
+    }
+    assert_eq!(
+        db.store.instance("default/agent-0").await.unwrap().unwrap().displaced,
+        None,
+        "given back: the displacement ended"
+    );
     pool.stop().await;
 }
 
