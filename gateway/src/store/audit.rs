@@ -86,7 +86,7 @@ impl Store {
         term: OwnershipTerm,
         records: Vec<AuditEntry>,
     ) -> Result<Recorded> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin_with(self.backend.begin_sql()).await?;
         let owner: Option<(String, OwnershipTerm, String, String, String, String)> = sqlx::query_as(
             "SELECT a.member, a.term, a.phase, i.uid, i.namespace, i.name FROM assignments a \
              JOIN instances i ON i.route = a.route WHERE a.route = $1",
