@@ -244,5 +244,9 @@ pub async fn claims_of_where_an_instance_stands_are_bounded(db: &TestDb) {
     let stored = db.store.instance("default/agent-0").await.unwrap().expect("registered");
     // The fence is the route's last term; a placement may already have reserved above it.
     assert_eq!(stored.generation, 2);
-    assert!(stored.last_term.get() >= 3, "last term {} below the fence", stored.last_term);
+    assert!(
+        stored.last_term.get() >= 3,
+        "last term {} below the fence",
+        stored.last_term
+    );
 }
