@@ -5,7 +5,7 @@ mod support;
 
 use std::collections::BTreeSet;
 
-use proto::common::v1::InstancePhase::{Active, Relinquished, Starting, Stopped};
+use proto::common::v1::InstancePhase::{Active, Failed, Relinquished, Starting, Stopped};
 use proto::host::v1::AssignmentPhase::{Active as Owned, Reserved};
 use proto::host::v1::Snapshot;
 use proto::host::v1::member_message::Kind;
@@ -126,6 +126,35 @@ async fn stop_routes_stop_omission_releases_and_keep_routes_keep() {
         !seen.contains(&entry("omit-me", 1, Stopped)),
         "omission must never stop: {seen:?}"
     );
+}
+
+/// A store that rolled back lists a term this process released again: no sidecar takes it
+/// any more, so the member reports it FAILED at once (the coordinator then reserves a higher
+/// term) instead of waiting for a sidecar that never comes; a higher term is taken up.
+#[tokio::test]
+async fn a_released_term_listed_again_is_reported_failed_and_a_higher_one_is_taken_up() {
+    let mut gateway = FakeGateway::start().await;
+    let _member = Member::start("supervisor-0", &[&gateway.endpoint], "t");
+    let mut connection = gateway.next_connection().await;
+    connection.send(snapshot(1, vec![owned("a", 3, Owned)])).await;
+    connection
+        .report_where(|r| entries(r).contains(&entry("a", 3, Active)))
+        .await;
+    connection.send(snapshot(2, vec![])).await;
+    connection
+        .report_where(|r| entries(r).contains(&entry("a", 3, Relinquished)))
+        .await;
+
+    connection.send(snapshot(3, vec![owned("a", 3, Owned)])).await;
+    let report = connection.report_where(|r| entries(r).iter().any(|e| e.0 == "a")).await;
+    assert_eq!(entries(&report), vec![entry("a", 3, Failed)]);
+    let status = report.instances.iter().find(|s| s.route == "a").unwrap();
+    assert!(status.message.contains("released term 3"), "{}", status.message);
+
+    connection.send(snapshot(4, vec![owned("a", 4, Reserved)])).await;
+    connection
+        .report_where(|r| entries(r).contains(&entry("a", 4, Starting)))
+        .await;
 }
 
 #[tokio::test]

@@ -5,6 +5,7 @@
 
 pub mod material;
 pub mod plan;
+pub mod released;
 pub mod session;
 
 use std::collections::BTreeMap;
@@ -27,6 +28,8 @@ pub(crate) struct SessionSet {
     live: BTreeMap<String, SessionHandle>,
     /// Sessions told to stop or relinquish, kept until a report has shown their final phase.
     ending: Vec<(String, SessionHandle)>,
+    /// The terms this process released: a session of one of them fails at once.
+    released: released::Released,
     changed: Arc<Notify>,
     /// What the reports of the current stream said last, per route: a partial report carries
     /// only what differs from it.
@@ -43,6 +46,7 @@ impl SessionSet {
             capacity: usize::try_from(capacity).unwrap_or(usize::MAX),
             live: BTreeMap::new(),
             ending: Vec::new(),
+            released: released::Released::default(),
             changed: Arc::new(Notify::new()),
             reported: BTreeMap::new(),
             table,
@@ -106,8 +110,14 @@ impl SessionSet {
                     tracing::warn!(%route, capacity = self.capacity, "snapshot exceeds capacity; not hosting");
                     return;
                 }
-                let session =
-                    SessionHandle::spawn(Arc::clone(&self.shared), &route, instance, assignment, self.changed());
+                let released = self.released.term(&route, &instance);
+                let session = SessionHandle::spawn(
+                    Arc::clone(&self.shared),
+                    &route,
+                    (instance, released),
+                    assignment,
+                    self.changed(),
+                );
                 self.live.insert(route, session);
             }
         }
@@ -115,6 +125,10 @@ impl SessionSet {
 
     fn end(&mut self, route: String, event: SessionEvent) {
         if let Some(mut session) = self.live.remove(&route) {
+            if matches!(event, SessionEvent::Relinquish) {
+                let held = session.held();
+                self.released.record(&route, &held.instance, held.term);
+            }
             session.send(event);
             self.ending.push((route, session));
         }

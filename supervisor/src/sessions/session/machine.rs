@@ -30,6 +30,9 @@ pub(crate) struct Setup {
     pub me: Me,
     /// The egress policy revision installed in the sidecar at every attach and activation.
     pub policy: Option<std::sync::Arc<proto::runtime::v1::EgressPolicy>>,
+    /// The highest term of this instance this member process released (0: none): never
+    /// taken up again (`sessions::released`).
+    pub released: u64,
 }
 
 /// A stop in progress.

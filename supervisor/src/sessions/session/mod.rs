@@ -105,12 +105,13 @@ pub(crate) struct SessionHandle {
 }
 
 impl SessionHandle {
-    /// Starts the session task for `instance` at `assignment`; its status is published before
-    /// this returns.
+    /// Starts the session task for `instance` at `assignment` (`released`: the highest term of
+    /// the instance this process released, 0 if none); its status is published before this
+    /// returns.
     pub(crate) fn spawn(
         shared: Arc<Shared>,
         route: &str,
-        instance: InstanceRef,
+        (instance, released): (InstanceRef, u64),
         assignment: Assignment,
         changed: Arc<Notify>,
     ) -> Self {
@@ -133,6 +134,7 @@ impl SessionHandle {
             instance,
             me: shared.me.clone(),
             policy: shared.policy.borrow().clone(),
+            released,
         };
         let (status_tx, status) = watch::channel(InstanceStatus::default());
         let machine = Machine::new(setup, assignment, driver::now(&shared.table));

@@ -74,16 +74,31 @@ impl Machine {
     }
 
     fn next_step(&self) -> Step {
+        if matches!(self.stage, Stage::Failed(_) | Stage::Activating) {
+            return Step::Wait;
+        }
+        // A term this process released, listed again (the store rolled back): the sidecar
+        // takes only a higher term now, which the coordinator reserves once this is reported.
+        if self.term <= self.setup.released {
+            return Step::Fail(format!(
+                "this member process released term {} of the instance; only a higher term can take it up",
+                self.term
+            ));
+        }
         let Some(sidecar) = &self.sidecar else {
             return Step::Wait;
         };
         let fence = sidecar.opening.fence_term;
+        // Its owner relinquished this very term: the sidecar never takes it again.
+        if fence == self.term && sidecar.opening.relinquished && !sidecar.attached {
+            return Step::Fail(format!(
+                "the sidecar's owner relinquished term {fence}; only a higher term can take the instance up"
+            ));
+        }
         match &self.stage {
             Stage::Failed(_) | Stage::Activating => Step::Wait,
             Stage::Active { .. } if fence == self.term => {
-                // A relinquished term is never re-attached: only a higher term ends that
-                // recovery.
-                if sidecar.attached || sidecar.opening.relinquished {
+                if sidecar.attached {
                     Step::Wait
                 } else {
                     Step::Attach

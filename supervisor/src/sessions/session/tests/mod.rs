@@ -74,6 +74,7 @@ impl Harness {
                 process_id: "p-0".into(),
             },
             policy,
+            released: 0,
         };
         let now = Now {
             at: Instant::now(),

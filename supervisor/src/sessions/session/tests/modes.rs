@@ -111,9 +111,12 @@ fn a_recovery_hello_on_the_relaying_stream_is_decided_again() {
     let mut h = Harness::attached(3);
     // The sidecar froze on this stream and relinquished nothing: it is attached again.
     assert_eq!(io(&h.message(1, hello(3, false))), ["send 1 Attached"]);
-    // Relinquished at the term: never re-attached, RECOVERING until a higher term.
+    // Relinquished at the term: never re-attached; FAILED, so that the coordinator reserves a
+    // higher term (a store that rolled back lists a relinquished term again).
     assert!(io(&h.message(1, hello(3, true))).is_empty());
-    assert_eq!(h.phase().0, InstancePhase::Recovering);
+    let (phase, message) = h.phase();
+    assert_eq!(phase, InstancePhase::Failed);
+    assert!(message.contains("relinquished term 3"), "{message}");
 }
 
 #[test]

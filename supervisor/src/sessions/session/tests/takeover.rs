@@ -193,6 +193,29 @@ fn a_sidecar_already_at_the_reserved_term_is_left_alone() {
 }
 
 #[test]
+fn a_term_this_process_released_is_failed_at_once_and_a_higher_one_is_taken_up() {
+    // The store rolled back to a term this process relinquished: no sidecar will take it.
+    let mut h = Harness::new(assignment(3, TermPhase::Active, material()));
+    h.m.setup.released = 3;
+    h.on(Event::Tick);
+    let (phase, message) = h.phase();
+    assert_eq!(phase, InstancePhase::Failed);
+    assert!(message.contains("released term 3"), "{message}");
+    assert!(io(&h.connect(1, 3, true)).is_empty(), "nothing is attached");
+    // The coordinator reserves above it: taken up as any reserved term.
+    let effects = h.member(SessionEvent::Ownership(assignment(4, TermPhase::Reserved, material())));
+    assert_eq!(io(&effects), ["issue grant 4"]);
+    assert_eq!(h.phase().0, InstancePhase::Starting);
+}
+
+#[test]
+fn a_sidecar_relinquished_at_the_reserved_term_fails_it() {
+    let mut h = Harness::reserved(3);
+    assert!(io(&h.connect(1, 3, true)).is_empty());
+    assert_eq!(h.phase().0, InstancePhase::Failed);
+}
+
+#[test]
 fn a_reconnect_mid_takeover_gets_the_same_grant_and_the_proof_held_without_new_calls() {
     let mut h = Harness::taken_over(3);
     // The sidecar lost the stream before it saw the confirm and comes back below the term.
@@ -218,6 +241,11 @@ fn an_active_term_attaches_a_sidecar_at_it_and_fails_one_below_without_a_proof()
         io(&h.connect(1, 3, true)),
         Vec::<String>::new(),
         "a relinquished term is never re-attached"
+    );
+    assert_eq!(
+        h.phase().0,
+        InstancePhase::Failed,
+        "and it is given up for a higher one"
     );
     let mut h = Harness::new(assignment(3, TermPhase::Active, material()));
     h.connect(1, 2, false);
