@@ -78,6 +78,26 @@ pub fn reported_above(view: &View, report: &Report) -> bool {
     lost(view, report) == Some(Lost::Reservation)
 }
 
+/// The sessions a member says it hosts, by route: the term and the workload (Pod UID and
+/// generation) of each one not ended.
+pub type Holding = std::collections::BTreeMap<String, (u64, proto::common::v1::InstanceRef)>;
+
+/// Of what a member says it hosts (its latest complete report on its stream, stored or not),
+/// the routes at a term the store does not know: above the route's assignment (or with none),
+/// for the workload registered under the route. A store that rolled back forgot them; the
+/// member keeps them (`keep_routes`) rather than release a session on the word of a store that
+/// lost it — the first snapshot of a stream comes after that report. A route the store moved
+/// to a higher term, a withdrawn instance or an older workload is not kept: the member lets go.
+pub fn held_above<'a>(view: &'a View, holding: &'a Holding) -> impl Iterator<Item = &'a String> {
+    holding.iter().filter_map(move |(route, (term, instance))| {
+        let registered = view.instances.get(route).filter(|i| !i.withdrawn)?;
+        let same_workload = registered.uid == instance.uid
+            && u64::try_from(registered.generation).is_ok_and(|g| g == instance.generation);
+        let unknown = view.assignments.get(route).is_none_or(|a| *term > a.term.get());
+        (same_workload && unknown).then_some(route)
+    })
+}
+
 /// What the store lost of `report`'s route, if anything: only a desired instance's, reported
 /// active by a live member process. A report of a term the store knew (such as an earlier
 /// generation's owner's, whose last report outlived its withdrawal) is not a lost reservation.

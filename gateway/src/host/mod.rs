@@ -316,13 +316,22 @@ impl Session {
         // A Pod's egress policy changed: the snapshot is built again from the same view.
         let mut policies = replica.policies.as_ref().map(kubernetes::Shared::egress_changes);
         let mut cut_off = replica.cut_off.clone();
+        // Past it the first snapshot is built without the member's report.
+        let mut first_report_by = Box::pin(tokio::time::sleep_until((self.admitted_at + FIRST_REPORT_WAIT).into()));
+        let mut first_report_waited = false;
 
         let end = loop {
             tokio::select! {
                 message = inbound.message() => match message {
                     Ok(Some(message)) => {
                         silence.as_mut().reset(Instant::now() + timing::SILENCE_TIMEOUT);
-                        if !self.handle(message, &mut protocol).await {
+                        let first_report = protocol.holding().is_none();
+                        let handled = self.handle(message, &mut protocol).await;
+                        if first_report && protocol.holding().is_some() {
+                            // The snapshot waited for it (below): build it now.
+                            view.mark_changed();
+                        }
+                        if !handled {
                             // The member broke the protocol or stopped reading (its connection
                             // is gone): not a handover — no newer stream of it exists, or the
                             // removal below (bound to this stream's process and epoch) is a no-op.
@@ -367,11 +376,23 @@ impl Session {
                         // read (at most a refresh away) is fresh.
                         continue;
                     }
+                    if protocol.holding().is_none() && self.admitted_at.elapsed() < FIRST_REPORT_WAIT {
+                        // What the member hosts comes first (it reports at once): a store that
+                        // rolled back may have forgotten terms it serves, which it must keep.
+                        continue;
+                    }
                     if current.snapshot_revision != 0 && built == Some(current.snapshot_revision) {
                         continue;
                     }
                     built = Some(current.snapshot_revision);
                     let mut body = current.snapshot_for(&self.identity.member, &self.identity.process_id, replica.recovery_deadline_ms);
+                    if let Some(holding) = protocol.holding() {
+                        let kept = crate::forgotten::held_above(&current, holding)
+                            .filter(|route| !body.keep_routes.contains(route))
+                            .cloned()
+                            .collect::<Vec<_>>();
+                        body.keep_routes.extend(kept);
+                    }
                     if let Some(shared) = &replica.policies {
                         with_policies(&mut body, shared);
                     }
@@ -381,6 +402,12 @@ impl Session {
                         if !self.send(gateway_message::Kind::Snapshot(snapshot)).await {
                             break End::Silent;
                         }
+                    }
+                }
+                () = first_report_by.as_mut(), if !first_report_waited => {
+                    first_report_waited = true;
+                    if protocol.holding().is_none() {
+                        view.mark_changed();
                     }
                 }
                 Ok(()) = async {
@@ -535,6 +562,7 @@ impl Session {
             },
             Some(MemberKind::StatusReport(report)) => match protocol.attribute(&report, encoded_len) {
                 Ok(statuses) => {
+                    protocol.hold(&report);
                     // Only what changed goes to the writer; the stream never waits for it.
                     let changes = protocol.changes(statuses);
                     let urgent = changes.iter().any(|c| c.urgent);
@@ -612,6 +640,10 @@ impl Session {
 
 /// Why a replica cut off from the store closes and refuses member streams
 /// ([`timing::STORE_CUT_OFF`]).
+/// How long the first snapshot of a stream waits for the member's first complete report (sent
+/// right after its hello) before it is built without it.
+const FIRST_REPORT_WAIT: std::time::Duration = timing::HEARTBEAT_INTERVAL;
+
 const CUT_OFF: &str = "this gateway replica cannot reach the pool's store; attach through another replica";
 
 /// What a membership refresh found.

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use proto::common::v1::RouteDirectoryEntry;
 use proto::host::v1::{Snapshot, StatusReport};
 
+use crate::forgotten::Holding;
 use crate::pool::Directory;
 use crate::store::{LoadedPolicy, ReportPhase};
 
@@ -67,6 +68,9 @@ pub struct HostProtocol {
     deltas: bool,
     /// What this stream last handed to the report writer, per route it still installs.
     written: BTreeMap<String, Attributed>,
+    /// What the member's latest complete report on this stream says it hosts (`None` before
+    /// the first one) — installed here or not.
+    holding: Option<Holding>,
 }
 
 /// A status to write, and whether it must be written at once: a new term, phase or workload
@@ -155,6 +159,27 @@ impl HostProtocol {
 
     pub fn acked(&self) -> u64 {
         self.acked
+    }
+
+    /// Takes what a complete report says the member hosts (a partial one says nothing of it).
+    pub fn hold(&mut self, report: &StatusReport) {
+        if report.partial {
+            return;
+        }
+        let hosted = report.instances.iter().filter(|s| {
+            use proto::common::v1::InstancePhase as P;
+            matches!(P::from_wire(s.phase), P::Starting | P::Active | P::Recovering)
+        });
+        let holding = hosted
+            .filter_map(|s| Some((s.route.clone(), (s.term, s.instance.clone()?))))
+            .collect();
+        self.holding = Some(holding);
+    }
+
+    /// What the member's latest complete report on this stream says it hosts (`None` before
+    /// the first one).
+    pub fn holding(&self) -> Option<&Holding> {
+        self.holding.as_ref()
     }
 
     /// The statuses of `report` that can be attributed to a term — plus, for a complete

@@ -518,11 +518,25 @@ pub struct Identity {
 }
 
 impl Member {
+    /// A healthy member reports what it hosts (nothing) right after its hello, as a real one
+    /// does; a mute one says nothing.
     pub async fn attach(
         endpoint: &str,
         token: &str,
         hello: Identity,
         behaviour: Behaviour,
+    ) -> Result<Self, tonic::Status> {
+        let hosting = (behaviour == Behaviour::Healthy).then(Vec::new);
+        Self::attach_hosting(endpoint, token, hello, behaviour, hosting).await
+    }
+
+    /// Attaches and, right after the hello, reports `hosting` (when given) as all it hosts.
+    pub async fn attach_hosting(
+        endpoint: &str,
+        token: &str,
+        hello: Identity,
+        behaviour: Behaviour,
+        hosting: Option<Vec<InstanceStatus>>,
     ) -> Result<Self, tonic::Status> {
         let (outbound, rx) = mpsc::channel(64);
         let first = MemberMessage {
@@ -538,6 +552,15 @@ impl Member {
             })),
         };
         outbound.send(first).await.expect("queue hello");
+        if let Some(instances) = hosting {
+            let report = StatusReport {
+                applied_revision: 0,
+                instances,
+                partial: false,
+            };
+            let kind = Some(MemberKind::StatusReport(report));
+            outbound.send(MemberMessage { kind }).await.expect("queue report");
+        }
         let mut client = SupervisorHostClient::new(channel(endpoint).await);
         let inbound = client
             .attach(with_token(ReceiverStream::new(rx), token))

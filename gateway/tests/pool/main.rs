@@ -26,6 +26,7 @@ on_both_backends!(scenarios;
     a_member_silent_to_its_replica_keeps_its_instances_by_attaching_elsewhere,
     a_member_silent_past_the_grace_is_gone_and_its_instances_move,
     a_member_cut_off_from_every_replica_gets_its_instance_back_when_it_returns,
+    a_term_the_store_forgot_is_kept_from_the_first_snapshot_of_a_stream,
     newer_epochs_supersede_and_another_process_waits_for_the_live_one_to_end,
     a_stranger_with_a_members_token_cannot_end_its_live_stream,
     a_member_naming_another_members_process_gets_no_grant,

@@ -2,8 +2,9 @@
 use std::collections::BTreeMap;
 
 use gateway::store::{AssignmentPhase, OperationKind, OperationPhase, OwnershipTerm, ReportPhase};
+use proto::common::v1::InstancePhase;
 use proto::host::v1::member_message::Kind as MemberKind;
-use proto::host::v1::{Ack, StatusReport};
+use proto::host::v1::{Ack, InstanceStatus, StatusReport};
 use tonic::Code;
 
 use proto::host::v1::AssignmentPhase as WirePhase;
@@ -497,6 +498,85 @@ pub async fn a_member_cut_off_from_every_replica_gets_its_instance_back_when_it_
         None,
         "given back: the displacement ended"
     );
+    pool.stop().await;
+}
+
+/// A store that rolled back (lost commits, an older backup) forgot a term a member serves:
+/// the member's first snapshot on a new stream keeps the route instead of leaving it out —
+/// which would have it relinquish a session nothing else can take up — because the gateway
+/// builds it only after the member said what it hosts.
+pub async fn a_term_the_store_forgot_is_kept_from_the_first_snapshot_of_a_stream(db: &TestDb) {
+    let pool = Pool::start(db).await;
+    let _a = pool.member(0, "m-a", Behaviour::Healthy).await;
+    wait_members(db, 1).await;
+    pool.register("agent-0").await.unwrap();
+    let placed = wait_assignments(&db.store, "agent-0 on m-a", |a| a.len() == 1).await;
+    let forgotten = placed[0].term.get() + 1;
+    let instance = db.store.instance("default/agent-0").await.unwrap().unwrap();
+    let serving = InstanceStatus {
+        route: "default/agent-0".into(),
+        instance: Some(gateway::pool::instance_ref(&instance)),
+        term: forgotten,
+        phase: InstancePhase::Active as i32,
+        ..InstanceStatus::default()
+    };
+    let mut b = Member::attach_hosting(
+        &pool.endpoint(0),
+        &pool.tokens.member("m-b"),
+        identity("m-b", "m-b-p1", 1, 256),
+        Behaviour::Mute,
+        Some(vec![serving.clone()]),
+    )
+    .await
+    .unwrap();
+    let first = b.wait_snapshot("a first snapshot", |_| true).await;
+    assert_eq!(first.revision, 1);
+    assert_eq!(first.keep_routes, ["default/agent-0"], "{first:?}");
+    // A member whose report comes a moment after its hello (a slow link): the first snapshot
+    // still waits for it.
+    let mut e = Member::attach_hosting(
+        &pool.endpoint(0),
+        &pool.tokens.member("m-e"),
+        identity("m-e", "m-e-p1", 1, 256),
+        Behaviour::Mute,
+        None,
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await; // the link's delay
+    let report = StatusReport {
+        applied_revision: 0,
+        instances: vec![serving.clone()],
+        partial: false,
+    };
+    e.send(MemberKind::StatusReport(report)).await;
+    let first = e.wait_snapshot("a first snapshot", |_| true).await;
+    assert_eq!(first.keep_routes, ["default/agent-0"], "{first:?}");
+    // Another workload under the route, or a term the store knows, is not kept.
+    let stale = InstanceStatus {
+        instance: Some(proto::common::v1::InstanceRef {
+            uid: "another".into(),
+            ..gateway::pool::instance_ref(&instance)
+        }),
+        ..serving.clone()
+    };
+    let below = InstanceStatus {
+        term: placed[0].term.get(),
+        ..serving
+    };
+    for (name, hosting) in [("m-c", stale), ("m-d", below)] {
+        let mut m = Member::attach_hosting(
+            &pool.endpoint(0),
+            &pool.tokens.member(name),
+            identity(name, &format!("{name}-p1"), 1, 256),
+            Behaviour::Mute,
+            Some(vec![hosting]),
+        )
+        .await
+        .unwrap();
+        let first = m.wait_snapshot("a first snapshot", |_| true).await;
+        assert!(first.keep_routes.is_empty(), "{name}: {first:?}");
+    }
     pool.stop().await;
 }
 

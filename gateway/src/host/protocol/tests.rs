@@ -319,3 +319,41 @@ fn oversized_reports_are_dropped_and_messages_truncated() {
     );
     assert_eq!(plumbing::text::prefix("héllo", 2), "h");
 }
+
+#[test]
+fn what_a_member_hosts_is_taken_from_its_latest_complete_report_installed_or_not() {
+    let with_instances = |mut r: StatusReport| {
+        for s in &mut r.instances {
+            s.instance = Some(proto::common::v1::InstanceRef {
+                uid: format!("uid-{}", s.route),
+                ..Default::default()
+            });
+        }
+        r
+    };
+    let mut p = HostProtocol::default();
+    assert!(p.holding().is_none(), "nothing before the first complete report");
+    p.hold(&with_instances(partial(0, &[("a", 2, InstancePhase::Active)])));
+    assert!(p.holding().is_none(), "a partial report says nothing of what is hosted");
+    p.hold(&with_instances(report(
+        0,
+        &[
+            ("a", 2, InstancePhase::Active),
+            ("b", 3, InstancePhase::Recovering),
+            ("c", 1, InstancePhase::Relinquished),
+            ("d", 1, InstancePhase::Failed),
+        ],
+    )));
+    let hosted: Vec<(&str, u64)> = p
+        .holding()
+        .unwrap()
+        .iter()
+        .map(|(r, (t, _))| (r.as_str(), *t))
+        .collect();
+    assert_eq!(hosted, [("a", 2), ("b", 3)], "ended sessions are not hosted");
+    p.hold(&report(0, &[("a", 2, InstancePhase::Active)]));
+    assert!(
+        p.holding().unwrap().is_empty(),
+        "a status without its workload says nothing"
+    );
+}
