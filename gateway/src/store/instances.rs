@@ -283,13 +283,16 @@ impl Store {
         Ok(query.execute(&self.pool).await?.rows_affected() > 0)
     }
 
-    /// Record an owner's report unless a report of a higher term is already there.
+    /// Record an owner's report (see [`Store::record_reports`]).
     pub async fn record_report(&self, r: &Report) -> Result<()> {
         self.record_reports(std::slice::from_ref(r)).await
     }
 
     /// Record owners' reports in one transaction (a batch from the report writer), each
-    /// unless a report of a higher term of its route is already there.
+    /// unless a report of a higher term of its route is already there — except the report of
+    /// the route's current owner at its assigned term, which always counts: after the store
+    /// rolled back, a report of a term it forgot (a reservation elsewhere that failed) must not
+    /// hide that the owner it points at gave the term up.
     pub async fn record_reports(&self, reports: &[Report]) -> Result<()> {
         if reports.is_empty() {
             return Ok(());
@@ -309,7 +312,9 @@ impl Store {
                workload_pid = excluded.workload_pid, reported_by = excluded.reported_by, progress = excluded.progress, \
                policy_name = excluded.policy_name, policy_revision = excluded.policy_revision, \
                policy_error = excluded.policy_error, updated_at_ms = excluded.updated_at_ms \
-             WHERE instance_reports.term <= excluded.term",
+             WHERE instance_reports.term <= excluded.term \
+               OR EXISTS (SELECT 1 FROM assignments a WHERE a.route = excluded.route AND a.term = excluded.term \
+                          AND a.member = excluded.member AND a.process_id = excluded.process_id)",
             self.backend.clock_expr()
         );
         let mut tx = self.pool.begin_with(self.backend.begin_sql()).await?;

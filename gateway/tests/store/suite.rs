@@ -1657,6 +1657,30 @@ pub async fn reports_never_regress_in_term(db: &TestDb) {
     );
     db.store.record_report(&report(4, ReportPhase::Starting)).await.unwrap();
     assert_eq!(db.store.list_reports().await.unwrap()[0].policy, None);
+
+    // The store rolled back to term 2 on m2 (term 4's reservation lost): the report of term 4
+    // stays above, but the current owner's report of its term counts — it says the term is
+    // given up, which the coordinator must see.
+    let lease = acquire(&db.store, "gw-a/1", LONG).await;
+    let rolled_back = assignment("team-a/agent-0", "m2", 2);
+    let assign = FencedWrite::Assign {
+        expected_term: None,
+        next: rolled_back.clone(),
+    };
+    db.store.write_fenced(&lease, &[assign]).await.unwrap();
+    let not_owner = Report {
+        process_id: "another-process".into(),
+        ..report(2, ReportPhase::Failed)
+    };
+    db.store.record_report(&not_owner).await.unwrap();
+    assert_eq!(db.store.list_reports().await.unwrap()[0].term, OwnershipTerm::new(4));
+    let owner = Report {
+        process_id: rolled_back.process_id.clone(),
+        ..report(2, ReportPhase::Failed)
+    };
+    db.store.record_report(&owner).await.unwrap();
+    let reports = db.store.list_reports().await.unwrap();
+    assert_eq!((reports[0].term.get(), reports[0].phase), (2, ReportPhase::Failed));
 }
 
 pub async fn migrations_are_idempotent_across_replicas(db: &TestDb) {
