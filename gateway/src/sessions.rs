@@ -43,7 +43,8 @@ pub enum RecordCheck {
 /// admission replaced, typically the record of a dead predecessor that nobody removed
 /// (its replica paused or cut off), which is older, never newer. Every admission writes
 /// the record, and a stream only refreshes its own, so in a later read a record of
-/// another process, or of a newer epoch, can only come from a newer admission.
+/// another process, or of a newer epoch, can only come from a newer admission — and one of
+/// an older epoch of this process only from a store that lost this stream's record.
 pub fn check_record(
     process_id: &str,
     epoch: i64,
@@ -59,6 +60,9 @@ pub fn check_record(
         Some(r) if r.process_id != process_id => RecordCheck::Superseded(Superseded::NewerProcess),
         Some(r) if r.epoch > epoch => RecordCheck::Superseded(Superseded::NewerEpoch),
         Some(r) if r.epoch == epoch && !r.is_live(now_ms) => RecordCheck::Lapsed,
+        // An older epoch of this process after the admission: the store rolled back and lost
+        // this stream's record (lost commits, an older backup), and nothing would refresh it.
+        Some(r) if r.epoch < epoch => RecordCheck::Lapsed,
         Some(_) => RecordCheck::Current,
     }
 }
@@ -212,6 +216,11 @@ mod tests {
         );
         assert_eq!(check(Some(&record("p1", 2, 10_000))), RecordCheck::Lapsed, "expired");
         assert_eq!(check(None), RecordCheck::Lapsed, "removed");
+        assert_eq!(
+            check(Some(&record("p1", 1, 20_000))),
+            RecordCheck::Lapsed,
+            "the store rolled back to an older stream's record"
+        );
         // A newer process's record supersedes even once it expired.
         assert_eq!(
             check(Some(&record("p9", 1, 0))),
