@@ -580,6 +580,42 @@ pub async fn a_term_the_store_forgot_is_kept_from_the_first_snapshot_of_a_stream
     pool.stop().await;
 }
 
+/// The store rolled back to an older stream's membership record of a live member (lost
+/// commits): the stream serving it ends ("attach again"), so that the member's next stream
+/// writes a record that its replica refreshes — instead of a healthy stream under a record
+/// nobody refreshes, which lapses and leaves the member counted gone for good.
+pub async fn a_stream_whose_membership_record_the_store_lost_ends_and_the_member_attaches_again(db: &TestDb) {
+    use sqlx::Connection as _;
+    let pool = Pool::start(db).await;
+    let mut member = pool
+        .member_with(0, identity("m-a", "m-a-p1", 2, 256), Behaviour::Healthy)
+        .await
+        .unwrap();
+    wait_members(db, 1).await;
+    let mut raw = db.raw().await;
+    sqlx::query("UPDATE members SET epoch = 1 WHERE member = 'm-a'")
+        .execute(&mut raw)
+        .await
+        .unwrap();
+    let _ = raw.close().await;
+    // Bounded only so that a regression fails instead of hanging.
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(30), member.wait_ended())
+        .await
+        .expect("the stream under a lost record ends");
+    assert_eq!(ended.code(), Code::Unavailable, "{ended:?}");
+    assert!(ended.message().contains("attach again"), "{ended:?}");
+    // Attached again (a newer epoch), the member counts as live.
+    let _again = pool
+        .member_with(0, identity("m-a", "m-a-p1", 3, 256), Behaviour::Healthy)
+        .await
+        .unwrap();
+    let (now_ms, record) = db.store.member("m-a").await.unwrap();
+    let record = record.expect("a record");
+    assert_eq!(record.epoch, 3);
+    assert!(record.is_live(now_ms));
+    pool.stop().await;
+}
+
 pub async fn newer_epochs_supersede_and_another_process_waits_for_the_live_one_to_end(db: &TestDb) {
     let pool = Pool::start(db).await;
     let mut first = pool
