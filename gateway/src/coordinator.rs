@@ -230,10 +230,15 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
             }
             Decision::Recover { route, from, to, term } => {
                 let term = view.fresh_term(&route, term);
+                let overtaken = view.assignments.get(&route).is_some_and(|a| view.overtaken(a));
                 let message = if from.failed {
                     // A live owner that gave its term up (fenced, a refused grant, or its
                     // sidecar cannot reach it) says why in its report.
-                    let why = view.reports.get(&route).map_or("", |r| r.message.as_str());
+                    let why = if overtaken {
+                        "the route's sidecar registered a higher term, which the store had lost"
+                    } else {
+                        view.reports.get(&route).map_or("", |r| r.message.as_str())
+                    };
                     info!(%route, from = %from.member, to = %to.member, term = term.get(), why, "recovering instance its owner gave up");
                     format!(
                         "owner {} (process {}) gave term {} up ({why}); moving to {} at term {term}",

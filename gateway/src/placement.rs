@@ -34,7 +34,8 @@ pub struct Owner {
     pub process_id: String,
     pub term: OwnershipTerm,
     /// The owner reported it cannot run the instance at this term (a refused
-    /// grant or activation, or it acknowledged the term without hosting it).
+    /// grant or activation, or it acknowledged the term without hosting it), or the term is
+    /// below the route's last one (the sidecar's fence is above it: nobody can take it up).
     pub failed: bool,
     /// The assignment was made for an older workload of the route (another Pod UID
     /// registered since): it says nothing about the current one.

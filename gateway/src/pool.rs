@@ -360,13 +360,21 @@ impl View {
         self.assignments.get(route).filter(|a| !self.is_stale(a))
     }
 
+    /// Whether `a`'s term is below its route's last term: a sidecar registered a fence above
+    /// it (the store lost the terms between, runtime.v1.StoreBehind), so no sidecar takes it up.
+    pub fn overtaken(&self, a: &Assignment) -> bool {
+        self.instances
+            .get(&a.route)
+            .is_some_and(|i| i.generation == a.generation && a.term < i.last_term)
+    }
+
     pub fn owners(&self) -> BTreeMap<String, Owner> {
         self.assignments
             .values()
             .map(|a| {
                 let failed = self.reports.get(&a.route).is_some_and(|r| {
                     r.term == a.term && r.member == a.member && r.process_id == a.process_id && r.phase.lost()
-                });
+                }) || self.overtaken(a);
                 let owner = Owner {
                     member: a.member.clone(),
                     process_id: a.process_id.clone(),

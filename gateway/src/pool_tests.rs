@@ -263,3 +263,24 @@ fn liveness_and_candidates_follow_the_ttl() {
     assert!(v.candidates(&["m1".to_owned()].into())[0].excluded);
     assert_eq!(v.desired(), ["ns/a".to_owned(), "ns/b".to_owned()].into());
 }
+
+#[test]
+fn an_assignment_below_the_routes_last_term_is_given_up_and_recovered_above_it() {
+    // ns/a is m1's at term 3 (m1 live). Its sidecar registered fence 5: the store lost terms 4
+    // and 5, and no sidecar takes term 3 again.
+    let mut v = view();
+    assert!(!v.owners()["ns/a"].failed);
+    v.instances.get_mut("ns/a").unwrap().last_term = OwnershipTerm::new(3);
+    assert!(!v.owners()["ns/a"].failed, "the term is the last one");
+    v.instances.get_mut("ns/a").unwrap().last_term = OwnershipTerm::new(5);
+    assert!(v.owners()["ns/a"].failed);
+    let recovered = crate::room::decisions(&v).into_iter().find_map(|d| match d {
+        crate::placement::Decision::Recover { route, term, .. } if route == "ns/a" => Some(term),
+        _ => None,
+    });
+    let term = recovered.expect("ns/a is recovered");
+    assert_eq!(v.fresh_term("ns/a", term), OwnershipTerm::new(6), "above the fence");
+    // An older generation's assignment is stale, not overtaken.
+    v.instances.get_mut("ns/a").unwrap().generation = 2;
+    assert!(!v.overtaken(&v.assignments["ns/a"]));
+}

@@ -39,8 +39,20 @@ impl<R: Reply> Machine<R> {
             Kind::Release(release) => self.on_release(id, &release),
             Kind::PolicyInstall(install) => self.on_policy(id, &install),
             Kind::AuditAck(ack) => self.on_audit_ack(id, &ack),
+            Kind::StoreBehind(behind) => self.on_store_behind(id, behind.term),
             Kind::Heartbeat(_) => {}
         }
+    }
+
+    /// The owner saw the store name the route below the activated term: the standing goes to
+    /// the registry now, so that no term at or below the fence is reserved again.
+    fn on_store_behind(&mut self, id: StreamId, term: u64) {
+        if self.owner != Some(id) || term != self.state.fence.activated || !matches!(self.mode, Mode::Active) {
+            debug!(term, "store-behind notice ignored");
+            return;
+        }
+        info!(term, "the pool's store is behind this term: registering the standing");
+        self.register_again();
     }
 
     fn on_redirect(&mut self, id: StreamId, redirect: Redirect) {

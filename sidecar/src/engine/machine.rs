@@ -296,7 +296,7 @@ impl<R: Reply> Machine<R> {
 
     /// Registers again, saying where the instance stands (see `register_at`), and again
     /// [`timing::REGISTER_AGAIN_EVERY`] later while still placing or recovering.
-    fn register_again(&mut self) {
+    pub(super) fn register_again(&mut self) {
         self.register_at = self.now.at + timing::REGISTER_AGAIN_EVERY;
         self.out.push(Effect::Register(crate::registration::Standing {
             fence_term: self.state.fence.activated,

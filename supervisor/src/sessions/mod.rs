@@ -89,6 +89,14 @@ impl SessionSet {
                 session.assign_policy(policy);
             }
         }
+        // The store names a route below the term this process holds: it lost commits.
+        for (route, session) in &mut self.live {
+            if let Some(entry) = self.directory.get(route)
+                && entry.term < session.held().term
+            {
+                session.send(SessionEvent::StoreBehind(entry.term));
+            }
+        }
         self.publish_table();
     }
 

@@ -327,3 +327,14 @@ fn redirects_are_followed_only_for_this_route_at_or_above_the_fence() {
     assert_eq!(names(&h.message(1, redirect(ROUTE, 1)))[0], "abort 1");
     assert_eq!(h.m.dial.preferred, None, "below the activated term");
 }
+
+#[test]
+fn a_store_behind_notice_from_the_owner_at_the_activated_term_registers_the_standing() {
+    use proto::runtime::v1::StoreBehind;
+    let behind = |term| supervisor_message::Kind::StoreBehind(StoreBehind { term });
+    let mut h = Harness::active();
+    assert!(names(&h.message(1, behind(2))).is_empty(), "another term: ignored");
+    assert_eq!(names(&h.message(1, behind(1))), ["register at fence 1"]);
+    assert!(matches!(h.m.mode, Mode::Active), "still relaying");
+    assert_eq!(h.m.owner, Some(1));
+}

@@ -132,5 +132,6 @@ pub(crate) fn message_name(kind: &supervisor_message::Kind) -> &'static str {
         Kind::Heartbeat(_) => "Heartbeat",
         Kind::PolicyInstall(_) => "PolicyInstall",
         Kind::AuditAck(_) => "AuditAck",
+        Kind::StoreBehind(_) => "StoreBehind",
     }
 }

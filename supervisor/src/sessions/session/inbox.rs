@@ -2,7 +2,8 @@
 //! here, in order, coalesced so the backlog stays short. An assignment of a higher term
 //! supersedes every waiting assignment of a lower one (the session would start that term
 //! over anyway; the launch material they brought carries over), so the backlog holds at most
-//! the current term's few updates (ACTIVE, material, grant) and the final Stop or Relinquish.
+//! the current term's few updates (ACTIVE, material, grant), one store-behind notice and the
+//! final Stop or Relinquish.
 
 use std::collections::VecDeque;
 
@@ -16,6 +17,11 @@ pub(super) struct Backlog(VecDeque<SessionEvent>);
 impl Backlog {
     /// Adds an event after the ones waiting.
     pub(super) fn push(&mut self, event: SessionEvent) {
+        if matches!(event, SessionEvent::StoreBehind(_))
+            && self.0.iter().any(|e| matches!(e, SessionEvent::StoreBehind(_)))
+        {
+            return; // one notice waiting is enough
+        }
         let SessionEvent::Ownership(mut assignment) = event else {
             return self.0.push_back(event);
         };

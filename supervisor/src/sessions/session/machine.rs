@@ -93,6 +93,8 @@ pub(crate) struct Machine {
     pub(super) call: Option<Call>,
     /// The term whose sidecar's audit records are being stored, while they are.
     pub(super) audit_call: Option<u64>,
+    /// The term at which the sidecar was told the store is behind (0: none).
+    store_behind_told: u64,
     pub(super) stop: Option<Stop>,
     /// Set when the session ends: its final phase and message.
     pub(super) ended: Option<(InstancePhase, String)>,
@@ -129,6 +131,7 @@ impl Machine {
             gave_up: false,
             call: None,
             audit_call: None,
+            store_behind_told: 0,
             stop: None,
             ended: None,
             counters: InstanceCounters::default(),
@@ -157,6 +160,7 @@ impl Machine {
             Event::Started => {}
             Event::Member(SessionEvent::Ownership(assignment)) => self.on_ownership(assignment),
             Event::Member(SessionEvent::Stop) => self.on_stop(),
+            Event::Member(SessionEvent::StoreBehind(named)) => self.on_store_behind(named),
             Event::Member(SessionEvent::Relinquish) => self.on_relinquish(),
             Event::Sidecar { stream, opening } => self.on_sidecar(stream, opening),
             Event::Message { stream, kind } if self.holds(stream) => self.on_message(kind),
@@ -306,6 +310,22 @@ impl Machine {
             attached: false,
             released: false,
         });
+    }
+
+    /// The store names the route at `named`, below this session's term: once per term, the
+    /// relaying sidecar is told to register its standing (runtime.v1.StoreBehind), which raises
+    /// the route's last term to its fence so that the coordinator reserves above it.
+    fn on_store_behind(&mut self, named: u64) {
+        let relaying = matches!(self.stage, Stage::Active { .. }) && self.sidecar.as_ref().is_some_and(|s| s.attached);
+        if named >= self.term || !relaying || self.store_behind_told == self.term {
+            return;
+        }
+        info!(
+            named,
+            "the store names the route below this term: the sidecar registers its standing"
+        );
+        self.store_behind_told = self.term;
+        self.send(Kind::StoreBehind(proto::runtime::v1::StoreBehind { term: self.term }));
     }
 
     /// The sidecar activated a higher term: this member is fenced for the route.

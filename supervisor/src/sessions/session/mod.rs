@@ -88,6 +88,9 @@ pub enum SessionEvent {
     /// Omitted from the snapshot: give up ownership (runtime.v1.Relinquish), leave the workload
     /// running, end the session.
     Relinquish,
+    /// The snapshot's route directory names the route at this term, below the one held: the
+    /// store lost commits (runtime.v1.StoreBehind).
+    StoreBehind(u64),
 }
 
 /// The member's side of a running session.

@@ -389,3 +389,20 @@ fn audit_records_are_acknowledged_only_once_the_gateway_stored_them_for_this_ter
     h.lose(1);
     assert!(io(&h.message(1, records(&[3]))).is_empty());
 }
+
+#[test]
+fn a_store_behind_the_active_term_is_told_to_the_relaying_sidecar_once_per_term() {
+    let mut h = Harness::attached(3);
+    assert!(
+        io(&h.member(SessionEvent::StoreBehind(3))).is_empty(),
+        "not below the term"
+    );
+    let effects = h.member(SessionEvent::StoreBehind(2));
+    assert_eq!(io(&effects), ["send 1 StoreBehind"]);
+    assert!(matches!(sent(&effects, 1), Kind::StoreBehind(b) if b.term == 3));
+    assert!(io(&h.member(SessionEvent::StoreBehind(1))).is_empty(), "once per term");
+    // Not relaying (still taking over): nobody to tell.
+    let mut h = Harness::reserved(3);
+    h.connect(1, 2, false);
+    assert!(!io(&h.member(SessionEvent::StoreBehind(2))).contains(&"send 1 StoreBehind".to_owned()));
+}
