@@ -168,7 +168,10 @@ impl View {
         // what is read below or moves the count for the next refresh.
         let writes = store.pool_writes().await?;
         let unchanged = |count: fn(&PoolWrites) -> i64| {
-            previous.filter(|p| p.writes.is_some_and(|before| count(&before) == count(&writes)))
+            previous.filter(|p| {
+                p.writes
+                    .is_some_and(|before| before.incarnation == writes.incarnation && count(&before) == count(&writes))
+            })
         };
         let (now_ms, members) = store.list_members().await?;
         let instances = match unchanged(|w| w.instances) {

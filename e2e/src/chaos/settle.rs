@@ -126,7 +126,50 @@ impl Driver<'_> {
                 missing.push(format!("{name} has no answer since the heal{refused}"));
             }
         }
+        if !missing.is_empty() {
+            missing.push(self.stuck_routes().await);
+        }
         missing.join("; ")
+    }
+
+    /// What the store says of every route: its assignment, its report and its last term —
+    /// what the next engineer needs to see why nothing drove an unsettled one.
+    async fn stuck_routes(&self) -> String {
+        let (Ok(assignments), Ok(reports), Ok(instances)) = (
+            self.store.list_assignments().await,
+            self.store.list_reports().await,
+            self.store.list_instances().await,
+        ) else {
+            return "the store could not be read for the routes' state".into();
+        };
+        let mut said = Vec::new();
+        for a in &assignments {
+            let report = reports
+                .iter()
+                .find(|r| r.route == a.route)
+                .map_or("no report".into(), |r| {
+                    format!(
+                        "report term {} {} by {} ({})",
+                        r.term,
+                        r.phase.as_str(),
+                        r.member,
+                        r.message
+                    )
+                });
+            let last = instances
+                .iter()
+                .find(|i| i.route == a.route)
+                .map_or(0, |i| i.last_term.get());
+            said.push(format!(
+                "{} {} at term {} for {} (process {}), last term {last}, {report}",
+                a.route,
+                a.phase.as_str(),
+                a.term,
+                a.member,
+                a.process_id
+            ));
+        }
+        format!("[{}]", said.join(" | "))
     }
 
     /// The history checker after a trial: the agents' logs, the sidecars, the PIDs the owners

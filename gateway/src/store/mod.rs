@@ -277,12 +277,21 @@ impl Store {
     /// How many writes were committed to each table the pool view reads in full, counted by
     /// triggers in the writing transactions (migration `0011_pool_writes`). Taken before the
     /// tables are read, an equal count at the next read means the table did not change.
+    ///
+    /// On PostgreSQL the server's start time comes with them (`incarnation`): a server that
+    /// restarted may have lost commits (asynchronous commit, a promoted replica), and counts
+    /// that rolled back can climb to a value read before, which must not pass for "unchanged".
     pub async fn pool_writes(&self) -> Result<PoolWrites> {
-        let rows: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT table_name, CAST(SUM(writes) AS BIGINT) AS writes FROM pool_writes GROUP BY table_name",
-        )
-        .fetch_all(&self.pool)
-        .await?;
+        const COUNTS: &str =
+            "SELECT table_name, CAST(SUM(writes) AS BIGINT) AS writes FROM pool_writes GROUP BY table_name";
+        let sql = match self.backend {
+            Backend::Postgres => format!(
+                "{COUNTS} UNION ALL \
+                 SELECT 'incarnation', CAST(EXTRACT(EPOCH FROM pg_postmaster_start_time()) * 1000 AS BIGINT)"
+            ),
+            _ => COUNTS.to_owned(),
+        };
+        let rows: Vec<(String, i64)> = sqlx::query_as(&sql).fetch_all(&self.pool).await?;
         let mut writes = PoolWrites::default();
         for (table, count) in rows {
             match table.as_str() {
@@ -290,6 +299,7 @@ impl Store {
                 "assignments" => writes.assignments = count,
                 "instance_reports" => writes.reports = count,
                 "operations" => writes.operations = count,
+                "incarnation" => writes.incarnation = count,
                 _ => {}
             }
         }

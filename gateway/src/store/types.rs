@@ -111,6 +111,9 @@ pub struct PoolWrites {
     pub assignments: i64,
     pub reports: i64,
     pub operations: i64,
+    /// PostgreSQL: when the server started (Unix ms); counts of another incarnation say
+    /// nothing (0 on SQLite).
+    pub incarnation: i64,
 }
 
 /// What a gateway replica knows of a member stream it serves.

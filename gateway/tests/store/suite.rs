@@ -1509,6 +1509,25 @@ pub async fn every_write_to_a_table_the_pool_view_reads_is_counted(db: &TestDb) 
     let before = counts().await;
     let first = View::reload(&db.store, None).await.unwrap();
     assert_eq!(first.writes, Some(before));
+    // PostgreSQL names the server's incarnation (a restart may have lost commits, after
+    // which equal counts say nothing); a SQLite file has none.
+    assert_eq!(before.incarnation > 0, db.url.starts_with("postgres"), "{before:?}");
+    assert_eq!(counts().await.incarnation, before.incarnation);
+    let mut restarted = first.clone();
+    restarted.writes = Some(gateway::store::PoolWrites {
+        incarnation: before.incarnation + 1,
+        ..before
+    });
+    let unchanged = View::reload(&db.store, Some(&first)).await.unwrap();
+    assert!(
+        unchanged.assignments.same(&first.assignments),
+        "equal counts: not read again"
+    );
+    if db.url.starts_with("postgres") {
+        // Counts equal to those of another incarnation: every table is read again.
+        let again = View::reload(&db.store, Some(&restarted)).await.unwrap();
+        assert!(!again.assignments.same(&restarted.assignments));
+    }
 
     // A registration counts for instances only; a view re-read after it takes the new row.
     let registration = agent_zero();
