@@ -90,7 +90,8 @@ impl InstanceRegistry for Registry {
         let request = request.into_inner();
         check_route(&request.route)?;
         check_instance(&instance)?;
-        let resume = resume(&instance, &request)?;
+        let mut resume = resume(&instance, &request)?;
+        resume.fence = beyond_a_dead_reservation(&self.replica.view.borrow(), &request.route, resume.fence);
         let binding = Binding {
             route: &request.route,
             namespace: &instance.namespace,
@@ -313,7 +314,54 @@ fn resume(instance: &InstanceRef, request: &RegisterRequest) -> Result<Resume, S
     })
 }
 
+/// The term the registration records as used on `route` for a sidecar whose fence activated
+/// `fence`: the fence itself, or the term above it when the store shows the route reserved at
+/// exactly that term. That reservation is not the sidecar's term — the sidecar activated its
+/// own at that number with a member whose reservation the store lost, and the number was
+/// reserved again — so the sidecar never takes it; recorded as used, it is recovered above.
+fn beyond_a_dead_reservation(view: &crate::pool::View, route: &str, fence: OwnershipTerm) -> OwnershipTerm {
+    match view.current_assignment(route) {
+        Some(a)
+            if fence > OwnershipTerm::ZERO && a.term == fence && a.phase == crate::store::AssignmentPhase::Reserved =>
+        {
+            fence.next()
+        }
+        _ => fence,
+    }
+}
+
 /// The generation a sidecar names (0, from a sidecar that does not know it yet: any).
 fn generation_of(instance: &InstanceRef) -> Option<i64> {
     i64::try_from(instance.generation).ok().filter(|g| *g > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::AssignmentPhase;
+
+    #[test]
+    fn a_reservation_at_the_sidecars_activated_term_is_recorded_as_used() {
+        // ns/a is m1's at term 3.
+        let mut v = crate::pool::tests::view();
+        let term = OwnershipTerm::new;
+        assert_eq!(
+            beyond_a_dead_reservation(&v, "ns/a", term(3)),
+            term(3),
+            "active: the sidecar's own"
+        );
+        v.assignments.get_mut("ns/a").unwrap().phase = AssignmentPhase::Reserved;
+        assert_eq!(
+            beyond_a_dead_reservation(&v, "ns/a", term(3)),
+            term(4),
+            "reserved again at its number"
+        );
+        assert_eq!(
+            beyond_a_dead_reservation(&v, "ns/a", term(2)),
+            term(2),
+            "a takeover above the fence"
+        );
+        assert_eq!(beyond_a_dead_reservation(&v, "ns/a", term(0)), term(0));
+        assert_eq!(beyond_a_dead_reservation(&v, "ns/none", term(3)), term(3));
+    }
 }
