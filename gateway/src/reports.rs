@@ -23,16 +23,23 @@ pub const LAZY_FLUSH: Duration = Duration::from_secs(1);
 /// Bound on one batch's transaction.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A member stream: its id on this replica, and its member's connection epoch.
+pub type Stream = (u64, i64);
+
+/// Statuses waiting, by route: the stream that submitted each, and the status.
+type Pending = BTreeMap<String, (Stream, Report)>;
+
 #[derive(Debug, Default)]
 pub struct Writer {
-    /// route -> (the stream that submitted it, the status)
-    pending: Mutex<BTreeMap<String, (u64, Report)>>,
+    pending: Mutex<Pending>,
     urgent: Notify,
 }
 
 impl Writer {
-    /// Queue `reports` from stream `stream`; `urgent` wakes the writer at once.
-    pub fn submit(&self, stream: u64, reports: Vec<Report>, urgent: bool) {
+    /// Queue `reports` from `stream` (its id, and its member's connection epoch: the store
+    /// writes them only while that stream is the member's current one); `urgent` wakes the
+    /// writer at once.
+    pub fn submit(&self, stream: Stream, reports: Vec<Report>, urgent: bool) {
         if reports.is_empty() {
             return;
         }
@@ -51,7 +58,7 @@ impl Writer {
     /// stream of its member speaks for those routes now, and an older status written late
     /// could hide a newer one of the same term).
     pub fn forget(&self, stream: u64) {
-        self.lock().retain(|_, (s, _)| *s != stream);
+        self.lock().retain(|_, ((s, _), _)| *s != stream);
     }
 
     /// Statuses waiting for a batch.
@@ -59,19 +66,19 @@ impl Writer {
         self.lock().len()
     }
 
-    fn take(&self) -> Vec<(String, (u64, Report))> {
+    fn take(&self) -> Vec<(String, (Stream, Report))> {
         std::mem::take(&mut *self.lock()).into_iter().collect()
     }
 
     /// Put back a batch that was not written, unless newer statuses replaced its entries.
-    fn restore(&self, batch: Vec<(String, (u64, Report))>) {
+    fn restore(&self, batch: Vec<(String, (Stream, Report))>) {
         let mut pending = self.lock();
         for (route, entry) in batch {
             pending.entry(route).or_insert(entry);
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, (u64, Report)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
         self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
@@ -98,13 +105,17 @@ async fn flush(writer: &Writer, store: &Store) {
     if batch.is_empty() {
         return;
     }
-    let reports: Vec<Report> = batch.iter().map(|(_, (_, r))| r.clone()).collect();
-    let failed = match tokio::time::timeout(WRITE_TIMEOUT, store.record_reports(&reports)).await {
+    let reports: Vec<(Report, Option<i64>)> = batch
+        .iter()
+        .map(|(_, ((_, epoch), r))| (r.clone(), Some(*epoch)))
+        .collect();
+    let statuses = reports.len();
+    let failed = match tokio::time::timeout(WRITE_TIMEOUT, store.record_stream_reports(reports)).await {
         Ok(Ok(())) => return,
         Ok(Err(err)) => err.to_string(),
         Err(_) => format!("no answer within {WRITE_TIMEOUT:?}"),
     };
-    warn!(error = %failed, statuses = reports.len(), "cannot record status reports; retrying with the next batch");
+    warn!(error = %failed, statuses, "cannot record status reports; retrying with the next batch");
     writer.restore(batch);
 }
 
@@ -132,18 +143,18 @@ mod tests {
     #[test]
     fn the_latest_status_of_a_route_wins_and_an_ended_stream_is_forgotten() {
         let writer = Writer::default();
-        writer.submit(1, vec![report("a", 1, 1), report("b", 1, 1)], false);
-        writer.submit(2, vec![report("a", 1, 9)], false);
+        writer.submit((1, 1), vec![report("a", 1, 1), report("b", 1, 1)], false);
+        writer.submit((2, 1), vec![report("a", 1, 9)], false);
         assert_eq!(writer.pending(), 2);
         writer.forget(1);
         let left = writer.take();
         assert_eq!(left.len(), 1, "b went with stream 1; a is stream 2's");
         assert_eq!(left[0].1.1.progress, 9);
         // A failed batch comes back, unless a newer status replaced it meanwhile.
-        writer.submit(3, vec![report("a", 2, 0)], false);
+        writer.submit((3, 1), vec![report("a", 2, 0)], false);
         writer.restore(vec![
-            ("a".into(), (2, report("a", 1, 9))),
-            ("c".into(), (2, report("c", 1, 0))),
+            ("a".into(), ((2, 1), report("a", 1, 9))),
+            ("c".into(), ((2, 1), report("c", 1, 0))),
         ]);
         let mut back = writer.take();
         back.sort_by(|x, y| x.0.cmp(&y.0));
@@ -156,18 +167,29 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}?mode=rwc", dir.path().join("db").display());
         let store = Store::open(&url, &crate::store::Options::default()).await.unwrap();
+        // The reports' member, attached at epoch 1.
+        let member = crate::store::MemberUpdate {
+            member: "m".into(),
+            process_id: "p".into(),
+            epoch: 1,
+            runtime_address: "http://m:7443".into(),
+            capacity: 8,
+            served_by: "gw".into(),
+            leaving: false,
+        };
+        store.record_member(&member, Duration::from_secs(60)).await.unwrap();
         let writer = Arc::new(Writer::default());
         let stop = CancellationToken::new();
         let task = tokio::spawn(run(writer.clone(), store.clone(), stop.clone()));
         let batch: Vec<Report> = (0..50).map(|i| report(&format!("ns/r{i}"), 1, i)).collect();
-        writer.submit(1, batch, true);
+        writer.submit((1, 1), batch, true);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         while store.list_reports().await.unwrap().len() < 50 {
             assert!(tokio::time::Instant::now() < deadline, "the batch was not written");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         // Lazy changes go with the next tick; the stop writes what is left.
-        writer.submit(1, vec![report("ns/r0", 1, 777)], false);
+        writer.submit((1, 1), vec![report("ns/r0", 1, 777)], false);
         stop.cancel();
         task.await.unwrap();
         let written = store.list_reports().await.unwrap();
@@ -176,6 +198,27 @@ mod tests {
             Some(777)
         );
         assert_eq!(writer.pending(), 0);
+        // A late batch of a stream the member left (epoch 1; it attached again at 2): never
+        // written over what the newer stream said.
+        store
+            .record_member(
+                &crate::store::MemberUpdate { epoch: 2, ..member },
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+        store
+            .record_stream_reports(vec![(report("ns/r0", 1, 5), Some(1))])
+            .await
+            .unwrap();
+        let kept = store.list_reports().await.unwrap();
+        assert_eq!(kept.iter().find(|r| r.route == "ns/r0").map(|r| r.progress), Some(777));
+        store
+            .record_stream_reports(vec![(report("ns/r0", 1, 6), Some(2))])
+            .await
+            .unwrap();
+        let kept = store.list_reports().await.unwrap();
+        assert_eq!(kept.iter().find(|r| r.route == "ns/r0").map(|r| r.progress), Some(6));
         store.close().await;
     }
 }

@@ -592,7 +592,9 @@ impl Session {
                             policy: c.status.policy,
                         })
                         .collect();
-                    replica.reports.submit(self.stream_id, records, urgent);
+                    replica
+                        .reports
+                        .submit((self.stream_id, self.record.epoch), records, urgent);
                 }
                 Err(dropped) => metrics.dropped(dropped.reason()),
             },

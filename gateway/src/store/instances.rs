@@ -288,25 +288,35 @@ impl Store {
         self.record_reports(std::slice::from_ref(r)).await
     }
 
-    /// Record owners' reports in one transaction (a batch from the report writer), each
-    /// unless a report of a higher term of its route is already there — except the report of
-    /// the route's current owner at its assigned term, which always counts: after the store
-    /// rolled back, a report of a term it forgot (a reservation elsewhere that failed) must not
-    /// hide that the owner it points at gave the term up.
+    /// Record owners' reports in one transaction, each unless a report of a higher term of its
+    /// route is already there — except the report of the route's current owner at its
+    /// assigned term, which always counts: after the store rolled back, a report of a term it
+    /// forgot (a reservation elsewhere that failed) must not hide that the owner it points at
+    /// gave the term up.
     pub async fn record_reports(&self, reports: &[Report]) -> Result<()> {
+        let reports: Vec<(Report, Option<i64>)> = reports.iter().map(|r| (r.clone(), None)).collect();
+        self.record_stream_reports(reports).await
+    }
+
+    /// As [`Store::record_reports`], each report from its member's stream of the connection
+    /// epoch given: written only while that stream is the member's current one. A batch of an
+    /// ended stream that lands late (a replica that lost the store and wrote once it was back)
+    /// never overwrites what the member's newer stream reported.
+    pub async fn record_stream_reports(&self, reports: Vec<(Report, Option<i64>)>) -> Result<()> {
         if reports.is_empty() {
             return Ok(());
         }
-        let reports = reports.to_vec();
         self.detached(move |store| async move { store.record_reports_now(&reports).await })
             .await
     }
 
-    async fn record_reports_now(&self, reports: &[Report]) -> Result<()> {
+    async fn record_reports_now(&self, reports: &[(Report, Option<i64>)]) -> Result<()> {
         let sql = format!(
             "INSERT INTO instance_reports (route, term, member, process_id, phase, message, workload_pid, reported_by, progress, \
                policy_name, policy_revision, policy_error, updated_at_ms) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, ({})) \
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, ({}) \
+             WHERE CAST($13 AS BIGINT) IS NULL \
+               OR EXISTS (SELECT 1 FROM members m WHERE m.member = $3 AND m.process_id = $4 AND m.epoch = $13) \
              ON CONFLICT (route) DO UPDATE SET term = excluded.term, member = excluded.member, \
                process_id = excluded.process_id, phase = excluded.phase, message = excluded.message, \
                workload_pid = excluded.workload_pid, reported_by = excluded.reported_by, progress = excluded.progress, \
@@ -318,7 +328,7 @@ impl Store {
             self.backend.clock_expr()
         );
         let mut tx = self.pool.begin_with(self.backend.begin_sql()).await?;
-        for r in reports {
+        for (r, epoch) in reports {
             sqlx::query(&sql)
                 .bind(&r.route)
                 .bind(r.term)
@@ -332,6 +342,7 @@ impl Store {
                 .bind(r.policy.as_ref().map(|p| p.name.clone()))
                 .bind(r.policy.as_ref().map(|p| p.revision))
                 .bind(r.policy.as_ref().map(|p| p.error.clone()))
+                .bind(*epoch)
                 .execute(&mut *tx)
                 .await?;
         }
