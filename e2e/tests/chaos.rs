@@ -39,10 +39,9 @@ async fn random_faults_on_the_embedded_store_break_no_rule() {
     run(16, 20_261_201, Backend::Sqlite, &[]).await;
 }
 
-/// With a private PostgreSQL server: the faults where the store matters — its outages, an
-/// emptied store, a forgotten drain — and the coordinator's and a member's own, beside them.
-/// Not yet `database-loses-commits`: in the CI run of 46f5dc4 an instance stayed unanswered
-/// after it (issue 25; `scenarios chaos --postgres --kinds database-loses-commits` runs it).
+/// With a private PostgreSQL server: the faults where the store matters — its outages, lost
+/// commits, an emptied store, a forgotten drain — and the coordinator's and a member's own,
+/// beside them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_faults_and_database_outages_on_postgresql_break_no_rule() {
     if std::env::var_os("REQUIRE_POSTGRES").is_none() && !std::path::Path::new("/usr/lib/postgresql").is_dir() {
@@ -51,6 +50,7 @@ async fn random_faults_and_database_outages_on_postgresql_break_no_rule() {
     }
     let kinds = [
         Fault::DatabaseOutage,
+        Fault::DatabaseLosesCommits,
         Fault::StoreEmptied,
         Fault::StoreForgetsDrain,
         Fault::CoordinatorKill,
