@@ -78,8 +78,8 @@ pub fn reported_above(view: &View, report: &Report) -> bool {
     lost(view, report) == Some(Lost::Reservation)
 }
 
-/// The sessions a member says it hosts, by route: the term and the workload (Pod UID and
-/// generation) of each one not ended.
+/// The sessions a member says it runs at an activated term (ACTIVE or RECOVERING), by route:
+/// the term and the workload (Pod UID and generation).
 pub type Holding = std::collections::BTreeMap<String, (u64, proto::common::v1::InstanceRef)>;
 
 /// Of what a member says it hosts (its latest complete report on its stream, stored or not),

@@ -640,12 +640,12 @@ impl Session {
     }
 }
 
-/// Why a replica cut off from the store closes and refuses member streams
-/// ([`timing::STORE_CUT_OFF`]).
 /// How long the first snapshot of a stream waits for the member's first complete report (sent
 /// right after its hello) before it is built without it.
 const FIRST_REPORT_WAIT: std::time::Duration = timing::HEARTBEAT_INTERVAL;
 
+/// Why a replica cut off from the store closes and refuses member streams
+/// ([`timing::STORE_CUT_OFF`]).
 const CUT_OFF: &str = "this gateway replica cannot reach the pool's store; attach through another replica";
 
 /// What a membership refresh found.

@@ -166,9 +166,10 @@ impl HostProtocol {
         if report.partial {
             return;
         }
+        // Activated terms only: a session still taking over holds nothing the store must keep.
         let hosted = report.instances.iter().filter(|s| {
             use proto::common::v1::InstancePhase as P;
-            matches!(P::from_wire(s.phase), P::Starting | P::Active | P::Recovering)
+            matches!(P::from_wire(s.phase), P::Active | P::Recovering)
         });
         let holding = hosted
             .filter_map(|s| Some((s.route.clone(), (s.term, s.instance.clone()?))))

@@ -340,6 +340,7 @@ fn what_a_member_hosts_is_taken_from_its_latest_complete_report_installed_or_not
         &[
             ("a", 2, InstancePhase::Active),
             ("b", 3, InstancePhase::Recovering),
+            ("s", 4, InstancePhase::Starting),
             ("c", 1, InstancePhase::Relinquished),
             ("d", 1, InstancePhase::Failed),
         ],
@@ -350,7 +351,11 @@ fn what_a_member_hosts_is_taken_from_its_latest_complete_report_installed_or_not
         .iter()
         .map(|(r, (t, _))| (r.as_str(), *t))
         .collect();
-    assert_eq!(hosted, [("a", 2), ("b", 3)], "ended sessions are not hosted");
+    assert_eq!(
+        hosted,
+        [("a", 2), ("b", 3)],
+        "only activated terms: no ended or starting session"
+    );
     p.hold(&report(0, &[("a", 2, InstancePhase::Active)]));
     assert!(
         p.holding().unwrap().is_empty(),
