@@ -253,7 +253,12 @@ pub async fn run_with<C: kubernetes::Cluster + Clone>(
             settings.replica.clone(),
             stop.clone(),
         )),
-        tokio::spawn(reports::run(replica.reports.clone(), store.clone(), stop.clone())),
+        tokio::spawn(reports::run(
+            replica.reports.clone(),
+            store.clone(),
+            replica.metrics.clone(),
+            stop.clone(),
+        )),
         tokio::spawn(coordinator::run(replica.clone(), lease_rx.clone(), stop.clone())),
         tokio::spawn({
             let streams = replica.clone();

@@ -274,6 +274,16 @@ impl Metrics {
         self.messages_dropped.get_or_create(&ReasonLabels { reason }).inc();
     }
 
+    /// Status reports the store did not take: their member's stream had ended (a late batch),
+    /// or a report of a higher term stands.
+    pub fn reports_not_recorded(&self, count: u64) {
+        self.messages_dropped
+            .get_or_create(&ReasonLabels {
+                reason: "report_not_current",
+            })
+            .inc_by(count);
+    }
+
     /// A sidecar reported that it missed its recovery deadline (first report only).
     pub fn recovery_failed_reported(&self) {
         self.recoveries_failed

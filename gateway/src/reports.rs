@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{debug, warn};
 
+use crate::metrics::Metrics;
 use crate::store::{Report, Store};
 
 /// How long a counter- or message-only change may wait for its batch.
@@ -83,8 +84,9 @@ impl Writer {
     }
 }
 
-/// Write batches until `stop`, then write what is left once.
-pub async fn run(writer: Arc<Writer>, store: Store, stop: CancellationToken) {
+/// Write batches until `stop`, then write what is left once; statuses the store did not take
+/// (their stream ended, or a higher term's report stands) are counted in `metrics`.
+pub async fn run(writer: Arc<Writer>, store: Store, metrics: Arc<Metrics>, stop: CancellationToken) {
     let mut tick = tokio::time::interval(LAZY_FLUSH);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -93,14 +95,14 @@ pub async fn run(writer: Arc<Writer>, store: Store, stop: CancellationToken) {
             () = writer.urgent.notified() => false,
             _ = tick.tick() => false,
         };
-        flush(&writer, &store).await;
+        flush(&writer, &store, &metrics).await;
         if stopping {
             break;
         }
     }
 }
 
-async fn flush(writer: &Writer, store: &Store) {
+async fn flush(writer: &Writer, store: &Store, metrics: &Metrics) {
     let batch = writer.take();
     if batch.is_empty() {
         return;
@@ -111,7 +113,15 @@ async fn flush(writer: &Writer, store: &Store) {
         .collect();
     let statuses = reports.len();
     let failed = match tokio::time::timeout(WRITE_TIMEOUT, store.record_stream_reports(reports)).await {
-        Ok(Ok(())) => return,
+        Ok(Ok(0)) => return,
+        Ok(Ok(not_written)) => {
+            debug!(
+                not_written,
+                statuses, "statuses of ended streams or lower terms not recorded"
+            );
+            metrics.reports_not_recorded(not_written);
+            return;
+        }
         Ok(Err(err)) => err.to_string(),
         Err(_) => format!("no answer within {WRITE_TIMEOUT:?}"),
     };
@@ -180,7 +190,8 @@ mod tests {
         store.record_member(&member, Duration::from_secs(60)).await.unwrap();
         let writer = Arc::new(Writer::default());
         let stop = CancellationToken::new();
-        let task = tokio::spawn(run(writer.clone(), store.clone(), stop.clone()));
+        let metrics = Arc::new(Metrics::new(&plumbing::listener::ConnectionMetrics::default()));
+        let task = tokio::spawn(run(writer.clone(), store.clone(), metrics.clone(), stop.clone()));
         let batch: Vec<Report> = (0..50).map(|i| report(&format!("ns/r{i}"), 1, i)).collect();
         writer.submit((1, 1), batch, true);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
@@ -207,16 +218,23 @@ mod tests {
             )
             .await
             .unwrap();
-        store
-            .record_stream_reports(vec![(report("ns/r0", 1, 5), Some(1))])
-            .await
-            .unwrap();
+        writer.submit((1, 1), vec![report("ns/r0", 1, 5)], true);
+        flush(&writer, &store, &metrics).await;
+        assert_eq!(writer.pending(), 0, "not tried again");
+        assert!(
+            metrics
+                .encode()
+                .unwrap()
+                .contains("openshell_gateway_member_messages_dropped_total{reason=\"report_not_current\"} 1"),
+            "counted"
+        );
         let kept = store.list_reports().await.unwrap();
         assert_eq!(kept.iter().find(|r| r.route == "ns/r0").map(|r| r.progress), Some(777));
-        store
+        let not_written = store
             .record_stream_reports(vec![(report("ns/r0", 1, 6), Some(2))])
             .await
             .unwrap();
+        assert_eq!(not_written, 0);
         let kept = store.list_reports().await.unwrap();
         assert_eq!(kept.iter().find(|r| r.route == "ns/r0").map(|r| r.progress), Some(6));
         store.close().await;

@@ -183,7 +183,17 @@ impl<'a> Driver<'a> {
             .collect();
         self.traffic = Some(egress::Traffic::start(upstreams, proxies));
         self.check(0).await?;
-        let sampler = tokio::spawn(sample_lease(self.store.clone(), self.health.clone(), self.gaps.clone()));
+        let embedded = self
+            .pool
+            .database_url()
+            .starts_with("sqlite:")
+            .then(|| self.pool.database_url().to_owned());
+        let sampler = tokio::spawn(sample_lease(
+            self.store.clone(),
+            embedded,
+            self.health.clone(),
+            self.gaps.clone(),
+        ));
         let mut rng = StdRng::seed_from_u64(self.settings.seed);
         for index in 1..=self.settings.trials {
             let snapshot = self.snapshot().await?;
@@ -571,12 +581,23 @@ impl<'a> Driver<'a> {
 }
 
 /// Every 50 ms: is a live lease held by a running replica? Fed to the gap tracker.
-async fn sample_lease(store: Store, health: Arc<Mutex<Health>>, gaps: Arc<Mutex<CoordinatorGaps>>) {
+/// Samples every 50 ms whether a working coordinator holds the lease. A span without one is
+/// excused while no replica could coordinate — and, on the embedded store (`embedded`: its URL),
+/// while a paused gateway holds SQLite's write lock: a stopped process keeps its file lock, so
+/// no replica can write until it runs again (PostgreSQL ends such a session after its idle
+/// time-out; docs/operate.md says so for the embedded store).
+async fn sample_lease(
+    store: Store,
+    embedded: Option<String>,
+    health: Arc<Mutex<Health>>,
+    gaps: Arc<Mutex<CoordinatorGaps>>,
+) {
     let mut tick = tokio::time::interval(Duration::from_millis(50));
+    let mut locked_since: Option<u64> = None;
     loop {
         tick.tick().await;
         let lease = tokio::time::timeout(Duration::from_secs(1), store.read_lease()).await;
-        let (ok, excused) = {
+        let (ok, mut excused, paused) = {
             let health = lock(&health);
             let ok = match &lease {
                 Ok(Ok(Some(lease))) if lease.is_live() => {
@@ -584,10 +605,57 @@ async fn sample_lease(store: Store, health: Arc<Mutex<Health>>, gaps: Arc<Mutex<
                 }
                 _ => false,
             };
-            (ok, !health.could_coordinate())
+            (
+                ok,
+                !health.could_coordinate(),
+                health.gateways.iter().any(|(_, s)| *s == State::Paused),
+            )
         };
+        let held = match &embedded {
+            Some(url) if !ok && !excused && paused => write_lock_held(url).await,
+            _ => false,
+        };
+        match (held, locked_since) {
+            (true, None) => locked_since = Some(now_ms()),
+            (false, Some(since)) => {
+                eprintln!(
+                    "  a paused gateway held the embedded store's write lock for {} ms (excused)",
+                    now_ms().saturating_sub(since)
+                );
+                locked_since = None;
+            }
+            _ => {}
+        }
+        excused |= held;
         lock(&gaps).sample(now_ms(), ok, excused);
     }
+}
+
+/// Whether another process holds the SQLite database's write lock for longer than any
+/// running replica's transaction lasts (300 ms).
+async fn write_lock_held(url: &str) -> bool {
+    use sqlx::Connection as _;
+    use std::str::FromStr as _;
+    let Ok(options) = sqlx::sqlite::SqliteConnectOptions::from_str(url) else {
+        return false;
+    };
+    let options = options.busy_timeout(Duration::from_millis(300));
+    let Ok(Ok(mut conn)) =
+        tokio::time::timeout(Duration::from_secs(1), sqlx::SqliteConnection::connect_with(&options)).await
+    else {
+        return false;
+    };
+    let begun = sqlx::Executor::execute(&mut conn, "BEGIN IMMEDIATE").await;
+    let locked = match begun {
+        Ok(_) => {
+            let _ = sqlx::Executor::execute(&mut conn, "ROLLBACK").await;
+            false
+        }
+        Err(sqlx::Error::Database(err)) => err.message().contains("locked") || err.code().as_deref() == Some("5"),
+        Err(_) => false,
+    };
+    let _ = conn.close().await;
+    locked
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

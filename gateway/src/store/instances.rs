@@ -295,22 +295,23 @@ impl Store {
     /// gave the term up.
     pub async fn record_reports(&self, reports: &[Report]) -> Result<()> {
         let reports: Vec<(Report, Option<i64>)> = reports.iter().map(|r| (r.clone(), None)).collect();
-        self.record_stream_reports(reports).await
+        self.record_stream_reports(reports).await.map(drop)
     }
 
     /// As [`Store::record_reports`], each report from its member's stream of the connection
     /// epoch given: written only while that stream is the member's current one. A batch of an
     /// ended stream that lands late (a replica that lost the store and wrote once it was back)
-    /// never overwrites what the member's newer stream reported.
-    pub async fn record_stream_reports(&self, reports: Vec<(Report, Option<i64>)>) -> Result<()> {
+    /// never overwrites what the member's newer stream reported. Returns how many reports were
+    /// not written (their stream ended, or a higher term's report stands).
+    pub async fn record_stream_reports(&self, reports: Vec<(Report, Option<i64>)>) -> Result<u64> {
         if reports.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         self.detached(move |store| async move { store.record_reports_now(&reports).await })
             .await
     }
 
-    async fn record_reports_now(&self, reports: &[(Report, Option<i64>)]) -> Result<()> {
+    async fn record_reports_now(&self, reports: &[(Report, Option<i64>)]) -> Result<u64> {
         let sql = format!(
             "INSERT INTO instance_reports (route, term, member, process_id, phase, message, workload_pid, reported_by, progress, \
                policy_name, policy_revision, policy_error, updated_at_ms) \
@@ -328,8 +329,9 @@ impl Store {
             self.backend.clock_expr()
         );
         let mut tx = self.pool.begin_with(self.backend.begin_sql()).await?;
+        let mut not_written = 0;
         for (r, epoch) in reports {
-            sqlx::query(&sql)
+            let done = sqlx::query(&sql)
                 .bind(&r.route)
                 .bind(r.term)
                 .bind(&r.member)
@@ -345,9 +347,12 @@ impl Store {
                 .bind(*epoch)
                 .execute(&mut *tx)
                 .await?;
+            if done.rows_affected() == 0 {
+                not_written += 1;
+            }
         }
         tx.commit().await?;
-        Ok(())
+        Ok(not_written)
     }
 
     pub async fn list_reports(&self) -> Result<Vec<Report>> {

@@ -1700,6 +1700,28 @@ pub async fn reports_never_regress_in_term(db: &TestDb) {
     db.store.record_report(&owner).await.unwrap();
     let reports = db.store.list_reports().await.unwrap();
     assert_eq!((reports[0].term.get(), reports[0].phase), (2, ReportPhase::Failed));
+
+    // A batch of a stream that ended (the member attached again at epoch 2) lands late: not
+    // written, and counted; the current stream's is.
+    let m2 = MemberUpdate {
+        epoch: 2,
+        ..member("m2", &rolled_back.process_id)
+    };
+    db.store.record_member(&m2, LONG).await.unwrap();
+    let late = Report {
+        progress: 1,
+        ..owner.clone()
+    };
+    assert_eq!(
+        db.store
+            .record_stream_reports(vec![(late.clone(), Some(1))])
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(db.store.list_reports().await.unwrap()[0].progress, 7);
+    assert_eq!(db.store.record_stream_reports(vec![(late, Some(2))]).await.unwrap(), 0);
+    assert_eq!(db.store.list_reports().await.unwrap()[0].progress, 1);
 }
 
 pub async fn migrations_are_idempotent_across_replicas(db: &TestDb) {

@@ -95,6 +95,9 @@ pub(crate) struct Machine {
     pub(super) audit_call: Option<u64>,
     /// The term at which the sidecar was told the store is behind (0: none).
     store_behind_told: u64,
+    /// The term at which the store was behind while no sidecar was relaying (0: none): told
+    /// when one attaches at that term.
+    store_behind_pending: u64,
     pub(super) stop: Option<Stop>,
     /// Set when the session ends: its final phase and message.
     pub(super) ended: Option<(InstancePhase, String)>,
@@ -132,6 +135,7 @@ impl Machine {
             call: None,
             audit_call: None,
             store_behind_told: 0,
+            store_behind_pending: 0,
             stop: None,
             ended: None,
             counters: InstanceCounters::default(),
@@ -315,17 +319,31 @@ impl Machine {
     /// The store names the route at `named`, below this session's term: once per term, the
     /// relaying sidecar is told to register its standing (runtime.v1.StoreBehind), which raises
     /// the route's last term to its fence so that the coordinator reserves above it.
+    /// Not relaying yet (the sidecar away or still taking over), it is told once one attaches
+    /// at this term.
     fn on_store_behind(&mut self, named: u64) {
-        let relaying = matches!(self.stage, Stage::Active { .. }) && self.sidecar.as_ref().is_some_and(|s| s.attached);
-        if named >= self.term || !relaying || self.store_behind_told == self.term {
+        if named >= self.term || self.store_behind_told == self.term {
             return;
         }
+        let relaying = matches!(self.stage, Stage::Active { .. }) && self.sidecar.as_ref().is_some_and(|s| s.attached);
+        if !relaying {
+            self.store_behind_pending = self.term;
+            return;
+        }
+        self.store_behind_pending = 0;
         info!(
             named,
             "the store names the route below this term: the sidecar registers its standing"
         );
         self.store_behind_told = self.term;
         self.send(Kind::StoreBehind(proto::runtime::v1::StoreBehind { term: self.term }));
+    }
+
+    /// A sidecar attached at this term: the store's lag noticed while none was relaying.
+    pub(super) fn tell_pending_store_behind(&mut self) {
+        if self.store_behind_pending != 0 && self.store_behind_pending == self.term {
+            self.on_store_behind(0);
+        }
     }
 
     /// The sidecar activated a higher term: this member is fenced for the route.

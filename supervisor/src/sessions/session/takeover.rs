@@ -227,6 +227,7 @@ impl Machine {
         }
         self.send(Kind::Attached(attached));
         self.install_policy();
+        self.tell_pending_store_behind();
     }
 
     /// The sidecar's answer to this session's presentation on the current stream.
@@ -292,6 +293,7 @@ impl Machine {
         sidecar.opening.relinquished = false;
         self.send(Kind::ActivationConfirm(confirm));
         self.install_policy();
+        self.tell_pending_store_behind();
     }
 
     /// The egress policy revision, stamped with this session's term, right after the sidecar

@@ -401,8 +401,25 @@ fn a_store_behind_the_active_term_is_told_to_the_relaying_sidecar_once_per_term(
     assert_eq!(io(&effects), ["send 1 StoreBehind"]);
     assert!(matches!(sent(&effects, 1), Kind::StoreBehind(b) if b.term == 3));
     assert!(io(&h.member(SessionEvent::StoreBehind(1))).is_empty(), "once per term");
-    // Not relaying (still taking over): nobody to tell.
+    // Not relaying (still taking over): told once the sidecar accepts the term.
     let mut h = Harness::reserved(3);
-    h.connect(1, 2, false);
+    assert_eq!(io(&h.connect(1, 2, false)), ["issue grant 3"]);
     assert!(!io(&h.member(SessionEvent::StoreBehind(2))).contains(&"send 1 StoreBehind".to_owned()));
+    assert_eq!(io(&h.on(granted(3))), ["send 1 GrantPresentation"]);
+    assert_eq!(io(&h.message(1, receipt(3, "g"))), ["activate"]);
+    assert_eq!(
+        io(&h.on(activated(3))),
+        ["send 1 ActivationConfirm", "send 1 StoreBehind"]
+    );
+    // The sidecar away when the store's lag shows: told when it comes back at the term.
+    let mut h = Harness::attached(3);
+    h.lose(1);
+    assert!(io(&h.member(SessionEvent::StoreBehind(2))).is_empty());
+    assert_eq!(io(&h.connect(2, 3, false)), ["send 2 Attached", "send 2 StoreBehind"]);
+    // A lag noticed at a lower term is not told at a higher one (the store reserved it).
+    let mut h = Harness::attached(3);
+    h.lose(1);
+    h.member(SessionEvent::StoreBehind(2));
+    h.member(SessionEvent::Ownership(assignment(4, TermPhase::Active, material())));
+    assert!(!io(&h.connect(2, 4, false)).contains(&"send 2 StoreBehind".to_owned()));
 }
