@@ -2,7 +2,9 @@
 //! had acknowledged (an asynchronous replica promoted, a server stopped before it wrote them),
 //! can hold less than the pool did, and nothing else would ever drive the route again:
 //! - an owner reports a term above every term the store reserved for the route (the
-//!   reservation was lost);
+//!   reservation was lost), or exactly the route's last term above its assignment (the
+//!   reservation was lost and the owner's sidecar registered its fence since, on the owner's
+//!   runtime.v1.StoreBehind);
 //! - an owner reports active a term the store still shows reserved for it, longer than an
 //!   activation takes to be written (the activation was lost; a member reports a reserved
 //!   term STARTING until its activation was answered).
@@ -108,6 +110,12 @@ fn lost(view: &View, report: &Report) -> Option<Lost> {
     }
     match view.assignments.get(&report.route) {
         a if a.is_none_or(|a| report.term > a.term) && report.term > instance.last_term => Some(Lost::Reservation),
+        // The route's last term is the reported one, above this generation's assignment: the
+        // owner's sidecar registered that fence after the store lost its reservation
+        // (runtime.v1.StoreBehind). Given back to the owner, not recovered elsewhere.
+        Some(a) if report.term > a.term && report.term == instance.last_term && a.generation == instance.generation => {
+            Some(Lost::Reservation)
+        }
         Some(a)
             if report.term == a.term
                 && a.phase == AssignmentPhase::Reserved
@@ -153,15 +161,28 @@ mod tests {
         );
         assert_eq!(v.snapshot_for("m1", "m1-p", 0).keep_routes, ["ns/b"]);
         // No assignment at all: reserved above the report.
-        v.assignments.remove("ns/b");
+        let b = v.assignments.remove("ns/b").unwrap();
         v.instances.get_mut("ns/b").unwrap().last_term = Term::ZERO;
         let planned = plan(&v);
         assert_eq!((planned[0].expected, planned[0].term), (None, Term::new(6)));
         // A term the store reserved once (an earlier generation's owner, whose last report
         // outlived the withdrawal; the route registered again since): nothing forgotten.
         v.instances.get_mut("ns/b").unwrap().last_term = Term::new(5);
+        v.instances.get_mut("ns/b").unwrap().generation = 2;
         assert!(plan(&v).is_empty());
         assert!(v.snapshot_for("m1", "m1-p", 0).keep_routes.is_empty());
+        // The same generation's assignment (m2's at 1) below: the owner's sidecar raised the
+        // last term to its fence (the store had lost the reservation) — given back to the
+        // owner above it, not recovered elsewhere.
+        v.instances.get_mut("ns/b").unwrap().generation = 1;
+        v.assignments.insert("ns/b".into(), b);
+        let planned = plan(&v);
+        assert_eq!(
+            (planned[0].expected, planned[0].term, planned[0].what),
+            (Some(Term::new(1)), Term::new(6), Lost::Reservation)
+        );
+        assert_eq!(v.snapshot_for("m1", "m1-p", 0).keep_routes, ["ns/b"]);
+        v.assignments.remove("ns/b");
         // The route's owner at the store's term, or a lower one, says nothing forgotten.
         let mut v = view();
         active(&mut v, "ns/a", 3);

@@ -163,14 +163,14 @@ async fn assign(
     coordinator_term: CoordinatorTerm,
     now_ms: i64,
 ) -> Result<()> {
-    // Terms never repeat on a route, whatever became of its earlier assignments.
+    // Terms never repeat on a route, whatever became of its earlier assignments: a placement,
+    // or a compare-and-set that moves the term, goes above the route's last term — which a
+    // sidecar's registration may have raised since the coordinator read it.
     let last: Option<OwnershipTerm> = sqlx::query_scalar("SELECT last_term FROM instances WHERE route = $1")
         .bind(&a.route)
         .fetch_optional(&mut **tx)
         .await?;
-    if let Some(last) = last.filter(|last| a.term <= *last)
-        && expected_term.is_none()
-    {
+    if let Some(last) = last.filter(|last| a.term <= *last) {
         return Err(Error::Conflict {
             subject: format!("assignment {}", a.route),
             detail: format!("term {} was already used on the route (last term {last})", a.term),

@@ -565,6 +565,34 @@ pub async fn terms_never_repeat_on_a_route(db: &TestDb) {
         db.store.instance("r1").await.unwrap().unwrap().last_term,
         OwnershipTerm::new(3)
     );
+    // A sidecar registers its fence, 5 (the store had lost terms 4 and 5): a compare-and-set
+    // that moves the term, planned on a view read before, may not reuse one of them.
+    let resume = store::Resume {
+        generation: 2,
+        fence: OwnershipTerm::new(5),
+        workload: Checkpoint::default(),
+    };
+    db.store
+        .register_resuming(&registration("u2"), None, &resume)
+        .await
+        .unwrap();
+    for used in [4, 5] {
+        let reused = db
+            .store
+            .write_fenced(
+                &lease,
+                &[put(Some(OwnershipTerm::new(3)), assignment("r1", "m2", used))],
+            )
+            .await;
+        assert!(
+            matches!(reused, Err(Error::Conflict { .. })),
+            "term {used} was used on the route: {reused:?}"
+        );
+    }
+    db.store
+        .write_fenced(&lease, &[put(Some(OwnershipTerm::new(3)), assignment("r1", "m2", 6))])
+        .await
+        .unwrap();
 }
 
 pub async fn grants_are_single_use_and_activation_is_a_compare_and_set(db: &TestDb) {
