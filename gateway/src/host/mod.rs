@@ -319,6 +319,8 @@ impl Session {
         // Past it the first snapshot is built without the member's report.
         let mut first_report_by = Box::pin(tokio::time::sleep_until((self.admitted_at + FIRST_REPORT_WAIT).into()));
         let mut first_report_waited = false;
+        // The store's write counts as last seen: a rollback has the statuses written again.
+        let mut store_writes: Option<crate::store::PoolWrites> = None;
 
         let end = loop {
             tokio::select! {
@@ -361,6 +363,13 @@ impl Session {
                     let current = view.borrow_and_update().clone();
                     if current.now_ms == 0 {
                         continue; // nothing is sent before the first view
+                    }
+                    if let Some(writes) = current.writes {
+                        if store_writes.is_some_and(|before| writes.rolled_back_since(&before)) {
+                            info!("the store lost writes: this member's statuses are written again with its next report");
+                            protocol.store_rolled_back();
+                        }
+                        store_writes = Some(writes);
                     }
                     let read_after_admission = current.read_at.is_some_and(|at| at > self.admitted_at);
                     if let Some(end) = self

@@ -161,6 +161,13 @@ impl HostProtocol {
         self.acked
     }
 
+    /// The store lost writes ([`PoolWrites::rolled_back_since`](crate::store::PoolWrites)):
+    /// what this stream handed to the report writer may be gone, so every status of the next
+    /// report is handed over again, at once.
+    pub fn store_rolled_back(&mut self) {
+        self.written.clear();
+    }
+
     /// Takes what a complete report says the member hosts (a partial one says nothing of it).
     pub fn hold(&mut self, report: &StatusReport) {
         if report.partial {

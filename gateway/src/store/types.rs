@@ -116,6 +116,19 @@ pub struct PoolWrites {
     pub incarnation: i64,
 }
 
+impl PoolWrites {
+    /// Whether the store lost writes since `before` was counted: another server incarnation
+    /// (PostgreSQL restarted or failed over, which may lose acknowledged commits), or a count
+    /// that went down (the store emptied or restored from an older backup).
+    pub fn rolled_back_since(&self, before: &Self) -> bool {
+        self.incarnation != before.incarnation
+            || self.instances < before.instances
+            || self.assignments < before.assignments
+            || self.reports < before.reports
+            || self.operations < before.operations
+    }
+}
+
 /// What a gateway replica knows of a member stream it serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemberUpdate {

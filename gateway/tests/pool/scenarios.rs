@@ -580,6 +580,64 @@ pub async fn a_term_the_store_forgot_is_kept_from_the_first_snapshot_of_a_stream
     pool.stop().await;
 }
 
+/// The store lost the statuses a member reported (lost commits, a restore, an emptied store)
+/// while its stream lived on: its next report is written again, though nothing in it changed —
+/// before, the stream only handed over what changed, and the coordinator never saw what its
+/// owner runs (which is how it tells a lost reservation from a failed one).
+pub async fn statuses_the_store_lost_are_written_again_with_the_next_report(db: &TestDb) {
+    use sqlx::Connection as _;
+    let pool = Pool::start(db).await;
+    let mut member = pool
+        .member_with(0, identity("m-a", "m-a-p1", 1, 256), Behaviour::Mute)
+        .await
+        .unwrap();
+    wait_members(db, 1).await;
+    pool.register("agent-0").await.unwrap();
+    wait_assignments(&db.store, "agent-0 on m-a", |a| a.len() == 1).await;
+    let snapshot = member
+        .wait_snapshot("agent-0 reserved for m-a", |s| s.instances.len() == 1)
+        .await;
+    let owned = &snapshot.instances[0];
+    let report = StatusReport {
+        applied_revision: snapshot.revision,
+        instances: vec![InstanceStatus {
+            route: owned.route.clone(),
+            instance: owned.instance.clone(),
+            term: owned.term,
+            phase: InstancePhase::Starting as i32,
+            workload_pid: 4242,
+            ..InstanceStatus::default()
+        }],
+        partial: false,
+    };
+    let stored = || async {
+        let reports = db.store.list_reports().await.ok()?;
+        reports.iter().any(|r| r.route == "default/agent-0").then_some(())
+    };
+    member.send(MemberKind::StatusReport(report.clone())).await;
+    wait_for("the report stored", 1000, stored).await;
+    // The store loses it, and its write counts go back (as a restore's would).
+    let mut raw = db.raw().await;
+    for sql in ["DELETE FROM instance_reports", "UPDATE pool_writes SET writes = 0"] {
+        sqlx::query(sql).execute(&mut raw).await.unwrap();
+    }
+    let _ = raw.close().await;
+    // The member reports the same again, as it does every few seconds.
+    let mut polls = 0;
+    wait_for("the same report stored again", 2000, || {
+        polls += 1;
+        let (member, report, stored) = (&member, &report, &stored);
+        async move {
+            if polls % 20 == 1 {
+                member.send(MemberKind::StatusReport(report.clone())).await;
+            }
+            stored().await
+        }
+    })
+    .await;
+    pool.stop().await;
+}
+
 /// The store rolled back to an older stream's membership record of a live member (lost
 /// commits): the stream serving it ends ("attach again"), so that the member's next stream
 /// writes a record that its replica refreshes — instead of a healthy stream under a record

@@ -114,6 +114,52 @@ fn only_changes_reach_the_writer_and_new_phases_are_urgent() {
 }
 
 #[test]
+fn after_the_store_lost_writes_every_status_is_handed_over_again_at_once() {
+    let mut s = HostProtocol::default();
+    s.next_snapshot(snapshot(&[("a", 1), ("b", 1)]), Arc::default());
+    s.on_ack(1).unwrap();
+    let report = report(1, &[("a", 1, InstancePhase::Active), ("b", 1, InstancePhase::Active)]);
+    assert_eq!(s.changes(s.attribute(&report, 10).unwrap()).len(), 2);
+    assert!(s.changes(s.attribute(&report, 10).unwrap()).is_empty(), "unchanged");
+    s.store_rolled_back();
+    let again = s.changes(s.attribute(&report, 10).unwrap());
+    assert_eq!(again.len(), 2);
+    assert!(again.iter().all(|c| c.urgent));
+}
+
+#[test]
+fn a_store_that_restarted_or_whose_counts_went_down_lost_writes() {
+    use crate::store::PoolWrites;
+    let before = PoolWrites {
+        instances: 10,
+        assignments: 20,
+        reports: 30,
+        operations: 4,
+        incarnation: 1_000,
+    };
+    let later = PoolWrites { reports: 31, ..before };
+    assert!(!later.rolled_back_since(&before));
+    assert!(!before.rolled_back_since(&before));
+    assert!(
+        PoolWrites {
+            incarnation: 2_000,
+            ..later
+        }
+        .rolled_back_since(&before),
+        "restarted"
+    );
+    assert!(
+        PoolWrites {
+            assignments: 3,
+            reports: 40,
+            ..before
+        }
+        .rolled_back_since(&before),
+        "emptied"
+    );
+}
+
+#[test]
 fn what_was_written_is_forgotten_for_routes_that_left_the_member() {
     let mut s = HostProtocol::default();
     s.next_snapshot(snapshot(&[("a", 1), ("b", 1)]), Arc::default());
