@@ -66,7 +66,9 @@ pub fn agent(name: &str, observed: &Observed, seen: &mut Seen) -> Vec<String> {
 
 /// Spans without a working coordinator, from the driver's samples: a sample is `ok` when
 /// a live lease is held by a running replica, `excused` when no replica could be one (every
-/// replica stopped or paused, or the database down) — the clock starts again once one could.
+/// replica stopped or paused, the database down, or its write lock held by a paused replica).
+/// An excuse ends the span (what came before it counts); the clock starts again once a
+/// replica could coordinate.
 #[derive(Debug, Default, Clone)]
 pub struct CoordinatorGaps {
     open_since: Option<u64>,
@@ -76,9 +78,7 @@ pub struct CoordinatorGaps {
 impl CoordinatorGaps {
     pub fn sample(&mut self, at_ms: u64, ok: bool, excused: bool) {
         if ok || excused {
-            if let Some(since) = self.open_since.take()
-                && ok
-            {
+            if let Some(since) = self.open_since.take() {
                 self.longest_ms = self.longest_ms.max(at_ms.saturating_sub(since));
             }
             return;
@@ -136,10 +136,11 @@ mod tests {
         let mut gaps = CoordinatorGaps::default();
         gaps.sample(0, true, false);
         gaps.sample(100, false, false); // lost
-        gaps.sample(900, false, true); // every replica paused: not counted, clock restarts
-        gaps.sample(5000, false, false); // one back
+        gaps.sample(900, false, true); // every replica paused: the span ends, nothing counted
+        gaps.sample(3000, false, true);
+        gaps.sample(5000, false, false); // one back: the clock starts again
         gaps.sample(5600, true, false);
-        assert_eq!(gaps.take_longest(6000), 600);
+        assert_eq!(gaps.take_longest(6000), 800, "the span before the excuse");
         assert_eq!(gaps.take_longest(6000), 0, "taken");
         gaps.sample(7000, false, false);
         assert_eq!(gaps.take_longest(9000), 2000, "a span still open counts");

@@ -243,7 +243,16 @@ impl<'a> Driver<'a> {
             .iter()
             .map(|s| format!("+{}ms {}", s.at_ms, self.describe(&s.action)))
             .collect();
-        eprintln!("trial {index} {}: {}", plan.fault.name(), steps.join(", "));
+        // The wall-clock time (UTC, as the processes' logs print it) to find the trial in them.
+        let at = now_ms() % 86_400_000;
+        let clock = format!(
+            "{:02}:{:02}:{:02}.{:03}",
+            at / 3_600_000,
+            at / 60_000 % 60,
+            at / 1000 % 60,
+            at % 1000
+        );
+        eprintln!("trial {index} {} at {clock}Z: {}", plan.fault.name(), steps.join(", "));
         let before = self.owners().await?;
         let injected = now_ms();
         let start = tokio::time::Instant::now();
@@ -594,6 +603,8 @@ async fn sample_lease(
 ) {
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     let mut locked_since: Option<u64> = None;
+    // Consecutive probes that found the lock held: one could be a running replica's long write.
+    let mut held_probes = 0u32;
     loop {
         tick.tick().await;
         let lease = tokio::time::timeout(Duration::from_secs(1), store.read_lease()).await;
@@ -611,10 +622,11 @@ async fn sample_lease(
                 health.gateways.iter().any(|(_, s)| *s == State::Paused),
             )
         };
-        let held = match &embedded {
-            Some(url) if !ok && !excused && paused => write_lock_held(url).await,
-            _ => false,
+        held_probes = match &embedded {
+            Some(url) if !ok && !excused && paused && write_lock_held(url).await => held_probes + 1,
+            _ => 0,
         };
+        let held = held_probes >= 2;
         match (held, locked_since) {
             (true, None) => locked_since = Some(now_ms()),
             (false, Some(since)) => {
@@ -631,8 +643,8 @@ async fn sample_lease(
     }
 }
 
-/// Whether another process holds the SQLite database's write lock for longer than any
-/// running replica's transaction lasts (300 ms).
+/// Whether another process holds the SQLite database's write lock for longer than a running
+/// replica's transaction lasts (300 ms; the sampler wants two such probes in a row).
 async fn write_lock_held(url: &str) -> bool {
     use sqlx::Connection as _;
     use std::str::FromStr as _;

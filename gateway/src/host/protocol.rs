@@ -71,6 +71,10 @@ pub struct HostProtocol {
     /// What the member's latest complete report on this stream says it hosts (`None` before
     /// the first one) — installed here or not.
     holding: Option<Holding>,
+    /// Routes the member holds at a term the store does not know (above the route's
+    /// assignment, `forgotten::held_above`): their statuses are written at the member's own
+    /// term, so the coordinator sees what the owner runs and gives the route back to it.
+    held_above: std::collections::BTreeSet<String>,
 }
 
 /// A status to write, and whether it must be written at once: a new term, phase or workload
@@ -116,7 +120,8 @@ impl HostProtocol {
         let carried: std::collections::BTreeSet<&str> = body.instances.iter().map(|o| o.route.as_str()).collect();
         self.installs.retain(|route, _| carried.contains(route.as_str()));
         // A route that left this member is reported no more on this stream.
-        self.written.retain(|route, _| self.installs.contains_key(route));
+        self.written
+            .retain(|route, _| self.installs.contains_key(route) || self.held_above.contains(route));
         let mut numbered = Snapshot {
             revision: self.revision,
             ..body.clone()
@@ -190,6 +195,12 @@ impl HostProtocol {
         self.holding.as_ref()
     }
 
+    /// The routes the member holds at a term the store does not know, as the latest view says
+    /// (`forgotten::held_above`): reported at the member's own term from now on.
+    pub fn set_held_above(&mut self, routes: impl IntoIterator<Item = String>) {
+        self.held_above = routes.into_iter().collect();
+    }
+
     /// The statuses of `report` that can be attributed to a term — plus, for a complete
     /// report, an `ABSENT` status for every installed route the member acknowledged but does
     /// not host (in a partial report an absent route is unchanged).
@@ -211,24 +222,32 @@ impl HostProtocol {
                 error: plumbing::text::bounded(&p.error, proto::MAX_STATUS_MESSAGE_BYTES),
             }),
         };
+        // A route held above the store's term, at the member's own term (not installed here).
+        let held_above = report.instances.iter().filter(|s| {
+            self.held_above.contains(&s.route) && self.installs.get(&s.route).is_none_or(|(term, _)| *term != s.term)
+        });
+        let held_above: Vec<Attributed> = held_above.map(|s| attributed(&s.route, s.term, s)).collect();
         if report.partial {
-            return Ok(report
+            let mut out: Vec<Attributed> = report
                 .instances
                 .iter()
                 .filter_map(|s| {
                     let (route, &(term, installed_at)) = self.installs.get_key_value(&s.route)?;
                     (term == s.term && installed_at <= applied).then(|| attributed(route, term, s))
                 })
-                .collect());
+                .collect();
+            out.extend(held_above);
+            return Ok(out);
         }
         let by_route: BTreeMap<(&str, u64), &proto::host::v1::InstanceStatus> = report
             .instances
             .iter()
             .map(|s| ((s.route.as_str(), s.term), s))
             .collect();
+        let above: std::collections::BTreeSet<&str> = held_above.iter().map(|a| a.route.as_str()).collect();
         let mut out = Vec::new();
         for (route, &(term, installed_at)) in &self.installs {
-            if installed_at > applied {
+            if installed_at > applied || above.contains(route.as_str()) {
                 continue;
             }
             out.push(match by_route.get(&(route.as_str(), term)) {
@@ -244,6 +263,7 @@ impl HostProtocol {
                 },
             });
         }
+        out.extend(held_above);
         Ok(out)
     }
 

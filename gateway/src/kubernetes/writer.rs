@@ -162,18 +162,28 @@ impl<C: Cluster> Writer<C> {
             self.replica
                 .metrics
                 .token_secrets_delivered(sent.iter().map(|(target, issued)| (target.kind(), issued.issued_at_ms)));
-            // A Pod that finished: told once, whether the plan withdrew its instance just now or
-            // its sidecar deregistered it when the workload exited. Pods already finished when
-            // this term began were told by an earlier coordinator (or their instance is
-            // withdrawn now, by the plan).
+            // A Pod that finished: told once its instance left the pool — the plan withdrew it
+            // just now, or its sidecar deregistered it when the workload exited. One that
+            // finished after this pass's plan was made waits for the next pass, whose plan
+            // withdraws it. Pods already finished when this term began were told by an earlier
+            // coordinator (or their instance is withdrawn now, by the plan).
             let finished: Vec<notice::Notice> = self.shared.with(|index| {
-                finishing.append(&mut withdrawn_finished);
-                let newly = finishing.iter().filter(|uid| index.finished().contains(uid));
-                let told = notice::workloads_finished(newly.map(String::as_str), &before);
+                let withdrawn_now = std::mem::take(&mut withdrawn_finished);
+                finishing.extend(withdrawn_now.iter().cloned());
+                let left = |uid: &str| {
+                    withdrawn_now.contains(uid) || before.instances.values().any(|i| i.uid == uid && i.withdrawn)
+                };
+                let (newly, waiting): (Vec<&String>, Vec<&String>) = finishing
+                    .iter()
+                    .filter(|uid| index.finished().contains(uid))
+                    .partition(|uid| left(uid));
+                let told = notice::workloads_finished(newly.into_iter().map(String::as_str), &before);
+                let waiting: Vec<String> = waiting.into_iter().cloned().collect();
                 finishing = index
                     .pods()
                     .map(|p| p.uid.clone())
                     .filter(|uid| !index.finished().contains(uid))
+                    .chain(waiting)
                     .collect();
                 told
             });

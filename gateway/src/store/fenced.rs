@@ -204,11 +204,20 @@ async fn assign(
     if done.rows_affected() == 0 {
         return Err(conflict(tx, &a.route, expected_term).await);
     }
-    sqlx::query("UPDATE instances SET last_term = $2 WHERE route = $1 AND last_term < $2")
+    let raised = sqlx::query("UPDATE instances SET last_term = $2 WHERE route = $1 AND last_term < $2")
         .bind(&a.route)
         .bind(a.term)
         .execute(&mut **tx)
         .await?;
+    // The read above takes no lock (activation locks assignments, then instances: locking
+    // instances first here would invert that order): a registration that raised the last term
+    // to this one or above committed in between — on PostgreSQL the update then sees its row.
+    if raised.rows_affected() == 0 && last.is_some() {
+        return Err(Error::Conflict {
+            subject: format!("assignment {}", a.route),
+            detail: format!("term {} was used on the route meanwhile", a.term),
+        });
+    }
     Ok(())
 }
 

@@ -128,6 +128,50 @@ fn after_the_store_lost_writes_every_status_is_handed_over_again_at_once() {
 }
 
 #[test]
+fn routes_held_above_the_stores_term_are_reported_at_the_members_own_term() {
+    let mut s = HostProtocol::default();
+    s.next_snapshot(snapshot(&[("a", 1), ("b", 1)]), Arc::default());
+    s.on_ack(1).unwrap();
+    s.set_held_above(["a".to_owned(), "z".to_owned()]);
+    let statuses = |out: Vec<Attributed>| -> Vec<(String, u64, ReportPhase)> {
+        out.into_iter().map(|a| (a.route, a.term, a.phase)).collect()
+    };
+    let complete = report(
+        1,
+        &[
+            ("a", 2, InstancePhase::Active),
+            ("b", 1, InstancePhase::Active),
+            ("z", 5, InstancePhase::Active),
+        ],
+    );
+    // a: installed at 1, run at 2 — reported at 2, not ABSENT at 1; z: not installed here.
+    assert_eq!(
+        statuses(s.attribute(&complete, 10).unwrap()),
+        [
+            ("b".to_owned(), 1, ReportPhase::Active),
+            ("a".to_owned(), 2, ReportPhase::Active),
+            ("z".to_owned(), 5, ReportPhase::Active),
+        ]
+    );
+    let partial = StatusReport {
+        partial: true,
+        ..report(1, &[("z", 5, InstancePhase::Active)])
+    };
+    assert_eq!(
+        statuses(s.attribute(&partial, 10).unwrap()),
+        [("z".to_owned(), 5, ReportPhase::Active)]
+    );
+    // Not held above any more (the store caught up): nothing of z.
+    s.set_held_above([]);
+    assert!(statuses(s.attribute(&partial, 10).unwrap()).is_empty());
+    // What was handed over for a held route survives the next snapshot while still held.
+    s.set_held_above(["z".to_owned()]);
+    s.changes(s.attribute(&partial, 10).unwrap());
+    s.next_snapshot(snapshot(&[("a", 1)]), Arc::default());
+    assert!(s.changes(s.attribute(&partial, 10).unwrap()).is_empty(), "unchanged");
+}
+
+#[test]
 fn a_store_that_restarted_or_whose_counts_went_down_lost_writes() {
     use crate::store::PoolWrites;
     let before = PoolWrites {

@@ -339,6 +339,11 @@ impl Machine {
         self.send(Kind::StoreBehind(proto::runtime::v1::StoreBehind { term: self.term }));
     }
 
+    /// The store activated this term just now: a lag noticed before is not the store's any more.
+    pub(super) fn store_caught_up(&mut self) {
+        self.store_behind_pending = 0;
+    }
+
     /// A sidecar attached at this term: the store's lag noticed while none was relaying.
     pub(super) fn tell_pending_store_behind(&mut self) {
         if self.store_behind_pending != 0 && self.store_behind_pending == self.term {

@@ -385,6 +385,7 @@ impl Machine {
                     ));
                 }
                 info!(activated_at_ms = proof.activated_at_ms, "term activated");
+                self.store_caught_up();
                 let activation = Activation {
                     proof: proof.proof,
                     activated_at_ms: proof.activated_at_ms,

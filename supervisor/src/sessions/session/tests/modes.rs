@@ -401,16 +401,15 @@ fn a_store_behind_the_active_term_is_told_to_the_relaying_sidecar_once_per_term(
     assert_eq!(io(&effects), ["send 1 StoreBehind"]);
     assert!(matches!(sent(&effects, 1), Kind::StoreBehind(b) if b.term == 3));
     assert!(io(&h.member(SessionEvent::StoreBehind(1))).is_empty(), "once per term");
-    // Not relaying (still taking over): told once the sidecar accepts the term.
+    // Still taking over: the activation shows the store holds the term, so nothing is told
+    // (the sidecar registering again could find the store's reservation not yet activated in
+    // a replica's view, and that term recorded as used).
     let mut h = Harness::reserved(3);
     assert_eq!(io(&h.connect(1, 2, false)), ["issue grant 3"]);
     assert!(!io(&h.member(SessionEvent::StoreBehind(2))).contains(&"send 1 StoreBehind".to_owned()));
     assert_eq!(io(&h.on(granted(3))), ["send 1 GrantPresentation"]);
     assert_eq!(io(&h.message(1, receipt(3, "g"))), ["activate"]);
-    assert_eq!(
-        io(&h.on(activated(3))),
-        ["send 1 ActivationConfirm", "send 1 StoreBehind"]
-    );
+    assert_eq!(io(&h.on(activated(3))), ["send 1 ActivationConfirm"]);
     // The sidecar away when the store's lag shows: told when it comes back at the term.
     let mut h = Harness::attached(3);
     h.lose(1);
