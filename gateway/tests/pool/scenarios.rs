@@ -501,6 +501,24 @@ pub async fn a_member_cut_off_from_every_replica_gets_its_instance_back_when_it_
     pool.stop().await;
 }
 
+/// `agent-0` registered and placed on the only member, `m-a`: its assignments, and the status
+/// of a member that runs it ACTIVE one term above the placement (a term the store lost).
+async fn served_above_its_placement(pool: &Pool, db: &TestDb) -> (Vec<gateway::store::Assignment>, InstanceStatus) {
+    wait_members(db, 1).await;
+    pool.register("agent-0").await.unwrap();
+    let placed = wait_assignments(&db.store, "agent-0 on m-a", |a| a.len() == 1).await;
+    let instance = db.store.instance("default/agent-0").await.unwrap().unwrap();
+    let serving = InstanceStatus {
+        route: "default/agent-0".into(),
+        instance: Some(gateway::pool::instance_ref(&instance)),
+        term: placed[0].term.get() + 1,
+        phase: InstancePhase::Active as i32,
+        workload_pid: 4242,
+        ..InstanceStatus::default()
+    };
+    (placed, serving)
+}
+
 /// A store that rolled back (lost commits, an older backup) forgot a term a member serves:
 /// the member's first snapshot on a new stream keeps the route instead of leaving it out —
 /// which would have it relinquish a session nothing else can take up — because the gateway
@@ -508,18 +526,8 @@ pub async fn a_member_cut_off_from_every_replica_gets_its_instance_back_when_it_
 pub async fn a_term_the_store_forgot_is_kept_from_the_first_snapshot_of_a_stream(db: &TestDb) {
     let pool = Pool::start(db).await;
     let _a = pool.member(0, "m-a", Behaviour::Healthy).await;
-    wait_members(db, 1).await;
-    pool.register("agent-0").await.unwrap();
-    let placed = wait_assignments(&db.store, "agent-0 on m-a", |a| a.len() == 1).await;
-    let forgotten = placed[0].term.get() + 1;
+    let (placed, serving) = served_above_its_placement(&pool, db).await;
     let instance = db.store.instance("default/agent-0").await.unwrap().unwrap();
-    let serving = InstanceStatus {
-        route: "default/agent-0".into(),
-        instance: Some(gateway::pool::instance_ref(&instance)),
-        term: forgotten,
-        phase: InstancePhase::Active as i32,
-        ..InstanceStatus::default()
-    };
     let mut b = Member::attach_hosting(
         &pool.endpoint(0),
         &pool.tokens.member("m-b"),
@@ -588,19 +596,8 @@ pub async fn a_route_held_above_the_store_is_reported_and_given_back_to_its_owne
     let pool = Pool::start(db).await;
     // Mute: the store's owner says nothing of the route (the term it shows never ran).
     let _a = pool.member(0, "m-a", Behaviour::Mute).await;
-    wait_members(db, 1).await;
-    pool.register("agent-0").await.unwrap();
-    let placed = wait_assignments(&db.store, "agent-0 on m-a", |a| a.len() == 1).await;
-    let held = placed[0].term.get() + 1;
-    let instance = db.store.instance("default/agent-0").await.unwrap().unwrap();
-    let serving = InstanceStatus {
-        route: "default/agent-0".into(),
-        instance: Some(gateway::pool::instance_ref(&instance)),
-        term: held,
-        phase: InstancePhase::Active as i32,
-        workload_pid: 4242,
-        ..InstanceStatus::default()
-    };
+    let (_, serving) = served_above_its_placement(&pool, db).await;
+    let held = serving.term;
     let mut b = Member::attach_hosting(
         &pool.endpoint(0),
         &pool.tokens.member("m-b"),
