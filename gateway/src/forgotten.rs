@@ -100,6 +100,17 @@ pub fn held_above<'a>(view: &'a View, holding: &'a Holding) -> impl Iterator<Ite
     })
 }
 
+/// Of [`held_above`], the routes whose held term the store or the sidecar proved: at most the
+/// route's last term (a sidecar's registration raises it to its fence). Only these statuses are
+/// written at the member's own term; a term above it is the member's word alone, and written it
+/// would have the route given to that member.
+pub fn held_proven<'a>(view: &'a View, holding: &'a Holding) -> impl Iterator<Item = &'a String> {
+    held_above(view, holding).filter(move |route| {
+        let last = view.instances.get(route.as_str()).map_or(0, |i| i.last_term.get());
+        holding.get(route.as_str()).is_some_and(|(term, _)| *term <= last)
+    })
+}
+
 /// What the store lost of `report`'s route, if anything: only a desired instance's, reported
 /// active by a live member process. A report of a term the store knew (such as an earlier
 /// generation's owner's, whose last report outlived its withdrawal) is not a lost reservation.
@@ -194,6 +205,18 @@ mod tests {
 
     fn assignment<'a>(v: &'a mut View, route: &str) -> &'a mut Assignment {
         v.assignments.get_mut(route).unwrap()
+    }
+
+    #[test]
+    fn only_a_held_term_the_store_or_the_sidecar_proved_counts_as_held_above() {
+        // ns/b is m2's at term 1; a member says it runs ns/b at 5.
+        let mut v = view();
+        let instance = crate::pool::instance_ref(&v.instances["ns/b"]);
+        let holding: Holding = [("ns/b".to_owned(), (5, instance))].into();
+        assert_eq!(held_above(&v, &holding).count(), 1, "kept: it keeps what it does");
+        assert_eq!(held_proven(&v, &holding).count(), 0, "its word alone");
+        v.instances.get_mut("ns/b").unwrap().last_term = Term::new(5);
+        assert_eq!(held_proven(&v, &holding).count(), 1, "the sidecar registered fence 5");
     }
 
     #[test]

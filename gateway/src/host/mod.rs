@@ -396,10 +396,13 @@ impl Session {
                     built = Some(current.snapshot_revision);
                     let mut body = current.snapshot_for(&self.identity.member, &self.identity.process_id, replica.recovery_deadline_ms);
                     if let Some(holding) = protocol.holding() {
-                        let above: Vec<String> = crate::forgotten::held_above(&current, holding).cloned().collect();
-                        let kept = above.iter().filter(|route| !body.keep_routes.contains(route)).cloned().collect::<Vec<_>>();
+                        let kept = crate::forgotten::held_above(&current, holding)
+                            .filter(|route| !body.keep_routes.contains(route))
+                            .cloned()
+                            .collect::<Vec<_>>();
                         body.keep_routes.extend(kept);
-                        protocol.set_held_above(above);
+                        let proven: Vec<String> = crate::forgotten::held_proven(&current, holding).cloned().collect();
+                        protocol.set_held_above(proven);
                     }
                     if let Some(shared) = &replica.policies {
                         with_policies(&mut body, shared);

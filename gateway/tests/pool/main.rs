@@ -29,7 +29,6 @@ on_both_backends!(scenarios;
     a_term_the_store_forgot_is_kept_from_the_first_snapshot_of_a_stream,
     a_stream_whose_membership_record_the_store_lost_ends_and_the_member_attaches_again,
     statuses_the_store_lost_are_written_again_with_the_next_report,
-    a_route_held_above_the_store_is_reported_and_given_back_to_its_owner,
     newer_epochs_supersede_and_another_process_waits_for_the_live_one_to_end,
     a_stranger_with_a_members_token_cannot_end_its_live_stream,
     a_member_naming_another_members_process_gets_no_grant,

@@ -588,50 +588,6 @@ pub async fn a_term_the_store_forgot_is_kept_from_the_first_snapshot_of_a_stream
     pool.stop().await;
 }
 
-/// A member serves a route at a term the store does not know (the store lost its reservation
-/// and the owner's report with it): its reports of that route are written at its own term,
-/// and the coordinator gives the route back to it above that term — before, nothing was written
-/// for a route not installed on the stream, and the route was recovered on another member.
-pub async fn a_route_held_above_the_store_is_reported_and_given_back_to_its_owner(db: &TestDb) {
-    let pool = Pool::start(db).await;
-    // Mute: the store's owner says nothing of the route (the term it shows never ran).
-    let _a = pool.member(0, "m-a", Behaviour::Mute).await;
-    let (_, serving) = served_above_its_placement(&pool, db).await;
-    let held = serving.term;
-    let mut b = Member::attach_hosting(
-        &pool.endpoint(0),
-        &pool.tokens.member("m-b"),
-        identity("m-b", "m-b-p1", 1, 256),
-        Behaviour::Mute,
-        Some(vec![serving.clone()]),
-    )
-    .await
-    .unwrap();
-    let first = b.wait_snapshot("a first snapshot", |_| true).await;
-    assert_eq!(first.keep_routes, ["default/agent-0"], "{first:?}");
-    // The member reports after each snapshot it applied.
-    let report = StatusReport {
-        applied_revision: first.revision,
-        instances: vec![serving],
-        partial: false,
-    };
-    b.send(MemberKind::StatusReport(report)).await;
-    wait_for("m-b's report of its own term stored", 1000, || async {
-        let reports = db.store.list_reports().await.ok()?;
-        reports
-            .iter()
-            .any(|r| r.route == "default/agent-0" && r.member == "m-b" && r.term.get() == held)
-            .then_some(())
-    })
-    .await;
-    let given = wait_assignments(&db.store, "agent-0 given back to m-b above its term", |a| {
-        a.first().is_some_and(|a| a.member == "m-b" && a.term.get() > held)
-    })
-    .await;
-    assert_eq!(given[0].term.get(), held + 1);
-    pool.stop().await;
-}
-
 /// The store lost the statuses a member reported (lost commits, a restore, an emptied store)
 /// while its stream lived on: its next report is written again, though nothing in it changed —
 /// before, the stream only handed over what changed, and the coordinator never saw what its
