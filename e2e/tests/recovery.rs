@@ -62,9 +62,10 @@ async fn an_owner_its_sidecars_cannot_reach_is_replaced_before_their_deadline() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_emptied_store_stops_nothing_and_every_instance_comes_back() {
+async fn an_emptied_store_stops_nothing_and_moves_nothing() {
     let outcome = run("store-wipe").await;
     assert_workloads_survived(&outcome);
+    assert!(outcome.notes.contains("nothing moved"), "{}", outcome.notes);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, info, info_span, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::operations;
 use crate::placement::Decision;
@@ -195,6 +195,9 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
         .collect();
     for decision in decisions {
         match decision {
+            Decision::Place { route, .. } if crate::forgotten::awaiting_holder(view, &route) => {
+                debug!(%route, "recorded anew from its sidecar's fence: waiting for the member that runs it to report it");
+            }
             Decision::Place { route, to } => {
                 // Above every term the route ever had (a withdrawn generation's included).
                 let term = view.fresh_term(&route, OwnershipTerm::new(1));
@@ -436,6 +439,7 @@ mod tests {
                 last_term: OwnershipTerm::new(0),
                 withdrawn_reason: None,
                 displaced: None,
+                checkpointed: false,
             },
         );
         for m in ["a", "b"] {

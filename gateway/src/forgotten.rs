@@ -9,6 +9,11 @@
 //!   activation takes to be written (the activation was lost; a member reports a reserved
 //!   term STARTING until its activation was answered).
 //!
+//! - the store lost the instance itself (an emptied store, or one restored from a backup older
+//!   than the instance): its owner keeps the session ([`unregistered`], for a bound) and tells
+//!   the sidecar (runtime.v1.StoreBehind), which registers again with its fence at once; placement
+//!   leaves the route alone for a moment ([`awaiting_holder`]) while the owner reports that term.
+//!
 //! Each such route is reserved anew for the owner that reports it, above that term: a move to
 //! the same member through the fenced grant, receipt and activation, so the store catches up
 //! with what the sidecar's fence holds and the workload stays where it runs. Until the
@@ -17,12 +22,25 @@
 //!
 //! Pure over the pool view; the coordinator writes what [`plan`] returns.
 
+use std::time::Duration;
+
 use crate::pool::View;
 use crate::store::{AssignmentPhase, OwnershipTerm, Report, ReportPhase};
 
 /// A reservation still not active this long after it was written, while its owner reports
 /// the term active, lost its activation.
 pub const ACTIVATION_LOST_AFTER_MS: i64 = 10_000;
+
+/// How long a member keeps a session whose instance the store does not know at all, for its
+/// sidecar to register again (told at once; one that is away registers by itself 5 s into its
+/// recovery, `REGISTER_AGAIN_AFTER`). Past it the member lets the session go: a route whose
+/// instance the store retired while the member was away has no sidecar left to register.
+pub const UNREGISTERED_KEPT_FOR: Duration = Duration::from_secs(10);
+
+/// How long placement leaves alone an instance a sidecar's registration recorded anew above
+/// its fence, for the member that kept the session to report it (see [`awaiting_holder`]).
+/// Placed all the same after it: the sidecar may be recovering, its owner gone.
+pub const HOLDER_REPORT_GRACE_MS: i64 = 3_000;
 
 /// A route to reserve anew for the member process that reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +61,8 @@ pub struct Forgotten {
 pub enum Lost {
     Reservation,
     Activation,
+    /// The instance itself: its sidecar registered it again with its fence.
+    Instance,
 }
 
 impl std::fmt::Display for Lost {
@@ -50,6 +70,7 @@ impl std::fmt::Display for Lost {
         f.write_str(match self {
             Self::Reservation => "its owner reports a term above every term the store reserved",
             Self::Activation => "its owner reports active a term the store still shows reserved",
+            Self::Instance => "the store lost the instance; its owner reports the term its sidecar registered again",
         })
     }
 }
@@ -77,7 +98,7 @@ pub fn plan(view: &View) -> Vec<Forgotten> {
 /// Whether `report` is of a term the store forgot reserving — its owner keeps the route in
 /// its snapshot meanwhile.
 pub fn reported_above(view: &View, report: &Report) -> bool {
-    lost(view, report) == Some(Lost::Reservation)
+    matches!(lost(view, report), Some(Lost::Reservation | Lost::Instance))
 }
 
 /// The sessions a member says it runs at an activated term (ACTIVE or RECOVERING), by route:
@@ -98,6 +119,36 @@ pub fn held_above<'a>(view: &'a View, holding: &'a Holding) -> impl Iterator<Ite
         let unknown = view.assignments.get(route).is_none_or(|a| *term > a.term.get());
         (same_workload && unknown).then_some(route)
     })
+}
+
+/// Of what a member says it hosts, the routes whose instance the store does not know at all:
+/// the store was emptied or restored from a backup older than the instance. The member keeps
+/// them for [`UNREGISTERED_KEPT_FOR`] (its sidecar, told, registers again with its fence);
+/// nothing is written or given on its word.
+pub fn unregistered<'a>(view: &'a View, holding: &'a Holding) -> impl Iterator<Item = &'a String> {
+    holding
+        .keys()
+        .filter(|route| !view.instances.contains_key(route.as_str()))
+}
+
+/// Whether placement leaves `route` alone for now: a registration recorded the desired
+/// instance anew moments ago with its sidecar's fence and workload checkpoint (no assignment,
+/// a term used before), and no member reported the route since. The member that kept the
+/// session reports that term within a round or two, and the route goes back to it ([`plan`])
+/// rather than to whichever member placement would pick. A new workload has used no term; a
+/// revived or replaced generation has no checkpoint.
+pub fn awaiting_holder(view: &View, route: &str) -> bool {
+    let Some(instance) = view.instances.get(route).filter(|i| !i.withdrawn) else {
+        return false;
+    };
+    view.assignments.get(route).is_none()
+        && instance.last_term > OwnershipTerm::ZERO
+        && instance.checkpointed
+        && view.now_ms.saturating_sub(instance.registered_at_ms) < HOLDER_REPORT_GRACE_MS
+        && view
+            .reports
+            .get(route)
+            .is_none_or(|r| r.updated_at_ms < instance.registered_at_ms || !view.is_live(&r.member, &r.process_id))
 }
 
 /// Of [`held_above`], the routes whose held term the store or the sidecar proved: at most the
@@ -127,6 +178,16 @@ fn lost(view: &View, report: &Report) -> Option<Lost> {
         Some(a) if report.term > a.term && report.term == instance.last_term && a.generation == instance.generation => {
             Some(Lost::Reservation)
         }
+        // No assignment, and the reported term is the one the sidecar registered since (the
+        // store lost the instance and learned it again from the sidecar's fence): given back
+        // to the member that kept the session. A report older than the registration is an
+        // earlier workload's.
+        None if report.term == instance.last_term
+            && report.term > OwnershipTerm::ZERO
+            && report.updated_at_ms >= instance.registered_at_ms =>
+        {
+            Some(Lost::Instance)
+        }
         Some(a)
             if report.term == a.term
                 && a.phase == AssignmentPhase::Reserved
@@ -152,6 +213,18 @@ mod tests {
         v.reports.insert(route.into(), report);
     }
 
+    /// ns/b reserved anew for `m1` (process `m1-p`) at `term`, replacing `expected`.
+    fn to_m1(expected: Option<Term>, term: u64, what: Lost) -> Forgotten {
+        Forgotten {
+            route: "ns/b".into(),
+            member: "m1".into(),
+            process_id: "m1-p".into(),
+            expected,
+            term: Term::new(term),
+            what,
+        }
+    }
+
     #[test]
     fn an_owner_reporting_a_term_the_store_forgot_gets_the_route_above_it_and_keeps_it_meanwhile() {
         // The store (restored) says ns/b is m2's at term 1, and reserved up to 4; m1 runs it
@@ -159,17 +232,7 @@ mod tests {
         let mut v = view();
         active(&mut v, "ns/b", 5);
         v.instances.get_mut("ns/b").unwrap().last_term = Term::new(4);
-        assert_eq!(
-            plan(&v),
-            [Forgotten {
-                route: "ns/b".into(),
-                member: "m1".into(),
-                process_id: "m1-p".into(),
-                expected: Some(Term::new(1)),
-                term: Term::new(6),
-                what: Lost::Reservation,
-            }]
-        );
+        assert_eq!(plan(&v), [to_m1(Some(Term::new(1)), 6, Lost::Reservation)]);
         assert_eq!(v.snapshot_for("m1", "m1-p", 0).keep_routes, ["ns/b"]);
         // No assignment at all: reserved above the report.
         let b = v.assignments.remove("ns/b").unwrap();
@@ -180,6 +243,7 @@ mod tests {
         // outlived the withdrawal; the route registered again since): nothing forgotten.
         v.instances.get_mut("ns/b").unwrap().last_term = Term::new(5);
         v.instances.get_mut("ns/b").unwrap().generation = 2;
+        v.instances.get_mut("ns/b").unwrap().registered_at_ms = 1;
         assert!(plan(&v).is_empty());
         assert!(v.snapshot_for("m1", "m1-p", 0).keep_routes.is_empty());
         // The same generation's assignment (m2's at 1) below: the owner's sidecar raised the
@@ -217,6 +281,54 @@ mod tests {
         assert_eq!(held_proven(&v, &holding).count(), 0, "its word alone");
         v.instances.get_mut("ns/b").unwrap().last_term = Term::new(5);
         assert_eq!(held_proven(&v, &holding).count(), 1, "the sidecar registered fence 5");
+    }
+
+    #[test]
+    fn an_instance_the_store_lost_is_kept_by_its_owner_and_given_back_to_it_once_its_sidecar_registered() {
+        // The store was emptied: it knows neither ns/b nor its assignment; m1 runs it at 5.
+        let mut v = view();
+        let registered = v.instances.remove("ns/b").unwrap();
+        v.assignments.remove("ns/b");
+        let holding: Holding = [("ns/b".to_owned(), (5, crate::pool::instance_ref(&registered)))].into();
+        assert_eq!(unregistered(&v, &holding).collect::<Vec<_>>(), ["ns/b"]);
+        assert_eq!(held_above(&v, &holding).count(), 0);
+        // Its sidecar registered again: fence 5, its workload checkpoint, 100 ms ago.
+        v.instances.insert(
+            "ns/b".into(),
+            crate::store::InstanceRecord {
+                last_term: Term::new(5),
+                checkpointed: true,
+                registered_at_ms: v.now_ms - 100,
+                ..registered
+            },
+        );
+        assert_eq!(unregistered(&v, &holding).count(), 0);
+        assert_eq!(held_proven(&v, &holding).count(), 1, "its status is written at 5");
+        assert!(awaiting_holder(&v, "ns/b"), "placement waits for the owner's report");
+        assert!(plan(&v).is_empty());
+        // A report from before the registration is an earlier workload's: still waiting.
+        active(&mut v, "ns/b", 5);
+        v.reports.get_mut("ns/b").unwrap().updated_at_ms = v.now_ms - 101;
+        assert!(awaiting_holder(&v, "ns/b"));
+        assert!(plan(&v).is_empty());
+        // The owner's report since: the route goes back to it, above the fence.
+        v.reports.get_mut("ns/b").unwrap().updated_at_ms = v.now_ms - 50;
+        assert!(!awaiting_holder(&v, "ns/b"));
+        assert_eq!(plan(&v), [to_m1(None, 6, Lost::Instance)]);
+        assert_eq!(v.snapshot_for("m1", "m1-p", 0).keep_routes, ["ns/b"]);
+        // Nobody reports it: placed as usual once the grace is over.
+        v.reports.remove("ns/b");
+        let now = v.now_ms;
+        v.instances.get_mut("ns/b").unwrap().registered_at_ms = now - HOLDER_REPORT_GRACE_MS;
+        assert!(!awaiting_holder(&v, "ns/b"));
+        // A new workload (no term used) or a revived generation (no checkpoint) never waits.
+        v.instances.get_mut("ns/b").unwrap().registered_at_ms = now;
+        assert!(awaiting_holder(&v, "ns/b"));
+        v.instances.get_mut("ns/b").unwrap().checkpointed = false;
+        assert!(!awaiting_holder(&v, "ns/b"));
+        let b = v.instances.get_mut("ns/b").unwrap();
+        (b.checkpointed, b.last_term) = (true, Term::ZERO);
+        assert!(!awaiting_holder(&v, "ns/b"));
     }
 
     #[test]

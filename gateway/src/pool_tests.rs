@@ -29,6 +29,7 @@ pub(crate) fn view() -> View {
                 last_term: OwnershipTerm::new(0),
                 withdrawn_reason: None,
                 displaced: None,
+                checkpointed: false,
             },
         );
     }

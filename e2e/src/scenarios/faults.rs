@@ -307,17 +307,19 @@ async fn other_coordinator(pool: &LocalPool, except: usize) -> Option<String> {
 
 /// Empty the store under the running pool — every table dropped and, on PostgreSQL, every
 /// connection to it closed — as a database Pod replaced without its volume, or a restore to
-/// an empty database, does. Nothing may be stopped: the gateways migrate the empty schema
-/// again, each sidecar registers again with its fence, and every instance is placed above
-/// it — measured until every instance is active again.
+/// an empty database, does. Nothing may be stopped and nothing may move: the gateways migrate
+/// the empty schema again, the owners keep their sessions and have their sidecars register
+/// again with their fences, and every instance is reserved anew above its fence for the member
+/// that runs it — measured until every instance is active again.
 pub(super) async fn wipe(pool: &LocalPool, store: &Store) -> Result<Outcome, Error> {
     let sandboxes: Vec<String> = pool.sandboxes.iter().map(|s| s.name.clone()).collect();
-    let before: Vec<(String, gateway::store::OwnershipTerm)> = store
-        .list_assignments()
-        .await?
-        .into_iter()
-        .map(|a| (a.route, a.term))
+    let assignments = store.list_assignments().await?;
+    let runs_on: BTreeMap<String, String> = assignments
+        .iter()
+        .map(|a| (a.route.clone(), a.member.clone()))
         .collect();
+    let before: Vec<(String, gateway::store::OwnershipTerm)> =
+        assignments.into_iter().map(|a| (a.route, a.term)).collect();
     let pids_before = agent_pids(pool, &sandboxes);
     let kids = |keys: Vec<gateway::store::SigningKey>| keys.into_iter().map(|k| k.kid).collect::<Vec<_>>();
     let keys_before = kids(store.list_signing_keys().await?);
@@ -362,10 +364,10 @@ pub(super) async fn wipe(pool: &LocalPool, store: &Store) -> Result<Outcome, Err
     }
     let observed: Vec<Observed> = sandboxes.iter().map(|s| observe(pool, s)).collect();
     let pids_after = agent_pids(pool, &sandboxes);
-    let after: Vec<String> = store
-        .list_assignments()
-        .await?
-        .into_iter()
+    let assignments = store.list_assignments().await?;
+    nothing_moved(&runs_on, &assignments, "the store was emptied")?;
+    let after: Vec<String> = assignments
+        .iter()
         .map(|a| format!("{} at {}", a.route, a.term))
         .collect();
     Ok(Outcome::measured(
@@ -374,7 +376,7 @@ pub(super) async fn wipe(pool: &LocalPool, store: &Store) -> Result<Outcome, Err
         (pids_before, pids_after),
         &observed,
         format!(
-            "signing keys kept; terms before: {}; after: {}",
+            "signing keys kept; terms before: {}; after: {}; nothing moved",
             before
                 .iter()
                 .map(|(r, t)| format!("{r} at {t}"))
@@ -383,6 +385,25 @@ pub(super) async fn wipe(pool: &LocalPool, store: &Store) -> Result<Outcome, Err
             after.join(", ")
         ),
     ))
+}
+
+/// Every route of `after` is on the member `runs_on` had it on before `what` happened.
+fn nothing_moved(
+    runs_on: &BTreeMap<String, String>,
+    after: &[gateway::store::Assignment],
+    what: &str,
+) -> Result<(), Error> {
+    let moved: Vec<&str> = after
+        .iter()
+        .filter(|a| runs_on.get(&a.route).is_some_and(|m| *m != a.member))
+        .map(|a| a.route.as_str())
+        .collect();
+    if moved.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Scenario(format!(
+        "routes moved to another member after {what}: {moved:?}"
+    )))
 }
 
 /// When the last of `routes` became active above its term (under another member than
@@ -542,16 +563,7 @@ pub(super) async fn rollback(pool: &LocalPool, store: &Store) -> Result<Outcome,
     let end = u64::try_from(activated).unwrap_or(0);
     reporting_after(pool, &sandboxes, end).await?;
     let after = store.list_assignments().await?;
-    let moved: Vec<&str> = after
-        .iter()
-        .filter(|a| runs_on.get(&a.route).is_some_and(|m| *m != a.member))
-        .map(|a| a.route.as_str())
-        .collect();
-    if !moved.is_empty() {
-        return Err(Error::Scenario(format!(
-            "routes moved to another member after the store forgot their terms: {moved:?}"
-        )));
-    }
+    nothing_moved(&runs_on, &after, "the store forgot their terms")?;
     let observed: Vec<Observed> = sandboxes.iter().map(|s| observe(pool, s)).collect();
     Ok(Outcome::measured(
         "store forgot a drain → every route active again above its owner's term".into(),

@@ -390,7 +390,10 @@ impl Session {
                         // rolled back may have forgotten terms it serves, which it must keep.
                         continue;
                     }
-                    if current.snapshot_revision != 0 && built == Some(current.snapshot_revision) {
+                    if current.snapshot_revision != 0
+                        && built == Some(current.snapshot_revision)
+                        && !protocol.holds_unregistered()
+                    {
                         continue;
                     }
                     built = Some(current.snapshot_revision);
@@ -402,7 +405,9 @@ impl Session {
                             .collect::<Vec<_>>();
                         body.keep_routes.extend(kept);
                         let proven: Vec<String> = crate::forgotten::held_proven(&current, holding).cloned().collect();
+                        let unregistered: Vec<String> = crate::forgotten::unregistered(&current, holding).cloned().collect();
                         protocol.set_held_above(proven);
+                        body.keep_routes.extend(protocol.keep_unregistered(unregistered, std::time::Instant::now()));
                     }
                     if let Some(shared) = &replica.policies {
                         with_policies(&mut body, shared);

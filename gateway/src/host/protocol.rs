@@ -4,6 +4,7 @@
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use proto::common::v1::RouteDirectoryEntry;
 use proto::host::v1::{Snapshot, StatusReport};
@@ -75,6 +76,9 @@ pub struct HostProtocol {
     /// assignment, `forgotten::held_above`): their statuses are written at the member's own
     /// term, so the coordinator sees what the owner runs and gives the route back to it.
     held_above: std::collections::BTreeSet<String>,
+    /// Routes the member holds whose instance the store does not know at all
+    /// (`forgotten::unregistered`), since when this stream saw each so.
+    unregistered_since: BTreeMap<String, Instant>,
 }
 
 /// A status to write, and whether it must be written at once: a new term, phase or workload
@@ -197,8 +201,36 @@ impl HostProtocol {
 
     /// The routes the member holds at a term the store does not know, as the latest view says
     /// (`forgotten::held_above`): reported at the member's own term from now on.
+    /// A route new to the set is reported at once: the next snapshot goes out even if nothing
+    /// else changed, and the member answers it with a complete report.
     pub fn set_held_above(&mut self, routes: impl IntoIterator<Item = String>) {
-        self.held_above = routes.into_iter().collect();
+        let routes: std::collections::BTreeSet<String> = routes.into_iter().collect();
+        if !routes.is_subset(&self.held_above) {
+            self.last = None;
+        }
+        self.held_above = routes;
+    }
+
+    /// Whether a route the store does not know is held (kept for now, or past the bound and
+    /// still to be let go): snapshots are built on every view meanwhile, not only on changed
+    /// ones, so the bound takes effect when it passes.
+    pub fn holds_unregistered(&self) -> bool {
+        !self.unregistered_since.is_empty()
+    }
+
+    /// Of the routes the member holds whose instance the store does not know at all
+    /// (`forgotten::unregistered`, as of `now`), those it keeps: seen so on this stream for less
+    /// than `forgotten::UNREGISTERED_KEPT_FOR`.
+    pub fn keep_unregistered(&mut self, routes: impl IntoIterator<Item = String>, now: Instant) -> Vec<String> {
+        let routes: std::collections::BTreeSet<String> = routes.into_iter().collect();
+        self.unregistered_since.retain(|route, _| routes.contains(route));
+        routes
+            .into_iter()
+            .filter(|route| {
+                let since = *self.unregistered_since.entry(route.clone()).or_insert(now);
+                now.saturating_duration_since(since) < crate::forgotten::UNREGISTERED_KEPT_FOR
+            })
+            .collect()
     }
 
     /// The statuses of `report` that can be attributed to a term — plus, for a complete

@@ -30,6 +30,7 @@ fn instance(route: &str) -> InstanceRecord {
         last_term: OwnershipTerm::new(0),
         withdrawn_reason: None,
         displaced: None,
+        checkpointed: false,
     }
 }
 

@@ -188,6 +188,7 @@ mod tests {
             last_term: OwnershipTerm::new(0),
             withdrawn_reason: None,
             displaced: None,
+            checkpointed: false,
         }
     }
 

@@ -44,6 +44,7 @@ pub(crate) fn view() -> View {
                 last_term: OwnershipTerm::new(1),
                 withdrawn_reason: None,
                 displaced: None,
+                checkpointed: false,
             },
         );
         v.assignments.insert(

@@ -20,6 +20,7 @@ fn instance(route: &str) -> InstanceRecord {
         last_term: OwnershipTerm::new(1),
         withdrawn_reason: None,
         displaced: None,
+        checkpointed: false,
     }
 }
 

@@ -38,6 +38,7 @@ pub(super) fn pool(members: &[&str], placed: &[(&str, &str)]) -> View {
                 last_term: OwnershipTerm::new(0),
                 withdrawn_reason: None,
                 displaced: None,
+                checkpointed: false,
             },
         );
         v.assignments.insert(

@@ -379,7 +379,8 @@ impl Store {
         let sql = format!(
             "SELECT route, namespace, name, uid, generation, material, registered_at_ms, last_term, \
              CASE WHEN withdrawn THEN 1 ELSE 0 END AS withdrawn, withdrawn_reason, withdrawn_owner, withdrawn_term, \
-             displaced_member, displaced_process_id, displaced_term, displaced_for \
+             displaced_member, displaced_process_id, displaced_term, displaced_for, \
+             CASE WHEN checkpoint_pid IS NULL THEN 0 ELSE 1 END AS checkpointed \
              FROM instances {filter} ORDER BY route"
         );
         let mut query = sqlx::query_as(&sql);

@@ -201,6 +201,11 @@ pub struct InstanceRecord {
     /// until an activation (see `gateway::returned`).
     #[sqlx(flatten, try_from = "DisplacedColumns")]
     pub displaced: Option<Displaced>,
+    /// The store holds the workload's checkpoint: adopted at its first grant, or given by a
+    /// sidecar whose registration recorded the instance anew above its fence (the store had
+    /// lost it). A new or revived generation has none until its first grant.
+    #[sqlx(try_from = "Flag")]
+    pub checkpointed: bool,
 }
 
 /// An owner a recovery displaced because the gateways lost it (`instances.displaced_*`): it

@@ -2119,7 +2119,10 @@ pub async fn a_store_that_lost_an_instance_takes_it_back_above_the_sidecars_fenc
         Registered::Desired { generation: 3 }
     );
     let listed = db.store.list_instances().await.unwrap();
-    assert_eq!((listed[0].generation, listed[0].last_term), (3, OwnershipTerm::new(7)));
+    assert_eq!(
+        (listed[0].generation, listed[0].last_term, listed[0].checkpointed),
+        (3, OwnershipTerm::new(7), true)
+    );
     let mut raw = db.raw().await;
     let checkpoint: (Option<i64>, Option<i64>) = sqlx::query_as(&format!(
         "SELECT checkpoint_pid, checkpoint_start_ticks FROM instances WHERE route = '{}'",

@@ -89,12 +89,10 @@ impl SessionSet {
                 session.assign_policy(policy);
             }
         }
-        // The store names a route below the term this process holds: it lost commits.
-        for (route, session) in &mut self.live {
-            if let Some(entry) = self.directory.get(route)
-                && entry.term < session.held().term
-            {
-                session.send(SessionEvent::StoreBehind(entry.term));
+        // The store is behind the term this process holds: the sidecar registers its standing.
+        for (route, named) in plan::store_behind(&held, &self.directory, snapshot) {
+            if let Some(session) = self.live.get_mut(route) {
+                session.send(SessionEvent::StoreBehind(named));
             }
         }
         self.publish_table();

@@ -190,6 +190,23 @@ pub fn apply_directory(held: &mut Arc<Directory>, snapshot: &Snapshot) {
     }
 }
 
+/// The held routes whose store is behind the term held, with the term the store names (0:
+/// none): the directory names the route below it (the store lost commits), or names it not
+/// at all while the snapshot keeps it (the store lost the instance or its assignment). Their
+/// sidecars register their standing (runtime.v1.StoreBehind). Pure.
+pub fn store_behind<'a>(held: &'a Sessions, directory: &Directory, snapshot: &Snapshot) -> Vec<(&'a str, u64)> {
+    held.iter()
+        .filter_map(|(route, session)| {
+            let named = match directory.get(route) {
+                Some(entry) => entry.term,
+                None if snapshot.keep_routes.contains(route) => 0,
+                None => return None,
+            };
+            (named < session.term).then_some((route.as_str(), named))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use proto::host::v1::OwnedInstance;
@@ -244,6 +261,32 @@ mod tests {
             credentials: credentials.and_then(Credentials::from_wire),
             grant: None,
         }
+    }
+
+    #[test]
+    fn a_store_that_names_a_held_route_below_its_term_or_not_at_all_while_keeping_it_is_behind() {
+        let held: Sessions = [
+            held("ns/lower", 5, TermPhase::Active),
+            held("ns/same", 5, TermPhase::Active),
+            held("ns/kept", 5, TermPhase::Active),
+            held("ns/unnamed", 5, TermPhase::Active),
+        ]
+        .into();
+        let entry = |route: &str, term| {
+            let entry = RouteDirectoryEntry {
+                route: route.into(),
+                term,
+                ..RouteDirectoryEntry::default()
+            };
+            (route.to_owned(), entry)
+        };
+        let directory: Directory = [entry("ns/lower", 4), entry("ns/same", 5)].into();
+        let snapshot = snapshot(Vec::new(), &[], &["ns/kept", "ns/same"]);
+        assert_eq!(
+            store_behind(&held, &directory, &snapshot),
+            [("ns/kept", 0), ("ns/lower", 4)],
+            "a route named nowhere and not kept is being released, not behind"
+        );
     }
 
     #[test]

@@ -172,6 +172,51 @@ fn routes_held_above_the_stores_term_are_reported_at_the_members_own_term() {
 }
 
 #[test]
+fn a_route_newly_held_above_the_store_gets_a_snapshot_for_the_members_report() {
+    let mut s = HostProtocol::default();
+    let body = snapshot(&[("a", 1)]);
+    assert!(s.next_snapshot(body.clone(), Arc::default()).is_some());
+    assert!(
+        s.next_snapshot(body.clone(), Arc::default()).is_none(),
+        "nothing changed"
+    );
+    s.set_held_above(["z".to_owned()]);
+    assert!(
+        s.next_snapshot(body.clone(), Arc::default()).is_some(),
+        "the member answers it with a complete report, which carries z"
+    );
+    s.set_held_above(["z".to_owned()]);
+    assert!(s.next_snapshot(body.clone(), Arc::default()).is_none());
+    s.set_held_above([]);
+    assert!(
+        s.next_snapshot(body, Arc::default()).is_none(),
+        "one less needs no report"
+    );
+}
+
+#[test]
+fn a_route_the_store_does_not_know_is_kept_for_a_bound() {
+    let mut s = HostProtocol::default();
+    let keep =
+        |s: &mut HostProtocol, routes: &[&str], at| s.keep_unregistered(routes.iter().map(|r| (*r).to_owned()), at);
+    let (t0, bound) = (Instant::now(), crate::forgotten::UNREGISTERED_KEPT_FOR);
+    assert_eq!(keep(&mut s, &["x"], t0), ["x"]);
+    assert!(s.holds_unregistered());
+    let before_x_bound = t0 + bound - std::time::Duration::from_millis(1);
+    assert_eq!(keep(&mut s, &["x", "y"], before_x_bound), ["x", "y"]);
+    assert_eq!(
+        keep(&mut s, &["x", "y"], t0 + bound),
+        ["y"],
+        "x past its bound, y seen later"
+    );
+    assert!(s.holds_unregistered(), "x is still to be let go");
+    // Registered or let go: forgotten, and unknown again later, kept anew.
+    assert!(keep(&mut s, &[], t0 + bound).is_empty());
+    assert!(!s.holds_unregistered());
+    assert_eq!(keep(&mut s, &["x"], t0 + bound * 2), ["x"]);
+}
+
+#[test]
 fn a_store_that_restarted_or_whose_counts_went_down_lost_writes() {
     use crate::store::PoolWrites;
     let before = PoolWrites {
