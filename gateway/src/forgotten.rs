@@ -132,23 +132,24 @@ pub fn unregistered<'a>(view: &'a View, holding: &'a Holding) -> impl Iterator<I
 }
 
 /// Whether placement leaves `route` alone for now: a registration recorded the desired
-/// instance anew moments ago with its sidecar's fence and workload checkpoint (no assignment,
-/// a term used before), and no member reported the route since. The member that kept the
-/// session reports that term within a round or two, and the route goes back to it ([`plan`])
-/// rather than to whichever member placement would pick. A new workload has used no term; a
-/// revived or replaced generation has no checkpoint.
+/// instance anew moments ago ([`recorded_anew`]), and no member's report gives it back yet.
+/// The member that kept the session reports that term within a round or two, and the route
+/// goes back to it ([`plan`]) rather than to whichever member placement would pick.
 pub fn awaiting_holder(view: &View, route: &str) -> bool {
     let Some(instance) = view.instances.get(route).filter(|i| !i.withdrawn) else {
         return false;
     };
-    view.assignments.get(route).is_none()
-        && instance.last_term > OwnershipTerm::ZERO
-        && instance.checkpointed
+    recorded_anew(view, instance)
         && view.now_ms.saturating_sub(instance.registered_at_ms) < HOLDER_REPORT_GRACE_MS
-        && view
-            .reports
-            .get(route)
-            .is_none_or(|r| r.updated_at_ms < instance.registered_at_ms || !view.is_live(&r.member, &r.process_id))
+        && view.reports.get(route).is_none_or(|r| lost(view, r).is_none())
+}
+
+/// Whether the store holds `instance` as its sidecar's registration recorded it anew: no
+/// assignment, a term used before (the sidecar's fence), and the workload checkpoint the
+/// registration gave. A new workload has used no term; a revived or replaced generation has no
+/// checkpoint until its first grant, which takes an assignment.
+fn recorded_anew(view: &View, instance: &crate::store::InstanceRecord) -> bool {
+    !view.assignments.contains_key(&instance.route) && instance.last_term > OwnershipTerm::ZERO && instance.checkpointed
 }
 
 /// Of [`held_above`], the routes whose held term the store or the sidecar proved: at most the
@@ -178,16 +179,9 @@ fn lost(view: &View, report: &Report) -> Option<Lost> {
         Some(a) if report.term > a.term && report.term == instance.last_term && a.generation == instance.generation => {
             Some(Lost::Reservation)
         }
-        // No assignment, and the reported term is the one the sidecar registered since (the
-        // store lost the instance and learned it again from the sidecar's fence): given back
-        // to the member that kept the session. A report older than the registration is an
-        // earlier workload's.
-        None if report.term == instance.last_term
-            && report.term > OwnershipTerm::ZERO
-            && report.updated_at_ms >= instance.registered_at_ms =>
-        {
-            Some(Lost::Instance)
-        }
+        // The store lost the instance and learned it again from its sidecar's fence; the
+        // member reports that very term: given back to it, the member that kept the session.
+        None if report.term == instance.last_term && recorded_anew(view, instance) => Some(Lost::Instance),
         Some(a)
             if report.term == a.term
                 && a.phase == AssignmentPhase::Reserved
@@ -243,7 +237,6 @@ mod tests {
         // outlived the withdrawal; the route registered again since): nothing forgotten.
         v.instances.get_mut("ns/b").unwrap().last_term = Term::new(5);
         v.instances.get_mut("ns/b").unwrap().generation = 2;
-        v.instances.get_mut("ns/b").unwrap().registered_at_ms = 1;
         assert!(plan(&v).is_empty());
         assert!(v.snapshot_for("m1", "m1-p", 0).keep_routes.is_empty());
         // The same generation's assignment (m2's at 1) below: the owner's sidecar raised the
@@ -306,13 +299,15 @@ mod tests {
         assert_eq!(held_proven(&v, &holding).count(), 1, "its status is written at 5");
         assert!(awaiting_holder(&v, "ns/b"), "placement waits for the owner's report");
         assert!(plan(&v).is_empty());
-        // A report from before the registration is an earlier workload's: still waiting.
+        // A report of a lower term (a holder fenced out since) or not active: still waiting.
+        active(&mut v, "ns/b", 4);
+        assert!(awaiting_holder(&v, "ns/b"));
         active(&mut v, "ns/b", 5);
-        v.reports.get_mut("ns/b").unwrap().updated_at_ms = v.now_ms - 101;
+        v.reports.get_mut("ns/b").unwrap().phase = ReportPhase::Recovering;
         assert!(awaiting_holder(&v, "ns/b"));
         assert!(plan(&v).is_empty());
-        // The owner's report since: the route goes back to it, above the fence.
-        v.reports.get_mut("ns/b").unwrap().updated_at_ms = v.now_ms - 50;
+        // The owner's report of the fence's term: the route goes back to it, above the fence.
+        v.reports.get_mut("ns/b").unwrap().phase = ReportPhase::Active;
         assert!(!awaiting_holder(&v, "ns/b"));
         assert_eq!(plan(&v), [to_m1(None, 6, Lost::Instance)]);
         assert_eq!(v.snapshot_for("m1", "m1-p", 0).keep_routes, ["ns/b"]);
@@ -326,6 +321,12 @@ mod tests {
         assert!(awaiting_holder(&v, "ns/b"));
         v.instances.get_mut("ns/b").unwrap().checkpointed = false;
         assert!(!awaiting_holder(&v, "ns/b"));
+        active(&mut v, "ns/b", 5);
+        assert!(
+            plan(&v).is_empty(),
+            "an earlier generation's owner's report gets nothing"
+        );
+        v.reports.remove("ns/b");
         let b = v.instances.get_mut("ns/b").unwrap();
         (b.checkpointed, b.last_term) = (true, Term::ZERO);
         assert!(!awaiting_holder(&v, "ns/b"));

@@ -392,7 +392,7 @@ impl Session {
                     }
                     if current.snapshot_revision != 0
                         && built == Some(current.snapshot_revision)
-                        && !protocol.holds_unregistered()
+                        && !protocol.unregistered_bound_passed(std::time::Instant::now())
                     {
                         continue;
                     }

@@ -79,6 +79,8 @@ pub struct HostProtocol {
     /// Routes the member holds whose instance the store does not know at all
     /// (`forgotten::unregistered`), since when this stream saw each so.
     unregistered_since: BTreeMap<String, Instant>,
+    /// When the first of those still kept passes its bound.
+    unregistered_bound: Option<Instant>,
 }
 
 /// A status to write, and whether it must be written at once: a new term, phase or workload
@@ -211,26 +213,29 @@ impl HostProtocol {
         self.held_above = routes;
     }
 
-    /// Whether a route the store does not know is held (kept for now, or past the bound and
-    /// still to be let go): snapshots are built on every view meanwhile, not only on changed
-    /// ones, so the bound takes effect when it passes.
-    pub fn holds_unregistered(&self) -> bool {
-        !self.unregistered_since.is_empty()
+    /// Whether a kept route the store does not know passed its bound by `now`: the next
+    /// snapshot is built even from an unchanged view, so the member lets it go.
+    pub fn unregistered_bound_passed(&self, now: Instant) -> bool {
+        self.unregistered_bound.is_some_and(|at| now >= at)
     }
 
     /// Of the routes the member holds whose instance the store does not know at all
     /// (`forgotten::unregistered`, as of `now`), those it keeps: seen so on this stream for less
     /// than `forgotten::UNREGISTERED_KEPT_FOR`.
     pub fn keep_unregistered(&mut self, routes: impl IntoIterator<Item = String>, now: Instant) -> Vec<String> {
+        let bound = crate::forgotten::UNREGISTERED_KEPT_FOR;
         let routes: std::collections::BTreeSet<String> = routes.into_iter().collect();
         self.unregistered_since.retain(|route, _| routes.contains(route));
-        routes
+        let kept: Vec<(String, Instant)> = routes
             .into_iter()
-            .filter(|route| {
+            .map(|route| {
                 let since = *self.unregistered_since.entry(route.clone()).or_insert(now);
-                now.saturating_duration_since(since) < crate::forgotten::UNREGISTERED_KEPT_FOR
+                (route, since + bound)
             })
-            .collect()
+            .filter(|(_, until)| now < *until)
+            .collect();
+        self.unregistered_bound = kept.iter().map(|(_, until)| *until).min();
+        kept.into_iter().map(|(route, _)| route).collect()
     }
 
     /// The statuses of `report` that can be attributed to a term — plus, for a complete

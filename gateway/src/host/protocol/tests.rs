@@ -201,18 +201,26 @@ fn a_route_the_store_does_not_know_is_kept_for_a_bound() {
         |s: &mut HostProtocol, routes: &[&str], at| s.keep_unregistered(routes.iter().map(|r| (*r).to_owned()), at);
     let (t0, bound) = (Instant::now(), crate::forgotten::UNREGISTERED_KEPT_FOR);
     assert_eq!(keep(&mut s, &["x"], t0), ["x"]);
-    assert!(s.holds_unregistered());
     let before_x_bound = t0 + bound - std::time::Duration::from_millis(1);
+    assert!(!s.unregistered_bound_passed(before_x_bound));
     assert_eq!(keep(&mut s, &["x", "y"], before_x_bound), ["x", "y"]);
+    assert!(
+        s.unregistered_bound_passed(t0 + bound),
+        "x's bound: a snapshot lets it go"
+    );
     assert_eq!(
         keep(&mut s, &["x", "y"], t0 + bound),
         ["y"],
         "x past its bound, y seen later"
     );
-    assert!(s.holds_unregistered(), "x is still to be let go");
+    assert!(
+        !s.unregistered_bound_passed(t0 + bound),
+        "once: x is let go, y's bound is later"
+    );
+    assert!(s.unregistered_bound_passed(before_x_bound + bound));
     // Registered or let go: forgotten, and unknown again later, kept anew.
     assert!(keep(&mut s, &[], t0 + bound).is_empty());
-    assert!(!s.holds_unregistered());
+    assert!(!s.unregistered_bound_passed(t0 + bound * 3));
     assert_eq!(keep(&mut s, &["x"], t0 + bound * 2), ["x"]);
 }
 
