@@ -44,7 +44,8 @@ impl<R: Reply> Machine<R> {
         }
     }
 
-    /// The owner saw the store name the route below the activated term: the standing goes to
+    /// The owner saw the store name the route below the activated term, or not at all while
+    /// keeping it: the standing goes to
     /// the registry now, so that no term at or below the fence is reserved again.
     fn on_store_behind(&mut self, id: StreamId, term: u64) {
         if self.owner != Some(id) || term != self.state.fence.activated || !matches!(self.mode, Mode::Active) {

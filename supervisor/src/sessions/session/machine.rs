@@ -316,7 +316,8 @@ impl Machine {
         });
     }
 
-    /// The store names the route at `named`, below this session's term: once per term, the
+    /// The store names the route at `named`, below this session's term (0: not at all, while
+    /// the snapshot keeps it): once per term, the
     /// relaying sidecar is told to register its standing (runtime.v1.StoreBehind), which raises
     /// the route's last term to its fence so that the coordinator reserves above it.
     /// Not relaying yet (the sidecar away or still taking over), it is told once one attaches

@@ -88,8 +88,9 @@ pub enum SessionEvent {
     /// Omitted from the snapshot: give up ownership (runtime.v1.Relinquish), leave the workload
     /// running, end the session.
     Relinquish,
-    /// The snapshot's route directory names the route at this term, below the one held: the
-    /// store lost commits (runtime.v1.StoreBehind).
+    /// The snapshot's route directory names the route at this term, below the one held (the
+    /// store lost commits), or 0: it names it not at all while the snapshot keeps it (the store
+    /// lost the instance). runtime.v1.StoreBehind.
     StoreBehind(u64),
 }
 
