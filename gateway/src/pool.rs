@@ -164,6 +164,10 @@ impl View {
     /// table without one). Members and replicas' liveness are small and always read.
     pub async fn reload(store: &Store, previous: Option<&View>) -> store::Result<Self> {
         let read_at = Some(Instant::now());
+        // The view's time first, then the counts: a writer that waits for a view whose time is
+        // past its write (the coordinator) gets counts that include it, so no table written
+        // since is taken from `previous` (a drain's count of moves was lost that way).
+        let (now_ms, members) = store.list_members().await?;
         // Counted before the tables are read: a write committed after the count is either in
         // what is read below or moves the count for the next refresh.
         let writes = store.pool_writes().await?;
@@ -173,7 +177,6 @@ impl View {
                     .is_some_and(|before| before.incarnation == writes.incarnation && count(&before) == count(&writes))
             })
         };
-        let (now_ms, members) = store.list_members().await?;
         let instances = match unchanged(|w| w.instances) {
             Some(p) => p.instances.clone(),
             None => by_route(store.list_instances().await?, |i| &i.route).into(),
