@@ -164,7 +164,7 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
             next: reserved(route, member, process_id, term, generation(route), placed_term),
         }
     };
-    // Routes whose term the store forgot go back to the owner that reports them, above it.
+    // Routes whose term the store forgot go back to the owner that runs them, above it.
     let forgotten = crate::forgotten::plan(view);
     for f in &forgotten {
         warn!(route = %f.route, member = %f.member, term = f.term.get(), forgotten = %f.what,
@@ -194,10 +194,12 @@ pub fn plan(view: &View, recovery_deadline_ms: u64, unplaced: &mut BTreeMap<Stri
         .filter(|d| !forgotten.iter().any(|f| f.route == d.route()) && !returned.iter().any(|r| r.route == d.route()))
         .collect();
     for decision in decisions {
+        let placing = matches!(decision, Decision::Place { .. } | Decision::Recover { .. });
+        if placing && crate::forgotten::awaiting_holder(view, decision.route()) {
+            debug!(route = %decision.route(), "its sidecar named the member that runs it above the store's term: waiting for that member to report it");
+            continue;
+        }
         match decision {
-            Decision::Place { route, .. } if crate::forgotten::awaiting_holder(view, &route) => {
-                debug!(%route, "recorded anew from its sidecar's fence: waiting for the member that runs it to report it");
-            }
             Decision::Place { route, to } => {
                 // Above every term the route ever had (a withdrawn generation's included).
                 let term = view.fresh_term(&route, OwnershipTerm::new(1));
@@ -440,6 +442,7 @@ mod tests {
                 withdrawn_reason: None,
                 displaced: None,
                 checkpointed: false,
+                fence_holder: None,
             },
         );
         for m in ["a", "b"] {

@@ -30,6 +30,7 @@ pub(crate) fn view() -> View {
                 withdrawn_reason: None,
                 displaced: None,
                 checkpointed: false,
+                fence_holder: None,
             },
         );
     }

@@ -91,7 +91,16 @@ impl InstanceRegistry for Registry {
         check_route(&request.route)?;
         check_instance(&instance)?;
         let mut resume = resume(&instance, &request)?;
-        resume.fence = beyond_a_dead_reservation(&self.replica.view.borrow(), &request.route, resume.fence);
+        let fence = beyond_a_dead_reservation(
+            &self.replica.view.borrow(),
+            &request.route,
+            resume.fence,
+            resume.holder.as_ref(),
+        );
+        if fence != resume.fence {
+            // Not the holder's term: that number was reserved again for another.
+            (resume.fence, resume.holder) = (fence, None);
+        }
         let binding = Binding {
             route: &request.route,
             namespace: &instance.namespace,
@@ -306,23 +315,55 @@ fn resume(instance: &InstanceRef, request: &RegisterRequest) -> Result<Resume, S
     if !matches!(workload.exe_digest.len(), 0 | 32) {
         return Err(Status::invalid_argument("workload.exe_digest is 32 bytes or empty"));
     }
+    let holder = match (request.fence_member.as_str(), request.fence_process_id.as_str()) {
+        ("", "") => None,
+        (member, process_id)
+            if request.fence_term > 0
+                && [member, process_id]
+                    .iter()
+                    .all(|s| !s.is_empty() && s.len() <= MAX_HOLDER_BYTES) =>
+        {
+            Some((member.to_owned(), process_id.to_owned()))
+        }
+        _ => {
+            return Err(Status::invalid_argument(format!(
+                "fence_member and fence_process_id are both set (at most {MAX_HOLDER_BYTES} bytes each, with a \
+                 fence_term) or both empty"
+            )));
+        }
+    };
     Ok(Resume {
         generation: i64::try_from(instance.generation).unwrap_or(0),
         fence: OwnershipTerm::from_wire(request.fence_term)
             .map_err(|err| Status::invalid_argument(format!("fence_term: {err}")))?,
         workload,
+        holder,
     })
 }
 
+/// The longest member name or process id a sidecar may name as its fence's holder.
+const MAX_HOLDER_BYTES: usize = 256;
+
 /// The term the registration records as used on `route` for a sidecar whose fence activated
-/// `fence`: the fence itself, or the term above it when the store shows the route reserved at
-/// exactly that term. That reservation is not the sidecar's term — the sidecar activated its
-/// own at that number with a member whose reservation the store lost, and the number was
-/// reserved again — so the sidecar never takes it; recorded as used, it is recovered above.
-fn beyond_a_dead_reservation(view: &crate::pool::View, route: &str, fence: OwnershipTerm) -> OwnershipTerm {
+/// `fence` (with `holder`, when it names one): the fence itself, or the term above it when the
+/// store shows the route reserved at exactly that term for another process. That reservation
+/// is not the sidecar's term — the sidecar activated its own at that number with a member
+/// whose reservation the store lost, and the number was reserved again — so the sidecar never
+/// takes it; recorded as used, it is recovered above. Reserved for the very process the sidecar
+/// names, it is the sidecar's own term whose activation is not written yet (or was lost:
+/// `forgotten`, `Lost::Activation`).
+fn beyond_a_dead_reservation(
+    view: &crate::pool::View,
+    route: &str,
+    fence: OwnershipTerm,
+    holder: Option<&(String, String)>,
+) -> OwnershipTerm {
     match view.current_assignment(route) {
         Some(a)
-            if fence > OwnershipTerm::ZERO && a.term == fence && a.phase == crate::store::AssignmentPhase::Reserved =>
+            if fence > OwnershipTerm::ZERO
+                && a.term == fence
+                && a.phase == crate::store::AssignmentPhase::Reserved
+                && holder.is_none_or(|(member, process_id)| *member != a.member || *process_id != a.process_id) =>
         {
             fence.next()
         }
@@ -341,27 +382,70 @@ mod tests {
     use crate::store::AssignmentPhase;
 
     #[test]
+    fn a_fence_holder_is_a_bounded_member_and_process_named_with_a_fence_or_none() {
+        let instance = InstanceRef::default();
+        let named = |fence_term: u64, member: &str, process_id: &str| RegisterRequest {
+            fence_term,
+            fence_member: member.into(),
+            fence_process_id: process_id.into(),
+            ..RegisterRequest::default()
+        };
+        let holder = |r: &RegisterRequest| resume(&instance, r).map(|r| r.holder);
+        assert_eq!(
+            holder(&named(5, "m1", "p1")).unwrap(),
+            Some(("m1".to_owned(), "p1".to_owned()))
+        );
+        assert_eq!(
+            holder(&named(5, "", "")).unwrap(),
+            None,
+            "a sidecar of an earlier build"
+        );
+        assert_eq!(holder(&named(0, "", "")).unwrap(), None);
+        let long = "m".repeat(MAX_HOLDER_BYTES + 1);
+        for refused in [
+            named(0, "m1", "p1"),
+            named(5, "m1", ""),
+            named(5, "", "p1"),
+            named(5, &long, "p1"),
+        ] {
+            let err = holder(&refused).unwrap_err();
+            assert_eq!(err.code(), tonic::Code::InvalidArgument, "{refused:?}");
+        }
+    }
+
+    #[test]
     fn a_reservation_at_the_sidecars_activated_term_is_recorded_as_used() {
         // ns/a is m1's at term 3.
         let mut v = crate::pool::tests::view();
         let term = OwnershipTerm::new;
         assert_eq!(
-            beyond_a_dead_reservation(&v, "ns/a", term(3)),
+            beyond_a_dead_reservation(&v, "ns/a", term(3), None),
             term(3),
             "active: the sidecar's own"
         );
         v.assignments.get_mut("ns/a").unwrap().phase = AssignmentPhase::Reserved;
         assert_eq!(
-            beyond_a_dead_reservation(&v, "ns/a", term(3)),
+            beyond_a_dead_reservation(&v, "ns/a", term(3), None),
             term(4),
             "reserved again at its number"
         );
         assert_eq!(
-            beyond_a_dead_reservation(&v, "ns/a", term(2)),
+            beyond_a_dead_reservation(&v, "ns/a", term(2), None),
             term(2),
             "a takeover above the fence"
         );
-        assert_eq!(beyond_a_dead_reservation(&v, "ns/a", term(0)), term(0));
-        assert_eq!(beyond_a_dead_reservation(&v, "ns/none", term(3)), term(3));
+        assert_eq!(beyond_a_dead_reservation(&v, "ns/a", term(0), None), term(0));
+        assert_eq!(beyond_a_dead_reservation(&v, "ns/none", term(3), None), term(3));
+        let named = |member: &str| Some((member.to_owned(), format!("{member}-p")));
+        assert_eq!(
+            beyond_a_dead_reservation(&v, "ns/a", term(3), named("m1").as_ref()),
+            term(3),
+            "reserved for the process the sidecar names: its own term, not yet activated in the store"
+        );
+        assert_eq!(
+            beyond_a_dead_reservation(&v, "ns/a", term(3), named("m2").as_ref()),
+            term(4),
+            "reserved for another"
+        );
     }
 }

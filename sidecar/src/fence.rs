@@ -20,7 +20,7 @@ use crate::receipt::{ReceiptKey, sha256};
 const MAX_NAME_BYTES: usize = 256;
 
 /// A member process presenting control (GrantPresentation.member/process_id).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Presenter {
     pub member: String,
     pub process_id: String,
@@ -295,6 +295,12 @@ impl Fence {
     /// and the activated term only while it is not relinquished.
     pub fn follows_redirect(&self, term: u64) -> bool {
         term != 0 && term >= self.floor && (term > self.activated || (term == self.activated && !self.relinquished))
+    }
+
+    /// The member process that activated the fence's term, while it holds it (not once it
+    /// relinquished it): whom a registry that lost the route may give it back to.
+    pub fn holder(&self) -> Option<&Presenter> {
+        self.owner.as_ref().filter(|_| self.activated > 0 && !self.relinquished)
     }
 
     /// The highest receipted term not (yet) activated, 0 if none.

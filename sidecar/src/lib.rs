@@ -129,7 +129,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
         },
         state.receipt_key.as_bytes(),
     );
-    let register = RegisterRequest {
+    let mut register = RegisterRequest {
         route: route.clone(),
         instance: Some(proto::common::v1::InstanceRef {
             namespace: cfg.namespace.clone(),
@@ -138,10 +138,15 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<Outcome,
             generation: state.registering(),
         }),
         registration_material: material.encode(),
-        workload: pinned.as_ref().map(|p| p.identity.clone()),
         build_version: plumbing::build::version().to_owned(),
-        fence_term: state.fence.activated,
+        ..RegisterRequest::default()
     };
+    let mut standing = registration::Standing::of(&state.fence, pinned.as_ref().map(|p| p.identity.clone()));
+    if state.next_generation {
+        // The fence's holder ran the generation that ended, not the one asked for.
+        standing.holder = None;
+    }
+    standing.write_into(&mut register);
     let (registered_tx, registered) = mpsc::channel(1);
     let (again_tx, again) = mpsc::channel(1);
     let renewal = tokio::spawn(registration.clone().keep_registered(register, registered_tx, again));

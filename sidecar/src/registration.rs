@@ -57,7 +57,32 @@ pub enum Error {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Standing {
     pub fence_term: u64,
+    /// The member process that activated `fence_term`, while the fence holds it
+    /// ([`crate::fence::Fence::holder`]).
+    pub holder: Option<crate::fence::Presenter>,
     pub workload: Option<WorkloadIdentity>,
+}
+
+impl Standing {
+    /// Where the instance stands by `fence`, with the workload when one was identified.
+    pub fn of(fence: &crate::fence::Fence, workload: Option<WorkloadIdentity>) -> Self {
+        Self {
+            fence_term: fence.activated,
+            holder: fence.holder().cloned(),
+            workload,
+        }
+    }
+
+    /// Says it in `request` (`fence_term`, `fence_member`, `fence_process_id`, and the
+    /// workload when one was identified).
+    pub fn write_into(self, request: &mut RegisterRequest) {
+        request.fence_term = self.fence_term;
+        let holder = self.holder.unwrap_or_default();
+        (request.fence_member, request.fence_process_id) = (holder.member, holder.process_id);
+        if self.workload.is_some() {
+            request.workload = self.workload;
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -122,23 +147,24 @@ impl Registration {
             let response = self.register(request.clone()).await;
             let renew_in = renewal_delay(response.instance_token_expires_at_ms);
             // The generation the registry answered is the one to name from now on (a store
-            // that lost the instance records it at the one named).
-            if let (Some(asked), Some(answered)) = (request.instance.as_mut(), response.instance.as_ref())
-                && answered.generation != 0
-            {
-                asked.generation = answered.generation;
+            // that lost the instance records it at the one named). Another than the one asked
+            // for starts the fence over: it holds no term of that generation.
+            let answered = response.instance.as_ref().map_or(0, |i| i.generation);
+            let asked = request.instance.as_ref().map_or(0, |i| i.generation);
+            if answered != 0 && asked != answered {
+                if asked != 0 {
+                    Standing::default().write_into(&mut request);
+                }
+                if let Some(instance) = request.instance.as_mut() {
+                    instance.generation = answered;
+                }
             }
             if registered.send(response).await.is_err() {
                 return;
             }
             tokio::select! {
                 () = tokio::time::sleep(renew_in) => {}
-                Some(standing) = again.recv() => {
-                    request.fence_term = standing.fence_term;
-                    if standing.workload.is_some() {
-                        request.workload = standing.workload;
-                    }
-                }
+                Some(standing) = again.recv() => standing.write_into(&mut request),
             }
         }
     }

@@ -27,7 +27,14 @@ pub fn ensure_binaries() -> Result<(), Error> {
     };
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut command = std::process::Command::new(cargo);
-    command.current_dir(&workspace).args(["build", "--quiet", "--bins"]);
+    command.current_dir(&workspace).args(["build", "--bins"]);
+    // Someone at a terminal sees the build go (a first run builds for minutes); tests and logs
+    // get no progress lines.
+    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        eprintln!("building the pool's binaries (gateway, supervisor, sidecar, poolctl, webhook) ...");
+    } else {
+        command.arg("--quiet");
+    }
     command.args([
         "-p",
         "gateway",

@@ -74,7 +74,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             registration_material: Vec::new(),
             workload: None,
             build_version: String::new(),
-            fence_term: 0,
+            ..RegisterRequest::default()
         };
         let answer = code(registry.register(request(register, token)?).await);
         println!("probe call=Register claim={claim} code={answer}");

@@ -331,7 +331,7 @@ async fn register(channel: Channel, token: String, namespace: String, name: Stri
         route,
         workload: None,
         build_version: plumbing::build::version().to_owned(),
-        fence_term: 0,
+        ..RegisterRequest::default()
     };
     let mut request = tonic::Request::new(request);
     request.set_timeout(Duration::from_secs(30));

@@ -404,7 +404,7 @@ impl Session {
                             .cloned()
                             .collect::<Vec<_>>();
                         body.keep_routes.extend(kept);
-                        let proven: Vec<String> = crate::forgotten::held_proven(&current, holding).cloned().collect();
+                        let proven: Vec<String> = crate::forgotten::held_proven(&current, (&self.identity.member, &self.identity.process_id), holding).cloned().collect();
                         let unregistered: Vec<String> = crate::forgotten::unregistered(&current, holding).cloned().collect();
                         protocol.set_held_above(proven);
                         body.keep_routes.extend(protocol.keep_unregistered(unregistered, std::time::Instant::now()));

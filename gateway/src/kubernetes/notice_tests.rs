@@ -31,6 +31,7 @@ fn instance(route: &str) -> InstanceRecord {
         withdrawn_reason: None,
         displaced: None,
         checkpointed: false,
+        fence_holder: None,
     }
 }
 

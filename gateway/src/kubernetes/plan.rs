@@ -189,6 +189,7 @@ mod tests {
             withdrawn_reason: None,
             displaced: None,
             checkpointed: false,
+            fence_holder: None,
         }
     }
 

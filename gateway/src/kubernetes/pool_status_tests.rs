@@ -45,6 +45,7 @@ pub(crate) fn view() -> View {
                 withdrawn_reason: None,
                 displaced: None,
                 checkpointed: false,
+                fence_holder: None,
             },
         );
         v.assignments.insert(

@@ -39,6 +39,7 @@ pub(super) fn pool(members: &[&str], placed: &[(&str, &str)]) -> View {
                 withdrawn_reason: None,
                 displaced: None,
                 checkpointed: false,
+                fence_holder: None,
             },
         );
         v.assignments.insert(

@@ -9,7 +9,7 @@ use sqlx::encode::IsNull;
 use sqlx::error::BoxDynError;
 use sqlx::{Decode, Encode, Type};
 
-use super::{Displaced, Error, LoadedPolicy, OwnershipTerm, WithdrawnKind, WithdrawnReason};
+use super::{Displaced, Error, FenceHolder, LoadedPolicy, OwnershipTerm, WithdrawnKind, WithdrawnReason};
 
 /// A text column holds a value its enum does not know.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -67,6 +67,26 @@ impl From<DisplacedColumns> for Option<Displaced> {
             process_id: c.displaced_process_id?,
             term: c.displaced_term?,
             for_term: c.displaced_for?,
+        })
+    }
+}
+
+/// `instances.fence_*`: all NULL, or all set (a partial row reads as none).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct FenceColumns {
+    fence_member: Option<String>,
+    fence_process_id: Option<String>,
+    fence_term: Option<OwnershipTerm>,
+    fence_generation: Option<i64>,
+}
+
+impl From<FenceColumns> for Option<FenceHolder> {
+    fn from(c: FenceColumns) -> Self {
+        Some(FenceHolder {
+            member: c.fence_member?,
+            process_id: c.fence_process_id?,
+            term: c.fence_term?,
+            generation: c.fence_generation?,
         })
     }
 }

@@ -69,11 +69,15 @@ impl Store {
         let clock = self.backend.clock_expr();
         let generation = resume.generation.max(1);
         let checkpoint = Some(&resume.workload).filter(|w| w.pid > 0);
+        // Only with a fence: a holder of no term is none.
+        let holder = resume.holder.as_ref().filter(|_| resume.fence > OwnershipTerm::ZERO);
         let inserted = bind_registration(
             &format!(
                 "INSERT INTO instances (route, namespace, name, uid, generation, material, registered_at_ms, withdrawn, \
-                   last_term, checkpoint_pid, checkpoint_start_ticks, checkpoint_exe_digest) \
-                 VALUES ($1, $2, $3, $4, $6, $5, ({clock}), FALSE, $7, $8, $9, $10) ON CONFLICT (route) DO NOTHING"
+                   last_term, checkpoint_pid, checkpoint_start_ticks, checkpoint_exe_digest, \
+                   fence_member, fence_process_id, fence_term, fence_generation) \
+                 VALUES ($1, $2, $3, $4, $6, $5, ({clock}), FALSE, $7, $8, $9, $10, $11, $12, $13, $14) \
+                 ON CONFLICT (route) DO NOTHING"
             ),
             r,
         )
@@ -82,6 +86,10 @@ impl Store {
         .bind(checkpoint.map(|w| w.pid))
         .bind(checkpoint.map(|w| w.start_ticks))
         .bind(checkpoint.map(|w| w.exe_digest.clone()))
+        .bind(holder.map(|h| &h.0))
+        .bind(holder.map(|h| &h.1))
+        .bind(holder.map(|_| resume.fence))
+        .bind(holder.map(|_| generation))
         .execute(&mut *tx)
         .await?;
         if inserted.rows_affected() > 0 {
@@ -108,16 +116,24 @@ impl Store {
             }
             // The same workload again (a sidecar restart, a token renewal): new material, same
             // generation; terms above the sidecar's fence (a store restored from an older
-            // backup may have forgotten the latest).
+            // backup may have forgotten the latest), and the fence's holder when no later term
+            // was used on the route (every SET reads the row as it was).
             bind_registration(
                 &format!(
                     "UPDATE instances SET namespace = $2, name = $3, material = $5, registered_at_ms = ({clock}), \
-                       last_term = CASE WHEN last_term < $6 THEN $6 ELSE last_term END \
+                       last_term = CASE WHEN last_term < $6 THEN $6 ELSE last_term END, \
+                       fence_member = CASE WHEN $6 >= last_term THEN $7 ELSE fence_member END, \
+                       fence_process_id = CASE WHEN $6 >= last_term THEN $8 ELSE fence_process_id END, \
+                       fence_term = CASE WHEN $6 >= last_term THEN $9 ELSE fence_term END, \
+                       fence_generation = CASE WHEN $6 >= last_term THEN generation ELSE fence_generation END \
                      WHERE route = $1 AND uid = $4"
                 ),
                 r,
             )
             .bind(resume.fence)
+            .bind(holder.map(|h| &h.0))
+            .bind(holder.map(|h| &h.1))
+            .bind(holder.map(|_| resume.fence))
             .execute(&mut *tx)
             .await?;
             tx.commit().await?;
@@ -143,7 +159,8 @@ impl Store {
                 "UPDATE instances SET namespace = $2, name = $3, uid = $4, generation = generation + 1, material = $5, \
                    registered_at_ms = ({clock}), withdrawn = FALSE, withdrawn_at_ms = NULL, withdrawn_reason = NULL, withdrawn_owner = NULL, \
                    withdrawn_term = NULL, checkpoint_pid = NULL, checkpoint_start_ticks = NULL, \
-                   checkpoint_exe_digest = NULL \
+                   checkpoint_exe_digest = NULL, fence_member = NULL, fence_process_id = NULL, fence_term = NULL, \
+                   fence_generation = NULL \
                  WHERE route = $1"
             ),
             r,
@@ -181,7 +198,12 @@ impl Store {
             }
             let revived = bind_registration(
                 &format!(
-                    "UPDATE instances SET namespace = $2, name = $3, generation = generation + 1, material = $5,                        registered_at_ms = ({clock}), withdrawn = FALSE, withdrawn_at_ms = NULL, withdrawn_reason = NULL,                        withdrawn_owner = NULL, withdrawn_term = NULL, checkpoint_pid = NULL,                        checkpoint_start_ticks = NULL, checkpoint_exe_digest = NULL                      WHERE route = $1 AND uid = $4 AND generation = $6",
+                    "UPDATE instances SET namespace = $2, name = $3, generation = generation + 1, material = $5, \
+                       registered_at_ms = ({clock}), withdrawn = FALSE, withdrawn_at_ms = NULL, withdrawn_reason = NULL, \
+                       withdrawn_owner = NULL, withdrawn_term = NULL, checkpoint_pid = NULL, checkpoint_start_ticks = NULL, \
+                       checkpoint_exe_digest = NULL, fence_member = NULL, fence_process_id = NULL, fence_term = NULL, \
+                       fence_generation = NULL \
+                     WHERE route = $1 AND uid = $4 AND generation = $6",
                     clock = store.backend.clock_expr()
                 ),
                 &sealed,
@@ -380,7 +402,8 @@ impl Store {
             "SELECT route, namespace, name, uid, generation, material, registered_at_ms, last_term, \
              CASE WHEN withdrawn THEN 1 ELSE 0 END AS withdrawn, withdrawn_reason, withdrawn_owner, withdrawn_term, \
              displaced_member, displaced_process_id, displaced_term, displaced_for, \
-             CASE WHEN checkpoint_pid IS NULL THEN 0 ELSE 1 END AS checkpointed \
+             CASE WHEN checkpoint_pid IS NULL THEN 0 ELSE 1 END AS checkpointed, \
+             fence_member, fence_process_id, fence_term, fence_generation \
              FROM instances {filter} ORDER BY route"
         );
         let mut query = sqlx::query_as(&sql);

@@ -8,7 +8,7 @@ use std::str::FromStr;
 
 use proto::common::v1::InstancePhase;
 
-use super::columns::{DisplacedColumns, Flag, PolicyColumns, UnknownText, WithdrawnColumns};
+use super::columns::{DisplacedColumns, FenceColumns, Flag, PolicyColumns, UnknownText, WithdrawnColumns};
 use super::{CoordinatorTerm, OwnershipTerm};
 
 /// A coordinator lease as its holder knows it.
@@ -206,6 +206,23 @@ pub struct InstanceRecord {
     /// lost it). A new or revived generation has none until its first grant.
     #[sqlx(try_from = "Flag")]
     pub checkpointed: bool,
+    /// The member process that activated the term its sidecar last registered as its fence,
+    /// in the sidecar's word (its own route only): whom a store that lost the route gives it
+    /// back to (see `gateway::forgotten`).
+    #[sqlx(flatten, try_from = "FenceColumns")]
+    pub fence_holder: Option<FenceHolder>,
+}
+
+/// The member process whose activation set a sidecar's fence, and that term, as the sidecar
+/// registered them (`instances.fence_*`; `RegisterRequest.fence_member`, `fence_process_id`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FenceHolder {
+    pub member: String,
+    pub process_id: String,
+    pub term: OwnershipTerm,
+    /// The instance's generation when it was recorded: a holder of an earlier generation's
+    /// term holds nothing of this one.
+    pub generation: i64,
 }
 
 /// An owner a recovery displaced because the gateways lost it (`instances.displaced_*`): it
@@ -269,6 +286,9 @@ pub struct Resume {
     pub fence: OwnershipTerm,
     /// Recorded as the instance's checkpoint when the store records the instance anew.
     pub workload: Checkpoint,
+    /// The member process that activated `fence`, as the sidecar says (its term is `fence`).
+    /// Recorded when `fence` is at or above every term the route used.
+    pub holder: Option<(String, String)>,
 }
 
 /// Outcome of a registration.

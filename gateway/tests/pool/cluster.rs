@@ -418,7 +418,7 @@ pub fn registration(namespace: &str, name: &str, uid: &str) -> RegisterRequest {
         }),
         workload: None,
         build_version: "0.9.0+sidecar".into(),
-        fence_term: 0,
+        ..RegisterRequest::default()
     }
 }
 

@@ -27,6 +27,7 @@ on_both_backends!(scenarios;
     a_member_silent_past_the_grace_is_gone_and_its_instances_move,
     a_member_cut_off_from_every_replica_gets_its_instance_back_when_it_returns,
     a_term_the_store_forgot_is_kept_from_the_first_snapshot_of_a_stream,
+    a_lost_reservation_goes_back_to_the_member_the_sidecar_names_not_to_a_claimant,
     a_stream_whose_membership_record_the_store_lost_ends_and_the_member_attaches_again,
     statuses_the_store_lost_are_written_again_with_the_next_report,
     newer_epochs_supersede_and_another_process_waits_for_the_live_one_to_end,

@@ -588,6 +588,76 @@ pub async fn a_term_the_store_forgot_is_kept_from_the_first_snapshot_of_a_stream
     pool.stop().await;
 }
 
+/// A store that lost a reservation gives the route back only to the member process the
+/// route's own sidecar names as its fence's holder, once that process reports the term: a
+/// member (a compromised one, or one mistaken) that reports the same term for another member's
+/// instance pulls nothing, and its status does not stand for the route's.
+pub async fn a_lost_reservation_goes_back_to_the_member_the_sidecar_names_not_to_a_claimant(db: &TestDb) {
+    let pool = Pool::start(db).await;
+    let a = pool.member(0, "m-a", Behaviour::Mute).await;
+    // m-a took agent-0 up one term above its placement (a reservation the store lost since).
+    let (placed, serving) = served_above_its_placement(&pool, db).await;
+    take_up(
+        &pool.endpoint(0),
+        &pool.tokens.member("m-a"),
+        ("m-a", "m-a-p1"),
+        placed[0].term.get(),
+    )
+    .await;
+    wait_assignments(&db.store, "agent-0 active on m-a", |a| {
+        a[0].phase == AssignmentPhase::Active
+    })
+    .await;
+    let b = pool.member(1, "m-b", Behaviour::Mute).await;
+    wait_members(db, 2).await;
+    // Its sidecar registers that fence, naming m-a's process.
+    let mut fenced = crate::cluster::registration("default", "agent-0", "uid-agent-0");
+    fenced.fence_term = serving.term;
+    (fenced.fence_member, fenced.fence_process_id) = ("m-a".into(), "m-a-p1".into());
+    let mut registry = InstanceRegistryClient::new(channel(&pool.endpoint(1)).await);
+    registry
+        .register(with_token(fenced, &pool.tokens.instance("agent-0")))
+        .await
+        .unwrap();
+    // Both say they run it at that term, at once and in answer to every snapshot, as members
+    // do: m-b (the claimant) first.
+    let report = StatusReport {
+        applied_revision: 0,
+        instances: vec![serving.clone()],
+        partial: false,
+    };
+    let answering = |member: Member| {
+        let report = report.clone();
+        tokio::spawn(async move {
+            let mut snapshots = member.snapshots.clone();
+            loop {
+                member.send(MemberKind::StatusReport(report.clone())).await;
+                if snapshots.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+    };
+    let answering = [answering(b), answering(a)];
+    let given = wait_assignments(&db.store, "agent-0 reserved above the fence", |a| {
+        a.iter()
+            .any(|a| a.route == "default/agent-0" && a.term.get() > serving.term)
+    })
+    .await;
+    assert_eq!(
+        (given[0].member.as_str(), given[0].term.get()),
+        ("m-a", serving.term + 1),
+        "the member the sidecar named, not the one that claimed it"
+    );
+    let reports = db.store.list_reports().await.unwrap();
+    assert!(
+        !reports.iter().any(|r| r.member == "m-b"),
+        "m-b's claim stood for the route: {reports:?}"
+    );
+    answering.iter().for_each(tokio::task::JoinHandle::abort);
+    pool.stop().await;
+}
+
 /// The store lost the statuses a member reported (lost commits, a restore, an emptied store)
 /// while its stream lived on: its next report is written again, though nothing in it changed —
 /// before, the stream only handed over what changed, and the coordinator never saw what its

@@ -571,6 +571,7 @@ pub async fn terms_never_repeat_on_a_route(db: &TestDb) {
         generation: 2,
         fence: OwnershipTerm::new(5),
         workload: Checkpoint::default(),
+        holder: None,
     };
     db.store
         .register_resuming(&registration("u2"), None, &resume)
@@ -2102,8 +2103,18 @@ pub async fn audit_records_are_stored_once_and_only_for_the_active_owner(db: &Te
 /// A store that lost an instance (emptied, or restored from an older backup) hears from its
 /// sidecar where it stands: recorded again at the sidecar's generation with its workload as
 /// the checkpoint, and no term at or below its fence is reserved again; a sidecar the store
-/// knows raises the route's last term to its fence, never lowers it.
+/// knows raises the route's last term to its fence, never lowers it. The member process the
+/// sidecar names as its fence's holder is recorded with the fence, unless a later term was
+/// used; a new workload under the route starts with none.
 pub async fn a_store_that_lost_an_instance_takes_it_back_above_the_sidecars_fence(db: &TestDb) {
+    let holder = |member: &str, term: u64| {
+        Some(store::FenceHolder {
+            member: member.into(),
+            process_id: format!("{member}-p"),
+            term: OwnershipTerm::new(term),
+            generation: 3,
+        })
+    };
     let registration = agent_zero();
     let resume = store::Resume {
         generation: 3,
@@ -2113,6 +2124,7 @@ pub async fn a_store_that_lost_an_instance_takes_it_back_above_the_sidecars_fenc
             start_ticks: 4242,
             exe_digest: vec![1; 32],
         },
+        holder: Some(("m1".into(), "m1-p".into())),
     };
     assert_eq!(
         db.store.register_resuming(&registration, None, &resume).await.unwrap(),
@@ -2123,6 +2135,7 @@ pub async fn a_store_that_lost_an_instance_takes_it_back_above_the_sidecars_fenc
         (listed[0].generation, listed[0].last_term, listed[0].checkpointed),
         (3, OwnershipTerm::new(7), true)
     );
+    assert_eq!(listed[0].fence_holder, holder("m1", 7));
     let mut raw = db.raw().await;
     let checkpoint: (Option<i64>, Option<i64>) = sqlx::query_as(&format!(
         "SELECT checkpoint_pid, checkpoint_start_ticks FROM instances WHERE route = '{}'",
@@ -2143,19 +2156,22 @@ pub async fn a_store_that_lost_an_instance_takes_it_back_above_the_sidecars_fenc
         db.store.write_fenced(&lease, &[at_fence]).await,
         Err(Error::Conflict { .. })
     ));
-    // The same sidecar again: the last term goes up to its fence, never down.
-    for (fence, last) in [(9, 9), (5, 9)] {
+    // The same sidecar again: the last term goes up to its fence, never down; the holder
+    // with it, not with a fence below the last term.
+    for (fence, named, last, recorded) in [(9, "m2", 9, holder("m2", 9)), (5, "m3", 9, holder("m2", 9))] {
         let resume = store::Resume {
             fence: OwnershipTerm::new(fence),
+            holder: Some((named.into(), format!("{named}-p"))),
             ..resume.clone()
         };
         assert_eq!(
             db.store.register_resuming(&registration, None, &resume).await.unwrap(),
             Registered::Desired { generation: 3 }
         );
+        let listed = db.store.list_instances().await.unwrap();
         assert_eq!(
-            db.store.list_instances().await.unwrap()[0].last_term,
-            OwnershipTerm::new(last)
+            (listed[0].last_term, listed[0].fence_holder.clone()),
+            (OwnershipTerm::new(last), recorded)
         );
     }
     let above = FencedWrite::Assign {
@@ -2163,6 +2179,13 @@ pub async fn a_store_that_lost_an_instance_takes_it_back_above_the_sidecars_fenc
         next: assignment(&registration.route, "m1", 10),
     };
     db.store.write_fenced(&lease, &[above]).await.unwrap();
+    // Another workload under the route: its generation starts with no holder.
+    let replacing = Registration {
+        uid: "u2".into(),
+        ..registration.clone()
+    };
+    db.store.register_instance(&replacing).await.unwrap();
+    assert_eq!(db.store.list_instances().await.unwrap()[0].fence_holder, None);
 }
 
 /// A database emptied under a running store (a database Pod replaced without its volume): the

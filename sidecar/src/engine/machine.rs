@@ -298,10 +298,10 @@ impl<R: Reply> Machine<R> {
     /// [`timing::REGISTER_AGAIN_EVERY`] later while still placing or recovering.
     pub(super) fn register_again(&mut self) {
         self.register_at = self.now.at + timing::REGISTER_AGAIN_EVERY;
-        self.out.push(Effect::Register(crate::registration::Standing {
-            fence_term: self.state.fence.activated,
-            workload: self.workload.clone().filter(|w| w.pid > 0),
-        }));
+        self.out.push(Effect::Register(crate::registration::Standing::of(
+            &self.state.fence,
+            self.workload.clone().filter(|w| w.pid > 0),
+        )));
     }
 
     /// Leaves `Unregistered` once the generation is known: first placement, or recovery when

@@ -283,6 +283,20 @@ fn relinquish_only_of_the_activated_term_by_its_owner() {
 }
 
 #[test]
+fn the_holder_is_the_process_that_activated_the_term_while_it_holds_it() {
+    let mut h = Harness::new();
+    assert_eq!(h.fence.holder(), None, "nothing activated");
+    h.activate(2, "m1");
+    assert_eq!(h.fence.holder(), Some(&presenter("m1")));
+    h.fence.relinquish(2, Role::Owner).unwrap();
+    assert_eq!(h.fence.holder(), None, "relinquished: nobody holds it");
+    h.present(&grant(3, "m2", "g3"), "m2").unwrap();
+    assert_eq!(h.fence.holder(), None, "a receipted term is not held yet");
+    assert_eq!(h.confirm(&proof(3, "m2", "g3"), "m2").unwrap(), 3);
+    assert_eq!(h.fence.holder(), Some(&presenter("m2")));
+}
+
+#[test]
 fn release_from_owner_or_receipted_candidate_only() {
     let mut h = Harness::new();
     let m1 = presenter("m1");
