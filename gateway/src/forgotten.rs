@@ -96,6 +96,7 @@ pub fn plan(view: &View) -> Vec<Forgotten> {
     });
     let mut planned: Vec<Forgotten> = vouched.chain(activations).collect();
     planned.sort_by(|a, b| a.route.cmp(&b.route));
+    planned.dedup_by(|a, b| a.route == b.route);
     planned
 }
 
@@ -115,27 +116,35 @@ fn given_back(view: &View, instance: &InstanceRecord) -> Option<Forgotten> {
         process_id: holder.process_id.clone(),
         expected: assignment.map(|a| a.term),
         term: view.fresh_term(&instance.route, holder.term.next()),
-        what: if assignment.is_some() {
-            Lost::Reservation
-        } else {
-            Lost::Instance
+        what: match assignment {
+            None => Lost::Instance,
+            Some(a) if a.term == holder.term => Lost::Activation,
+            Some(_) => Lost::Reservation,
         },
     })
 }
 
 /// The holder the sidecar of a desired `instance` registered for the route's last term, in
 /// this generation, and the route's assignment — when that is below the holder's term (the
-/// store lost the reservation) or there is none (it lost the instance, or its first
-/// reservation).
+/// store lost the reservation), there is none (it lost the instance, or its first
+/// reservation), or it is that very term still reserved for the holder (the store lost the
+/// activation the sidecar confirmed, or reserved the number again for the same process after
+/// losing it: nothing else would activate it, as the sidecar holds that term already).
 fn unassigned_holder<'a>(
     view: &'a View,
     instance: &'a InstanceRecord,
 ) -> Option<(&'a crate::store::FenceHolder, Option<&'a crate::store::Assignment>)> {
     let holder = holder(instance)?;
     let assignment = view.assignments.get(&instance.route);
-    assignment
-        .is_none_or(|a| a.term < holder.term && a.generation == instance.generation)
-        .then_some((holder, assignment))
+    let behind = |a: &crate::store::Assignment| {
+        a.generation == instance.generation
+            && (a.term < holder.term
+                || (a.term == holder.term
+                    && a.phase == AssignmentPhase::Reserved
+                    && a.member == holder.member
+                    && a.process_id == holder.process_id))
+    };
+    assignment.is_none_or(behind).then_some((holder, assignment))
 }
 
 /// The holder the sidecar of a desired `instance` registered for the route's last term, in
@@ -505,6 +514,22 @@ mod tests {
         assert!(plan(&v).is_empty());
         v.reports.get_mut("ns/a").unwrap().phase = ReportPhase::Active;
         assignment(&mut v, "ns/a").member = "m2".into();
+        assert!(plan(&v).is_empty());
+        // The sidecar registered that very term activated by m1, which reports it: no wait.
+        let mut v = view();
+        assignment(&mut v, "ns/a").phase = AssignmentPhase::Reserved;
+        active(&mut v, "ns/a", 3);
+        vouch(&mut v, "ns/a", 3, "m1");
+        assert_eq!(
+            plan(&v),
+            [Forgotten {
+                route: "ns/a".into(),
+                ..to_m1(Some(Term::new(3)), 4, Lost::Activation)
+            }]
+        );
+        // Reserved there for another process (the number reserved again for another member):
+        // not the holder's to take back.
+        assignment(&mut v, "ns/a").process_id = "m1-old".into();
         assert!(plan(&v).is_empty());
     }
 

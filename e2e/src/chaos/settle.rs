@@ -104,7 +104,7 @@ impl Driver<'_> {
             }
             Err(err) => missing.push(format!("store: {err}")),
         }
-        match self.store.list_assignments().await {
+        let assignments = match self.store.list_assignments().await {
             Ok(assignments) => {
                 let active = assignments
                     .iter()
@@ -113,9 +113,13 @@ impl Driver<'_> {
                 if active < self.pool.sandboxes.len() {
                     missing.push(format!("{active} of {} instances active", self.pool.sandboxes.len()));
                 }
+                assignments
             }
-            Err(err) => missing.push(format!("store: {err}")),
-        }
+            Err(err) => {
+                missing.push(format!("store: {err}"));
+                Vec::new()
+            }
+        };
         for (name, follower, _) in &mut self.agents {
             let observed = follower.poll().await;
             if observed.last_at_ms() <= healed {
@@ -124,6 +128,8 @@ impl Driver<'_> {
                     _ => String::new(),
                 };
                 missing.push(format!("{name} has no answer since the heal{refused}"));
+            } else if let Some(disagrees) = disagreement(name, observed.accepted.last(), &assignments) {
+                missing.push(disagrees);
             }
         }
         if !missing.is_empty() {
@@ -219,4 +225,26 @@ impl Driver<'_> {
         eprintln!("  VIOLATION (trial {trial}): {what}");
         self.report.violations.push(Violation { trial, what });
     }
+}
+
+/// How an agent's latest answer disagrees with the store: answered by a member or at a term
+/// other than the route's active assignment. A store that lost commits can show every instance
+/// active while some run elsewhere, at a term it forgot; the pool has not settled until it
+/// knows where they run.
+fn disagreement(
+    name: &str,
+    last: Option<&crate::agent_log::Accepted>,
+    assignments: &[gateway::store::Assignment],
+) -> Option<String> {
+    let (term, member) = last.and_then(|a| Some((a.term?, a.member.as_deref()?)))?;
+    let route = format!("default/{name}");
+    let stored = assignments.iter().find(|a| a.route == route);
+    let agrees =
+        stored.is_some_and(|a| a.phase == AssignmentPhase::Active && a.term.get() == term && a.member == member);
+    (!agrees).then(|| {
+        let stored = stored.map_or("no assignment".into(), |a| {
+            format!("{} at term {} {}", a.member, a.term, a.phase.as_str())
+        });
+        format!("{name} is answered by {member} at term {term}; the store has {stored}")
+    })
 }
