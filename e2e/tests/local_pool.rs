@@ -186,6 +186,66 @@ async fn the_workload_pid_shows_from_the_first_placement() {
     pool.stop().await;
 }
 
+/// A move is not a restart in the pool status either: after a drain the instance shows the
+/// same workload PID and its progress goes on from where it was, never from 0 (the new owner
+/// reports the instance before the agent sent it any progress).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_instance_keeps_its_progress_in_the_status() {
+    let root = tempfile::tempdir().unwrap();
+    let pool = LocalPool::start(config(root.path(), 1, 2, 1)).await.unwrap();
+    let mut client = pool.operator(pool.endpoints()).await.unwrap();
+    let logs = pool.logs();
+    let mut last = None;
+    let before = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let status = client.status().await.unwrap();
+            last = status.instances.first().cloned();
+            if let Some(i) = status
+                .instances
+                .first()
+                .filter(|i| i.progress > 0 && i.workload_pid != 0)
+            {
+                return i.clone();
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no progress shown: {last:?}; logs in {}", logs.display()));
+    let run = poolctl::RunArgs {
+        max_parallel: 1,
+        timeout_secs: 60,
+        wait: true,
+    };
+    let (op, _) = client
+        .start(proto::pool::v1::OperationKind::Drain, &before.owner_member, &run)
+        .await
+        .unwrap();
+    client.wait(&op.id, &mut poolctl::Progress::quiet()).await.unwrap();
+    let mut statuses = client.watch();
+    let moved = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let status = statuses.next().await.unwrap();
+            let Some(i) = status.instances.first() else {
+                continue;
+            };
+            if i.term > before.term && i.phase == proto::common::v1::InstancePhase::Active as i32 {
+                return i.clone();
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the move never showed; logs in {}", logs.display()));
+    assert_ne!(moved.owner_member, before.owner_member, "{moved:?}");
+    assert_eq!(moved.workload_pid, before.workload_pid, "{moved:?}");
+    assert!(
+        moved.progress >= before.progress,
+        "progress went back from {} after the move: {moved:?}",
+        before.progress
+    );
+    pool.stop().await;
+}
+
 /// An upstream on loopback answering every request `200 upstream`.
 async fn upstream() -> u16 {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};

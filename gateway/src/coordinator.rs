@@ -716,7 +716,7 @@ mod tests {
                 phase: ReportPhase::Active,
                 message: String::new(),
                 workload_pid: 1,
-                progress: 0,
+                progress: Some(0),
                 reported_by: "gw".into(),
                 updated_at_ms: 0,
                 policy: None,

@@ -79,7 +79,7 @@ pub(crate) fn report(route: &str, term: OwnershipTerm, member: &str, process_id:
         phase,
         message: String::new(),
         workload_pid: 7,
-        progress: 0,
+        progress: Some(0),
         reported_by: "gw".into(),
         updated_at_ms: 0,
         policy: None,

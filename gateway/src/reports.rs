@@ -143,7 +143,7 @@ mod tests {
             phase: ReportPhase::Active,
             message: String::new(),
             workload_pid: 1,
-            progress,
+            progress: Some(progress),
             reported_by: "gw".into(),
             updated_at_ms: 0,
             policy: None,
@@ -159,7 +159,7 @@ mod tests {
         writer.forget(1);
         let left = writer.take();
         assert_eq!(left.len(), 1, "b went with stream 1; a is stream 2's");
-        assert_eq!(left[0].1.1.progress, 9);
+        assert_eq!(left[0].1.1.progress, Some(9));
         // A failed batch comes back, unless a newer status replaced it meanwhile.
         writer.submit((3, 1), vec![report("a", 2, 0)], false);
         writer.restore(vec![
@@ -206,7 +206,7 @@ mod tests {
         let written = store.list_reports().await.unwrap();
         assert_eq!(
             written.iter().find(|r| r.route == "ns/r0").map(|r| r.progress),
-            Some(777)
+            Some(Some(777))
         );
         assert_eq!(writer.pending(), 0);
         // A late batch of a stream the member left (epoch 1; it attached again at 2): never
@@ -229,14 +229,20 @@ mod tests {
             "counted"
         );
         let kept = store.list_reports().await.unwrap();
-        assert_eq!(kept.iter().find(|r| r.route == "ns/r0").map(|r| r.progress), Some(777));
+        assert_eq!(
+            kept.iter().find(|r| r.route == "ns/r0").map(|r| r.progress),
+            Some(Some(777))
+        );
         let not_written = store
             .record_stream_reports(vec![(report("ns/r0", 1, 6), Some(2))])
             .await
             .unwrap();
         assert_eq!(not_written, 0);
         let kept = store.list_reports().await.unwrap();
-        assert_eq!(kept.iter().find(|r| r.route == "ns/r0").map(|r| r.progress), Some(6));
+        assert_eq!(
+            kept.iter().find(|r| r.route == "ns/r0").map(|r| r.progress),
+            Some(Some(6))
+        );
         store.close().await;
     }
 }

@@ -96,7 +96,7 @@ pub fn status(
                     .or_else(|| r.map(|r| r.message.clone()))
                     .unwrap_or_default(),
                 workload_pid: r.map_or(0, |r| u32::try_from(r.workload_pid).unwrap_or(0)),
-                progress: r.map_or(0, |r| u64::try_from(r.progress).unwrap_or(0)),
+                progress: r.and_then(|r| r.progress).map_or(0, |p| u64::try_from(p).unwrap_or(0)),
             }
         })
         .collect();

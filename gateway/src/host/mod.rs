@@ -602,7 +602,7 @@ impl Session {
                             phase: c.status.phase,
                             message: c.status.message,
                             workload_pid: i64::from(c.status.workload_pid),
-                            progress: i64::try_from(c.status.progress).unwrap_or(i64::MAX),
+                            progress: c.status.progress.map(|p| i64::try_from(p).unwrap_or(i64::MAX)),
                             reported_by: replica.name.clone(),
                             updated_at_ms: 0,
                             policy: c.status.policy,

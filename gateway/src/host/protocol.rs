@@ -46,7 +46,8 @@ pub struct Attributed {
     pub phase: ReportPhase,
     pub message: String,
     pub workload_pid: u32,
-    pub progress: u64,
+    /// `None` while the owner has accepted no progress at this term.
+    pub progress: Option<u64>,
     /// The sidecar's answer to this term's policy install, as the owner relayed it.
     pub policy: Option<LoadedPolicy>,
 }
@@ -252,7 +253,11 @@ impl HostProtocol {
             phase: ReportPhase::of(proto::common::v1::InstancePhase::from_wire(s.phase)),
             message: plumbing::text::prefix(&s.message, proto::MAX_STATUS_MESSAGE_BYTES).to_owned(),
             workload_pid: s.workload_pid,
-            progress: s.counters.as_ref().map_or(0, |c| c.last_progress_value),
+            progress: s
+                .counters
+                .as_ref()
+                .filter(|c| c.last_progress_at_ms != 0)
+                .map(|c| c.last_progress_value),
             policy: s.egress_policy.as_ref().map(|p| LoadedPolicy {
                 name: plumbing::text::bounded(&p.name, proto::MAX_POLICY_NAME_BYTES),
                 revision: i64::try_from(p.revision).unwrap_or(i64::MAX),
@@ -295,7 +300,7 @@ impl HostProtocol {
                     phase: ReportPhase::Absent,
                     message: "the owner acknowledged the assignment but does not host it".into(),
                     workload_pid: 0,
-                    progress: 0,
+                    progress: None,
                     policy: None,
                 },
             });

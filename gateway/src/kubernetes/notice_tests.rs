@@ -297,7 +297,7 @@ fn a_deadline_missed_with_no_identified_workload_says_nothing_was_stopped() {
                 phase: crate::store::ReportPhase::Active,
                 message: String::new(),
                 workload_pid: pid,
-                progress: 0,
+                progress: Some(0),
                 reported_by: "gw".into(),
                 updated_at_ms: 0,
                 policy: None,

@@ -62,7 +62,7 @@ fn report(route: &str, member: &str, term: u64, phase: ReportPhase) -> Report {
         phase,
         message: String::new(),
         workload_pid: 0,
-        progress: 0,
+        progress: Some(0),
         reported_by: String::new(),
         updated_at_ms: 0,
         policy: None,

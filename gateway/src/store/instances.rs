@@ -314,7 +314,8 @@ impl Store {
     /// route is already there — except the report of the route's current owner at its
     /// assigned term, which always counts: after the store rolled back, a report of a term it
     /// forgot (a reservation elsewhere that failed) must not hide that the owner it points at
-    /// gave the term up.
+    /// gave the term up. A report without progress (its owner accepted none yet: a move's new
+    /// owner) keeps the progress shown, unless its workload stopped or another PID runs now.
     pub async fn record_reports(&self, reports: &[Report]) -> Result<()> {
         let reports: Vec<(Report, Option<i64>)> = reports.iter().map(|r| (r.clone(), None)).collect();
         self.record_stream_reports(reports).await.map(drop)
@@ -337,12 +338,16 @@ impl Store {
         let sql = format!(
             "INSERT INTO instance_reports (route, term, member, process_id, phase, message, workload_pid, reported_by, progress, \
                policy_name, policy_revision, policy_error, updated_at_ms) \
-             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, ({}) \
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, COALESCE(CAST($9 AS BIGINT), 0), $10, $11, $12, ({}) \
              WHERE CAST($13 AS BIGINT) IS NULL \
                OR EXISTS (SELECT 1 FROM members m WHERE m.member = $3 AND m.process_id = $4 AND m.epoch = $13) \
              ON CONFLICT (route) DO UPDATE SET term = excluded.term, member = excluded.member, \
                process_id = excluded.process_id, phase = excluded.phase, message = excluded.message, \
-               workload_pid = excluded.workload_pid, reported_by = excluded.reported_by, progress = excluded.progress, \
+               workload_pid = excluded.workload_pid, reported_by = excluded.reported_by, \
+               progress = CASE WHEN CAST($9 AS BIGINT) IS NULL \
+                 AND instance_reports.phase NOT IN ('INSTANCE_PHASE_STOPPED', 'INSTANCE_PHASE_FAILED') \
+                 AND (excluded.workload_pid = 0 OR instance_reports.workload_pid IN (0, excluded.workload_pid)) \
+                 THEN instance_reports.progress ELSE excluded.progress END, \
                policy_name = excluded.policy_name, policy_revision = excluded.policy_revision, \
                policy_error = excluded.policy_error, updated_at_ms = excluded.updated_at_ms \
              WHERE instance_reports.term <= excluded.term \

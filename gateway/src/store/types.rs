@@ -366,8 +366,11 @@ pub struct Report {
     pub phase: ReportPhase,
     pub message: String,
     pub workload_pid: i64,
-    /// The workload's last progress value the owner accepted.
-    pub progress: i64,
+    /// The workload's last progress value the owner accepted. `None` in a report whose owner
+    /// has accepted none at its term yet (a move's new owner): the store keeps the value
+    /// reported for the same workload process before, so a move never shows as a restart.
+    /// Always `Some` when read.
+    pub progress: Option<i64>,
     /// The gateway replica that attributed it.
     pub reported_by: String,
     /// Set by the store from the database clock.

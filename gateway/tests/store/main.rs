@@ -48,6 +48,7 @@ on_both_backends!(suite;
     a_withdrawn_workload_revives_as_the_next_generation_only,
     a_missed_recovery_deadline_withdraws_with_the_reason_and_last_owner,
     reports_never_regress_in_term,
+    a_moves_first_report_keeps_the_workloads_progress,
     migrations_are_idempotent_across_replicas,
     a_newer_builds_migrations_are_run_against_within_the_compatibility_marker,
     audit_records_are_stored_once_and_only_for_the_active_owner,

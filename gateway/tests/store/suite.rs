@@ -39,7 +39,7 @@ pub fn active_report(route: &str) -> Report {
         phase: ReportPhase::Active,
         message: String::new(),
         workload_pid: 42,
-        progress: 0,
+        progress: Some(0),
         reported_by: "gw-a".into(),
         updated_at_ms: 0,
         policy: None,
@@ -1602,7 +1602,7 @@ pub async fn every_write_to_a_table_the_pool_view_reads_is_counted(db: &TestDb) 
         counts().await.reports > before
     };
     let progressed = Report {
-        progress: 9,
+        progress: Some(9),
         reported_by: "gw-b".into(),
         ..report.clone()
     };
@@ -1661,7 +1661,7 @@ pub async fn reports_never_regress_in_term(db: &TestDb) {
         phase,
         message: String::new(),
         workload_pid: 42,
-        progress: 7,
+        progress: Some(7),
         reported_by: "gw-a".into(),
         updated_at_ms: 0,
         policy: None,
@@ -1679,7 +1679,7 @@ pub async fn reports_never_regress_in_term(db: &TestDb) {
         ),
         (2, "INSTANCE_PHASE_ACTIVE", "m2")
     );
-    assert_eq!(reports[0].progress, 7);
+    assert_eq!(reports[0].progress, Some(7));
     db.store.record_report(&report(3, ReportPhase::Starting)).await.unwrap();
     assert_eq!(db.store.list_reports().await.unwrap()[0].term, OwnershipTerm::new(3));
     // The sidecar's answer to the policy install is kept with the report, and replaced by the
@@ -1738,7 +1738,7 @@ pub async fn reports_never_regress_in_term(db: &TestDb) {
     };
     db.store.record_member(&m2, LONG).await.unwrap();
     let late = Report {
-        progress: 1,
+        progress: Some(1),
         ..owner.clone()
     };
     assert_eq!(
@@ -1748,9 +1748,51 @@ pub async fn reports_never_regress_in_term(db: &TestDb) {
             .unwrap(),
         1
     );
-    assert_eq!(db.store.list_reports().await.unwrap()[0].progress, 7);
+    assert_eq!(db.store.list_reports().await.unwrap()[0].progress, Some(7));
     assert_eq!(db.store.record_stream_reports(vec![(late, Some(2))]).await.unwrap(), 0);
-    assert_eq!(db.store.list_reports().await.unwrap()[0].progress, 1);
+    assert_eq!(db.store.list_reports().await.unwrap()[0].progress, Some(1));
+}
+
+/// A move's new owner reports the instance before the workload sent it any progress (first
+/// starting, without the workload's PID): the workload's last progress stays, since a move is
+/// not a restart — unless the workload stopped or another process runs under the route now.
+pub async fn a_moves_first_report_keeps_the_workloads_progress(db: &TestDb) {
+    let report = |term: u64, phase: ReportPhase, workload_pid: i64, progress: Option<i64>| Report {
+        route: "team-a/agent-0".into(),
+        term: OwnershipTerm::new(term),
+        member: format!("m{term}"),
+        process_id: format!("p{term}"),
+        phase,
+        message: String::new(),
+        workload_pid,
+        progress,
+        reported_by: "gw-a".into(),
+        updated_at_ms: 0,
+        policy: None,
+    };
+    let progress = || async { db.store.list_reports().await.unwrap()[0].progress };
+    use ReportPhase::{Active, Starting, Stopped};
+    db.store.record_report(&report(1, Starting, 0, None)).await.unwrap();
+    assert_eq!(progress().await, Some(0), "a first report without progress");
+    db.store
+        .record_report(&report(1, Active, 42, Some(3_178)))
+        .await
+        .unwrap();
+    db.store.record_report(&report(2, Starting, 0, None)).await.unwrap();
+    assert_eq!(progress().await, Some(3_178), "moved: starting, its PID not known yet");
+    db.store.record_report(&report(2, Active, 42, None)).await.unwrap();
+    assert_eq!(progress().await, Some(3_178), "moved: the same workload process");
+    db.store
+        .record_report(&report(2, Active, 42, Some(3_190)))
+        .await
+        .unwrap();
+    assert_eq!(progress().await, Some(3_190), "what the new owner accepted");
+    db.store.record_report(&report(3, Active, 77, None)).await.unwrap();
+    assert_eq!(progress().await, Some(0), "another process");
+    db.store.record_report(&report(3, Active, 77, Some(5))).await.unwrap();
+    db.store.record_report(&report(3, Stopped, 77, Some(5))).await.unwrap();
+    db.store.record_report(&report(4, Starting, 0, None)).await.unwrap();
+    assert_eq!(progress().await, Some(0), "the next process of a stopped workload");
 }
 
 pub async fn migrations_are_idempotent_across_replicas(db: &TestDb) {

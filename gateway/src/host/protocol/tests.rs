@@ -78,13 +78,13 @@ fn a_partial_report_speaks_only_for_the_routes_it_lists() {
 #[test]
 fn only_changes_reach_the_writer_and_new_phases_are_urgent() {
     let mut s = HostProtocol::default();
-    let status = |term, phase: ReportPhase, progress| Attributed {
+    let status = |term, phase: ReportPhase, progress: u64| Attributed {
         route: "a".into(),
         term,
         phase,
         message: String::new(),
         workload_pid: 7,
-        progress,
+        progress: Some(progress),
         policy: None,
     };
     let first = s.changes(vec![status(1, ReportPhase::Starting, 0)]);
@@ -111,6 +111,31 @@ fn only_changes_reach_the_writer_and_new_phases_are_urgent() {
     assert_eq!(answered.len(), 1, "the sidecar's answer to a policy install is written");
     assert!(!answered[0].urgent, "and can wait for the next batch");
     assert!(s.changes(vec![loaded]).is_empty());
+}
+
+#[test]
+fn progress_is_attributed_only_once_the_owner_accepted_some_at_its_term() {
+    let mut s = HostProtocol::default();
+    s.next_snapshot(snapshot(&[("a", 1), ("b", 1)]), Arc::default());
+    s.on_ack(1).unwrap();
+    let mut report = report(1, &[("a", 1, InstancePhase::Active), ("b", 1, InstancePhase::Active)]);
+    report.instances[0].counters = Some(proto::host::v1::InstanceCounters::default());
+    report.instances[1].counters = Some(proto::host::v1::InstanceCounters {
+        last_progress_value: 0,
+        last_progress_at_ms: 1_796_510_813_183,
+        ..Default::default()
+    });
+    let progress: Vec<_> = s
+        .attribute(&report, 10)
+        .unwrap()
+        .into_iter()
+        .map(|a| a.progress)
+        .collect();
+    assert_eq!(
+        progress,
+        [None, Some(0)],
+        "a moved instance's new owner has accepted none yet"
+    );
 }
 
 #[test]
