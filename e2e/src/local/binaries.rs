@@ -28,6 +28,14 @@ pub fn ensure_binaries() -> Result<(), Error> {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut command = std::process::Command::new(cargo);
     command.current_dir(&workspace).args(["build", "--bins"]);
+    // What `cargo run` set for this binary is not the user's environment: build scripts that
+    // watch such a variable (ring's watches `CARGO_MANIFEST_DIR`) would see it changed and
+    // rebuild everything above them, a second full build on a fresh clone.
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(set_by_cargo_run) {
+            command.env_remove(&name);
+        }
+    }
     // Someone at a terminal sees the build go (a first run builds for minutes); tests and logs
     // get no progress lines.
     if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
@@ -60,6 +68,24 @@ pub fn ensure_binaries() -> Result<(), Error> {
     } else {
         Err(Error::MissingBinary(format!("cargo build failed ({status})")))
     }
+}
+
+/// Whether `cargo run` sets the variable `name` for the binary it runs (the Cargo book,
+/// "Environment variables Cargo sets for crates"); `CARGO` itself names the cargo to run.
+fn set_by_cargo_run(name: &str) -> bool {
+    name.starts_with("CARGO_PKG_")
+        || matches!(
+            name,
+            "CARGO_MANIFEST_DIR"
+                | "CARGO_MANIFEST_PATH"
+                | "CARGO_MANIFEST_LINKS"
+                | "CARGO_CRATE_NAME"
+                | "CARGO_BIN_NAME"
+                | "CARGO_PRIMARY_PACKAGE"
+                | "CARGO_RUSTC_CURRENT_DIR"
+                | "CARGO_TARGET_TMPDIR"
+                | "OUT_DIR"
+        )
 }
 
 pub(super) fn binary(name: &str) -> Result<PathBuf, Error> {
