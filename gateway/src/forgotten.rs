@@ -109,7 +109,7 @@ fn given_back(view: &View, instance: &InstanceRecord) -> Option<Forgotten> {
     let confirmed = view
         .reports
         .get(&instance.route)
-        .is_some_and(|r| r.phase == ReportPhase::Active && named(instance, r.term, (&r.member, &r.process_id)));
+        .is_some_and(|r| r.phase == ReportPhase::Active && named(instance, r));
     (confirmed && view.is_live(&holder.member, &holder.process_id)).then(|| Forgotten {
         route: instance.route.clone(),
         member: holder.member.clone(),
@@ -232,14 +232,14 @@ pub fn held_proven<'a>(
         };
         holding.get(route.as_str()).is_some_and(|(term, _)| {
             *term <= instance.last_term.get()
-                && (holder(instance).is_none() || named(instance, OwnershipTerm::new(*term), (member, process_id)))
+                && holder(instance).is_none_or(|h| h.is(OwnershipTerm::new(*term), member, process_id))
         })
     })
 }
 
-/// Whether the sidecar named `member`'s process as the holder of `term`.
-fn named(instance: &InstanceRecord, term: OwnershipTerm, (member, process_id): (&str, &str)) -> bool {
-    holder(instance).is_some_and(|h| h.term == term && h.member == member && h.process_id == process_id)
+/// Whether the sidecar named `report`'s member process as the holder of the reported term.
+fn named(instance: &InstanceRecord, report: &Report) -> bool {
+    holder(instance).is_some_and(|h| h.is(report.term, &report.member, &report.process_id))
 }
 
 /// What `report`'s member says the store lost of its route, if anything: only a desired
@@ -261,10 +261,7 @@ fn claimed(view: &View, report: &Report) -> Option<Lost> {
         }
         // The store lost the instance (or its first reservation) and learned it again from its
         // sidecar's fence; the member reports that very term: kept likewise.
-        None if report.term == instance.last_term
-            && (recorded_anew(view, instance)
-                || named(instance, report.term, (&report.member, &report.process_id))) =>
-        {
+        None if report.term == instance.last_term && (recorded_anew(view, instance) || named(instance, report)) => {
             Some(Lost::Instance)
         }
         Some(a)

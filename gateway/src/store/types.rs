@@ -225,6 +225,13 @@ pub struct FenceHolder {
     pub generation: i64,
 }
 
+impl FenceHolder {
+    /// Whether this is `member`'s process `process_id` holding `term`.
+    pub fn is(&self, term: OwnershipTerm, member: &str, process_id: &str) -> bool {
+        self.term == term && self.member == member && self.process_id == process_id
+    }
+}
+
 /// An owner a recovery displaced because the gateways lost it (`instances.displaced_*`): it
 /// may have been cut off from them rather than gone.
 #[derive(Debug, Clone, PartialEq, Eq)]
