@@ -3,7 +3,8 @@
 //! against the same upstream: throughput of one large download over CONNECT, new-connection
 //! latency (connect, CONNECT and its decision, one round trip), many tunnels open at once, and
 //! the proxy's CPU per GiB and RSS. The sidecar is a real one in a local pool, deciding from the
-//! policy its owner installed.
+//! policy its owner installed. Every path is up for the whole run and the new-connection
+//! samples alternate between them, so the paths are timed under the same conditions.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -61,11 +62,61 @@ enum Via {
     Dialer(plumbing::dialer::Dialer),
 }
 
-/// Runs every path there is (direct, the sidecar, then the peers found on `PATH`).
+/// One way to the upstream being measured.
+struct Path {
+    name: &'static str,
+    via: Via,
+    /// The proxy's process (its CPU and RSS are measured).
+    pid: Option<u32>,
+    upstream: SocketAddr,
+}
+
+/// What keeps the paths up while they are measured.
+#[derive(Default)]
+struct Running {
+    pool: Option<LocalPool>,
+    peers: Vec<tokio::process::Child>,
+    dialer: Option<tokio_util::sync::CancellationToken>,
+}
+
+impl Running {
+    async fn stop(mut self) {
+        if let Some(dialer) = self.dialer.take() {
+            dialer.cancel();
+        }
+        for mut peer in self.peers.drain(..) {
+            let _ = peer.kill().await;
+        }
+        if let Some(pool) = self.pool.take() {
+            pool.stop().await;
+        }
+    }
+}
+
+/// Runs every path there is (direct, the Pod's dialer, the sidecar, then the peers found on
+/// `PATH`), all started before any is measured. Throughput and open tunnels are measured one
+/// path after another; the new-connection samples go round the paths in turn, so a pause of
+/// the machine falls on all of them alike rather than on whichever path was being timed.
 pub async fn run(settings: &Settings) -> Result<Vec<Row>, Error> {
     std::fs::create_dir_all(&settings.root)?;
+    let mut running = Running::default();
+    let paths = start(settings, &mut running).await;
+    let rows = match paths {
+        Ok(paths) => measure(&paths, settings).await,
+        Err(err) => Err(err),
+    };
+    running.stop().await;
+    rows
+}
+
+async fn start(settings: &Settings, running: &mut Running) -> Result<Vec<Path>, Error> {
     let upstream = upstream_on(std::net::Ipv4Addr::LOCALHOST.into()).await?;
-    let mut rows = vec![measure("direct", Via::Direct, None, upstream, settings).await?];
+    let mut paths = vec![Path {
+        name: "direct",
+        via: Via::Direct,
+        pid: None,
+        upstream,
+    }];
 
     // What egress redirection adds to a connection: the dialer opens it and hands it over. It
     // refuses loopback, so this upstream listens on the host's own address.
@@ -78,10 +129,13 @@ pub async fn run(settings: &Settings) -> Result<Vec<Row>, Error> {
                 plumbing::dialer::bind(&socket)?,
                 shutdown.clone(),
             ));
-            let via = Via::Dialer(plumbing::dialer::Dialer::new(&socket));
-            let row = measure("direct, opened by the Pod's dialer", via, None, far, settings).await;
-            shutdown.cancel();
-            rows.push(row?);
+            running.dialer = Some(shutdown);
+            paths.push(Path {
+                name: "direct, opened by the Pod's dialer",
+                via: Via::Dialer(plumbing::dialer::Dialer::new(&socket)),
+                pid: None,
+                upstream: far,
+            });
         }
         None => eprintln!("egress: this host has no address but loopback; the dialer's row is skipped"),
     }
@@ -92,63 +146,94 @@ pub async fn run(settings: &Settings) -> Result<Vec<Row>, Error> {
         upstream.port()
     );
     std::fs::write(&policy, document)?;
-    let pool = LocalPool::start(Config {
-        root: settings.root.join("pool"),
-        database_url: None,
-        gateways: 1,
-        members: 1,
-        sandboxes: 1,
-        lease_length_ms: 5000,
-        plaintext: false,
-        agent_interval_ms: 1000,
-        members_on_standby: false,
-        cuttable_links: false,
-        policy: Some(policy),
-        secrets: None,
-    })
-    .await?;
-    let sidecar = pool
+    let pool = running.pool.insert(
+        LocalPool::start(Config {
+            root: settings.root.join("pool"),
+            database_url: None,
+            gateways: 1,
+            members: 1,
+            sandboxes: 1,
+            lease_length_ms: 5000,
+            plaintext: false,
+            agent_interval_ms: 1000,
+            members_on_standby: false,
+            cuttable_links: false,
+            policy: Some(policy),
+            secrets: None,
+        })
+        .await?,
+    );
+    let Some((proxy, pid)) = pool
         .sandboxes
         .first()
-        .and_then(|s| Some((s.egress.clone()?, s.sidecar.pid()?)));
-    let result = match sidecar {
-        Some((proxy, pid)) => {
-            let proxy: SocketAddr = proxy.parse().map_err(|_| Error::Bench(format!("bad proxy {proxy}")))?;
-            ready(proxy, upstream, Duration::from_secs(60)).await?;
-            measure("sidecar", Via::Proxy(proxy), Some(pid), upstream, settings).await
-        }
-        None => Err(Error::Bench("the sandbox has no egress proxy".into())),
+        .and_then(|s| Some((s.egress.clone()?, s.sidecar.pid()?)))
+    else {
+        return Err(Error::Bench("the sandbox has no egress proxy".into()));
     };
-    pool.stop().await;
-    rows.push(result?);
+    let proxy: SocketAddr = proxy.parse().map_err(|_| Error::Bench(format!("bad proxy {proxy}")))?;
+    ready(proxy, upstream, Duration::from_secs(60)).await?;
+    paths.push(Path {
+        name: "sidecar",
+        via: Via::Proxy(proxy),
+        pid: Some(pid),
+        upstream,
+    });
 
     for peer in [Peer::Tinyproxy, Peer::Squid] {
         match peer.start(settings, upstream).await {
-            Ok(Some((mut child, proxy))) => {
-                let pid = child.id();
-                let row = measure(peer.name(), Via::Proxy(proxy), pid, upstream, settings).await;
-                let _ = child.kill().await;
-                rows.push(row?);
+            Ok(Some((child, proxy))) => {
+                paths.push(Path {
+                    name: peer.name(),
+                    via: Via::Proxy(proxy),
+                    pid: child.id(),
+                    upstream,
+                });
+                running.peers.push(child);
             }
             Ok(None) => eprintln!("egress: {} is not installed; skipped", peer.name()),
             Err(err) => eprintln!("egress: {} did not start: {err}; skipped", peer.name()),
         }
     }
+    Ok(paths)
+}
+
+async fn measure(paths: &[Path], settings: &Settings) -> Result<Vec<Row>, Error> {
+    let mut rows = Vec::with_capacity(paths.len());
+    for path in paths {
+        eprintln!(
+            "egress: {}: throughput and {} tunnels ...",
+            path.name, settings.connections
+        );
+        rows.push(throughput_and_tunnels(path, settings).await?);
+    }
+    eprintln!(
+        "egress: new connections, {} per path, round the paths ...",
+        settings.samples
+    );
+    let mut samples = vec![Vec::with_capacity(settings.samples); paths.len()];
+    for _ in 0..settings.samples {
+        for (path, taken) in paths.iter().zip(samples.iter_mut()) {
+            let t0 = Instant::now();
+            let mut stream = open(&path.via, path.upstream).await?;
+            ping(&mut stream).await?;
+            taken.push(t0.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+    for (row, mut taken) in rows.iter_mut().zip(samples) {
+        taken.sort_by(f64::total_cmp);
+        row.connect_ms_p50 = percentile(&taken, 0.50);
+        row.connect_ms_p99 = percentile(&taken, 0.99);
+    }
     Ok(rows)
 }
 
-async fn measure(
-    path: &str,
-    via: Via,
-    pid: Option<u32>,
-    upstream: SocketAddr,
-    settings: &Settings,
-) -> Result<Row, Error> {
-    eprintln!("egress: {path} ...");
-    // Throughput and the proxy's CPU for it.
+/// The throughput of one download and the proxy's CPU for it; then RSS idle and with
+/// `Settings::connections` tunnels open. The row's latencies are filled in later.
+async fn throughput_and_tunnels(path: &Path, settings: &Settings) -> Result<Row, Error> {
+    let (via, pid, upstream) = (&path.via, path.pid, path.upstream);
     let cpu_before = pid.and_then(tree_cpu_ticks);
     let started = Instant::now();
-    let mut stream = open(&via, upstream).await?;
+    let mut stream = open(via, upstream).await?;
     stream
         .write_all(format!("SEND {}\n", settings.bytes).as_bytes())
         .await?;
@@ -157,7 +242,10 @@ async fn measure(
     while left > 0 {
         let n = stream.read(&mut buf).await?;
         if n == 0 {
-            return Err(Error::Bench(format!("{path}: the download ended {left} bytes short")));
+            return Err(Error::Bench(format!(
+                "{}: the download ended {left} bytes short",
+                path.name
+            )));
         }
         left = left.saturating_sub(n as u64);
     }
@@ -169,32 +257,22 @@ async fn measure(
         _ => None,
     };
 
-    // New connections, one after another.
-    let mut samples = Vec::with_capacity(settings.samples);
-    for _ in 0..settings.samples {
-        let t0 = Instant::now();
-        let mut stream = open(&via, upstream).await?;
-        ping(&mut stream).await?;
-        samples.push(t0.elapsed().as_secs_f64() * 1000.0);
-    }
-    samples.sort_by(f64::total_cmp);
-
     // Many tunnels at once, opened in batches.
     let rss_idle_mib = pid.and_then(tree_rss_kib).map(|k| k as f64 / 1024.0);
     let mut held = Vec::with_capacity(settings.connections);
     for batch in (0..settings.connections).collect::<Vec<_>>().chunks(100) {
-        let opened = open_many(batch.len(), &via, upstream).await;
+        let opened = open_many(batch.len(), via, upstream).await;
         held.extend(opened);
     }
     let rss_open_mib = pid.and_then(tree_rss_kib).map(|k| k as f64 / 1024.0);
     let open = held.len();
     drop(held);
     Ok(Row {
-        path: path.to_owned(),
+        path: path.name.to_owned(),
         throughput_mib_s: settings.bytes as f64 / f64::from(1u32 << 20) / seconds,
         cpu_s_per_gib,
-        connect_ms_p50: percentile(&samples, 0.50),
-        connect_ms_p99: percentile(&samples, 0.99),
+        connect_ms_p50: 0.0,
+        connect_ms_p99: 0.0,
         open,
         rss_idle_mib,
         rss_open_mib,

@@ -3,6 +3,11 @@
 //! only when that owner acknowledges it at its term. A batch not acknowledged within
 //! [`ACK_TIMEOUT`], or whose owner is gone, is sent again (to the next owner after a handoff):
 //! the gateway keeps each sequence once, so nothing is lost and nothing is stored twice.
+//!
+//! A batch follows the one before it after [`LINGER`] at the soonest, unless a whole batch is
+//! waiting: a lone decision goes at once, a burst goes in few batches (each one store
+//! transaction at the gateway, one rewrite of the spool), not one round through the pool per
+//! connection.
 
 use std::time::{Duration, Instant};
 
@@ -11,10 +16,13 @@ use tracing::debug;
 
 use super::effect::{Effect, Reply};
 use super::machine::{Machine, Mode};
+use crate::egress::audit::BATCH;
 use crate::runtime_link::StreamId;
 
 /// How long a batch waits for its acknowledgement before it is sent again.
 pub(super) const ACK_TIMEOUT: Duration = Duration::from_secs(10);
+/// The least time between two batches, unless a whole batch is waiting.
+pub(super) const LINGER: Duration = Duration::from_millis(200);
 
 /// Where the delivery stands.
 #[derive(Debug, Default)]
@@ -27,6 +35,8 @@ pub(super) struct Delivery {
     pub fetching: bool,
     /// The batch sent and not acknowledged: on which stream, up to which sequence, when.
     pub in_flight: Option<(StreamId, u64, Instant)>,
+    /// When the last batch was sent.
+    pub sent_at: Option<Instant>,
 }
 
 impl<R: Reply> Machine<R> {
@@ -46,6 +56,7 @@ impl<R: Reply> Machine<R> {
             return;
         }
         self.audit.in_flight = Some((id, through, self.now.at));
+        self.audit.sent_at = Some(self.now.at);
         self.send(
             id,
             sidecar_message::Kind::AuditRecords(AuditRecords { records, dropped }),
@@ -83,7 +94,11 @@ impl<R: Reply> Machine<R> {
             }
             self.audit.in_flight = None;
         }
-        if self.audit.fetching || self.audit.last <= self.audit.acked || self.relaying_owner().is_none() {
+        if self.audit.fetching
+            || self.audit.last <= self.audit.acked
+            || self.relaying_owner().is_none()
+            || self.lingering().is_some()
+        {
             return;
         }
         self.audit.fetching = true;
@@ -92,9 +107,19 @@ impl<R: Reply> Machine<R> {
         });
     }
 
-    /// When a batch in flight is due again.
+    /// When a batch in flight is due again, or the next one may go.
     pub(super) fn audit_wake(&self) -> Option<Instant> {
-        self.audit.in_flight.map(|(_, _, sent_at)| sent_at + ACK_TIMEOUT)
+        match self.audit.in_flight {
+            Some((_, _, sent_at)) => Some(sent_at + ACK_TIMEOUT),
+            None => self.lingering(),
+        }
+    }
+
+    /// Until when the records waiting (fewer than a batch) wait for more.
+    fn lingering(&self) -> Option<Instant> {
+        let waiting = self.audit.last.saturating_sub(self.audit.acked);
+        let due = self.audit.sent_at? + LINGER;
+        (waiting > 0 && waiting < BATCH as u64 && self.now.at < due).then_some(due)
     }
 
     fn relaying_owner(&self) -> Option<StreamId> {

@@ -37,8 +37,37 @@ fn records_go_to_the_activated_owner_one_batch_at_a_time_and_leave_only_on_its_a
     // An acknowledgement from another term, or beyond what was sent, changes nothing.
     assert!(h.message(1, ack(0, 3)).is_empty());
     assert!(h.message(1, ack(1, 9)).is_empty());
-    assert_eq!(names(&h.message(1, ack(1, 3))), ["ack audit 3", "fetch audit after 3"]);
+    assert_eq!(names(&h.message(1, ack(1, 3))), ["ack audit 3"]);
+    // The next batch follows after the linger.
+    h.advance(crate::engine::audit::LINGER);
+    assert_eq!(names(&h.on(Event::Tick)), ["fetch audit after 3"]);
     assert_eq!(names(&h.on(batch(&[4, 5]))), ["send 1 audit [4, 5]"]);
+}
+
+#[test]
+fn a_lone_decision_goes_at_once_a_burst_waits_for_the_linger_unless_a_whole_batch_waits() {
+    let mut h = Harness::placing();
+    h.activate(1, 1, "m1");
+    // Nothing sent for a while: the first decision goes at once.
+    assert_eq!(names(&h.on(Event::AuditPending(1))), ["fetch audit after 0"]);
+    assert_eq!(names(&h.on(batch(&[1]))), ["send 1 audit [1]"]);
+    assert_eq!(names(&h.message(1, ack(1, 1))), ["ack audit 1"]);
+    // The decisions right after it wait for more, and the machine wakes for them.
+    assert!(h.on(Event::AuditPending(2)).is_empty());
+    assert!(h.on(Event::AuditPending(40)).is_empty());
+    let linger = crate::engine::audit::LINGER;
+    assert!(h.m.next_wake(h.now.at) <= h.now.at + linger);
+    h.advance(linger / 2);
+    assert!(h.on(Event::Tick).is_empty(), "still lingering");
+    h.advance(linger / 2);
+    assert_eq!(names(&h.on(Event::Tick)), ["fetch audit after 1"]);
+    let all: Vec<u64> = (2..=40).collect();
+    h.on(batch(&all));
+    h.message(1, ack(1, 40));
+    // A whole batch waiting goes without waiting.
+    let whole = 40 + crate::egress::audit::BATCH as u64;
+    assert!(h.on(Event::AuditPending(whole - 1)).is_empty());
+    assert_eq!(names(&h.on(Event::AuditPending(whole))), ["fetch audit after 40"]);
 }
 
 #[test]
