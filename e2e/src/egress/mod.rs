@@ -94,9 +94,10 @@ impl Running {
 }
 
 /// Runs every path there is (direct, the Pod's dialer, the sidecar, then the peers found on
-/// `PATH`), all started before any is measured. Throughput and open tunnels are measured one
-/// path after another; the new-connection samples go round the paths in turn, so a pause of
-/// the machine falls on all of them alike rather than on whichever path was being timed.
+/// `PATH`), all started before any is measured. The downloads and the new-connection samples
+/// go round the paths in turn, so a pause of the machine falls on all of them alike rather
+/// than on whichever path was being timed; the open tunnels are measured one path after
+/// another.
 pub async fn run(settings: &Settings) -> Result<Vec<Row>, Error> {
     std::fs::create_dir_all(&settings.root)?;
     let mut running = Running::default();
@@ -197,17 +198,19 @@ async fn start(settings: &Settings, running: &mut Running) -> Result<Vec<Path>, 
     Ok(paths)
 }
 
+/// Downloads timed per path, round the paths; the row shows the median.
+const DOWNLOADS: usize = 3;
+
 async fn measure(paths: &[Path], settings: &Settings) -> Result<Vec<Row>, Error> {
-    let mut rows = Vec::with_capacity(paths.len());
-    for path in paths {
-        eprintln!(
-            "egress: {}: throughput and {} tunnels ...",
-            path.name, settings.connections
-        );
-        rows.push(throughput_and_tunnels(path, settings).await?);
+    eprintln!("egress: {DOWNLOADS} downloads per path, round the paths ...");
+    let mut downloads = vec![Vec::with_capacity(DOWNLOADS); paths.len()];
+    for _ in 0..DOWNLOADS {
+        for (path, taken) in paths.iter().zip(downloads.iter_mut()) {
+            taken.push(download(path, settings.bytes).await?);
+        }
     }
     eprintln!(
-        "egress: new connections, {} per path, round the paths ...",
+        "egress: {} new connections per path, round the paths ...",
         settings.samples
     );
     let mut samples = vec![Vec::with_capacity(settings.samples); paths.len()];
@@ -219,26 +222,42 @@ async fn measure(paths: &[Path], settings: &Settings) -> Result<Vec<Row>, Error>
             taken.push(t0.elapsed().as_secs_f64() * 1000.0);
         }
     }
-    for (row, mut taken) in rows.iter_mut().zip(samples) {
+    let mut rows = Vec::with_capacity(paths.len());
+    for ((path, mut downloaded), mut taken) in paths.iter().zip(downloads).zip(samples) {
+        eprintln!("egress: {}: {} tunnels at once ...", path.name, settings.connections);
+        let (open, rss_idle_mib, rss_open_mib) = tunnels(path, settings.connections).await;
+        downloaded.sort_by(|a, b| a.mib_s.total_cmp(&b.mib_s));
+        let median = &downloaded[downloaded.len() / 2];
         taken.sort_by(f64::total_cmp);
-        row.connect_ms_p50 = percentile(&taken, 0.50);
-        row.connect_ms_p99 = percentile(&taken, 0.99);
+        rows.push(Row {
+            path: path.name.to_owned(),
+            throughput_mib_s: median.mib_s,
+            cpu_s_per_gib: median.cpu_s_per_gib,
+            connect_ms_p50: percentile(&taken, 0.50),
+            connect_ms_p99: percentile(&taken, 0.99),
+            open,
+            rss_idle_mib,
+            rss_open_mib,
+        });
     }
     Ok(rows)
 }
 
-/// The throughput of one download and the proxy's CPU for it; then RSS idle and with
-/// `Settings::connections` tunnels open. The row's latencies are filled in later.
-async fn throughput_and_tunnels(path: &Path, settings: &Settings) -> Result<Row, Error> {
-    let (via, pid, upstream) = (&path.via, path.pid, path.upstream);
-    let cpu_before = pid.and_then(tree_cpu_ticks);
+#[derive(Clone)]
+struct Download {
+    mib_s: f64,
+    /// The proxy's CPU for it, per GiB.
+    cpu_s_per_gib: Option<f64>,
+}
+
+/// One download of `bytes` through `path`.
+async fn download(path: &Path, bytes: u64) -> Result<Download, Error> {
+    let cpu_before = path.pid.and_then(tree_cpu_ticks);
     let started = Instant::now();
-    let mut stream = open(via, upstream).await?;
-    stream
-        .write_all(format!("SEND {}\n", settings.bytes).as_bytes())
-        .await?;
+    let mut stream = open(&path.via, path.upstream).await?;
+    stream.write_all(format!("SEND {bytes}\n").as_bytes()).await?;
     let mut buf = vec![0u8; 256 * 1024];
-    let mut left = settings.bytes;
+    let mut left = bytes;
     while left > 0 {
         let n = stream.read(&mut buf).await?;
         if n == 0 {
@@ -251,32 +270,27 @@ async fn throughput_and_tunnels(path: &Path, settings: &Settings) -> Result<Row,
     }
     let seconds = started.elapsed().as_secs_f64();
     drop(stream);
-    let gib = settings.bytes as f64 / f64::from(1u32 << 30);
-    let cpu_s_per_gib = match (cpu_before, pid.and_then(tree_cpu_ticks)) {
+    let gib = bytes as f64 / f64::from(1u32 << 30);
+    let cpu_s_per_gib = match (cpu_before, path.pid.and_then(tree_cpu_ticks)) {
         (Some(before), Some(after)) => Some(ticks_as_seconds(after.saturating_sub(before)) / gib),
         _ => None,
     };
-
-    // Many tunnels at once, opened in batches.
-    let rss_idle_mib = pid.and_then(tree_rss_kib).map(|k| k as f64 / 1024.0);
-    let mut held = Vec::with_capacity(settings.connections);
-    for batch in (0..settings.connections).collect::<Vec<_>>().chunks(100) {
-        let opened = open_many(batch.len(), via, upstream).await;
-        held.extend(opened);
-    }
-    let rss_open_mib = pid.and_then(tree_rss_kib).map(|k| k as f64 / 1024.0);
-    let open = held.len();
-    drop(held);
-    Ok(Row {
-        path: path.name.to_owned(),
-        throughput_mib_s: settings.bytes as f64 / f64::from(1u32 << 20) / seconds,
+    Ok(Download {
+        mib_s: bytes as f64 / f64::from(1u32 << 20) / seconds,
         cpu_s_per_gib,
-        connect_ms_p50: 0.0,
-        connect_ms_p99: 0.0,
-        open,
-        rss_idle_mib,
-        rss_open_mib,
     })
+}
+
+/// `connections` tunnels opened in batches and held: how many opened, and the proxy's RSS
+/// before and with them open.
+async fn tunnels(path: &Path, connections: usize) -> (usize, Option<f64>, Option<f64>) {
+    let rss = || path.pid.and_then(tree_rss_kib).map(|k| k as f64 / 1024.0);
+    let idle = rss();
+    let mut held = Vec::with_capacity(connections);
+    for batch in (0..connections).collect::<Vec<_>>().chunks(100) {
+        held.extend(open_many(batch.len(), &path.via, path.upstream).await);
+    }
+    (held.len(), idle, rss())
 }
 
 /// `n` tunnels opened at once; those that answered their ping.
