@@ -188,7 +188,10 @@ impl<R: Reply> Machine<R> {
             }
             (
                 Pending::Receipt {
-                    id, receipt, presenter, ..
+                    id,
+                    receipt,
+                    presenter,
+                    before,
                 },
                 Ok(()),
             ) => {
@@ -200,9 +203,15 @@ impl<R: Reply> Machine<R> {
                 );
                 // Fence the older owner's channel (and any other stream) at once.
                 self.close_all_except(id);
+                // The owner's own process presented the higher term on its stream (a move to
+                // the same member): the requests in flight on it stay, answered there once it
+                // relays at that term (runtime.proto, WorkloadRequest), failed if it closes
+                // first. Any other presenter fails them.
                 if self.owner == Some(id) {
                     self.owner = None;
-                    self.fail_inflight(id, LOST);
+                    if before.owner.as_ref() != Some(&presenter) {
+                        self.fail_inflight(id, LOST);
+                    }
                 }
                 if matches!(self.mode, Mode::Active) {
                     self.enter_recovery();

@@ -77,6 +77,42 @@ fn activation_is_committed_before_held_requests_are_relayed() {
     assert_eq!(names(&h.message(1, alive)), ["answer 2"]);
 }
 
+/// A move to the same member: the owner's own stream presents a higher term. The requests in
+/// flight on it stay and are answered there once it relays at that term; those made meanwhile
+/// are held and sent after the activation; closing the stream first fails them.
+#[test]
+fn requests_in_flight_stay_when_the_owners_stream_takes_a_higher_term() {
+    let mut h = Harness::active();
+    assert_eq!(names(&h.request(7)), ["send 1 request 1"]);
+    assert_eq!(names(&h.message(1, present(2, "m1", "g2"))), ["commit"]);
+    let receipted = names(&h.on(Event::Committed(Ok(()))));
+    assert_eq!(receipted.last().map(String::as_str), Some("send 1 receipt"));
+    assert!(!receipted.iter().any(|n| n.starts_with("refuse")), "{receipted:?}");
+    assert!(h.request(8).is_empty(), "held while the term is taken");
+    let confirm = supervisor_message::Kind::ActivationConfirm(proof(2, "m1", "g2"));
+    assert_eq!(names(&h.message(1, confirm)), ["commit"]);
+    assert_eq!(names(&h.on(Event::Committed(Ok(())))), ["persist", "send 1 request 2"]);
+    let alive = |request_id| {
+        supervisor_message::Kind::WorkloadResponse(WorkloadResponse {
+            request_id,
+            kind: Some(workload_response::Kind::Alive(Alive {})),
+        })
+    };
+    assert_eq!(names(&h.message(1, alive(1))), ["answer 7"]);
+    assert_eq!(names(&h.message(1, alive(2))), ["answer 8"]);
+
+    let mut h = Harness::active();
+    h.request(7);
+    h.message(1, present(2, "m1", "g2"));
+    h.on(Event::Committed(Ok(())));
+    let closed = names(&h.on(Event::Closed {
+        id: 1,
+        opened: true,
+        reason: "gone".into(),
+    }));
+    assert!(closed.contains(&format!("refuse 7: {LOST}")), "{closed:?}");
+}
+
 #[test]
 fn stale_terms_are_refused_and_their_streams_closed() {
     let mut h = Harness::active();

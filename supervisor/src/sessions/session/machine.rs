@@ -56,6 +56,9 @@ pub(super) struct Sidecar {
     pub receipted: bool,
     /// This stream relays for the active term (Attached or ActivationConfirm sent).
     pub attached: bool,
+    /// This stream relayed an earlier term of this session: the sidecar goes on sending its
+    /// workload's requests until it takes this term, and they wait for it (`Machine::waiting`).
+    pub relayed_before: bool,
     /// Release sent on this stream.
     pub released: bool,
 }
@@ -93,6 +96,9 @@ pub(crate) struct Machine {
     pub(super) call: Option<Call>,
     /// The term whose sidecar's audit records are being stored, while they are.
     pub(super) audit_call: Option<u64>,
+    /// Workload requests the sidecar sent on its stream while this session moved that stream
+    /// to a higher term: answered once it relays at that term, refused if it cannot.
+    pub(super) waiting: Vec<(StreamId, proto::runtime::v1::WorkloadRequest)>,
     /// The term at which the sidecar was told the store is behind (0: none).
     store_behind_told: u64,
     /// The term at which the store was behind while no sidecar was relaying (0: none): told
@@ -134,6 +140,7 @@ impl Machine {
             gave_up: false,
             call: None,
             audit_call: None,
+            waiting: Vec::new(),
             store_behind_told: 0,
             store_behind_pending: 0,
             stop: None,
@@ -185,6 +192,7 @@ impl Machine {
             Event::Orphaned => return self.finish(),
         }
         self.advance();
+        self.settle_waiting();
         self.away_since = if self.away() {
             self.away_since.or(Some(self.now.at))
         } else {
@@ -312,6 +320,7 @@ impl Machine {
             presented: false,
             receipted: false,
             attached: false,
+            relayed_before: false,
             released: false,
         });
     }

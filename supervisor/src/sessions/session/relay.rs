@@ -1,8 +1,13 @@
 //! The workload's relayed requests (runtime.proto step 4): each WorkloadRequest gets exactly
 //! one WorkloadResponse. Progress is recorded in the session's counters, liveness is answered
 //! Alive, a credential is refused (the workload holds placeholders only). Requests are answered
-//! only on the stream relaying the active term and not while stopping; otherwise Rejected.
-//! A response the stream cannot take drops the stream (the sidecar is not reading).
+//! only on the stream relaying the active term and not while stopping; otherwise Rejected —
+//! except on a stream that relayed an earlier term of this session while the session takes a
+//! higher one on it (a move to the same member): the sidecar still relays there until it
+//! receipts the new grant, so its requests wait (at most [`MAX_WAITING`]) and are answered
+//! once the stream relays at the new term, or refused if the takeover fails, the instance
+//! stops or the stream is replaced. A response the stream cannot take drops the stream (the
+//! sidecar is not reading).
 //!
 //! The sidecar's audit records (runtime.proto, Audit) are stored through the gateway
 //! (`host.v1.RecordAudit`) for the active term, one batch at a time, and acknowledged to the
@@ -13,12 +18,26 @@ use proto::runtime::v1::workload_request::Kind as Request;
 use proto::runtime::v1::workload_response::Kind as Response;
 use proto::runtime::v1::{Alive, ProgressAccepted, Rejected, WorkloadRequest, WorkloadResponse};
 
-use super::effect::Effect;
+use super::effect::{Effect, StreamId};
 use super::machine::Machine;
 use super::takeover::Stage;
 
+/// Requests that wait for a takeover on the stream that sent them (the sidecar's own bound on
+/// requests in flight).
+pub(super) const MAX_WAITING: usize = 64;
+
 impl Machine {
     pub(super) fn on_request(&mut self, request: WorkloadRequest) {
+        if let Some(id) = self.taking_over_relaying_stream()
+            && self.waiting.len() < MAX_WAITING
+        {
+            self.waiting.push((id, request));
+            return;
+        }
+        self.respond(request);
+    }
+
+    fn respond(&mut self, request: WorkloadRequest) {
         let answer = match self.refusal() {
             Some(reason) => rejected(reason),
             None => self.answer(request.kind),
@@ -32,6 +51,28 @@ impl Machine {
             kind: Some(answer),
         };
         self.send(Kind::WorkloadResponse(response));
+    }
+
+    /// The held stream, when it relayed an earlier term and this one is still being taken on
+    /// it (not failed, not stopping).
+    fn taking_over_relaying_stream(&self) -> Option<StreamId> {
+        let sidecar = self.sidecar.as_ref().filter(|s| s.relayed_before && !s.attached)?;
+        let taking = !matches!(self.stage, Stage::Failed(_)) && self.stop.is_none();
+        taking.then_some(sidecar.id)
+    }
+
+    /// After each event: the waiting requests are answered once their stream relays, refused
+    /// once the takeover cannot bring it there, dropped with their stream.
+    pub(super) fn settle_waiting(&mut self) {
+        if self.waiting.is_empty() || self.taking_over_relaying_stream().is_some() {
+            return;
+        }
+        let held = self.sidecar.as_ref().map(|s| s.id);
+        for (id, request) in std::mem::take(&mut self.waiting) {
+            if Some(id) == held {
+                self.respond(request);
+            }
+        }
     }
 
     fn refusal(&self) -> Option<&'static str> {

@@ -152,6 +152,7 @@ impl Machine {
             if let Some(sidecar) = &mut self.sidecar {
                 sidecar.presented = false;
                 sidecar.receipted = false;
+                sidecar.relayed_before |= sidecar.attached;
                 sidecar.attached = false;
             }
         } else if assignment.term < self.term {

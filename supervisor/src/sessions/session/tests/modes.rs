@@ -294,6 +294,64 @@ fn requests_are_answered_only_while_relaying_and_not_while_stopping() {
     assert_eq!((h.m.counters.requests_relayed, h.m.counters.requests_rejected), (3, 2));
 }
 
+/// A move to the same member: the owner takes a higher term on the stream that relays. What
+/// the sidecar sends before it receipts waits for the new term and is answered there, after
+/// the confirm; refused if the term cannot be taken; dropped with a replaced stream; and at
+/// most `MAX_WAITING` wait.
+#[test]
+fn requests_sent_while_the_relaying_stream_takes_a_higher_term_wait_for_it() {
+    let liveness = |id| request(id, Request::Liveness(Liveness {}));
+    let higher = |h: &mut Harness| h.member(SessionEvent::Ownership(assignment(4, TermPhase::Reserved, material())));
+
+    let mut h = Harness::taken_over(3);
+    assert_eq!(io(&higher(&mut h)), ["issue grant 4"]);
+    assert!(io(&h.message(1, liveness(7))).is_empty(), "waits, not refused");
+    assert_eq!(io(&h.on(granted(4))), ["send 1 GrantPresentation"]);
+    assert_eq!(io(&h.message(1, receipt(4, "g"))), ["activate"]);
+    let effects = h.on(activated(4));
+    assert_eq!(io(&effects), ["send 1 ActivationConfirm", "send 1 WorkloadResponse"]);
+    assert!(matches!(
+        effects.iter().find_map(|e| match e {
+            Effect::Send { kind: Kind::WorkloadResponse(r), .. } => Some(r.clone()),
+            _ => None,
+        }),
+        Some(r) if r.request_id == 7 && matches!(r.kind, Some(Response::Alive(_)))
+    ));
+
+    // The term cannot be taken: refused then.
+    let mut h = Harness::taken_over(3);
+    higher(&mut h);
+    assert!(io(&h.message(1, liveness(8))).is_empty());
+    let effects = h.on(Event::Granted(Err(crate::gateway::CallError::Timeout(
+        Duration::from_secs(5),
+    ))));
+    assert!(matches!(answer(&effects), Response::Rejected(_)));
+
+    // A stream that replaced it: nothing is sent for the old one's requests.
+    let mut h = Harness::taken_over(3);
+    higher(&mut h);
+    h.message(1, liveness(9));
+    let effects = h.connect(2, 3, false);
+    assert!(
+        !io(&effects).iter().any(|e| e.contains("WorkloadResponse")),
+        "{effects:?}"
+    );
+    assert!(h.m.waiting.is_empty());
+
+    // Bounded: past the bound, refused at once.
+    let mut h = Harness::taken_over(3);
+    higher(&mut h);
+    for id in 0..crate::sessions::session::relay::MAX_WAITING as u64 {
+        assert!(io(&h.message(1, liveness(id))).is_empty());
+    }
+    assert!(matches!(answer(&h.message(1, liveness(99))), Response::Rejected(_)));
+
+    // A stream that never relayed (a sidecar still taking its first term) is refused as before.
+    let mut h = Harness::reserved(3);
+    h.connect(1, 0, false);
+    assert!(matches!(answer(&h.message(1, liveness(1))), Response::Rejected(_)));
+}
+
 #[test]
 fn counter_only_changes_are_announced_at_most_every_second() {
     let mut h = Harness::attached(3);
