@@ -223,16 +223,18 @@ async fn measure(paths: &[Path], settings: &Settings) -> Result<Vec<Row>, Error>
         }
     }
     let mut rows = Vec::with_capacity(paths.len());
-    for ((path, mut downloaded), mut taken) in paths.iter().zip(downloads).zip(samples) {
+    for ((path, downloaded), mut taken) in paths.iter().zip(downloads).zip(samples) {
         eprintln!("egress: {}: {} tunnels at once ...", path.name, settings.connections);
         let (open, rss_idle_mib, rss_open_mib) = tunnels(path, settings.connections).await;
-        downloaded.sort_by(|a, b| a.mib_s.total_cmp(&b.mib_s));
-        let median = &downloaded[downloaded.len() / 2];
+        let mut mib_s: Vec<f64> = downloaded.iter().map(|d| d.mib_s).collect();
+        mib_s.sort_by(f64::total_cmp);
+        let mut cpu: Vec<f64> = downloaded.iter().filter_map(|d| d.cpu_s_per_gib).collect();
+        cpu.sort_by(f64::total_cmp);
         taken.sort_by(f64::total_cmp);
         rows.push(Row {
             path: path.name.to_owned(),
-            throughput_mib_s: median.mib_s,
-            cpu_s_per_gib: median.cpu_s_per_gib,
+            throughput_mib_s: mib_s[mib_s.len() / 2],
+            cpu_s_per_gib: cpu.get(cpu.len() / 2).copied(),
             connect_ms_p50: percentile(&taken, 0.50),
             connect_ms_p99: percentile(&taken, 0.99),
             open,

@@ -53,12 +53,18 @@ impl Machine {
         self.send(Kind::WorkloadResponse(response));
     }
 
-    /// The held stream, when it relayed an earlier term and this one is still being taken on
-    /// it (not failed, not stopping).
+    /// The held stream, when it relayed an earlier term and this one is being taken on it by
+    /// a step with a bound (the grant asked for or held: `CALL_TIMEOUT`, the grant's deadline;
+    /// the activation in flight), not stopping. A takeover that waits for launch material
+    /// has no bound: its requests are refused as before.
     fn taking_over_relaying_stream(&self) -> Option<StreamId> {
         let sidecar = self.sidecar.as_ref().filter(|s| s.relayed_before && !s.attached)?;
-        let taking = !matches!(self.stage, Stage::Failed(_)) && self.stop.is_none();
-        taking.then_some(sidecar.id)
+        let bounded = match self.stage {
+            Stage::Reserved { asked } => asked || self.grant.is_some(),
+            Stage::Activating => true,
+            Stage::Active { .. } | Stage::Failed(_) => false,
+        };
+        (bounded && self.stop.is_none()).then_some(sidecar.id)
     }
 
     /// After each event: the waiting requests are answered once their stream relays, refused

@@ -346,6 +346,12 @@ fn requests_sent_while_the_relaying_stream_takes_a_higher_term_wait_for_it() {
     }
     assert!(matches!(answer(&h.message(1, liveness(99))), Response::Rejected(_)));
 
+    // A takeover waiting for launch material has no bound: refused as before, at once.
+    let mut h = Harness::taken_over(3);
+    h.m.credentials = None;
+    assert!(io(&h.member(SessionEvent::Ownership(assignment(4, TermPhase::Reserved, None)))).is_empty());
+    assert!(matches!(answer(&h.message(1, liveness(1))), Response::Rejected(_)));
+
     // A stream that never relayed (a sidecar still taking its first term) is refused as before.
     let mut h = Harness::reserved(3);
     h.connect(1, 0, false);
