@@ -233,8 +233,8 @@ async fn measure(paths: &[Path], settings: &Settings) -> Result<Vec<Row>, Error>
         taken.sort_by(f64::total_cmp);
         rows.push(Row {
             path: path.name.to_owned(),
-            throughput_mib_s: mib_s[mib_s.len() / 2],
-            cpu_s_per_gib: cpu.get(cpu.len() / 2).copied(),
+            throughput_mib_s: percentile(&mib_s, 0.50),
+            cpu_s_per_gib: (!cpu.is_empty()).then(|| percentile(&cpu, 0.50)),
             connect_ms_p50: percentile(&taken, 0.50),
             connect_ms_p99: percentile(&taken, 0.99),
             open,

@@ -5,9 +5,10 @@
 //! except on a stream that relayed an earlier term of this session while the session takes a
 //! higher one on it (a move to the same member): the sidecar still relays there until it
 //! receipts the new grant, so its requests wait (at most [`MAX_WAITING`]) and are answered
-//! once the stream relays at the new term, or refused if the takeover fails, the instance
-//! stops or the stream is replaced. A response the stream cannot take drops the stream (the
-//! sidecar is not reading).
+//! once the stream relays at the new term, or refused if the takeover fails or the instance
+//! stops; a replaced or lost stream takes them with it (the sidecar fails what it had in
+//! flight there). A response the stream cannot take drops the stream (the sidecar is not
+//! reading).
 //!
 //! The sidecar's audit records (runtime.proto, Audit) are stored through the gateway
 //! (`host.v1.RecordAudit`) for the active term, one batch at a time, and acknowledged to the
