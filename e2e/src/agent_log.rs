@@ -112,6 +112,14 @@ impl Observed {
             .unwrap_or(0)
     }
 
+    /// Answers that were not `ok` in `[from_ms, to_ms]`.
+    pub fn refused_between(&self, from_ms: u64, to_ms: u64) -> u64 {
+        self.refused
+            .iter()
+            .filter(|(at, _)| (from_ms..=to_ms).contains(at))
+            .count() as u64
+    }
+
     /// The counter never went backwards (it lives in the agent's memory, so
     /// a restarted agent would start again from zero).
     pub fn continuous(&self) -> bool {

@@ -79,8 +79,8 @@ pub enum Command {
         postgres: bool,
     },
     /// The sidecar's egress proxy beside a direct connection, tinyproxy and Squid (when
-    /// installed): throughput over CONNECT, new-connection latency, many open tunnels, the
-    /// proxy's CPU per GiB and RSS.
+    /// installed; HAProxy too, as a bare TCP relay): throughput over CONNECT, new-connection
+    /// latency, many open tunnels, the proxy's CPU per GiB and RSS.
     Egress {
         /// MiB of the download.
         #[arg(long, default_value_t = 1024)]

@@ -5,6 +5,9 @@
 //! the proxy's CPU per GiB and RSS. The sidecar is a real one in a local pool, deciding from the
 //! policy its owner installed. Every path is up for the whole run and the new-connection
 //! samples alternate between them, so the paths are timed under the same conditions.
+//!
+//! HAProxy (when installed) is not a peer but a reference: a TCP relay bound to the upstream
+//! (splice on, no CONNECT, no decision), what relaying alone costs on this machine.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -172,7 +175,7 @@ async fn start(settings: &Settings, running: &mut Running) -> Result<Vec<Path>, 
         return Err(Error::Bench("the sandbox has no egress proxy".into()));
     };
     let proxy: SocketAddr = proxy.parse().map_err(|_| Error::Bench(format!("bad proxy {proxy}")))?;
-    ready(proxy, upstream, Duration::from_secs(60)).await?;
+    ready(&Via::Proxy(proxy), upstream, Duration::from_secs(60)).await?;
     paths.push(Path {
         name: "sidecar",
         via: Via::Proxy(proxy),
@@ -180,12 +183,16 @@ async fn start(settings: &Settings, running: &mut Running) -> Result<Vec<Path>, 
         upstream,
     });
 
-    for peer in [Peer::Tinyproxy, Peer::Squid] {
+    for peer in [Peer::Tinyproxy, Peer::Squid, Peer::Haproxy] {
         match peer.start(settings, upstream).await {
             Ok(Some((child, proxy))) => {
+                let (via, upstream) = match peer {
+                    Peer::Haproxy => (Via::Direct, proxy),
+                    _ => (Via::Proxy(proxy), upstream),
+                };
                 paths.push(Path {
                     name: peer.name(),
-                    via: Via::Proxy(proxy),
+                    via,
                     pid: child.id(),
                     upstream,
                 });
@@ -382,16 +389,16 @@ pub(crate) async fn connect(proxy: SocketAddr, target: SocketAddr, limit: Durati
 }
 
 /// Until a CONNECT through `proxy` succeeds (the owner installed the policy).
-async fn ready(proxy: SocketAddr, upstream: SocketAddr, limit: Duration) -> Result<(), Error> {
+async fn ready(via: &Via, upstream: SocketAddr, limit: Duration) -> Result<(), Error> {
     let deadline = Instant::now() + limit;
     loop {
-        if let Ok(mut stream) = open(&Via::Proxy(proxy), upstream).await
+        if let Ok(mut stream) = open(via, upstream).await
             && ping(&mut stream).await.is_ok()
         {
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(Error::Bench(format!("{proxy} never let a tunnel through")));
+            return Err(Error::Bench(format!("no tunnel reached {upstream} within {limit:?}")));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -446,13 +453,26 @@ async fn upstream_on(ip: std::net::IpAddr) -> Result<SocketAddr, Error> {
 enum Peer {
     Tinyproxy,
     Squid,
+    /// Not a forward proxy: a TCP relay (with splice) bound to the upstream, no CONNECT and
+    /// no decision, the ceiling of what relaying costs.
+    Haproxy,
 }
 
 impl Peer {
+    /// Its program's name (its directory and configuration file).
+    fn program(self) -> &'static str {
+        match self {
+            Peer::Tinyproxy => "tinyproxy",
+            Peer::Squid => "squid",
+            Peer::Haproxy => "haproxy",
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Peer::Tinyproxy => "tinyproxy",
             Peer::Squid => "squid",
+            Peer::Haproxy => "haproxy (TCP relay, no CONNECT)",
         }
     }
 
@@ -466,14 +486,15 @@ impl Peer {
         let binary = match self {
             Peer::Tinyproxy => ["/usr/bin/tinyproxy", "/usr/sbin/tinyproxy"],
             Peer::Squid => ["/usr/sbin/squid", "/usr/bin/squid"],
+            Peer::Haproxy => ["/usr/sbin/haproxy", "/usr/bin/haproxy"],
         };
         let Some(binary) = binary.into_iter().find(|b| std::path::Path::new(b).exists()) else {
             return Ok(None);
         };
         let port = local::free_port()?;
-        let dir = settings.root.join(self.name());
+        let dir = settings.root.join(self.program());
         std::fs::create_dir_all(&dir)?;
-        let conf = dir.join(format!("{}.conf", self.name()));
+        let conf = dir.join(format!("{}.conf", self.program()));
         let (config, args) = match self {
             Peer::Tinyproxy => (
                 format!(
@@ -500,6 +521,16 @@ impl Peer {
                     vec!["-N".to_owned(), "-f".to_owned(), conf.display().to_string()],
                 )
             }
+            Peer::Haproxy => (
+                format!(
+                    "global\n    maxconn {}\n    nbthread 2\ndefaults\n    mode tcp\n    option splice-auto\n    \
+                     timeout connect 5s\n    timeout client 600s\n    timeout server 600s\n\
+                     frontend relay\n    bind 127.0.0.1:{port}\n    default_backend upstream\n\
+                     backend upstream\n    server upstream {upstream}\n",
+                    2 * settings.connections + 64
+                ),
+                vec!["-db".to_owned(), "-f".to_owned(), conf.display().to_string()],
+            ),
         };
         std::fs::write(&conf, config)?;
         let child = tokio::process::Command::new(binary)
@@ -509,7 +540,10 @@ impl Peer {
             .kill_on_drop(true)
             .spawn()?;
         let proxy: SocketAddr = ([127, 0, 0, 1], port).into();
-        ready(proxy, upstream, Duration::from_secs(30)).await?;
+        match self {
+            Peer::Haproxy => ready(&Via::Direct, proxy, Duration::from_secs(30)).await?,
+            _ => ready(&Via::Proxy(proxy), upstream, Duration::from_secs(30)).await?,
+        }
         Ok(Some((child, proxy)))
     }
 }

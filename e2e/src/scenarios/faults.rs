@@ -38,19 +38,13 @@ pub(super) async fn coordinator(pool: &mut LocalPool, store: &Store, signal: Sig
     let observed: Vec<Observed> = sandboxes.iter().map(|s| observe(pool, s)).collect();
     let pids_after = agent_pids(pool, &sandboxes);
     let end = u64::try_from(started).unwrap_or(0);
-    Ok(Outcome {
-        scenario: String::new(),
-        backend: String::new(),
-        seconds: end.saturating_sub(injected) as f64 / 1000.0,
-        measures: format!("{signal} of the coordinator → first fenced write of the next term"),
-        pids_preserved: pids_before == pids_after && !pids_before.is_empty(),
-        pids_before,
-        pids_after,
-        counter_continuous: observed.iter().all(Observed::continuous),
-        max_counter_gap_ms: observed.iter().map(|o| o.max_gap_ms(injected, end)).max().unwrap_or(0),
-        dual_owner_violations: observed.iter().map(Observed::dual_owner_violations).sum(),
-        notes: format!("coordinator {} term {} → term {}", name, lease.term, lease.term.next()),
-    })
+    Ok(Outcome::measured(
+        format!("{signal} of the coordinator → first fenced write of the next term"),
+        (injected, end),
+        (pids_before, pids_after),
+        &observed,
+        format!("coordinator {} term {} → term {}", name, lease.term, lease.term.next()),
+    ))
 }
 
 /// What befalls the owner in [`owner`].
@@ -273,26 +267,22 @@ pub(super) async fn outage(
     }
     let observed: Vec<Observed> = sandboxes.iter().map(|s| observe(pool, s)).collect();
     let pids_after = agent_pids(pool, &sandboxes);
-    Ok(Outcome {
-        scenario: String::new(),
-        backend: String::new(),
-        seconds: coordinating.saturating_sub(returned) as f64 / 1000.0,
-        measures: format!(
+    let mut outcome = Outcome::measured(
+        format!(
             "database stopped {} s → a coordinator again, from the database's return",
             OUTAGE.as_secs()
         ),
-        pids_preserved: pids_before == pids_after && !pids_before.is_empty(),
-        pids_before,
-        pids_after,
-        counter_continuous: observed.iter().all(Observed::continuous),
-        max_counter_gap_ms: outage_gap,
-        dual_owner_violations: observed.iter().map(Observed::dual_owner_violations).sum(),
-        notes: format!(
+        (returned, coordinating),
+        (pids_before, pids_after),
+        &observed,
+        format!(
             "the coordinator held its authority {authority_ms} ms into the outage (lease {lease_ms} ms); \
              no instance moved; the database took {} ms to start again",
             returned.saturating_sub(resumed_at)
         ),
-    })
+    );
+    outcome.max_counter_gap_ms = outage_gap;
+    Ok(outcome)
 }
 
 /// A replica other than `except` that says it holds a coordinator term.

@@ -74,6 +74,8 @@ pub struct Outcome {
     /// Longest gap between two accepted progress reports of an affected agent.
     pub max_counter_gap_ms: u64,
     pub dual_owner_violations: u64,
+    /// Answers a workload got that were not `ok` (a refusal, a request lost with its owner).
+    pub refused_answers: u64,
     pub notes: String,
 }
 
@@ -98,6 +100,7 @@ impl Outcome {
             counter_continuous: observed.iter().all(Observed::continuous),
             max_counter_gap_ms: observed.iter().map(|o| o.max_gap_ms(from, to + 500)).max().unwrap_or(0),
             dual_owner_violations: observed.iter().map(Observed::dual_owner_violations).sum(),
+            refused_answers: observed.iter().map(|o| o.refused_between(from, to + 500)).sum(),
             notes,
         }
     }
@@ -275,12 +278,12 @@ async fn reported_pids(store: &Store, routes: &[String]) -> Result<Vec<u32>, Err
 /// The table the command prints.
 pub fn table(outcomes: &[Outcome]) -> String {
     let mut out = format!(
-        "{:<22} {:<10} {:>8} {:>10} {:>6} {:>9} {:>5}  {}\n",
-        "SCENARIO", "BACKEND", "SECONDS", "GAP (ms)", "PIDS", "COUNTER", "DUAL", "MEASURES"
+        "{:<22} {:<10} {:>8} {:>10} {:>6} {:>9} {:>5} {:>8}  {}\n",
+        "SCENARIO", "BACKEND", "SECONDS", "GAP (ms)", "PIDS", "COUNTER", "DUAL", "REFUSED", "MEASURES"
     );
     for o in outcomes {
         out.push_str(&format!(
-            "{:<22} {:<10} {:>8.2} {:>10} {:>6} {:>9} {:>5}  {}\n",
+            "{:<22} {:<10} {:>8.2} {:>10} {:>6} {:>9} {:>5} {:>8}  {}\n",
             o.scenario,
             o.backend,
             o.seconds,
@@ -288,6 +291,7 @@ pub fn table(outcomes: &[Outcome]) -> String {
             if o.pids_preserved { "same" } else { "CHANGED" },
             if o.counter_continuous { "kept" } else { "RESET" },
             o.dual_owner_violations,
+            o.refused_answers,
             o.measures
         ));
     }

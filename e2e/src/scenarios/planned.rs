@@ -140,21 +140,12 @@ pub(crate) async fn planned(pool: &LocalPool, store: &Store, kind: Planned) -> R
     )
     .await?;
     let observed: Vec<Observed> = all.iter().map(|s| observe(pool, s)).collect();
-    Ok(Outcome {
-        scenario: String::new(),
-        backend: String::new(),
-        seconds: end.saturating_sub(started) as f64 / 1000.0,
-        measures: format!("{proto_kind} request (max_parallel 2) → operation succeeded"),
-        pids_preserved: pids_before == agent_pids(pool, &all) && !pids_before.is_empty(),
-        pids_after: agent_pids(pool, &all),
-        pids_before,
-        counter_continuous: observed.iter().all(Observed::continuous),
-        max_counter_gap_ms: observed
-            .iter()
-            .map(|o| o.max_gap_ms(started, end + 500))
-            .max()
-            .unwrap_or(0),
-        dual_owner_violations: observed.iter().map(Observed::dual_owner_violations).sum(),
-        notes: format!("{} moved ({}); {}", moved.len(), moved.join(", "), done.message),
-    })
+    let pids_after = agent_pids(pool, &all);
+    Ok(Outcome::measured(
+        format!("{proto_kind} request (max_parallel 2) → operation succeeded"),
+        (started, end),
+        (pids_before, pids_after),
+        &observed,
+        format!("{} moved ({}); {}", moved.len(), moved.join(", "), done.message),
+    ))
 }
