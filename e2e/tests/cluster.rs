@@ -564,6 +564,8 @@ struct Measured {
     seconds: f64,
     gap_ms: u64,
     restarts: u64,
+    /// Answers an agent got that were not `ok` (a refusal, a request lost with its owner).
+    refused: u64,
 }
 
 /// Where a measured step starts from.
@@ -1030,6 +1032,7 @@ impl Flow {
         let after = self.agent_pods().await?;
         let mut restarts = 0;
         let mut gap = 0;
+        let mut refused = 0;
         for (name, was) in &base.agents {
             let Some(now) = after.get(name) else {
                 return Err(Error::Check(format!("agent Pod {name} is gone")));
@@ -1057,15 +1060,30 @@ impl Flow {
                 format!("agent {name} was answered by a fenced owner")
             })?;
             gap = gap.max(observed.max_gap_ms(base.from_ms, observed.last_at_ms()));
+            refused += observed.refused_between(base.from_ms, observed.last_at_ms());
         }
-        eprintln!("   measured: {scenario}: {seconds:.2} s, longest counter gap {gap} ms, restarts {restarts}");
+        eprintln!(
+            "   measured: {scenario}: {seconds:.2} s, longest counter gap {gap} ms, restarts {restarts}, \
+             answers refused {refused}"
+        );
         self.measured.push(Measured {
             scenario,
             seconds,
             gap_ms: gap,
             restarts,
+            refused,
         });
         Ok(())
+    }
+
+    /// [`Self::survived`] a step where no owner died: a planned move, the coordinator or the
+    /// database replaced. No agent's request may fail in it, as none may in a crash's.
+    async fn survived_untouched(&mut self, scenario: &'static str, seconds: f64, base: &Baseline) -> Result<(), Error> {
+        self.survived(scenario, seconds, base).await?;
+        let refused = self.measured.last().map_or(0, |m| m.refused);
+        check(refused == 0, || {
+            format!("{scenario}: {refused} agent requests were refused or lost (see the agents' logs)")
+        })
     }
 
     /// Wait until every agent is settled on a member other than `gone`; seconds since `t0`.
@@ -1191,14 +1209,14 @@ impl Flow {
         };
         if let Some(at_ms) = first_write {
             let seconds = at_ms.saturating_sub(base.from_ms) as f64 / 1000.0;
-            self.survived(
+            self.survived_untouched(
                 "coordinator Pod force-deleted → first fenced write of the next term",
                 seconds,
                 &base,
             )
             .await?;
         } else {
-            self.survived(
+            self.survived_untouched(
                 "coordinator Pod force-deleted → new coordinator (term + 1)",
                 elected,
                 &base,
@@ -1290,7 +1308,7 @@ impl Flow {
         })?;
         self.all_settled(&base.names, MINUTE).await?;
         self.grant_thief_refused(&thief).await?;
-        self.survived("poolctl drain of a member (max-parallel 2)", seconds, &base)
+        self.survived_untouched("poolctl drain of a member (max-parallel 2)", seconds, &base)
             .await?;
         // Return the member to service.
         let id = operation_id(&out)?;
@@ -1608,7 +1626,7 @@ impl Flow {
             || format!("kubectl get spoolop shows drain-member Succeeded, SUCCEEDED True: {listed}"),
         )?;
         self.all_settled(&base.names, MINUTE).await?;
-        self.survived("SupervisorPoolOperation drain applied (max-parallel 2)", seconds, &base)
+        self.survived_untouched("SupervisorPoolOperation drain applied (max-parallel 2)", seconds, &base)
             .await?;
 
         // A running drain, deleted: its durable operation is cancelled and the object goes.
@@ -1810,7 +1828,7 @@ impl Flow {
                 )
             })?;
         }
-        self.survived("rollout restart of every supervisor (total)", seconds, &base)
+        self.survived_untouched("rollout restart of every supervisor (total)", seconds, &base)
             .await?;
         // Each old member left on purpose: a Normal MemberLeft on its Pod (with the Pod's UID,
         // so `kubectl describe pod` shows it), never a MemberLost warning.
@@ -2024,7 +2042,7 @@ impl Flow {
             .run(&["delete", "namespace", &other, "--wait=false"])
             .await?;
         let seconds = base.t0.elapsed().as_secs_f64();
-        self.survived("cross-namespace probe", seconds, &base).await
+        self.survived_untouched("cross-namespace probe", seconds, &base).await
     }
 
     /// From inside a workload container (`kubectl exec` into the agent, the workload's UID,
@@ -2105,7 +2123,8 @@ impl Flow {
             })?;
         }
         let seconds = base.t0.elapsed().as_secs_f64();
-        self.survived("workload probes its sidecar", seconds, &base).await
+        self.survived_untouched("workload probes its sidecar", seconds, &base)
+            .await
     }
 
     /// In a labelled namespace of its own: a Pod running as root is admitted unchanged with
@@ -2625,6 +2644,7 @@ impl Flow {
             seconds,
             gap_ms: 0,
             restarts: 0,
+            refused: 0,
         });
         self.kubectl.run(&["delete", "namespace", &ns, "--wait=false"]).await?;
         Ok(())
@@ -2920,7 +2940,7 @@ impl Flow {
         self.pool_condition("Ready", Some("True"), "PoolReady", |_| true)
             .await?;
         let seconds = base.t0.elapsed().as_secs_f64();
-        self.survived("database paused", seconds, &base).await
+        self.survived_untouched("database paused", seconds, &base).await
     }
 
     /// The dev overlay's database keeps its data in an emptyDir: replacing its Pod empties the
@@ -2953,7 +2973,7 @@ impl Flow {
             "   every instance active again on the emptied store: {}",
             terms.join(", ")
         );
-        self.survived(
+        self.survived_untouched(
             "database Pod replaced (data lost) → every instance active again",
             seconds,
             &base,
@@ -2974,7 +2994,7 @@ impl Flow {
         self.pool_condition("Ready", Some("True"), "PoolReady", |_| true)
             .await?;
         let seconds = base.t0.elapsed().as_secs_f64();
-        self.survived("then the gateways restarted → every instance settled", seconds, &base)
+        self.survived_untouched("then the gateways restarted → every instance settled", seconds, &base)
             .await
     }
 
@@ -3177,12 +3197,12 @@ impl Flow {
 
     fn print_table(&self, total: Duration) {
         println!("\ncluster measurements (one run; kube-node v1.28.7 on this machine, release build, TLS):\n");
-        println!("| scenario | time | longest agent counter gap | agent restarts |");
-        println!("|---|---|---|---|");
+        println!("| scenario | time | longest agent counter gap | agent restarts | answers refused |");
+        println!("|---|---|---|---|---|");
         for m in &self.measured {
             println!(
-                "| {} | {:.2} s | {} ms | {} |",
-                m.scenario, m.seconds, m.gap_ms, m.restarts
+                "| {} | {:.2} s | {} ms | {} | {} |",
+                m.scenario, m.seconds, m.gap_ms, m.restarts, m.refused
             );
         }
         println!("\nthe whole flow took {:.0} s", total.as_secs_f64());
