@@ -1076,8 +1076,9 @@ impl Flow {
         Ok(())
     }
 
-    /// [`Self::survived`] a step where no owner died: a planned move, the coordinator or the
-    /// database replaced. No agent's request may fail in it, as none may in a crash's.
+    /// [`Self::survived`] a step where no member died: a planned move, the coordinator or the
+    /// database replaced. No agent's request may fail in it (in a member's crash, one in
+    /// flight to it may: the sidecar fails it rather than replay it).
     async fn survived_untouched(&mut self, scenario: &'static str, seconds: f64, base: &Baseline) -> Result<(), Error> {
         self.survived(scenario, seconds, base).await?;
         let refused = self.measured.last().map_or(0, |m| m.refused);

@@ -2,8 +2,9 @@
 //! and resumed, and the coordinator killed — each on a local pool of
 //! gateways, supervisors, sidecars and counting agents. The workloads must
 //! keep their PIDs and their in-memory counters, no answer may come from
-//! a fenced owner, and where no owner died or was cut off no request may fail. Durations are measured and printed (by the `scenarios`
-//! command), never asserted.
+//! a fenced owner, and where no owner died or was cut off no request may
+//! fail. Durations are measured and printed (by the `scenarios` command),
+//! never asserted.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

@@ -186,10 +186,7 @@ async fn start(settings: &Settings, running: &mut Running) -> Result<Vec<Path>, 
     for peer in [Peer::Tinyproxy, Peer::Squid, Peer::Haproxy] {
         match peer.start(settings, upstream).await {
             Ok(Some((child, proxy))) => {
-                let (via, upstream) = match peer {
-                    Peer::Haproxy => (Via::Direct, proxy),
-                    _ => (Via::Proxy(proxy), upstream),
-                };
+                let (via, upstream) = peer.way(proxy, upstream);
                 paths.push(Path {
                     name: peer.name(),
                     via,
@@ -470,9 +467,17 @@ impl Peer {
 
     fn name(self) -> &'static str {
         match self {
-            Peer::Tinyproxy => "tinyproxy",
-            Peer::Squid => "squid",
             Peer::Haproxy => "haproxy (TCP relay, no CONNECT)",
+            _ => self.program(),
+        }
+    }
+
+    /// How a connection reaches the upstream through the peer listening on `proxy`: a CONNECT,
+    /// or (HAProxy, bound to the upstream) a plain connection to the peer.
+    fn way(self, proxy: SocketAddr, upstream: SocketAddr) -> (Via, SocketAddr) {
+        match self {
+            Peer::Haproxy => (Via::Direct, proxy),
+            Peer::Tinyproxy | Peer::Squid => (Via::Proxy(proxy), upstream),
         }
     }
 
@@ -540,10 +545,8 @@ impl Peer {
             .kill_on_drop(true)
             .spawn()?;
         let proxy: SocketAddr = ([127, 0, 0, 1], port).into();
-        match self {
-            Peer::Haproxy => ready(&Via::Direct, proxy, Duration::from_secs(30)).await?,
-            _ => ready(&Via::Proxy(proxy), upstream, Duration::from_secs(30)).await?,
-        }
+        let (via, to) = self.way(proxy, upstream);
+        ready(&via, to, Duration::from_secs(30)).await?;
         Ok(Some((child, proxy)))
     }
 }

@@ -281,7 +281,12 @@ pub(super) async fn outage(
             returned.saturating_sub(resumed_at)
         ),
     );
+    // The outage itself, not only the return, is what the workloads lived through.
     outcome.max_counter_gap_ms = outage_gap;
+    outcome.refused_answers = observed
+        .iter()
+        .map(|o| o.refused_between(halted, coordinating + 500))
+        .sum();
     Ok(outcome)
 }
 
